@@ -1,0 +1,69 @@
+"""Wiring: configuration in, sources running on their intervals, telemetry served over HTTP."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+
+from exporter.config import Config
+from exporter.health import HealthBoard
+from exporter.http_server import MetricsServer
+from exporter.sources.base import Source, SourceRunner
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+
+def build_sources(config: Config, telemetry: Telemetry) -> list[Source]:
+    sources: list[Source] = []
+    redis_config = config.sources.redis
+    if redis_config is not None and redis_config.key_groups:
+        sources.append(RedisKeySampler(redis_config, telemetry, config.sample_interval))
+    return sources
+
+
+class App:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.health = HealthBoard()
+        self.telemetry = Telemetry(self.health, config.limits, config.otlp)
+        self.stopping = threading.Event()
+        self.runners = [
+            SourceRunner(source, self.telemetry, self.stopping)
+            for source in build_sources(config, self.telemetry)
+        ]
+        host, port = config.host_port
+        self.server = MetricsServer(host, port, self.telemetry.registry, self.health)
+
+    def start(self) -> None:
+        self.server.start()
+        for runner in self.runners:
+            runner.start()
+        host, _ = self.config.host_port
+        log.info(
+            "serving on http://%s:%d/metrics with %d source(s)",
+            host,
+            self.server.port,
+            len(self.runners),
+        )
+
+    def shutdown(self) -> None:
+        self.stopping.set()
+        for runner in self.runners:
+            runner.thread.join(timeout=10)
+        self.server.stop()
+        self.telemetry.shutdown()
+
+    def run_until_signalled(self) -> None:
+        def on_signal(signum: int, _: FrameType | None) -> None:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            self.stopping.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        self.start()
+        self.stopping.wait()
+        self.shutdown()

@@ -1,0 +1,163 @@
+"""The exporter's configuration: a YAML file, QUEUE_EXPORTER_* variables and flags, merged.
+
+Flags beat environment variables, which beat the file. Presets are expanded into the
+configuration before it is validated, so a preset's key groups are checked like an
+operator's own. Every error names its place: `sources.redis.key_groups[2].pattern: ...`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from exporter import presets
+from exporter.sources.redis_keys import RedisSourceConfig
+from exporter.telemetry import LimitsConfig, OtlpConfig
+
+DEFAULT_LISTEN_ADDRESS = "0.0.0.0:9839"
+_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message lists every problem with its path."""
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PresetRef(StrictModel):
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class SourcesConfig(StrictModel):
+    redis: RedisSourceConfig | None = None
+
+
+class Config(StrictModel):
+    listen_address: str = Field(DEFAULT_LISTEN_ADDRESS, description="HOST:PORT to serve on")
+    sample_interval: float = Field(15.0, gt=0, description="seconds between samples")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"
+    web_config_file: Path | None = Field(None, description="exporter-toolkit web config")
+    presets: list[str | PresetRef] = Field(default_factory=list)
+    limits: LimitsConfig = Field(default_factory=LimitsConfig)
+    otlp: OtlpConfig = Field(default_factory=OtlpConfig)
+    sources: SourcesConfig = Field(default_factory=SourcesConfig)
+
+    @field_validator("listen_address")
+    @classmethod
+    def _host_port(cls, value: str) -> str:
+        match = _HOST_PORT.match(value)
+        if not match or not 0 <= int(match.group(2)) < 65536:
+            raise ValueError(f"expected HOST:PORT, got {value!r}")
+        return value
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        host, _, port = self.listen_address.rpartition(":")
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+# Flags and their QUEUE_EXPORTER_* variables: where each lands in the file's structure.
+OVERRIDE_PATHS: dict[str, tuple[str, ...]] = {
+    "redis_url": ("sources", "redis", "url"),
+    "listen_address": ("listen_address",),
+    "sample_interval": ("sample_interval",),
+    "log_level": ("log_level",),
+    "log_format": ("log_format",),
+    "web_config": ("web_config_file",),
+    "preset": ("presets",),
+}
+
+
+def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
+    """Read, merge and validate; raise ConfigError naming every problem and its place."""
+    raw = _read_file(path) if path else {}
+    for name, value in (overrides or {}).items():
+        if value is None or value == ():
+            continue
+        set_path(raw, OVERRIDE_PATHS[name], list(value) if isinstance(value, tuple) else value)
+    return from_dict(raw, f" in {path}" if path else "")
+
+
+def from_dict(raw: dict[str, Any], where: str = "") -> Config:
+    """Expand presets and validate a configuration already read."""
+    raw = _expand_presets(raw)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as error:
+        lines = [f"  {_error_path(item['loc'])}: {item['msg']}" for item in error.errors()]
+        raise ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines)) from None
+
+
+def effective_yaml(config: Config) -> str:
+    """The configuration as it will run, secrets masked."""
+    document = config.model_dump(mode="json", exclude_none=True)
+    redis = config.sources.redis
+    if redis is not None:
+        document["sources"]["redis"]["url"] = redis.masked_url()
+    dumped: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+    return dumped
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or str(error)
+        raise ConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, not {type(document).__name__}")
+    return document
+
+
+def set_path(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = raw
+    for key in path[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[path[-1]] = value
+
+
+def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
+    refs = raw.get("presets") or []
+    if not isinstance(refs, list):
+        return raw  # validation reports the wrong type
+    for index, ref in enumerate(refs):
+        name, params = (ref, {}) if isinstance(ref, str) else (ref.get("name"), ref.get("params"))
+        try:
+            raw = presets.merge(raw, presets.expand(str(name), params or {}))
+        except presets.PresetError as error:
+            raise ConfigError(f"invalid configuration:\n  presets[{index}]: {error}") from None
+    return raw
+
+
+def _error_path(location: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in location:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif not _is_union_tag(part):
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+def _is_union_tag(part: str) -> bool:
+    # pydantic names the union member it tried ("str", "PresetRef", "function-after[...]")
+    return part[:1].isupper() or part in ("str", "int", "float") or "[" in part

@@ -1,0 +1,49 @@
+"""What each source last reported: read by /readyz and by the source_up self-metrics."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class SourceStatus:
+    up: bool = False
+    ever_succeeded: bool = False
+    last_success: float | None = None
+    last_duration: float | None = None
+    last_error: str | None = None
+
+
+class HealthBoard:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sources: dict[str, SourceStatus] = {}
+
+    def expect(self, source: str) -> None:
+        """Declare an enabled source: it is not ready until its first success."""
+        with self._lock:
+            self._sources.setdefault(source, SourceStatus())
+
+    def succeeded(self, source: str, duration: float) -> None:
+        with self._lock:
+            status = self._sources.setdefault(source, SourceStatus())
+            status.up = status.ever_succeeded = True
+            status.last_success = time.time()
+            status.last_duration = duration
+            status.last_error = None
+
+    def failed(self, source: str, duration: float, error: str) -> None:
+        with self._lock:
+            status = self._sources.setdefault(source, SourceStatus())
+            status.up = False
+            status.last_duration = duration
+            status.last_error = error
+
+    def snapshot(self) -> dict[str, SourceStatus]:
+        with self._lock:
+            return {name: SourceStatus(**vars(status)) for name, status in self._sources.items()}
+
+    def ready(self) -> bool:
+        return all(status.up for status in self.snapshot().values())

@@ -1,0 +1,87 @@
+"""Presets: configuration fragments, one YAML file per known queue layout.
+
+A preset file holds `description`, `params` (defaults an operator may override) and a piece
+of the ordinary configuration (`sources: ...`) in which `${param}` is substituted. Loading a
+preset merges that piece into the configuration: lists are extended, so a preset's key
+groups join the operator's own.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import Any
+
+import yaml
+
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class PresetError(ValueError):
+    pass
+
+
+def available() -> list[str]:
+    return sorted(
+        entry.name.removesuffix(".yaml")
+        for entry in resources.files(__package__).iterdir()
+        if entry.name.endswith(".yaml")
+    )
+
+
+def describe(name: str) -> str:
+    return str(_read(name).get("description", "")).strip()
+
+
+def expand(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The configuration fragment of preset `name` with its parameters substituted."""
+    document = _read(name)
+    values = {**document.get("params", {}), **(params or {})}
+    unknown = set(params or {}) - set(document.get("params", {}))
+    if unknown:
+        raise PresetError(f"preset {name}: unknown params {', '.join(sorted(unknown))}")
+    fragment = {k: v for k, v in document.items() if k not in ("description", "params")}
+    substituted: dict[str, Any] = _substitute(fragment, values, name)
+    return substituted
+
+
+def merge(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge `fragment` under `base`: lists concatenate (the base's items first, so the
+    paths in error messages match the operator's file), the base's scalars win."""
+    merged = dict(fragment)
+    for key, value in base.items():
+        other = merged.get(key)
+        if isinstance(value, dict) and isinstance(other, dict):
+            merged[key] = merge(value, other)
+        elif isinstance(value, list) and isinstance(other, list):
+            merged[key] = value + other
+        else:
+            merged[key] = value
+    return merged
+
+
+def _read(name: str) -> dict[str, Any]:
+    if name not in available():
+        raise PresetError(f"unknown preset {name!r} (known: {', '.join(available())})")
+    text = resources.files(__package__).joinpath(f"{name}.yaml").read_text()
+    document: dict[str, Any] = yaml.safe_load(text)
+    return document
+
+
+def _substitute(value: Any, params: dict[str, Any], preset: str) -> Any:
+    if isinstance(value, dict):
+        return {key: _substitute(item, params, preset) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_substitute(item, params, preset) for item in value]
+    if not isinstance(value, str):
+        return value
+    whole = _PARAM.fullmatch(value)
+    if whole:  # a whole-string reference keeps the parameter's type (lists, maps, numbers)
+        return _param(whole.group(1), params, preset)
+    return _PARAM.sub(lambda match: str(_param(match.group(1), params, preset)), value)
+
+
+def _param(name: str, params: dict[str, Any], preset: str) -> Any:
+    if name not in params:
+        raise PresetError(f"preset {preset}: no param {name!r}")
+    return params[name]

@@ -1,0 +1,77 @@
+"""One way to open Redis for every part of the exporter: URL, ACL user, password file, TLS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+class RedisConnectionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: SecretStr = Field(
+        SecretStr(DEFAULT_REDIS_URL),
+        description="redis://, rediss:// or unix:// URL; a password in it is masked everywhere",
+    )
+    username: str | None = Field(None, description="ACL user (overrides the URL's)")
+    password: SecretStr | None = None
+    password_file: Path | None = Field(None, description="file holding the password")
+    tls_ca_file: Path | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
+    socket_timeout: float = Field(5.0, gt=0, description="seconds a single command may take")
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, url: SecretStr) -> SecretStr:
+        scheme = urlsplit(url.get_secret_value()).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"URL scheme must be redis, rediss or unix, not {scheme!r}")
+        return url
+
+    def resolved_password(self) -> str | None:
+        if self.password_file is not None:
+            return self.password_file.read_text().strip()
+        return self.password.get_secret_value() if self.password else None
+
+    def masked_url(self) -> str:
+        return mask_url(self.url.get_secret_value())
+
+    def connect(self) -> redis.Redis:
+        """A client whose replies are bytes: decoding is left to the few values that need it."""
+        extra: dict[str, object] = {}
+        if self.tls_ca_file:
+            extra["ssl_ca_certs"] = str(self.tls_ca_file)
+        if self.tls_cert_file:
+            extra["ssl_certfile"] = str(self.tls_cert_file)
+        if self.tls_key_file:
+            extra["ssl_keyfile"] = str(self.tls_key_file)
+        password = self.resolved_password()
+        if password is not None:
+            extra["password"] = password
+        if self.username:
+            extra["username"] = self.username
+        return redis.Redis.from_url(
+            self.url.get_secret_value(),
+            socket_timeout=self.socket_timeout,
+            socket_connect_timeout=self.socket_timeout,
+            health_check_interval=30,
+            **extra,
+        )
+
+
+def mask_url(url: str) -> str:
+    """The URL with any password replaced by ****."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:****@{host}"))

@@ -1,0 +1,36 @@
+"""A snapshot of sampled values: what one source cycle publishes to telemetry at once."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from exporter.catalog import MetricSpec
+
+LabelValues = tuple[str, ...]
+
+
+class SampleSet:
+    """Values keyed by metric and label values, combined when two keys map to one series.
+
+    How they combine is the metric's (catalog.MetricSpec.combine).
+    """
+
+    def __init__(self) -> None:
+        self._values: dict[MetricSpec, dict[LabelValues, float]] = {}
+
+    def add(self, spec: MetricSpec, labels: dict[str, str], value: float) -> None:
+        label_values = tuple(labels.get(name, "") for name in spec.labels)
+        series = self._values.setdefault(spec, {})
+        previous = series.get(label_values)
+        if previous is None:
+            series[label_values] = value
+        elif spec.combine == "sum":
+            series[label_values] = previous + value
+        else:
+            series[label_values] = max(previous, value)
+
+    def metrics(self) -> Iterator[tuple[MetricSpec, dict[LabelValues, float]]]:
+        yield from self._values.items()
+
+    def __len__(self) -> int:
+        return sum(len(series) for series in self._values.values())

@@ -1,0 +1,1 @@
+"""Sources: each samples one kind of backend on its own interval and publishes a snapshot."""

@@ -1,0 +1,62 @@
+"""Turning the times queue systems store (ISO-8601 strings, epoch seconds or milliseconds) into epoch seconds."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import UTC, datetime
+from typing import Literal
+
+TimeFormat = Literal["auto", "iso", "epoch_s", "epoch_ms"]
+
+# Epoch values above this are milliseconds: 1e11 seconds is the year 5138, 1e11 ms is 1973.
+_MS_THRESHOLD = 1e11
+# fromisoformat accepts at most 6 fractional digits; RFC 3339 writers (chrono) emit up to 9.
+_LONG_FRACTION = re.compile(r"(\.\d{6})\d+")
+
+
+class TimeParseError(ValueError):
+    """A stored time that is not in the expected format."""
+
+
+def parse_time(
+    raw: str | bytes | float | int, fmt: TimeFormat = "auto", divisor: float = 1.0
+) -> float:
+    """Return epoch seconds for a stored time, or raise TimeParseError naming what was wrong."""
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", "replace")
+    if fmt == "iso":
+        return _parse_iso(str(raw))
+    number = _as_number(raw)
+    if number is None:
+        if fmt == "auto" and isinstance(raw, str):
+            return _parse_iso(raw)
+        raise TimeParseError(f"not a number: {str(raw)[:64]!r}")
+    number /= divisor
+    if fmt == "epoch_ms" or (fmt == "auto" and abs(number) >= _MS_THRESHOLD):
+        return number / 1000.0
+    return number
+
+
+def _as_number(raw: str | float | int) -> float | None:
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int | float):
+        value = float(raw)
+    else:
+        try:
+            value = float(raw)
+        except ValueError:
+            return None
+    return value if math.isfinite(value) else None
+
+
+def _parse_iso(text: str) -> float:
+    cleaned = _LONG_FRACTION.sub(r"\1", text.strip())
+    try:
+        parsed = datetime.fromisoformat(cleaned)
+    except ValueError as error:
+        raise TimeParseError(f"not an ISO-8601 time: {text[:64]!r}") from error
+    if parsed.tzinfo is None:  # the systems we read write UTC without saying so
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.timestamp()

@@ -1,0 +1,175 @@
+"""Key groups: the data that says which Redis keys hold a queue and how to read them.
+
+A key group is a key pattern with named placeholders that become labels
+(``orchestrata:queue:{queue}:p{priority}``), the key's type, the state its items are in,
+and optionally how to read the time of the item at the head of the queue. Presets are
+lists of key groups; operators write their own in the same form.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from exporter.catalog import STATES
+from exporter.sources.item_time import TimeFormat
+
+KeyType = Literal["list", "zset", "set", "hash", "stream"]
+State = Literal["pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed"]
+assert set(STATES) == set(State.__args__)  # type: ignore[attr-defined]
+
+LABEL_PLACEHOLDERS = ("queue", "priority")
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class OldestItem(StrictModel):
+    """Where the time of the item at the head of the queue is kept."""
+
+    end: Literal["head", "tail"] = Field(
+        "head",
+        description="lists: head = index 0, tail = index -1 (RPUSH+LPOP producers serve the "
+        "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest",
+    )
+    time_in: Literal["score", "item", "json", "hash", "stream_id"] = Field(
+        description="score: the zset score is the time; item: the item itself is a time; "
+        "json: a field of the item's JSON; hash: a field of a hash the item names; "
+        "stream_id: the entry id's millisecond part"
+    )
+    field: str | None = Field(None, description="JSON field or hash field holding the time")
+    json_after: str | None = Field(
+        None, description="the JSON starts after the first occurrence of this separator"
+    )
+    hash_key: str | None = Field(
+        None, description="hash key pattern; {item} is the item, other placeholders the labels"
+    )
+    format: TimeFormat = "auto"
+    divisor: float = Field(1.0, gt=0, description="the stored number is divided by this first")
+
+    @model_validator(mode="after")
+    def _fields_for_source(self) -> OldestItem:
+        if self.time_in in ("json", "hash") and not self.field:
+            raise ValueError(f"time_in: {self.time_in} needs 'field'")
+        if self.time_in == "hash" and not self.hash_key:
+            raise ValueError("time_in: hash needs 'hash_key'")
+        if self.hash_key and "{item}" not in self.hash_key:
+            raise ValueError("hash_key must contain {item}")
+        return self
+
+
+class DueCount(StrictModel):
+    """Count the zset members whose score (a time) is already past."""
+
+    metric: Literal["queue_leases_expired", "queue_scheduled_due"]
+    unit: Literal["s", "ms"] = "s"
+    divisor: float = Field(1.0, gt=0)
+
+
+class PriorityBands(StrictModel):
+    """Split a zset's depth by priority: priority = floor(score / width)."""
+
+    width: float = Field(gt=0)
+    names: dict[int, str] = Field(min_length=1)
+
+
+class SetMembers(StrictModel):
+    """Take a placeholder's values from a Redis set (RQ's rq:queues, Sidekiq's queues)."""
+
+    key: str
+    member: str = Field("{value}", description="member format; {value} is the placeholder value")
+
+
+class KeyGroup(StrictModel):
+    system: str = Field(min_length=1)
+    pattern: str = Field(min_length=1)
+    type: KeyType
+    state: State
+    labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
+    values: dict[str, list[str]] = Field(
+        default_factory=dict, description="enumerate a placeholder instead of scanning for it"
+    )
+    values_from_set: dict[str, SetMembers] = Field(default_factory=dict)
+    oldest: OldestItem | None = None
+    due: DueCount | None = None
+    priority_bands: PriorityBands | None = None
+    max_depth: int | None = Field(None, ge=0)
+    stream_group: str | None = Field(
+        None, description="streams: depth is this consumer group's lag, active its pending"
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KeyGroup:
+        names = placeholders(self.pattern)
+        for name in names:
+            if name not in LABEL_PLACEHOLDERS and not name.startswith("_"):
+                raise ValueError(
+                    f"pattern placeholder {{{name}}} is not a label "
+                    f"({', '.join(LABEL_PLACEHOLDERS)}) nor a wildcard ({{_name}})"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError("pattern repeats a placeholder")
+        for label in self.labels:
+            if label not in LABEL_PLACEHOLDERS:
+                raise ValueError(f"labels: {label!r} is not one of {', '.join(LABEL_PLACEHOLDERS)}")
+            if label in names:
+                raise ValueError(f"labels: {label!r} is already a pattern placeholder")
+        for name in (*self.values, *self.values_from_set):
+            if name not in names:
+                raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
+        zset_only = {"due": self.due, "priority_bands": self.priority_bands}
+        for option, value in zset_only.items():
+            if value is not None and self.type != "zset":
+                raise ValueError(f"{option} applies to zset keys only, not {self.type}")
+        if self.stream_group and self.type != "stream":
+            raise ValueError(f"stream_group applies to stream keys only, not {self.type}")
+        if self.priority_bands and ("priority" in names or "priority" in self.labels):
+            raise ValueError("priority_bands and a priority label exclude each other")
+        if self.oldest:
+            allowed = {
+                "list": {"item", "json", "hash"},
+                "zset": {"score", "item", "json", "hash"},
+                "stream": {"stream_id"},
+            }.get(self.type, set())
+            if self.oldest.time_in not in allowed:
+                raise ValueError(
+                    f"oldest.time_in: {self.oldest.time_in} does not apply to {self.type} keys"
+                )
+        return self
+
+    @property
+    def enumerated(self) -> bool:
+        """True when every placeholder's values are known, so keys are built, not scanned."""
+        known = set(self.values) | set(self.values_from_set)
+        return all(name in known for name in placeholders(self.pattern))
+
+
+def placeholders(pattern: str) -> list[str]:
+    return _PLACEHOLDER.findall(pattern)
+
+
+def scan_glob(pattern: str) -> str:
+    """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
+    parts = _PLACEHOLDER.split(pattern)
+    return "".join(
+        "*" if index % 2 else _GLOB_SPECIAL.sub(r"\\\1", part) for index, part in enumerate(parts)
+    )
+
+
+def key_regex(pattern: str) -> re.Pattern[str]:
+    """A regex that matches a key of the pattern and captures each placeholder by name."""
+    parts = _PLACEHOLDER.split(pattern)
+    body = "".join(
+        f"(?P<{part}>.+)" if index % 2 else re.escape(part) for index, part in enumerate(parts)
+    )
+    return re.compile(f"^{body}$", re.DOTALL)
+
+
+def fill(pattern: str, values: dict[str, str]) -> str:
+    """Substitute placeholders; used for enumerated keys and hash_key patterns."""
+    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], pattern)

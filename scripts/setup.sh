@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up for tests and benchmarks: a virtualenv with every extra, the Debian tools
+# the tests call, and the local Redis and PostgreSQL started when they are not running.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_TOOLS=(prometheus prometheus-alertmanager)
+missing=()
+command -v promtool >/dev/null || missing+=(prometheus)
+command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
+  echo "setup: installing ${missing[*]} (of ${DEBIAN_TOOLS[*]})"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian starts the services it installs; the tests run their own instances.
+  for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
+    pkill -f "/usr/bin/${unit}" 2>/dev/null || true
+  done
+fi
+
+if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+  echo "setup: starting Redis"
+  mkdir -p /var/lib/redis /var/log/redis
+  redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log
+fi
+if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
+  echo "setup: starting PostgreSQL"
+  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
+fi
+for _ in $(seq 50); do
+  redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 >/dev/null 2>&1 && break
+  sleep 0.2
+done
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[dev]'

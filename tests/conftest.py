@@ -1,0 +1,122 @@
+"""Shared fixtures: a Redis database of the test's own, an exporter running in-process, scrapes."""
+
+from __future__ import annotations
+
+import os
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporter import config as config_module
+from exporter.app import App
+
+REDIS_HOST = os.environ.get("QE_TEST_REDIS_HOST", "127.0.0.1")
+REDIS_PORT = int(os.environ.get("QE_TEST_REDIS_PORT", "6379"))
+_CLAIM = "queue-exporter-test:claimed"
+
+
+def _claim_redis_db() -> int:
+    """An empty database number, claimed with a marker so parallel runs never share one."""
+    for db in range(15, 0, -1):
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+        try:
+            if client.dbsize() == 0 and client.set(_CLAIM, str(os.getpid()), nx=True):
+                return db
+        finally:
+            client.close()
+    raise RuntimeError("no empty Redis database left for the test")
+
+
+@pytest.fixture
+def redis_db() -> Iterator[int]:
+    db = _claim_redis_db()
+    yield db
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+    client.flushdb()
+    client.close()
+
+
+@pytest.fixture
+def redis_client(redis_db: int) -> Iterator[redis.Redis]:
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=redis_db)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def redis_url(redis_db: int) -> str:
+    return f"redis://{REDIS_HOST}:{REDIS_PORT}/{redis_db}"
+
+
+Series = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+def parse_exposition(text: str) -> Series:
+    series: Series = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            series[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return series
+
+
+def scrape(port: int, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+        body: bytes = response.read()
+    return body.decode()
+
+
+def value(series: Series, name: str, **labels: str) -> float | None:
+    """The value of the one series of `name` whose labels include `labels`; None if absent."""
+    matches = [
+        v for (n, ls), v in series.items() if n == name and set(labels.items()) <= set(ls)
+    ]
+    if len(matches) > 1:
+        raise AssertionError(f"{name}{labels} matches {len(matches)} series")
+    return matches[0] if matches else None
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1) -> Any:
+    """Poll until condition() is truthy; its last value, or AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last: {result!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def run_exporter() -> Iterator[Callable[..., App]]:
+    """Start an exporter in-process on a free port from a config dict; stopped after the test."""
+    apps: list[App] = []
+
+    def start(raw: dict[str, Any] | None = None, **overrides: Any) -> App:
+        raw = dict(raw or {})
+        raw.setdefault("listen_address", "127.0.0.1:0")
+        raw.setdefault("sample_interval", 0.2)
+        config = config_module.from_dict(_with_overrides(raw, overrides))
+        app = App(config)
+        app.start()
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        app.shutdown()
+
+
+def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    for name, setting in overrides.items():
+        config_module.set_path(raw, config_module.OVERRIDE_PATHS[name], setting)
+    return raw
+
+
+def scrape_series(app: App) -> Series:
+    return parse_exposition(scrape(app.server.port))
