@@ -19,7 +19,11 @@ class SampleSet:
         self._values: dict[MetricSpec, dict[LabelValues, float]] = {}
 
     def add(self, spec: MetricSpec, labels: dict[str, str], value: float) -> None:
-        label_values = tuple(labels.get(name, "") for name in spec.labels)
+        """Add a sample; labels the spec does not name are ignored, missing ones are ""."""
+        self.add_labelled(spec, tuple(labels.get(name, "") for name in spec.labels), value)
+
+    def add_labelled(self, spec: MetricSpec, label_values: LabelValues, value: float) -> None:
+        """Like add, with the label values already in spec.labels order (SQL rows' hot path)."""
         series = self._values.setdefault(spec, {})
         previous = series.get(label_values)
         if previous is None:

@@ -72,9 +72,7 @@ def scrape(port: int, path: str = "/metrics") -> str:
 
 def value(series: Series, name: str, **labels: str) -> float | None:
     """The value of the one series of `name` whose labels include `labels`; None if absent."""
-    matches = [
-        v for (n, ls), v in series.items() if n == name and set(labels.items()) <= set(ls)
-    ]
+    matches = [v for (n, ls), v in series.items() if n == name and set(labels.items()) <= set(ls)]
     if len(matches) > 1:
         raise AssertionError(f"{name}{labels} matches {len(matches)} series")
     return matches[0] if matches else None
@@ -120,3 +118,16 @@ def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str,
 
 def scrape_series(app: App) -> Series:
     return parse_exposition(scrape(app.server.port))
+
+
+def scrape_when(app: App, name: str, **labels: str) -> Series:
+    """Scrape until the series `name` with `labels` is present; that scrape."""
+
+    def present() -> Series | None:
+        series = scrape_series(app)
+        wanted = set(labels.items())
+        found = any(n == name and wanted <= set(ls) for n, ls in series)
+        return series if found else None
+
+    result: Series = wait_for(present)
+    return result

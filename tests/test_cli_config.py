@@ -1,0 +1,170 @@
+"""The command line and configuration: errors with their paths, masking, precedence, serve."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from exporter import cli
+from exporter import config as config_module
+from tests.conftest import parse_exposition, scrape, value, wait_for
+from tests.private_redis import free_port
+
+EXPORTER = [sys.executable, "-m", "exporter"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*EXPORTER, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert "queue-exporter" in result.stdout
+
+
+BAD_CONFIG = """
+sample_interval: 0
+listen_address: nowhere
+sources:
+  redis:
+    key_groups:
+      - {system: a, pattern: "jobs:{queue}", type: list, state: pending}
+      - {system: a, pattern: "jobs:{queue}", type: list, state: waiting}
+      - {system: a, pattern: "jobs:{tenant}", type: list, state: pending}
+      - {system: a, pattern: "jobs:{queue}", type: list, state: pending, due: {metric: queue_scheduled_due}}
+surprise: true
+"""
+
+
+def test_check_config_reports_every_error_with_its_path(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(BAD_CONFIG)
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    for expected in (
+        "sample_interval: Input should be greater than 0",
+        "listen_address: Value error, expected HOST:PORT, got 'nowhere'",
+        "sources.redis.key_groups[1].state: Input should be",
+        "sources.redis.key_groups[2]: Value error, pattern placeholder {tenant} is not a label",
+        "sources.redis.key_groups[3]: Value error, due applies to zset keys only, not list",
+        "surprise: Extra inputs are not permitted",
+    ):
+        assert expected in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("sources: [1, 2", "not valid YAML"),
+        ("- just\n- a list\n", "the top level must be a mapping"),
+        ("presets: [nosuch]\n", "unknown preset 'nosuch'"),
+        ("presets: [{name: celery, params: {queus: [a]}}]\n", "unknown params queus"),
+    ],
+)
+def test_check_config_rejects_malformed_files(tmp_path, text, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 1
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_check_config_masks_secrets(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text(
+        "presets: [orchestrata]\n"
+        "sources:\n  redis:\n    url: redis://app:s3cr3t-pw@redis.internal:6379/2\n"
+        "    password: another-s3cr3t\n"
+    )
+    result = run_cli("check-config", str(path))
+    assert result.returncode == 0, result.stderr
+    assert "s3cr3t" not in result.stdout
+    assert "redis://app:****@redis.internal:6379/2" in result.stdout
+    assert "orchestrata:queue:{queue}:p{priority}" in result.stdout  # the preset, expanded
+
+
+def test_flags_beat_environment_beats_file(tmp_path, monkeypatch):
+    path = tmp_path / "config.yaml"
+    path.write_text("sample_interval: 30\nlog_level: warning\nlisten_address: 127.0.0.1:1111\n")
+    monkeypatch.setenv("QUEUE_EXPORTER_SAMPLE_INTERVAL", "7")
+    monkeypatch.setenv("QUEUE_EXPORTER_LISTEN_ADDRESS", "127.0.0.1:3333")
+    loaded = []
+
+    def load_only(config_file, overrides):  # stop before serving: the merge is what is tested
+        loaded.append(config_module.load(config_file, overrides))
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "_load_or_exit", load_only)
+    result = CliRunner().invoke(
+        cli.main, ["serve", "--config", str(path), "--listen-address", "127.0.0.1:2222"]
+    )
+    assert result.exit_code == 0
+    assert loaded[0].listen_address == "127.0.0.1:2222"  # flag over environment and file
+    assert loaded[0].sample_interval == 7  # environment over file
+    assert loaded[0].log_level == "warning"  # file where nothing overrides it
+
+
+def test_serve_samples_presets_and_stops_on_sigterm(redis_client, redis_url):
+    redis_client.rpush("orchestrata:queue:billing:p2", '{"queued_at": "2026-01-01T00:00:00Z"}')
+    redis_client.zadd("default:processing", {"a:{}": 1000})  # a lease that expired long ago
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            *EXPORTER,
+            "serve",
+            "--redis-url",
+            redis_url,
+            "--preset",
+            "orchestrata",
+            "--preset",
+            "runnerq",
+            "--listen-address",
+            f"127.0.0.1:{port}",
+            "--sample-interval",
+            "1",
+            "--log-format",
+            "json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+
+        def sampled():
+            try:
+                series = parse_exposition(scrape(port))
+            except OSError:
+                return None
+            return series if value(series, "queue_depth", queue="billing") else None
+
+        series = wait_for(sampled, timeout=30)
+        assert value(series, "queue_depth", system="orchestrata", queue="billing") == 1
+        assert value(series, "queue_max_depth", system="orchestrata", queue="billing") == 10000
+        assert value(series, "queue_leases_expired", system="runnerq", queue="default") == 1
+        assert value(series, "queue_exporter_source_up", source="redis") == 1
+        started = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        assert time.monotonic() - started < 15
+        _, stderr = process.communicate()
+        assert '"msg": "received SIGTERM, shutting down"' in stderr
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -1,0 +1,56 @@
+"""The HTTP endpoint: landing page, health, readiness, exposition formats."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.error
+import urllib.request
+
+from tests.conftest import scrape, scrape_when
+from tests.private_redis import free_port
+
+
+def _get(port: int, path: str, **headers: str):
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+def test_landing_health_and_unknown_paths(redis_url, run_exporter):
+    app = run_exporter(redis_url=redis_url, preset=["orchestrata"])
+    status, _, body = _get(app.server.port, "/")
+    assert status == 200
+    for link in (b'href="metrics"', b'href="healthz"', b'href="readyz"'):
+        assert link in body
+    assert _get(app.server.port, "/healthz")[0] == 200
+    assert _get(app.server.port, "/nope")[0] == 404
+
+
+def test_not_ready_until_every_source_answers(run_exporter):
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    app = run_exporter(redis_url=unreachable, preset=["orchestrata"])
+    status, _, body = _get(app.server.port, "/readyz")
+    assert status == 503
+    assert json.loads(body)["ready"] is False
+    assert _get(app.server.port, "/healthz")[0] == 200  # alive all the same
+
+
+def test_openmetrics_and_gzip(redis_client, redis_url, run_exporter):
+    redis_client.rpush("orchestrata:dlq:billing", "{}")
+    app = run_exporter(redis_url=redis_url, preset=["orchestrata"])
+    scrape_when(app, "queue_depth", queue="billing")
+    status, headers, body = _get(
+        app.server.port, "/metrics", Accept="application/openmetrics-text; version=1.0.0"
+    )
+    assert status == 200
+    assert headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.rstrip().endswith(b"# EOF")
+    status, headers, body = _get(app.server.port, "/metrics", **{"Accept-Encoding": "gzip"})
+    assert headers.get("Content-Encoding") == "gzip"
+    assert b'queue_depth{priority="",queue="billing"' in gzip.decompress(body)
+    assert "text/plain" in _get(app.server.port, "/metrics")[1]["Content-Type"]
+    assert "queue_exporter_build_info" in scrape(app.server.port)

@@ -1,0 +1,65 @@
+"""Key patterns: the SCAN glob, the capturing regex, and validation of a group's options."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from exporter.sources.key_groups import KeyGroup, fill, key_regex, scan_glob
+
+
+def test_glob_escapes_literal_glob_characters():
+    assert scan_glob("orchestrata:queue:{queue}:p{priority}") == "orchestrata:queue:*:p*"
+    assert scan_glob("weird[1]*?:{queue}") == "weird\\[1\\]\\*\\?:*"
+    assert scan_glob("{queue}\x06\x16{_step}") == "*\x06\x16*"
+
+
+def test_regex_captures_placeholders():
+    match = key_regex("orchestrata:queue:{queue}:p{priority}").match(
+        "orchestrata:queue:billing:eu:p3"
+    )
+    assert match is not None
+    assert match.groupdict() == {"queue": "billing:eu", "priority": "3"}
+    assert key_regex("{queue}:priority_queue").match("default:processing") is None
+
+
+def test_fill_builds_keys():
+    assert fill("rq:job:{item}", {"item": "abc"}) == "rq:job:abc"
+
+
+def _group(**overrides):
+    return KeyGroup(
+        **{"system": "s", "pattern": "q:{queue}", "type": "list", "state": "pending", **overrides}
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"pattern": "q:{queue}:{queue}"}, "repeats a placeholder"),
+        ({"labels": {"tenant": "x"}}, "'tenant' is not one of"),
+        ({"labels": {"queue": "x"}}, "already a pattern placeholder"),
+        ({"values": {"priority": ["1"]}}, "not a placeholder of the pattern"),
+        ({"stream_group": "g"}, "stream_group applies to stream keys only"),
+        ({"oldest": {"time_in": "score"}}, "does not apply to list keys"),
+        ({"oldest": {"time_in": "hash", "field": "t"}}, "needs 'hash_key'"),
+        ({"oldest": {"time_in": "hash", "field": "t", "hash_key": "job"}}, "must contain {item}"),
+        (
+            {
+                "type": "zset",
+                "pattern": "q:{queue}:{priority}",
+                "priority_bands": {"width": 10, "names": {1: "low"}},
+            },
+            "exclude each other",
+        ),
+    ],
+)
+def test_invalid_groups(overrides, message):
+    with pytest.raises(ValidationError, match=message):
+        _group(**overrides)
+
+
+def test_enumerated_only_when_every_placeholder_is_known():
+    assert not _group().enumerated
+    assert _group(values={"queue": ["a"]}).enumerated
+    assert not _group(pattern="q:{queue}:{_x}", values={"queue": ["a"]}).enumerated

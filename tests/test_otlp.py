@@ -1,0 +1,96 @@
+"""OTLP push: the same metrics, received by a small local OTLP/HTTP receiver."""
+
+from __future__ import annotations
+
+import gzip
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+)
+
+from tests.conftest import wait_for
+
+
+class _Receiver:
+    def __init__(self) -> None:
+        self.requests: list[ExportMetricsServiceRequest] = []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportMetricsServiceRequest()
+                request.ParseFromString(body)
+                receiver.requests.append(request)
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
+
+    def gauge_points(self, name: str) -> list[tuple[dict[str, str], float]]:
+        points = []
+        for request in self.requests:
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        if metric.name == name:
+                            for point in metric.gauge.data_points:
+                                labels = {a.key: a.value.string_value for a in point.attributes}
+                                points.append((labels, point.as_double or point.as_int))
+        return points
+
+
+@pytest.fixture
+def receiver():
+    receiver = _Receiver()
+    yield receiver
+    receiver.server.shutdown()
+
+
+def test_sampled_and_self_metrics_are_pushed(
+    receiver, redis_client, redis_url, run_exporter, monkeypatch
+):
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
+    for _ in range(3):
+        redis_client.rpush("orchestrata:dlq:billing", "{}")
+    run_exporter(
+        {
+            "otlp": {"enabled": True, "interval": 0.3},
+            "presets": ["orchestrata"],
+            "sources": {"redis": {"url": redis_url}},
+        }
+    )
+
+    def pushed_depth():
+        return [
+            value
+            for labels, value in receiver.gauge_points("queue_depth")
+            if labels.get("queue") == "billing" and labels.get("state") == "dead_letter"
+        ]
+
+    assert wait_for(pushed_depth)[-1] == 3
+    up = wait_for(lambda: receiver.gauge_points("queue_exporter_source_up"))
+    assert ({"source": "redis"}, 1.0) in up
+    services = {
+        attribute.value.string_value
+        for request in receiver.requests
+        for resource in request.resource_metrics
+        for attribute in resource.resource.attributes
+        if attribute.key == "service.name"
+    }
+    assert services == {"queue-exporter"}

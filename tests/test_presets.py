@@ -1,0 +1,263 @@
+"""Each preset against its system's real layout, written with the commands that system issues."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from tests import layouts
+from tests.conftest import scrape_when, value
+from tests.layouts import iso
+
+
+def _sampled(run_exporter, redis_url, preset, **expect_labels):
+    """Start the exporter with one preset; the scrape once the depth named by expect_labels shows."""
+    app = run_exporter(redis_url=redis_url, preset=[preset])
+    return scrape_when(app, "queue_depth", **expect_labels)
+
+
+def _enqueue(client, recipient: str, priority: int, queued_at: float) -> None:
+    message_id = str(uuid.uuid4())
+    body = {
+        "packet": {"type": "task", "payload": {"n": 1}},
+        "queued_at": iso(queued_at),
+        "priority": priority,
+        "recipient": recipient,
+        "message_id": message_id,
+    }
+    key = f"orchestrata:queue:{recipient}:p{priority}"
+    client.rpush(key, json.dumps(body))
+    client.expire(key, 86400)
+    client.hset(
+        f"orchestrata:msg_meta:{message_id}",
+        mapping={
+            "recipient": recipient,
+            "priority": priority,
+            "queued_at": body["queued_at"],
+            "status": "queued",
+        },
+    )
+
+
+def test_orchestrata(redis_client, redis_url, run_exporter):
+    now = time.time()
+    for offset in (300, 200, 100):
+        _enqueue(redis_client, "billing", 3, now - offset)
+    _enqueue(redis_client, "billing", 5, now - 20)
+    _enqueue(redis_client, "emails", 0, now - 50)
+    redis_client.rpush(
+        "orchestrata:dlq:billing",
+        json.dumps(
+            {
+                "message_id": "m0",
+                "recipient": "billing",
+                "failed_at": iso(now - 900),
+                "reason": "Message expired",
+                "metadata": {},
+            }
+        ),
+    )
+
+    series = _sampled(run_exporter, redis_url, "orchestrata", queue="billing", priority="3")
+
+    def depth(**labels):
+        return value(series, "queue_depth", system="orchestrata", **labels)
+
+    assert depth(queue="billing", priority="3", state="pending") == 3
+    assert depth(queue="billing", priority="5", state="pending") == 1
+    assert depth(queue="emails", priority="0", state="pending") == 1
+    assert depth(queue="billing", state="dead_letter") == 1
+    age = value(series, "queue_oldest_age_seconds", queue="billing", priority="3")
+    assert age is not None and 300 <= age < 330  # the head (first RPUSHed) is the oldest
+    dlq_age = value(series, "queue_oldest_age_seconds", queue="billing", state="dead_letter")
+    assert dlq_age is not None and 900 <= dlq_age < 930
+    assert value(series, "queue_max_depth", system="orchestrata", queue="billing") == 10000
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+    # message metadata hashes are not queues
+    assert not [k for k in series if "msg_meta" in str(k)]
+
+
+def test_runnerq(redis_client, redis_url, run_exporter):
+    now = time.time()
+    for offset, priority in (
+        (300, "Normal"),
+        (200, "Normal"),
+        (100, "Normal"),
+        (40, "Critical"),
+        (30, "Low"),
+    ):
+        activity = layouts.runnerq_activity("send_email", priority, now - offset)
+        layouts.runnerq_enqueue(redis_client, "default", activity, now)
+    # processing: score = lease deadline (ms); one lease already expired
+    leased = [layouts.runnerq_activity("charge", "High", now - 60) for _ in range(3)]
+    redis_client.zadd(
+        "default:processing",
+        {
+            layouts.runnerq_member(leased[0]): (now - 10) * 1000,
+            layouts.runnerq_member(leased[1]): (now + 60) * 1000,
+            layouts.runnerq_member(leased[2]): (now + 90) * 1000,
+        },
+    )
+    # scheduled: score = due time (s); two already due
+    scheduled = [layouts.runnerq_activity("report", "Normal", now - 5) for _ in range(3)]
+    redis_client.zadd(
+        "default:scheduled_activities",
+        {
+            layouts.runnerq_member(scheduled[0]): int(now - 30),
+            layouts.runnerq_member(scheduled[1]): int(now - 1),
+            layouts.runnerq_member(scheduled[2]): int(now + 3600),
+        },
+    )
+    dead = layouts.runnerq_activity("charge", "High", now - 4000)
+    redis_client.rpush(
+        "default:dead_letter_queue",
+        json.dumps(
+            {
+                "activity": dead,
+                "error": "card declined",
+                "failed_at": layouts.rfc3339_nanos(now - 600),
+            }
+        ),
+    )
+    redis_client.zadd(
+        "default:completed_activities", {str(uuid.uuid4()): int(now - 5) for _ in range(4)}
+    )
+    # activity hashes and the events stream share the keyspace but are not queues
+    redis_client.hset(f"activity:{leased[0]['id']}", mapping={"status": '"Running"'})
+
+    series = _sampled(run_exporter, redis_url, "runnerq", system="runnerq", priority="normal")
+
+    def depth(**labels):
+        return value(series, "queue_depth", system="runnerq", queue="default", **labels)
+
+    assert depth(state="pending", priority="normal") == 3
+    assert depth(state="pending", priority="critical") == 1
+    assert depth(state="pending", priority="low") == 1
+    assert depth(state="pending", priority="high") == 0
+    assert depth(state="active") == 3
+    assert depth(state="scheduled") == 3
+    assert depth(state="dead_letter") == 1
+    assert depth(state="completed") == 4
+    assert value(series, "queue_leases_expired", system="runnerq", queue="default") == 1
+    assert value(series, "queue_scheduled_due", system="runnerq", queue="default") == 2
+    normal_age = value(series, "queue_oldest_age_seconds", queue="default", priority="normal")
+    assert normal_age is not None and 300 <= normal_age < 330  # ZPOPMAX serves the oldest first
+    critical_age = value(series, "queue_oldest_age_seconds", queue="default", priority="critical")
+    assert critical_age is not None and 40 <= critical_age < 70
+    dead_age = value(series, "queue_oldest_age_seconds", queue="default", state="dead_letter")
+    assert dead_age is not None and 600 <= dead_age < 630
+
+
+def test_rq(redis_client, redis_url, run_exporter):
+    now = time.time()
+    for offset in (500, 100):
+        layouts.rq_enqueue(redis_client, "default", now - offset)
+    layouts.rq_enqueue(redis_client, "high", now - 5)
+    redis_client.sadd("rq:queues", "rq:queue:empty")  # known queue with no jobs: its key is gone
+    redis_client.zadd("rq:wip:default", {"job-a": now + 180, "job-b": now + 180})
+    redis_client.zadd("rq:failed:default", {"job-c": now + 86400})
+    redis_client.zadd("rq:finished:default", {"job-d": now + 500, "job-e": now + 500})
+    redis_client.zadd("rq:scheduled:default", {"job-f": now - 10, "job-g": now + 600})
+
+    series = _sampled(run_exporter, redis_url, "rq", system="rq", queue="default", state="pending")
+
+    def depth(queue, state):
+        return value(series, "queue_depth", system="rq", queue=queue, state=state)
+
+    assert depth("default", "pending") == 2
+    assert depth("high", "pending") == 1
+    assert depth("empty", "pending") == 0
+    assert depth("default", "active") == 2
+    assert depth("default", "failed") == 1
+    assert depth("default", "completed") == 2
+    assert depth("default", "scheduled") == 2
+    assert value(series, "queue_scheduled_due", system="rq", queue="default") == 1
+    age = value(series, "queue_oldest_age_seconds", system="rq", queue="default")
+    assert age is not None and 500 <= age < 530
+    assert value(series, "queue_oldest_age_seconds", system="rq", queue="empty") is None
+
+
+def test_celery(redis_client, redis_url, run_exporter):
+    for priority in (0, 0, 3, 6, 9, 9):
+        layouts.celery_publish(redis_client, "celery", priority)
+    now = time.time()
+    redis_client.hset("unacked", mapping={"tag-1": "[]", "tag-2": "[]"})
+    redis_client.zadd("unacked_index", {"tag-1": now - 120, "tag-2": now - 30})
+
+    series = _sampled(run_exporter, redis_url, "celery", system="celery", queue="celery")
+    # kombu's four priority lists of one queue are one queue
+    assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 6
+    assert value(series, "queue_depth", system="celery", state="active") == 2
+    age = value(series, "queue_oldest_age_seconds", system="celery", state="active")
+    assert age is not None and 120 <= age < 150
+
+
+def test_celery_queue_list_is_a_param(redis_client, redis_url, run_exporter):
+    layouts.celery_publish(redis_client, "emails", 0)
+    layouts.celery_publish(redis_client, "emails", 6)
+    app = run_exporter(
+        {
+            "presets": [{"name": "celery", "params": {"queues": ["celery", "emails"]}}],
+            "sources": {"redis": {"url": redis_url}},
+        }
+    )
+    series = scrape_when(app, "queue_depth", queue="emails")
+    assert value(series, "queue_depth", system="celery", queue="emails") == 2
+    assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 0
+
+
+def test_bullmq(redis_client, redis_url, run_exporter):
+    now_ms = int(time.time() * 1000)
+    layouts.bullmq_add(redis_client, "emails", 1, now_ms - 90_000)  # LPUSHed first: at the tail
+    layouts.bullmq_add(redis_client, "emails", 2, now_ms - 10_000)
+    redis_client.zadd("bull:emails:prioritized", {"3": 2 * 0x100000000 + 1})
+    redis_client.lpush("bull:emails:active", "4")
+    layouts.bullmq_delay(redis_client, "emails", 5, now_ms - 2_000, 1)
+    layouts.bullmq_delay(redis_client, "emails", 6, now_ms + 60_000, 2)
+    redis_client.zadd("bull:emails:completed", {"7": now_ms - 1000, "8": now_ms - 500})
+    redis_client.zadd("bull:emails:failed", {"9": now_ms - 100})
+
+    series = _sampled(run_exporter, redis_url, "bullmq", system="bullmq", queue="emails")
+
+    def depth(state):
+        return value(series, "queue_depth", system="bullmq", queue="emails", state=state)
+
+    assert depth("pending") == 3  # wait list + prioritized zset
+    assert depth("active") == 1
+    assert depth("scheduled") == 2
+    assert depth("completed") == 2
+    assert depth("failed") == 1
+    assert value(series, "queue_scheduled_due", system="bullmq", queue="emails") == 1
+    age = value(series, "queue_oldest_age_seconds", system="bullmq", queue="emails")
+    assert age is not None and 90 <= age < 120
+
+
+def test_sidekiq(redis_client, redis_url, run_exporter):
+    now = time.time()
+    layouts.sidekiq_push(redis_client, "default", now - 400, millis=False)  # Sidekiq 6: float s
+    layouts.sidekiq_push(redis_client, "default", now - 50, millis=False)
+    layouts.sidekiq_push(redis_client, "critical", now - 70, millis=True)  # Sidekiq 7: int ms
+    redis_client.zadd(
+        "schedule", {json.dumps({"jid": "a"}): now - 5, json.dumps({"jid": "b"}): now + 500}
+    )
+    redis_client.zadd("retry", {json.dumps({"jid": "c"}): now + 30})
+    redis_client.zadd("dead", {json.dumps({"jid": "d"}): now - 7200})
+
+    series = _sampled(run_exporter, redis_url, "sidekiq", system="sidekiq", queue="default")
+
+    def depth(queue, state):
+        return value(series, "queue_depth", system="sidekiq", queue=queue, state=state)
+
+    assert depth("default", "pending") == 2
+    assert depth("critical", "pending") == 1
+    assert depth("all", "scheduled") == 2
+    assert depth("all", "retry") == 1
+    assert depth("all", "dead_letter") == 1
+    assert value(series, "queue_scheduled_due", system="sidekiq", queue="all") == 1
+    default_age = value(series, "queue_oldest_age_seconds", system="sidekiq", queue="default")
+    assert default_age is not None and 400 <= default_age < 430
+    critical_age = value(series, "queue_oldest_age_seconds", system="sidekiq", queue="critical")
+    assert critical_age is not None and 70 <= critical_age < 100
+    dead_age = value(series, "queue_oldest_age_seconds", system="sidekiq", state="dead_letter")
+    assert dead_age is not None and 7200 <= dead_age < 7230

@@ -1,0 +1,113 @@
+"""Redis outage and recovery, keys that change type, malformed items, the cardinality cap."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.conftest import scrape, scrape_series, scrape_when, value, wait_for
+from tests.layouts import iso
+from tests.private_redis import PrivateRedis
+
+
+@pytest.fixture
+def private_redis(tmp_path):
+    server = PrivateRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+def _orchestrata_item(queued_at: str) -> str:
+    return json.dumps(
+        {"packet": {}, "queued_at": queued_at, "priority": 1, "recipient": "r", "message_id": "m"}
+    )
+
+
+def test_outage_drops_series_and_recovers(private_redis, run_exporter):
+    private_redis.client().rpush(
+        "orchestrata:queue:billing:p1", _orchestrata_item(iso(time.time()))
+    )
+    app = run_exporter(redis_url=private_redis.url, preset=["orchestrata"])
+    scrape_when(app, "queue_depth", queue="billing")
+    assert json.loads(scrape(app.server.port, "/readyz"))["ready"] is True
+
+    private_redis.stop()
+
+    def down():
+        series = scrape_series(app)
+        return series if value(series, "queue_exporter_source_up", source="redis") == 0 else None
+
+    series = down_series = wait_for(down)
+    assert value(series, "queue_depth", queue="billing") is None  # dropped, not served stale
+    errors = [
+        v
+        for (name, labels), v in down_series.items()
+        if name == "queue_exporter_source_errors_total" and ("source", "redis") in labels
+    ]
+    assert sum(errors) >= 1
+    with pytest.raises(Exception, match="503"):
+        scrape(app.server.port, "/readyz")
+
+    private_redis.start()  # same port, empty: the queue comes back as it is written again
+    private_redis.client().rpush(
+        "orchestrata:queue:billing:p1", _orchestrata_item(iso(time.time()))
+    )
+    series = scrape_when(app, "queue_depth", queue="billing")
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+    assert value(series, "queue_depth", queue="billing") == 1
+
+
+def test_wrong_type_and_malformed_items_are_counted(redis_client, redis_url, run_exporter):
+    now = time.time()
+    redis_client.rpush("orchestrata:queue:good:p1", _orchestrata_item(iso(now - 60)))
+    redis_client.rpush("orchestrata:queue:notjson:p1", "this is not json", "second")
+    redis_client.rpush("orchestrata:queue:badtime:p1", _orchestrata_item("yesterday-ish"))
+    redis_client.rpush("orchestrata:queue:notime:p1", json.dumps({"packet": {}}))
+    redis_client.zadd("orchestrata:queue:zset:p1", {"member": 1})  # matches the pattern, wrong type
+
+    app = run_exporter(redis_url=redis_url, preset=["orchestrata"])
+    series = scrape_when(app, "queue_exporter_source_errors_total", reason="wrong_type")
+
+    def depth(queue):
+        return value(series, "queue_depth", queue=queue, state="pending")
+
+    assert depth("good") == 1
+    assert depth("notjson") == 2  # the depth still counts
+    assert depth("badtime") == 1
+    assert depth("notime") == 1
+    assert depth("zset") is None
+    assert value(series, "queue_oldest_age_seconds", queue="notjson") is None
+    assert value(series, "queue_oldest_age_seconds", queue="badtime") is None
+    good_age = value(series, "queue_oldest_age_seconds", queue="good")
+    assert good_age is not None and good_age >= 60
+
+    def errors(reason):
+        return value(series, "queue_exporter_source_errors_total", source="redis", reason=reason)
+
+    assert errors("item_not_json") >= 1
+    assert errors("time_unparsable") >= 1
+    assert errors("time_missing") >= 1
+    assert errors("wrong_type") >= 1
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+
+
+def test_cardinality_cap_folds_into_overflow(redis_client, redis_url, run_exporter):
+    for index in range(10):
+        redis_client.rpush(f"orchestrata:dlq:recipient-{index}", "{}")
+    app = run_exporter(
+        {
+            "limits": {"max_series_per_metric": 4},
+            "presets": ["orchestrata"],
+            "sources": {"redis": {"url": redis_url}},
+        }
+    )
+    series = scrape_when(app, "queue_exporter_series_overflow_total", metric="queue_depth")
+    depths = {
+        dict(labels)["queue"]: v for (name, labels), v in series.items() if name == "queue_depth"
+    }
+    assert len(depths) == 4
+    assert depths["__overflow__"] == 7  # 10 queues: 3 kept as they are, 7 folded
+    assert sum(depths.values()) == 10  # nothing lost
+    assert value(series, "queue_exporter_series_overflow_total", metric="queue_depth") >= 7
