@@ -52,11 +52,13 @@ def _as_number(raw: str | float | int) -> float | None:
 
 
 def _parse_iso(text: str) -> float:
-    cleaned = _LONG_FRACTION.sub(r"\1", text.strip())
     try:
-        parsed = datetime.fromisoformat(cleaned)
-    except ValueError as error:
-        raise TimeParseError(f"not an ISO-8601 time: {text[:64]!r}") from error
+        parsed = datetime.fromisoformat(text)
+    except ValueError:
+        try:
+            parsed = datetime.fromisoformat(_LONG_FRACTION.sub(r"\1", text.strip()))
+        except ValueError as error:
+            raise TimeParseError(f"not an ISO-8601 time: {text[:64]!r}") from error
     if parsed.tzinfo is None:  # the systems we read write UTC without saying so
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()

@@ -11,15 +11,15 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
 
 import redis
 from pydantic import Field
 
-from exporter.catalog import BY_NAME, MetricSpec
+from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_pipeline import round_trip
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import (
@@ -56,14 +56,25 @@ class ItemError(Exception):
 
 
 OnReply = Callable[[Any], "Command | None"]
+# A command to pipeline and what its reply means (possibly a follow-up command). A plain tuple:
+# a cycle builds one or two per key, so construction cost matters at 100k keys.
+Command = tuple[tuple[Any, ...], OnReply]
 
 
-@dataclass(frozen=True)
-class Command:
-    """A command to pipeline and what its reply means (possibly a follow-up command)."""
+class Labels(NamedTuple):
+    """A queue series' labels, in catalog.QUEUE_LABELS order (so the tuple is the series key)."""
 
-    args: tuple[Any, ...]
-    on_reply: OnReply
+    system: str
+    queue: str
+    priority: str
+    state: str
+
+    def for_metric(self, spec: MetricSpec) -> tuple[str, ...]:
+        return self if spec.labels == QUEUE_LABELS else (self.system, self.queue)
+
+
+assert Labels._fields == QUEUE_LABELS
+assert all(spec.labels in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH))
 
 
 class RedisKeySampler:
@@ -82,14 +93,15 @@ class RedisKeySampler:
     def sample(self) -> SampleSet:
         client = self._connect()
         cycle = _Cycle(time.time(), SampleSet(), self.telemetry, self.name)
-        commands = [
-            command
-            for group in self.config.key_groups
-            for key, captured in self._keys(client, group)
-            for command in cycle.commands_for_key(group, key, captured)
-        ]
-        follow_ups = self._run(client, commands)
-        self._run(client, follow_ups)  # follow-ups have no follow-ups of their own
+        # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
+        # one round of commands at a time, however large the keyspace.
+        follow_ups = _Rounds(self, client, None)
+        rounds = _Rounds(self, client, follow_ups)
+        for group in self.config.key_groups:
+            for key, captured in self._keys(client, group):
+                rounds.extend(cycle.commands_for_key(group, key, captured))
+        rounds.flush()
+        follow_ups.flush()
         return cycle.samples
 
     def error_reason(self, error: Exception) -> str:
@@ -142,23 +154,44 @@ class RedisKeySampler:
             captured = dict(zip(names, combination, strict=True))
             yield fill(group.pattern, captured).encode(), captured
 
-    def _run(self, client: redis.Redis, commands: list[Command]) -> list[Command]:
-        """Pipeline the commands in rounds of pipeline_size; return their follow-ups."""
-        follow_ups: list[Command] = []
-        size = self.config.pipeline_size
-        for start in range(0, len(commands), size):
-            batch = commands[start : start + size]
-            pipe = client.pipeline(transaction=False)
-            for command in batch:
-                pipe.execute_command(*command.args)  # type: ignore[no-untyped-call]
-            for command, reply in zip(batch, pipe.execute(raise_on_error=False), strict=True):
-                if isinstance(reply, redis.ResponseError):
-                    self.telemetry.count_error(self.name, _response_reason(reply))
-                    continue
-                follow_up = command.on_reply(reply)
-                if follow_up is not None:
-                    follow_ups.append(follow_up)
-        return follow_ups
+    def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
+        """Pipeline the commands in one round trip; yield the follow-ups their replies ask for."""
+        replies = round_trip(client, [args for args, _ in commands])
+        for (_, on_reply), reply in zip(commands, replies, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                self.telemetry.count_error(self.name, _response_reason(reply))
+                continue
+            follow_up = on_reply(reply)
+            if follow_up is not None:
+                yield follow_up
+
+
+class _Rounds:
+    """Collects commands and sends them a pipeline_size round at a time."""
+
+    def __init__(
+        self, sampler: RedisKeySampler, client: redis.Redis, follow_ups: _Rounds | None
+    ) -> None:
+        self.sampler = sampler
+        self.client = client
+        self.follow_ups = follow_ups
+        self.size = sampler.config.pipeline_size
+        self.pending: list[Command] = []
+
+    def extend(self, commands: Iterable[Command]) -> None:
+        self.pending.extend(commands)
+        if len(self.pending) >= self.size:
+            self.flush()
+
+    def flush(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending[: self.size], self.pending[self.size :]
+            next_round = self.sampler.execute(self.client, batch)
+            if self.follow_ups is not None:
+                self.follow_ups.extend(next_round)
+            else:
+                for _ in next_round:  # follow-ups have no follow-ups of their own
+                    pass
 
 
 class _Cycle:
@@ -173,20 +206,20 @@ class _Cycle:
     def commands_for_key(
         self, group: KeyGroup, key: bytes, captured: dict[str, str]
     ) -> Iterator[Command]:
-        labels = {
-            "system": group.system,
-            "state": group.state,
-            **group.labels,
-            **{name: value for name, value in captured.items() if not name.startswith("_")},
-        }
+        labels = Labels(
+            group.system,
+            captured.get("queue") or group.labels.get("queue", ""),
+            captured.get("priority") or group.labels.get("priority", ""),
+            group.state,
+        )
         if group.max_depth is not None:
-            self.samples.add(MAX_DEPTH, labels, float(group.max_depth))
+            self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
         if group.type == "stream":
             yield from self._stream(group, key, labels)
         elif group.priority_bands is not None:
             yield from self._bands(group, key, labels, captured)
         else:
-            yield Command((_DEPTH_COMMAND[group.type], key), self._record(DEPTH, labels))
+            yield (_DEPTH_COMMAND[group.type], key), self._record(DEPTH, labels)
             if group.oldest is not None and group.type in ("list", "zset"):
                 index = 0 if group.oldest.end == "head" else -1
                 read = (
@@ -194,64 +227,65 @@ class _Cycle:
                     if group.type == "list"
                     else ("ZRANGE", key, index, index, "WITHSCORES")
                 )
-                yield Command(read, self._head_time(group.oldest, labels, captured))
+                yield read, self._head_time(group.oldest, labels, captured)
         if group.due is not None:
             limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
             count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
-            yield Command(count_due, self._record(BY_NAME[group.due.metric], labels))
+            yield count_due, self._record(BY_NAME[group.due.metric], labels)
 
     def _bands(
-        self, group: KeyGroup, key: bytes, labels: dict[str, str], captured: dict[str, str]
+        self, group: KeyGroup, key: bytes, labels: Labels, captured: dict[str, str]
     ) -> Iterator[Command]:
         """A zset whose score encodes the priority: depth and head item per band."""
         bands = group.priority_bands
         assert bands is not None
         for band, priority in sorted(bands.names.items()):
             low, high = f"{band * bands.width!r}", f"({(band + 1) * bands.width!r}"
-            band_labels = {**labels, "priority": priority}
-            yield Command(("ZCOUNT", key, low, high), self._record(DEPTH, band_labels))
+            band_labels = labels._replace(priority=priority)
+            yield ("ZCOUNT", key, low, high), self._record(DEPTH, band_labels)
             if group.oldest is None:
                 continue
             if group.oldest.end == "tail":
                 read: tuple[Any, ...] = ("ZREVRANGEBYSCORE", key, high, low)
             else:
                 read = ("ZRANGEBYSCORE", key, low, high)
-            yield Command(
+            yield (
                 (*read, "LIMIT", 0, 1, "WITHSCORES"),
                 self._head_time(group.oldest, band_labels, captured),
             )
 
-    def _stream(self, group: KeyGroup, key: bytes, labels: dict[str, str]) -> Iterator[Command]:
+    def _stream(self, group: KeyGroup, key: bytes, labels: Labels) -> Iterator[Command]:
         if group.stream_group:
-            yield Command(("XINFO", "GROUPS", key), self._stream_group(group, key, labels))
+            yield ("XINFO", "GROUPS", key), self._stream_group(group, key, labels)
             return
-        yield Command(("XLEN", key), self._record(DEPTH, labels))
+        yield ("XLEN", key), self._record(DEPTH, labels)
         if group.oldest is not None:
             first = (
                 ("XRANGE", key, "-", "+")
                 if group.oldest.end == "head"
                 else ("XREVRANGE", key, "+", "-")
             )
-            yield Command((*first, "COUNT", 1), self._stream_head(labels))
+            yield (*first, "COUNT", 1), self._stream_head(labels)
 
     # -- reply handlers --------------------------------------------------------------------
 
-    def _record(self, spec: MetricSpec, labels: dict[str, str]) -> OnReply:
+    def _record(self, spec: MetricSpec, labels: Labels) -> OnReply:
+        series = labels.for_metric(spec)
+        add = self.samples.add_labelled
+
         def record(reply: Any) -> None:
-            self.samples.add(spec, labels, float(reply))
+            add(spec, series, float(reply))
 
         return record
 
-    def _age(self, labels: dict[str, str], item_time: float) -> None:
-        self.samples.add(OLDEST_AGE, labels, max(0.0, self.now - item_time))
+    def _age(self, labels: Labels, item_time: float) -> None:
+        self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - item_time))
 
     def _failed_item(self, error: Exception) -> None:
         reason = error.reason if isinstance(error, ItemError) else "time_unparsable"
         self.telemetry.count_error(self.source, reason)
 
-    def _head_time(
-        self, oldest: OldestItem, labels: dict[str, str], captured: dict[str, str]
-    ) -> OnReply:
+    def _head_time(self, oldest: OldestItem, labels: Labels, captured: dict[str, str]) -> OnReply:
         def on_head(reply: Any) -> Command | None:
             head = _head_item(reply)
             if head is None:
@@ -260,9 +294,7 @@ class _Cycle:
             try:
                 if oldest.time_in == "hash":
                     hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                    return Command(
-                        ("HGET", hash_key, oldest.field), self._hash_time(oldest, labels)
-                    )
+                    return ("HGET", hash_key, oldest.field), self._hash_time(oldest, labels)
                 self._age(labels, _item_time(oldest, item, score))
             except (ItemError, TimeParseError, UnicodeDecodeError) as error:
                 self._failed_item(error)
@@ -270,7 +302,7 @@ class _Cycle:
 
         return on_head
 
-    def _hash_time(self, oldest: OldestItem, labels: dict[str, str]) -> OnReply:
+    def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
         def on_field(reply: Any) -> None:
             try:
                 if reply is None:
@@ -281,41 +313,50 @@ class _Cycle:
 
         return on_field
 
-    def _stream_head(self, labels: dict[str, str]) -> OnReply:
+    def _stream_head(self, labels: Labels) -> OnReply:
         def on_entries(reply: Any) -> None:
             if reply:
                 self._age(labels, _stream_id_time(reply[0][0]))
 
         return on_entries
 
-    def _stream_group(self, group: KeyGroup, key: bytes, labels: dict[str, str]) -> OnReply:
+    def _stream_group(self, group: KeyGroup, key: bytes, labels: Labels) -> OnReply:
         wanted = (group.stream_group or "").encode()
 
         def on_groups(reply: Any) -> Command | None:
-            info = next((entry for entry in reply if entry.get(b"name") == wanted), None)
+            groups = (_as_map(entry) for entry in reply)
+            info = next((entry for entry in groups if entry.get(b"name") == wanted), None)
             if info is None:
                 self.telemetry.count_error(self.source, "stream_group_missing")
                 return None
-            self.samples.add(DEPTH, labels, float(info.get(b"lag") or 0))
+            self.samples.add_labelled(DEPTH, labels, float(info.get(b"lag") or 0))
             pending = float(info.get(b"pending") or 0)
-            self.samples.add(DEPTH, {**labels, "state": "active"}, pending)
+            self.samples.add_labelled(DEPTH, labels._replace(state="active"), pending)
             if group.oldest is None:
                 return None
             # The oldest undelivered entry is the first after the group's last delivered id.
             after = b"(" + info.get(b"last-delivered-id", b"0-0")
-            return Command(("XRANGE", key, after, "+", "COUNT", 1), self._stream_head(labels))
+            return ("XRANGE", key, after, "+", "COUNT", 1), self._stream_head(labels)
 
         return on_groups
 
 
 def _head_item(reply: Any) -> tuple[bytes, float | None] | None:
-    """(item, score) from LINDEX (bytes) or ZRANGE ... WITHSCORES ([[member, score]])."""
-    if reply is None or reply == []:
+    """(item, score) from LINDEX (bytes) or ZRANGE ... WITHSCORES: [member, score] in RESP2,
+    [[member, score]] in RESP3."""
+    if not reply:
         return None
     if isinstance(reply, bytes):
         return reply, None
-    member, score = reply[0]
+    member, score = reply[0] if isinstance(reply[0], list) else reply[:2]
     return member, float(score)
+
+
+def _as_map(reply: Any) -> dict[bytes, Any]:
+    """A RESP3 map arrives as a dict, its RESP2 form as a flat [key, value, ...] list."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
 
 
 def _item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
