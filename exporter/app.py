@@ -8,8 +8,10 @@ import threading
 from types import FrameType
 
 from exporter.config import Config
+from exporter.events.consumer import build_consumers
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
+from exporter.sources import postgres
 from exporter.sources.base import Source, SourceRunner
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
@@ -22,6 +24,9 @@ def build_sources(config: Config, telemetry: Telemetry) -> list[Source]:
     redis_config = config.sources.redis
     if redis_config is not None and redis_config.key_groups:
         sources.append(RedisKeySampler(redis_config, telemetry, config.sample_interval))
+    postgres_config = config.sources.postgres
+    if postgres_config is not None and postgres_config.collectors:
+        sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
     return sources
 
 
@@ -35,16 +40,24 @@ class App:
             SourceRunner(source, self.telemetry, self.stopping)
             for source in build_sources(config, self.telemetry)
         ]
+        self.event_consumers = build_consumers(
+            config.sources.events, config.sources.redis, self.telemetry
+        )
         host, port = config.host_port
-        self.server = MetricsServer(host, port, self.telemetry.registry, self.health)
+        self.server = MetricsServer(
+            host, port, self.telemetry.registry, self.health, config.web_config_file
+        )
 
     def start(self) -> None:
         self.server.start()
         for runner in self.runners:
             runner.start()
+        for consumer in self.event_consumers:
+            consumer.start(self.stopping)
         host, _ = self.config.host_port
         log.info(
-            "serving on http://%s:%d/metrics with %d source(s)",
+            "serving on %s://%s:%d/metrics with %d source(s)",
+            self.server.scheme,
             host,
             self.server.port,
             len(self.runners),
@@ -54,6 +67,9 @@ class App:
         self.stopping.set()
         for runner in self.runners:
             runner.thread.join(timeout=10)
+        for consumer in self.event_consumers:  # stops reading, acks what it applied
+            if consumer.thread is not None:
+                consumer.thread.join(timeout=10)
         self.server.stop()
         self.telemetry.shutdown()
 

@@ -30,6 +30,8 @@ class MetricSpec:
     # How two samples of one series in one cycle combine: depths add up (Celery keeps one list
     # per priority step of a queue), ages and limits keep the largest.
     combine: Combine = "sum"
+    # Histograms: the default explicit bucket bounds (configurable per histogram).
+    buckets: tuple[float, ...] = ()
 
 
 def _sampled(
@@ -84,6 +86,27 @@ SAMPLED: tuple[MetricSpec, ...] = (
         "Time since the queue's statistics row was last updated.",
         "max",
     ),
+    _sampled(
+        "queue_executions",
+        "gauge",
+        ("system", "queue", "status"),
+        "Executions not yet finished, by the system's own status (Attune: requested, "
+        "scheduling, scheduled, running, canceling).",
+    ),
+    # Totals a system keeps itself (Attune's total_enqueued / total_completed). The events
+    # feed counts into the same families: one definition, two ways in.
+    _sampled(
+        "queue_jobs_enqueued_total",
+        "counter",
+        JOB_LABELS,
+        "Jobs enqueued.",
+    ),
+    _sampled(
+        "queue_jobs_completed_total",
+        "counter",
+        JOB_LABELS,
+        "Jobs completed.",
+    ),
 )
 
 SELF: tuple[MetricSpec, ...] = (
@@ -120,5 +143,169 @@ SELF: tuple[MetricSpec, ...] = (
     ),
 )
 
-ALL: tuple[MetricSpec, ...] = SAMPLED + SELF
+
+def _event(
+    name: str, kind: Kind, labels: tuple[str, ...], help: str, buckets: tuple[float, ...] = ()
+) -> MetricSpec:
+    return MetricSpec(name, kind, labels, help, "events", buckets=buckets)
+
+
+# Default buckets (seconds unless noted), each suited to what it measures.
+_EXECUTION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+_WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 600, 1800, 3600, 7200, 21600, 86400)
+_DELAY_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 21600, 86400)
+_SCHEDULE_BUCKETS = (1, 10, 60, 300, 900, 3600, 21600, 86400, 604800)
+_ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 20, 50)
+_OPERATION_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5, 10)
+_CYCLE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60)
+
+_JOB_COUNTERS = (
+    # queue_jobs_enqueued_total and queue_jobs_completed_total are defined in SAMPLED.
+    ("queue_jobs_dequeued_total", JOB_LABELS, "Jobs taken from the queue by a worker."),
+    ("queue_jobs_started_total", JOB_LABELS, "Jobs whose handler started."),
+    ("queue_jobs_failed_total", (*JOB_LABELS, "error_type"), "Failed attempts, by error class."),
+    ("queue_jobs_retried_total", JOB_LABELS, "Jobs scheduled for another attempt."),
+    ("queue_jobs_timed_out_total", JOB_LABELS, "Job attempts that timed out."),
+    ("queue_jobs_dead_lettered_total", JOB_LABELS, "Jobs moved to the dead-letter queue."),
+    ("queue_jobs_scheduled_total", JOB_LABELS, "Jobs scheduled for later execution."),
+    ("queue_jobs_requeued_total", (*JOB_LABELS, "reason"), "Jobs put back (e.g. lease expired)."),
+    ("queue_jobs_lease_extended_total", JOB_LABELS, "Lease extensions of running jobs."),
+    ("queue_jobs_max_retries_exceeded_total", JOB_LABELS, "Jobs that exhausted their retries."),
+    ("queue_idempotency_conflicts_total", JOB_LABELS, "Enqueues refused by a key in use."),
+    ("queue_idempotency_reused_total", JOB_LABELS, "Enqueues that reused an idempotency key."),
+)
+
+EVENTS: tuple[MetricSpec, ...] = (
+    *(_event(name, "counter", labels, help) for name, labels, help in _JOB_COUNTERS),
+    _event(
+        "queue_dequeue_attempts_total",
+        "counter",
+        ("system", "queue", "result"),
+        "Dequeue attempts by result: hit, empty or error.",
+    ),
+    _event("queue_reaper_requeued_total", "counter", SYSTEM_QUEUE, "Items the reaper requeued."),
+    _event("queue_reaper_errors_total", "counter", SYSTEM_QUEUE, "Failed reaper cycles."),
+    _event(
+        "queue_scheduler_processed_total",
+        "counter",
+        SYSTEM_QUEUE,
+        "Scheduled items the scheduler moved to the queue.",
+    ),
+    _event("queue_scheduler_errors_total", "counter", SYSTEM_QUEUE, "Failed scheduler cycles."),
+    _event(
+        "queue_job_execution_seconds",
+        "histogram",
+        JOB_LABELS,
+        "Handler execution time of a job attempt.",
+        _EXECUTION_BUCKETS,
+    ),
+    _event(
+        "queue_job_wait_seconds",
+        "histogram",
+        JOB_LABELS,
+        "Time from enqueue to start.",
+        _WAIT_BUCKETS,
+    ),
+    _event(
+        "queue_job_total_seconds",
+        "histogram",
+        JOB_LABELS,
+        "Time from enqueue to the end of an attempt (completed, failed or timed out).",
+        _WAIT_BUCKETS,
+    ),
+    _event(
+        "queue_job_retry_delay_seconds",
+        "histogram",
+        JOB_LABELS,
+        "Backoff delay before the next attempt.",
+        _DELAY_BUCKETS,
+    ),
+    _event(
+        "queue_job_schedule_delay_seconds",
+        "histogram",
+        JOB_LABELS,
+        "Time from scheduling until the job is due.",
+        _SCHEDULE_BUCKETS,
+    ),
+    _event(
+        "queue_job_attempts",
+        "histogram",
+        JOB_LABELS,
+        "Attempts a job took, observed at completion, failure or dead letter.",
+        _ATTEMPT_BUCKETS,
+    ),
+    _event(
+        "queue_backend_operation_seconds",
+        "histogram",
+        (*SYSTEM_QUEUE, "operation"),
+        "Duration of a queue backend operation (enqueue, dequeue, snapshot_write, ...).",
+        _OPERATION_BUCKETS,
+    ),
+    _event(
+        "queue_idempotency_check_seconds",
+        "histogram",
+        SYSTEM_QUEUE,
+        "Duration of an idempotency key check.",
+        _OPERATION_BUCKETS,
+    ),
+    _event(
+        "queue_reaper_cycle_seconds",
+        "histogram",
+        SYSTEM_QUEUE,
+        "Duration of a reaper cycle (requeueing expired leases).",
+        _CYCLE_BUCKETS,
+    ),
+    _event(
+        "queue_scheduler_cycle_seconds",
+        "histogram",
+        SYSTEM_QUEUE,
+        "Duration of a scheduler cycle (moving due items to the queue).",
+        _CYCLE_BUCKETS,
+    ),
+    _event(
+        "queue_workers",
+        "gauge",
+        (*SYSTEM_QUEUE, "state"),
+        "Live workers (heartbeat within the timeout), busy or idle.",
+    ),
+    _event(
+        "queue_worker_slots",
+        "gauge",
+        (*SYSTEM_QUEUE, "state"),
+        "Job slots of live workers, busy or free.",
+    ),
+    _event(
+        "queue_worker_utilization_ratio",
+        "gauge",
+        SYSTEM_QUEUE,
+        "Busy slots over all slots of live workers.",
+    ),
+    _self("queue_exporter_events_total", "counter", ("stream",), "Events consumed, per stream."),
+    _self(
+        "queue_exporter_events_invalid_total",
+        "counter",
+        ("stream", "reason"),
+        "Events refused as invalid (acknowledged and skipped), by reason.",
+    ),
+    _self(
+        "queue_exporter_events_lost_total",
+        "counter",
+        ("stream",),
+        "Stream entries trimmed (or expired) before the consumer group read them.",
+    ),
+    _self(
+        "queue_exporter_stream_lag",
+        "gauge",
+        ("stream", "group"),
+        "Entries of the stream not yet delivered to the consumer group.",
+    ),
+    _self(
+        "queue_exporter_stream_pending",
+        "gauge",
+        ("stream", "group"),
+        "Entries delivered to the consumer group but not yet acknowledged.",
+    ),
+)
+
+ALL: tuple[MetricSpec, ...] = SAMPLED + SELF + EVENTS
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in ALL}

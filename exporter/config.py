@@ -15,6 +15,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from exporter import presets
+from exporter.events.config import EventsSourceConfig
+from exporter.sources.postgres import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisSourceConfig
 from exporter.telemetry import LimitsConfig, OtlpConfig
 
@@ -37,6 +39,8 @@ class PresetRef(StrictModel):
 
 class SourcesConfig(StrictModel):
     redis: RedisSourceConfig | None = None
+    events: EventsSourceConfig | None = None
+    postgres: PostgresSourceConfig | None = None
 
 
 class Config(StrictModel):
@@ -67,6 +71,8 @@ class Config(StrictModel):
 # Flags and their QUEUE_EXPORTER_* variables: where each lands in the file's structure.
 OVERRIDE_PATHS: dict[str, tuple[str, ...]] = {
     "redis_url": ("sources", "redis", "url"),
+    "events_stream": ("sources", "events", "streams"),
+    "postgres_dsn": ("sources", "postgres", "dsn"),
     "listen_address": ("listen_address",),
     "sample_interval": ("sample_interval",),
     "log_level": ("log_level",),
@@ -102,6 +108,12 @@ def effective_yaml(config: Config) -> str:
     redis = config.sources.redis
     if redis is not None:
         document["sources"]["redis"]["url"] = redis.masked_url()
+    postgres = config.sources.postgres
+    if postgres is not None and postgres.dsn is not None:
+        document["sources"]["postgres"]["dsn"] = postgres.masked_dsn()
+    events = config.sources.events
+    if events is not None and events.redis is not None:
+        document["sources"]["events"]["redis"]["url"] = events.redis.masked_url()
     dumped: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     return dumped
 

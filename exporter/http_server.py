@@ -1,19 +1,38 @@
-"""The HTTP endpoint: /metrics, /healthz, /readyz and a landing page."""
+"""The HTTP endpoint: /metrics, /healthz, /readyz and a landing page.
+
+With a web config file (exporter/web_config.py) it speaks TLS, checks client certificates and
+basic auth, and adds the configured headers. Basic auth covers every path but two, so that
+Kubernetes probes need no secret in the pod spec: /healthz (its body is "ok") and /readyz,
+which without credentials answers its status code and {"ready": ...} only; the source
+details need credentials like /metrics.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
+import socket
+import ssl
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from exporter import __version__
 from exporter.health import HealthBoard
+from exporter.web_config import (
+    LoadedWebConfig,
+    WebConfigWatcher,
+    client_san_allowed,
+    describe,
+    exposure_warning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +47,25 @@ LANDING_PAGE = f"""<!doctype html>
 """.encode()
 
 
+HANDSHAKE_TIMEOUT = 10.0  # seconds a client may take over the TLS handshake
+REQUEST_TIMEOUT = 30.0  # seconds a connection may sit idle: slow clients cannot pin threads
+UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
+
+
 class MetricsServer:
     def __init__(
-        self, host: str, port: int, registry: CollectorRegistry, health: HealthBoard
+        self,
+        host: str,
+        port: int,
+        registry: CollectorRegistry,
+        health: HealthBoard,
+        web_config_file: Path | None = None,
     ) -> None:
-        handler = _handler_class(registry, health)
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        """Raises WebConfigError for a web config file that does not load (before binding)."""
+        self.host = host
+        self.web = WebConfigWatcher(web_config_file) if web_config_file is not None else None
+        handler = _handler_class(registry, health, self.web)
+        self.httpd = _Server((host, port), handler, self.web)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="http", daemon=True)
 
@@ -41,7 +73,16 @@ class MetricsServer:
     def port(self) -> int:
         return int(self.httpd.server_address[1])
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.web is not None and self.web.tls_enabled else "http"
+
     def start(self) -> None:
+        loaded = self.web.current() if self.web is not None else None
+        log.info("%s", describe(loaded))
+        warning = exposure_warning(self.host, loaded)
+        if warning is not None:
+            log.warning("%s", warning)
         self._thread.start()
 
     def stop(self) -> None:
@@ -49,18 +90,82 @@ class MetricsServer:
         self.httpd.server_close()
 
 
+class _Server(ThreadingHTTPServer):
+    """Plain HTTP, or TLS with the handshake in the connection's own thread (never the
+    accept loop's), under the certificate current at that moment (rotation needs no restart)."""
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        web: WebConfigWatcher | None,
+    ) -> None:
+        self.web = web
+        super().__init__(address, handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.web is None or not self.web.tls_enabled:
+            super().finish_request(request, client_address)
+            return
+        loaded = self.web.current()
+        if loaded is None or loaded.ssl_context is None:
+            return  # the file no longer loads: no handshake, nothing served
+        try:
+            request.settimeout(HANDSHAKE_TIMEOUT)
+            connection = loaded.ssl_context.wrap_socket(request, server_side=True)
+        except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+            log.debug("TLS handshake with %s failed: %s", client_address[0], error)
+            return
+        try:
+            if not client_san_allowed(loaded.tls, connection.getpeercert()):
+                log.debug("client certificate of %s has no allowed SAN", client_address[0])
+                return
+            super().finish_request(connection, client_address)
+        finally:
+            _close(connection)
+
+
+def _close(connection: ssl.SSLSocket) -> None:
+    with contextlib.suppress(OSError):  # the client may be gone already
+        connection.shutdown(socket.SHUT_RDWR)
+    connection.close()
+
+
 def _handler_class(
-    registry: CollectorRegistry, health: HealthBoard
+    registry: CollectorRegistry, health: HealthBoard, web: WebConfigWatcher | None
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = f"queue-exporter/{__version__}"
+        timeout = REQUEST_TIMEOUT
+        extra_headers: dict[str, str] = {}
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
+            loaded = web.current() if web is not None else None
+            if web is not None:
+                if loaded is None:  # fail closed: the file on disk is broken
+                    self._send(500, "text/plain; charset=utf-8", b"web config does not load\n")
+                    return
+                self.extra_headers = {
+                    name: value
+                    for name, value in loaded.config.http_server_config.headers.items()
+                    if value  # "unset if blank", as in the toolkit
+                }
+                if not web.allow_request():
+                    self._send(429, "text/plain; charset=utf-8", b"too many requests\n")
+                    return
+            if path == "/healthz":
+                self._healthz()
+                return
+            authorized = self._authorized(loaded, path)
+            if path == "/readyz":
+                self._readyz(detailed=authorized)
+                return
+            if not authorized:
+                self._unauthorized()
+                return
             route: Callable[[], None] | None = {
                 "/metrics": self._metrics,
-                "/healthz": self._healthz,
-                "/readyz": self._readyz,
                 "/": self._landing,
             }.get(path)
             if route is None:
@@ -82,15 +187,29 @@ def _handler_class(
         def _healthz(self) -> None:
             self._send(200, "text/plain; charset=utf-8", b"ok\n")
 
-        def _readyz(self) -> None:
+        def _readyz(self, detailed: bool) -> None:
             statuses = health.snapshot()
-            body = {
-                name: {"up": status.up, "error": status.last_error}
-                for name, status in statuses.items()
-            }
             ready = all(status.up for status in statuses.values())
-            payload = json.dumps({"ready": ready, "sources": body}).encode()
+            document: dict[str, object] = {"ready": ready}
+            if detailed:
+                document["sources"] = {
+                    name: {"up": status.up, "error": status.last_error}
+                    for name, status in statuses.items()
+                }
+            payload = json.dumps(document).encode()
             self._send(200 if ready else 503, "application/json", payload)
+
+        def _authorized(self, loaded: LoadedWebConfig | None, path: str) -> bool:
+            users = loaded.config.basic_auth_users if loaded is not None else {}
+            if web is None or loaded is None or not users:
+                return True
+            if path in loaded.config.auth_excluded_paths:
+                return True
+            return web.authenticator.check(users, self.headers.get("Authorization"))
+
+        def _unauthorized(self) -> None:
+            self.extra_headers = {**self.extra_headers, "WWW-Authenticate": UNAUTHORIZED_HEADER}
+            self._send(401, "text/plain; charset=utf-8", b"unauthorized\n")
 
         def _landing(self) -> None:
             self._send(200, "text/html; charset=utf-8", LANDING_PAGE)
@@ -101,6 +220,8 @@ def _handler_class(
             self.send_header("Content-Length", str(len(body)))
             if gzipped:
                 self.send_header("Content-Encoding", "gzip")
+            for name, value in self.extra_headers.items():
+                self.send_header(name, value)
             self.end_headers()
             self.wfile.write(body)
 

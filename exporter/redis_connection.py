@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
@@ -29,9 +29,13 @@ class RedisConnectionConfig(BaseModel):
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: SecretStr) -> SecretStr:
-        scheme = urlsplit(url.get_secret_value()).scheme
-        if scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"URL scheme must be redis, rediss or unix, not {scheme!r}")
+        parts = urlsplit(url.get_secret_value())
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"URL scheme must be redis, rediss or unix, not {parts.scheme!r}")
+        try:
+            parts.port  # noqa: B018  # raises for a port that is not a number
+        except ValueError:
+            raise ValueError("the URL's port is not a number between 0 and 65535") from None
         return url
 
     def resolved_password(self) -> str | None:
@@ -66,12 +70,15 @@ class RedisConnectionConfig(BaseModel):
 
 
 def mask_url(url: str) -> str:
-    """The URL with any password replaced by ****."""
+    """The URL with any password (user:password@ and ?password=) replaced by ****."""
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:****@{host}"))
+    netloc = parts.netloc
+    userinfo, at, host = netloc.rpartition("@")
+    if at and ":" in userinfo:  # host taken as written: a bad port must not make this raise
+        netloc = f"{userinfo.split(':', 1)[0]}:****@{host}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key == "password" for key, _ in pairs):  # redis-py reads ?password= as well
+        masked = [(key, "****" if key == "password" else value) for key, value in pairs]
+        query = urlencode(masked, safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))

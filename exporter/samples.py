@@ -33,6 +33,17 @@ class SampleSet:
         else:
             series[label_values] = max(previous, value)
 
+    def add_series(self, spec: MetricSpec, series: dict[LabelValues, float]) -> None:
+        """Add many samples at once (label values in spec.labels order): whole SQL columns."""
+        existing = self._values.get(spec)
+        if not existing:
+            self._values[spec] = series
+        elif existing.keys().isdisjoint(series):
+            existing.update(series)
+        else:
+            for label_values, value in series.items():
+                self.add_labelled(spec, label_values, value)
+
     def metrics(self) -> Iterator[tuple[MetricSpec, dict[LabelValues, float]]]:
         yield from self._values.items()
 

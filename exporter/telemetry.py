@@ -6,7 +6,9 @@ Two paths feed one exposition:
 - sampled gauges arrive as whole snapshots from the sources' cycles. They are rendered
   straight from the snapshot: routing 10k series through the SDK's observable gauges made
   every scrape 3.4x slower than rendering them directly (bench/key_sampling.py). When OTLP
-  is on, a second, OTLP-only MeterProvider observes the same snapshots.
+  is on, a second, OTLP-only MeterProvider observes the same snapshots;
+- event counters and histograms arrive in bulk, one batch at a time, into a cumulative
+  store rendered next to the others (telemetry_cumulative explains why).
 
 A source that fails withdraws its snapshot: its series disappear instead of going stale.
 """
@@ -40,6 +42,7 @@ from exporter import __version__
 from exporter.catalog import BY_NAME, MetricSpec
 from exporter.health import HealthBoard
 from exporter.samples import LabelValues, SampleSet
+from exporter.telemetry_cumulative import CumulativeStore
 
 OVERFLOW = "__overflow__"
 # The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
@@ -150,6 +153,13 @@ class Telemetry:
             "queue_exporter_source_errors_total",
             description=BY_NAME["queue_exporter_source_errors_total"].help,
         )
+        # Event counters and histograms, updated in bulk per batch (see telemetry_cumulative).
+        otlp_meter = (
+            self._otlp_snapshot_provider.get_meter("queue-exporter.events", __version__)
+            if self._otlp_snapshot_provider is not None
+            else None
+        )
+        self.cumulative = CumulativeStore(self.guard, otlp_meter)
         self._register_self_gauges()
         self.registry.register(_Exposition(self))
 
@@ -270,6 +280,12 @@ class _Exposition:
             families[family.name] = family
         for spec, series in self._telemetry.snapshot_series().items():
             family = _snapshot_family(spec, series)
+            existing = families.get(family.name)
+            if existing is not None and existing.type == family.type:
+                existing.samples.extend(family.samples)
+            else:
+                families[family.name] = family
+        for family in self._telemetry.cumulative.families():
             existing = families.get(family.name)
             if existing is not None and existing.type == family.type:
                 existing.samples.extend(family.samples)

@@ -39,3 +39,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[dev]'
+
+# checkov (the chart's security checks) in a venv of its own: it pins packaging<24, which
+# pytest 9 refuses, so it cannot share the project's venv.
+if [ ! -x .venv/tools/checkov/bin/checkov ]; then
+  python3 -m venv .venv/tools/checkov
+  .venv/tools/checkov/bin/python -m pip install -q 'checkov==3.3.30'
+fi

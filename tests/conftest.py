@@ -5,12 +5,15 @@ from __future__ import annotations
 import os
 import time
 import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
+from psycopg.conninfo import make_conninfo
 
 from exporter import config as config_module
 from exporter.app import App
@@ -131,3 +134,19 @@ def scrape_when(app: App, name: str, **labels: str) -> Series:
 
     result: Series = wait_for(present)
     return result
+
+
+POSTGRES_ADMIN_DSN = os.environ.get(
+    "QE_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+)
+
+
+@pytest.fixture
+def postgres_dsn() -> Iterator[str]:
+    """A fresh database of the test's own (qe_test_<random>), dropped afterwards."""
+    name = f"qe_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    yield make_conninfo(POSTGRES_ADMIN_DSN, dbname=name)
+    with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

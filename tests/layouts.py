@@ -6,66 +6,29 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any
 
 import redis
 
+# Written by the package (the demo workload writes the same layouts); re-exported for the tests.
+from exporter.demo.layouts import (
+    RUNNERQ_WEIGHTS,
+    iso,
+    rfc3339_nanos,
+    runnerq_activity,
+    runnerq_enqueue,
+    runnerq_member,
+    runnerq_priority_score,
+)
 
-def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, UTC).isoformat()
-
-
-def rfc3339_nanos(epoch: float) -> str:
-    """chrono's to_rfc3339(): nine fractional digits and +00:00."""
-    moment = datetime.fromtimestamp(epoch, UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond:06d}123+00:00"
-
-
-# -- Runner-Q (runner_q_redis/src/backend/queue.rs) ----------------------------------------------
-
-RUNNERQ_WEIGHTS = {
-    "Critical": 4_000_000.0,
-    "High": 3_000_000.0,
-    "Normal": 2_000_000.0,
-    "Low": 1_000_000.0,
-}
-
-
-def runnerq_priority_score(
-    priority: str, created_at: float, now: float, retry_count: int = 0
-) -> float:
-    age_boost = min(max(now - created_at, 0.0), 100_000.0)
-    retry_boost = min(retry_count**2 * 10_000.0, 500_000.0)
-    timestamp_fraction = created_at % 1_000_000.0
-    fifo_offset = (1_000_000.0 - timestamp_fraction) / 1_000.0
-    return RUNNERQ_WEIGHTS[priority] + age_boost + retry_boost + fifo_offset
-
-
-def runnerq_activity(activity_type: str, priority: str, created_at: float) -> dict[str, Any]:
-    return {
-        "id": str(uuid.uuid4()),
-        "activity_type": activity_type,
-        "payload": {"n": 1},
-        "priority": priority,
-        "retry_count": 0,
-        "max_retries": 3,
-        "timeout_seconds": 300,
-        "retry_delay_seconds": 1,
-        "created_at": rfc3339_nanos(created_at),
-        "scheduled_at": None,
-        "metadata": {},
-        "idempotency_key": None,
-    }
-
-
-def runnerq_member(activity: dict[str, Any]) -> str:
-    return f"{activity['id']}:{json.dumps(activity)}"
-
-
-def runnerq_enqueue(client: redis.Redis, queue: str, activity: dict[str, Any], now: float) -> None:
-    created = datetime.fromisoformat(activity["created_at"][:26] + "+00:00").timestamp()
-    score = runnerq_priority_score(activity["priority"], created, now, activity["retry_count"])
-    client.zadd(f"{queue}:priority_queue", {runnerq_member(activity): score})
+__all__ = [
+    "RUNNERQ_WEIGHTS",
+    "iso",
+    "rfc3339_nanos",
+    "runnerq_activity",
+    "runnerq_enqueue",
+    "runnerq_member",
+    "runnerq_priority_score",
+]
 
 
 # -- RQ -----------------------------------------------------------------------------------------

@@ -30,12 +30,12 @@ def available() -> list[str]:
 
 
 def describe(name: str) -> str:
-    return str(_read(name).get("description", "")).strip()
+    return str(read(name).get("description", "")).strip()
 
 
 def expand(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The configuration fragment of preset `name` with its parameters substituted."""
-    document = _read(name)
+    document = read(name)
     values = {**document.get("params", {}), **(params or {})}
     unknown = set(params or {}) - set(document.get("params", {}))
     if unknown:
@@ -60,7 +60,7 @@ def merge(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _read(name: str) -> dict[str, Any]:
+def read(name: str) -> dict[str, Any]:
     if name not in available():
         raise PresetError(f"unknown preset {name!r} (known: {', '.join(available())})")
     text = resources.files(__package__).joinpath(f"{name}.yaml").read_text()

@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Protocol
 
+from exporter.logs import redact
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
 
@@ -88,5 +89,6 @@ class SourceRunner:
 
 
 def _describe(error: Exception) -> str:
-    text = str(error).splitlines()[0] if str(error) else ""
+    # redact: driver errors may quote a connection string (libpq quotes a URI it cannot parse)
+    text = redact(str(error)).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text[:300]}"

@@ -1,0 +1,45 @@
+# syntax=docker/dockerfile:1
+# queue-exporter's container image: a virtualenv built in one stage, copied into a slim
+# runtime without pip or build tools, run as a non-root user on a read-only root filesystem.
+#   docker build -t queue-exporter:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
+#   docker run --read-only -p 9839:9839 queue-exporter:0.1.0 serve --redis-url redis://host:6379/0
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY exporter ./exporter
+# Every dependency ships as a wheel (psycopg[binary], hiredis), so no compiler is needed.
+# The venv is made at its final path: its scripts point at /opt/queue-exporter/bin/python.
+# pip compiles the bytecode here, so nothing is written at run time.
+RUN python -m venv /opt/queue-exporter \
+    && /opt/queue-exporter/bin/pip install '.[otlp]' \
+    && /opt/queue-exporter/bin/pip uninstall --yes pip setuptools
+
+FROM ${PYTHON_IMAGE}
+ARG PYTHON_IMAGE
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+ARG CREATED=unknown
+LABEL org.opencontainers.image.title="queue-exporter" \
+      org.opencontainers.image.description="Queue metrics sidecar: Redis queue keys, PostgreSQL queue tables and job lifecycle events as Prometheus/OpenTelemetry metrics" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${CREATED}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
+# The same numeric ids as the Helm chart's securityContext (runAsUser/runAsGroup 65532).
+RUN groupadd --system --gid 65532 queue-exporter \
+    && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+       --shell /usr/sbin/nologin queue-exporter
+COPY --from=build /opt/queue-exporter /opt/queue-exporter
+ENV PATH=/opt/queue-exporter/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 65532:65532
+EXPOSE 9839
+ENTRYPOINT ["queue-exporter"]
+CMD ["serve"]

@@ -1,0 +1,1 @@
+"""Prometheus recording and alerting rules for queue-exporter, generated from code."""

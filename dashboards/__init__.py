@@ -1,0 +1,1 @@
+"""Grafana dashboards for queue-exporter, built with grafana-foundation-sdk."""

@@ -1,0 +1,269 @@
+"""`queue-exporter demo`: servers (given or embedded), the workload, the exporter, a status line.
+
+Shutdown (Ctrl-C, SIGTERM, or --duration reached) runs in reverse: the workload stops, the
+exporter stops, the demo's data is deleted from servers it did not start, embedded servers
+stop and their directory is removed.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from contextlib import ExitStack
+from types import FrameType
+from typing import Any
+
+import click
+import psycopg
+import redis
+
+from exporter import config as config_module
+from exporter.demo import sim_legacy, sim_orchestrata
+from exporter.demo.embedded import EmbeddedError, EmbeddedServers
+from exporter.demo.status import StatusLine
+from exporter.demo.workload import Workload, WorkloadError
+from exporter.logs import configure as configure_logging
+
+
+def _env(flag: str) -> str:
+    return f"QUEUE_EXPORTER_{flag.upper()}"
+
+
+@click.command()
+@click.option(
+    "--redis-url",
+    envvar=_env("redis_url"),
+    help="Use this Redis (an empty database) instead of an embedded one.",
+)
+@click.option(
+    "--postgres-dsn",
+    envvar=_env("postgres_dsn"),
+    help="Use this PostgreSQL database instead of an embedded one.",
+)
+@click.option(
+    "--listen-address",
+    envvar=_env("listen_address"),
+    default=config_module.DEFAULT_LISTEN_ADDRESS,
+    show_default=True,
+    help="HOST:PORT of the exporter (port 0: any free port).",
+)
+@click.option(
+    "--duration", type=float, default=0.0, help="Seconds to run; 0 (default) runs until Ctrl-C."
+)
+@click.option(
+    "--rate",
+    type=click.FloatRange(min=0.1, max=2000),
+    default=20.0,
+    show_default=True,
+    help="Jobs per second arriving at each system.",
+)
+@click.option("--seed", type=int, default=1, show_default=True, help="Seed of every random choice.")
+@click.option(
+    "--sample-interval",
+    type=click.FloatRange(min=0.1),
+    default=2.0,
+    show_default=True,
+    help="Seconds between the exporter's samples.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="warning",
+    show_default=True,
+)
+def demo(
+    redis_url: str | None,
+    postgres_dsn: str | None,
+    listen_address: str,
+    duration: float,
+    rate: float,
+    seed: int,
+    sample_interval: float,
+    log_level: str,
+) -> None:
+    """Run a live demo: a synthetic workload of Orchestrata, Runner-Q and Attune, and the
+    exporter reading it. Starts embedded Redis and PostgreSQL unless given."""
+    configure_logging(log_level, "text")
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        with ExitStack() as cleanup:
+            _run(cleanup, stop, redis_url, postgres_dsn, listen_address, duration, rate, seed,
+                 sample_interval, log_level)  # fmt: skip
+    except (EmbeddedError, WorkloadError, config_module.ConfigError) as error:
+        raise click.ClickException(str(error)) from None
+    click.echo("demo stopped; everything it started is gone")
+
+
+def _run(
+    cleanup: ExitStack,
+    stop: threading.Event,
+    redis_url: str | None,
+    postgres_dsn: str | None,
+    listen_address: str,
+    duration: float,
+    rate: float,
+    seed: int,
+    sample_interval: float,
+    log_level: str,
+) -> None:
+    servers: EmbeddedServers | None = None
+    if redis_url is None or postgres_dsn is None:
+        servers = EmbeddedServers()
+        cleanup.callback(servers.stop)
+    if redis_url is None:
+        assert servers is not None
+        redis_url = servers.start_redis()
+        _say(f"embedded Redis {servers.redis_version} at {redis_url}")
+    else:
+        _check_redis(redis_url)
+    if postgres_dsn is None:
+        assert servers is not None
+        postgres_dsn = servers.start_postgres()
+        _say(f"embedded PostgreSQL {servers.postgres_version} at {postgres_dsn}")
+    else:
+        _check_postgres(postgres_dsn)
+    if servers is not None:
+        _say(f"their files: {servers.workdir} (removed on exit)")
+    if stop.is_set():
+        return
+
+    workload = Workload(redis_url, postgres_dsn, rate, seed)
+    cleanup.callback(workload.close)
+    workload.check()  # refuses servers that already hold the demo's names
+    # Servers the demo did not start: delete what it wrote, once the exporter stopped.
+    cleanup.callback(workload.remove_data, redis=servers is None or not servers.redis_version,
+                     postgres=servers is None or not servers.postgres_version)  # fmt: skip
+    workload.setup()
+
+    from exporter.app import App  # the heavy imports only once the servers are up
+
+    config = config_module.from_dict(
+        _exporter_config(redis_url, postgres_dsn, listen_address, sample_interval, log_level)
+    )
+    try:
+        app = App(config)
+    except OSError as error:
+        raise click.ClickException(
+            f"cannot listen on {config.listen_address}: {error.strerror}"
+        ) from None
+    app.start()
+    cleanup.callback(app.shutdown)
+    cleanup.callback(workload.stop_events)  # flushed before the exporter stops reading
+    _banner(config, app.server.port, rate, seed)
+
+    workload.start(stop)
+    cleanup.callback(workload.join)
+    cleanup.callback(stop.set)
+    _status_loop(stop, duration, StatusLine(app.telemetry.registry), workload)
+
+
+def _exporter_config(
+    redis_url: str, postgres_dsn: str, listen_address: str, sample_interval: float, log_level: str
+) -> dict[str, Any]:
+    return {
+        "listen_address": listen_address,
+        "sample_interval": sample_interval,
+        "log_level": log_level,
+        "limits": {"max_series_per_metric": sim_legacy.MAX_SERIES_PER_METRIC},
+        "presets": [
+            {"name": "orchestrata", "params": {"max_depth": sim_orchestrata.MAX_DEPTH}},
+            "runnerq",
+            "attune",
+        ],
+        "sources": {
+            "redis": {"url": redis_url, "key_groups": [sim_legacy.KEY_GROUP]},
+            "postgres": {"dsn": postgres_dsn},
+            "events": {
+                "streams": [{"key": sim_orchestrata.EVENTS_STREAM, "system": "orchestrata"}],
+                "stats_interval": sample_interval,
+                "worker_timeout": 10,
+            },
+        },
+    }
+
+
+def _banner(config: config_module.Config, port: int, rate: float, seed: int) -> None:
+    host, _ = config.host_port
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    target = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+    _say(
+        f"""
+workload: Orchestrata (4 recipients, producer-library events), Runner-Q (queue default,
+  its events stream), Attune (queue_stats in PostgreSQL), a legacy per-tenant layout;
+  {rate:g} jobs/s, seed {seed}
+
+metrics: http://{target}/metrics
+
+Prometheus scrape config (prometheus.yml):
+
+  scrape_configs:
+    - job_name: queue-exporter
+      scrape_interval: 5s
+      static_configs:
+        - targets: ["{target}"]
+  rule_files:
+    - alerts/queue-exporter.rules.yml
+
+Dashboards: in Grafana, Dashboards > New > Import each dashboards/queue-exporter-*.json
+(from this repository; the Helm chart ships the same files) and pick that Prometheus.
+Rules and alerts: alerts/queue-exporter.rules.yml, as in rule_files above.
+
+Ctrl-C stops the demo and removes everything it started.
+"""
+    )
+
+
+def _status_loop(
+    stop: threading.Event, duration: float, status: StatusLine, workload: Workload
+) -> None:
+    started = time.monotonic()
+    live = sys.stdout.isatty()
+    interval = 1.0 if live else 10.0
+    while True:
+        remaining = duration - (time.monotonic() - started) if duration else interval
+        if stop.wait(max(0.0, min(interval, remaining))):
+            break
+        elapsed = time.monotonic() - started
+        line = status.render(elapsed, workload.depth())
+        if live:
+            click.echo("\r" + line, nl=False)
+        else:
+            click.echo(line)
+        if duration and elapsed >= duration:
+            break
+    if live:
+        click.echo()
+
+
+def _check_redis(url: str) -> None:
+    client = redis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as error:
+        raise click.ClickException(f"cannot reach Redis given by --redis-url: {error}") from None
+    finally:
+        client.close()
+
+
+def _check_postgres(dsn: str) -> None:
+    try:
+        with psycopg.connect(dsn, connect_timeout=3):
+            pass
+    except psycopg.Error as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise click.ClickException(
+            f"cannot reach PostgreSQL given by --postgres-dsn: {message}"
+        ) from None
+
+
+def _say(text: str) -> None:
+    click.echo(text)
+    sys.stdout.flush()

@@ -1,0 +1,34 @@
+"""The live status line: events per second, queues and series, read from the exporter itself."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client import CollectorRegistry
+
+
+class StatusLine:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self._last: tuple[float, float] | None = None
+
+    def render(self, elapsed: float, backlog: int) -> str:
+        series = 0
+        events = 0.0
+        queues: set[tuple[str, str]] = set()
+        for family in self.registry.collect():
+            series += len(family.samples)
+            for sample in family.samples:
+                if sample.name == "queue_exporter_events_total":
+                    events += sample.value
+                elif sample.name == "queue_depth":
+                    queues.add((sample.labels.get("system", ""), sample.labels.get("queue", "")))
+        now = time.monotonic()
+        rate = 0.0
+        if self._last is not None and now > self._last[0]:
+            rate = (events - self._last[1]) / (now - self._last[0])
+        self._last = (now, events)
+        return (
+            f"[{elapsed:6.0f}s] {rate:7.0f} events/s  {len(queues):4d} queues  "
+            f"{series:6d} series  backlog {backlog}"
+        )

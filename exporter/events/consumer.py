@@ -1,0 +1,415 @@
+"""The consumer-group reader: one per stream, in its own thread.
+
+Each read is one transaction: XACK of the previous batch (applied by then), a Lua check
+that creates the group when missing and detects entries trimmed before the group read
+them, and XREADGROUP. Being atomic, the gap check sees exactly the group state the read
+starts from, so several sidecars sharing the group count each lost entry once, like each
+event. When nothing is waiting, XREAD BLOCK on the group's last-delivered id waits for
+new entries without consuming them.
+
+Entries left pending by a consumer that died are claimed with XAUTOCLAIM once they have
+been idle for `claim_idle`; this consumer's own pending entries (a restart under the same
+pod name) are re-read at start. Metrics live in memory, so an entry applied but not acked
+before a crash is lost with the rest of that process's counts: re-applying it is right.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import redis
+
+from exporter.events.config import EventsSourceConfig, StreamConfig
+from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
+from exporter.events.runnerq import RunnerQDecoder
+from exporter.events.wire import InvalidEvent, parse
+from exporter.health import HealthBoard
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2] start id for a group that does not exist yet.
+# Returns {status, lost, last_delivered_id}: status 0 ready, 1 no such stream.
+# Entries-read is the group's count of delivered entries (Redis 7). When the group's
+# last-delivered id lies before the stream's first entry, everything between was trimmed
+# unread: (entries-added - length) entries precede the first one, entries-read of them were
+# delivered, the rest are lost. ENTRIESREAD is then set past them, which also keeps the
+# group's lag true (Redis would count the lost entries as lag forever).
+GAP_SCRIPT = """
+local key, group = KEYS[1], ARGV[1]
+if redis.call('EXISTS', key) == 0 then return {1, 0, ''} end
+local function field(reply, name)
+  for i = 1, #reply, 2 do if reply[i] == name then return reply[i + 1] end end
+  return nil
+end
+local stream = redis.call('XINFO', 'STREAM', key)
+local added = field(stream, 'entries-added')
+local before_first = nil
+if added then before_first = added - field(stream, 'length') end
+local info = nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
+  if field(g, 'name') == group then info = g end
+end
+if not info then
+  local read = added
+  if ARGV[2] ~= '$' then read = before_first end
+  if read then
+    redis.call('XGROUP', 'CREATE', key, group, ARGV[2], 'ENTRIESREAD', read)
+  else  -- before Redis 7: no read counter, no lost-entry detection
+    redis.call('XGROUP', 'CREATE', key, group, ARGV[2])
+  end
+  return {0, 0, ARGV[2] == '$' and field(stream, 'last-generated-id') or '0-0'}
+end
+local last = field(info, 'last-delivered-id')
+local first = field(stream, 'first-entry')
+if not before_first or not first then return {0, 0, last} end
+local function parts(id)
+  local dash = string.find(id, '-', 1, true)
+  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
+end
+local lms, lseq = parts(last)
+local fms, fseq = parts(first[1])
+if lms > fms or (lms == fms and lseq >= fseq) then return {0, 0, last} end
+local read = field(info, 'entries-read')
+if read and read >= before_first then return {0, 0, last} end
+redis.call('XGROUP', 'SETID', key, group, last, 'ENTRIESREAD', before_first)
+if not read then return {0, 0, last} end
+return {0, before_first - read, last}
+"""
+
+FIRST_RETRY = 0.5
+MAX_RETRY = 10.0
+
+
+class StreamConsumer:
+    def __init__(
+        self,
+        stream: StreamConfig,
+        settings: EventsSourceConfig,
+        connection: RedisConnectionConfig,
+        metrics: EventMetrics,
+        health: HealthBoard | None = None,
+        count_error: Any = None,
+    ) -> None:
+        self.stream = stream
+        self.settings = settings
+        self.connection = connection
+        self.metrics = metrics
+        self.health = health
+        self._count_error = count_error
+        self.name = f"events:{stream.key}"
+        self.consumer = settings.consumer_name()
+        self.workers: WorkerRegistry = metrics.worker_registry(
+            settings.worker_timeout, settings.max_workers
+        )
+        self._key = stream.key.encode()
+        self._client: redis.Redis | None = None
+        self._gap_sha: str | None = None
+        self._start = stream.start  # after the group's first creation, a new one starts at 0
+        self._acks: list[bytes] = []
+        self._recovered = False
+        self._group_ready = False
+        self._last_delivered: str | None = None
+        self._next_claim = 0.0
+        self._next_stats = 0.0
+        self._block_ms = min(settings.block_ms, int(connection.socket_timeout * 800))
+        self._runnerq = (
+            RunnerQDecoder(
+                stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
+            )
+            if stream.format == "runnerq"
+            else None
+        )
+        self.thread: threading.Thread | None = None
+        metrics.declare_stream(stream.key)
+        if health is not None:
+            health.expect(self.name)
+
+    # -- running ------------------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> None:
+        self.thread = threading.Thread(
+            target=self.run, args=(stop,), name=f"events:{self.stream.key}", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, stop: threading.Event) -> None:
+        retry = FIRST_RETRY
+        try:
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    got = self.poll()
+                except Exception as error:  # the thread must outlive any error
+                    if not isinstance(error, redis.RedisError):
+                        log.exception("%s: unexpected error", self.name)
+                    self._failed(error, time.monotonic() - started)
+                    stop.wait(retry)
+                    retry = min(retry * 2, MAX_RETRY)
+                    continue
+                retry = FIRST_RETRY
+                if self.health is not None:
+                    self.health.succeeded(self.name, time.monotonic() - started)
+                if not got:
+                    self.wait_for_entries()
+        finally:
+            self.close()
+
+    def poll(self) -> int:
+        """One read: ack the last batch, check for lost entries, read and apply the next.
+        Also recovers, claims and samples group stats when due. Returns entries applied."""
+        client = self._connect()
+        now = time.monotonic()
+        applied = 0
+        if not self._recovered:  # first poll: before reading anything new
+            applied += self._recover_own_pending(client)
+        if now >= self._next_claim and self._group_ready:
+            self._flush_acks(client)  # our applied entries are not the dead consumer's
+            applied += self._claim(client)
+            self._next_claim = now + max(self.settings.claim_idle / 2, 0.5)
+        applied += self._read(client)
+        if now >= self._next_stats and self._group_ready:
+            self._sample_stats(client)
+            self._next_stats = now + self.settings.stats_interval
+        return applied
+
+    def wait_for_entries(self) -> None:
+        """Block until the stream holds an entry the group has not seen (or block_ms pass)."""
+        client = self._connect()
+        last = self._last_delivered or "0-0"
+        with contextlib.suppress(redis.RedisError):  # the next poll reports it
+            client.xread({self._key: last}, count=1, block=self._block_ms)
+
+    def close(self) -> None:
+        """Acknowledge what was applied, then let go of the connection."""
+        if self._client is None:
+            return
+        try:
+            self._flush_acks(self._client)
+        except redis.RedisError as error:
+            log.warning(
+                "%s: could not ack %d entries at shutdown: %s", self.name, len(self._acks), error
+            )
+        self._client.close()
+        self._client = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _read(self, client: redis.Redis) -> int:
+        pipe = client.pipeline(transaction=True)
+        if self._acks:
+            pipe.xack(self._key, self.stream.group, *self._acks)
+        pipe.evalsha(self._gap_script(client), 1, self._key, self.stream.group, self._start)
+        pipe.xreadgroup(
+            self.stream.group, self.consumer, {self._key: ">"}, count=self.settings.batch_size
+        )
+        replies = pipe.execute(raise_on_error=False)
+        self._acks = []
+        check, reply = replies[-2], replies[-1]
+        if isinstance(check, redis.exceptions.NoScriptError):
+            # SCRIPT FLUSH: loaded again by the next read; the entries read now still count.
+            self._gap_sha = None
+            check = [0, 0, self._last_delivered or "0-0"]
+        elif isinstance(check, Exception):
+            raise check
+        status, lost, last = check
+        if status == 1:  # the stream does not exist (yet, or it expired with its group)
+            self._start = "0"  # so whatever it holds when it appears is new to the group
+            self._group_ready = False
+            self._last_delivered = None
+            return 0
+        if not self._group_ready:
+            self._group_ready = True
+            self._start = "0"
+        self._last_delivered = last.decode() if isinstance(last, bytes) else str(last)
+        if isinstance(reply, Exception):
+            raise reply
+        entries: list[Entry] = reply[0][1] if reply else []
+        tally = Tally(lost=int(lost))
+        if entries:
+            self._last_delivered = entries[-1][0].decode()
+        self._apply(client, entries, tally)
+        self._acks = [entry_id for entry_id, _ in entries]
+        return len(entries)
+
+    def _apply(self, client: redis.Redis, entries: list[Entry], tally: Tally) -> None:
+        present: list[tuple[bytes, dict[bytes, bytes]]] = []
+        for entry_id, fields in entries:
+            if fields:
+                present.append((entry_id, fields))
+            else:  # pending, then deleted from the stream before anyone applied it
+                tally.lost += 1
+        now = time.time()
+        with _gc_paused():
+            if self._runnerq is not None:
+                self._runnerq.decode(client, present, now, tally)
+            else:
+                decode_v1(present, self.stream.system, now, self.settings.max_future, tally)
+            self.metrics.record(self.stream.key, tally, self.workers)
+
+    def _recover_own_pending(self, client: redis.Redis) -> int:
+        """Entries delivered to this consumer name before a restart and never acked."""
+        applied, after = 0, "0"
+        while True:
+            try:
+                reply: Any = client.xreadgroup(
+                    self.stream.group,
+                    self.consumer,
+                    {self._key: after},
+                    count=self.settings.batch_size,
+                )
+            except redis.ResponseError as error:
+                if "NOGROUP" not in str(error):
+                    raise
+                break  # no group (or no stream) yet: nothing can be pending for us
+            entries: list[Entry] = reply[0][1] if reply else []
+            if not entries:
+                break
+            self._apply(client, entries, Tally())
+            client.xack(self._key, self.stream.group, *[entry_id for entry_id, _ in entries])
+            applied += len(entries)
+            after = entries[-1][0].decode()
+        self._recovered = True
+        return applied
+
+    def _claim(self, client: redis.Redis) -> int:
+        """Entries another consumer left pending for longer than claim_idle."""
+        applied, cursor = 0, "0-0"
+        idle_ms = int(self.settings.claim_idle * 1000)
+        for _ in range(100):  # bounded: the rest waits for the next round
+            reply = client.xautoclaim(
+                self._key,
+                self.stream.group,
+                self.consumer,
+                idle_ms,
+                start_id=cursor,
+                count=self.settings.batch_size,
+            )
+            cursor, entries = reply[0], reply[1]
+            deleted = reply[2] if len(reply) > 2 else []
+            tally = Tally(lost=len(deleted))  # claimed, but trimmed before anyone applied them
+            self._apply(client, entries, tally)
+            if entries:
+                client.xack(self._key, self.stream.group, *[entry_id for entry_id, _ in entries])
+                log.info("%s: claimed %d pending entries", self.name, len(entries))
+            applied += len(entries)
+            if cursor in (b"0-0", "0-0"):
+                break
+        return applied
+
+    def _sample_stats(self, client: redis.Redis) -> None:
+        for group in client.xinfo_groups(self._key):
+            name = group.get("name")
+            if name in (self.stream.group.encode(), self.stream.group):
+                lag, pending = group.get("lag"), group.get("pending")
+                self.metrics.set_stream_stats(
+                    self.stream.key,
+                    self.stream.group,
+                    float(lag) if lag is not None else None,
+                    float(pending) if pending is not None else None,
+                )
+
+    def _flush_acks(self, client: redis.Redis) -> None:
+        if self._acks:
+            client.xack(self._key, self.stream.group, *self._acks)
+            self._acks = []
+
+    def _gap_script(self, client: redis.Redis) -> str:
+        if self._gap_sha is None:
+            self._gap_sha = str(client.script_load(GAP_SCRIPT))
+        return self._gap_sha
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+            self._gap_sha = None
+        return self._client
+
+    def _failed(self, error: Exception, duration: float) -> None:
+        reason = _error_reason(error)
+        log.warning(
+            "%s failed (%s): %s",
+            self.name,
+            reason,
+            str(error).splitlines()[0][:300] if str(error) else type(error).__name__,
+        )
+        if self.health is not None:
+            self.health.failed(self.name, duration, reason)
+        if self._count_error is not None:
+            self._count_error(self.name, reason)
+        if isinstance(error, redis.ConnectionError | redis.TimeoutError) and self._client:
+            self._client.close()
+            self._client = None
+
+
+def decode_v1(
+    entries: Iterable[tuple[bytes, dict[bytes, bytes]]],
+    system: str,
+    now: float,
+    max_future: float,
+    tally: Tally,
+) -> None:
+    """Parse and apply v1 entries; invalid ones are counted by reason, never raised."""
+    consumed = 0
+    for _, fields in entries:
+        consumed += 1
+        try:
+            apply(tally, parse(fields, now, max_future), system)
+        except InvalidEvent as error:
+            tally.refuse(error.reason)
+        except Exception:  # a bug must cost one event, never the consumer
+            log.exception("unexpected error applying an event")
+            tally.refuse("unprocessable")
+    tally.consumed += consumed
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """A batch allocates thousands of short-lived, acyclic objects: the cyclic collector would
+    run many times for nothing (+10-15% throughput without it, bench/event_ingest.py)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _error_reason(error: Exception) -> str:
+    if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
+        return "auth"
+    if isinstance(error, redis.TimeoutError):
+        return "timeout"
+    if isinstance(error, redis.ConnectionError):
+        return "connection"
+    if isinstance(error, redis.ResponseError):
+        return "response"
+    return "other" if isinstance(error, redis.RedisError) else "internal"
+
+
+def build_consumers(
+    settings: EventsSourceConfig | None,
+    default_connection: RedisConnectionConfig | None,
+    telemetry: Telemetry,
+) -> list[StreamConsumer]:
+    """One consumer per configured stream; the connection defaults to sources.redis's."""
+    if settings is None or not settings.streams:
+        return []
+    connection = settings.redis or default_connection or RedisConnectionConfig()
+    metrics = EventMetrics(telemetry, settings.buckets())
+    return [
+        StreamConsumer(
+            stream, settings, connection, metrics, telemetry.health, telemetry.count_error
+        )
+        for stream in settings.streams
+    ]

@@ -1,0 +1,393 @@
+"""From events to metric updates: per-batch tallies, the worker registry, the self-metrics.
+
+A batch of events becomes one Tally (counter increments and histogram observations keyed
+by metric and label values); the tally reaches telemetry in one call per batch, so the cost
+per event is a few dict operations, not an SDK call (telemetry_cumulative explains why).
+docs/events.md has the table of which event updates which family.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from opentelemetry.metrics import CallbackOptions, Counter, Observation
+
+from exporter.catalog import BY_NAME
+from exporter.events.wire import Event
+from exporter.samples import LabelValues
+from exporter.telemetry import Telemetry
+
+# Failures after which the job is not retried: its attempts are final.
+FINAL_ERROR_TYPES = frozenset({"non_retryable", "handler_not_found"})
+
+
+@dataclass(slots=True)
+class Heartbeat:
+    system: str
+    queue: str
+    worker: str
+    active: int
+    capacity: int
+    ts: float
+
+
+@dataclass(slots=True)
+class Tally:
+    """What one batch adds: counters, observations, heartbeats, consumed/invalid/lost counts."""
+
+    counts: dict[tuple[str, LabelValues], float] = field(default_factory=dict)
+    observations: dict[tuple[str, LabelValues], list[float]] = field(default_factory=dict)
+    heartbeats: list[Heartbeat] = field(default_factory=list)
+    consumed: int = 0
+    invalid: dict[str, int] = field(default_factory=dict)
+    lost: int = 0
+
+    def count(self, metric: str, labels: LabelValues, amount: float = 1.0) -> None:
+        key = (metric, labels)
+        counts = self.counts
+        counts[key] = counts.get(key, 0.0) + amount
+
+    def observe(self, metric: str, labels: LabelValues, value: float) -> None:
+        key = (metric, labels)
+        values = self.observations.get(key)
+        if values is None:
+            self.observations[key] = [value]
+        else:
+            values.append(value)
+
+    def refuse(self, reason: str) -> None:
+        self.invalid[reason] = self.invalid.get(reason, 0) + 1
+
+
+# -- event -> metric updates --------------------------------------------------------------------
+
+Handler = Callable[[Tally, Event, LabelValues], None]
+
+
+def apply(tally: Tally, event: Event, default_system: str) -> None:
+    """Add one valid event's metric updates to the tally."""
+    handler = _JOB_HANDLERS.get(event.name)
+    if handler is not None:
+        handler(
+            tally,
+            event,
+            (event.system or default_system, event.queue, event.job_type, event.priority),
+        )
+    else:
+        _SYSTEM_HANDLERS[event.name](tally, event, (event.system or default_system, event.queue))
+
+
+# The handlers of frequent events update tally.counts inline: a method call per update is
+# a tenth of the consumer's time per event (bench/event_ingest.py).
+
+
+def _counter(metric: str) -> Handler:
+    def handle(tally: Tally, _: Event, job: LabelValues) -> None:
+        counts, key = tally.counts, (metric, job)
+        counts[key] = counts.get(key, 0.0) + 1.0
+
+    return handle
+
+
+def _dequeued(tally: Tally, event: Event, job: LabelValues) -> None:
+    counts, key = tally.counts, ("queue_jobs_dequeued_total", job)
+    counts[key] = counts.get(key, 0.0) + 1.0
+    tally.count("queue_dequeue_attempts_total", (job[0], job[1], "hit"))
+
+
+def _started(tally: Tally, event: Event, job: LabelValues) -> None:
+    counts, key = tally.counts, ("queue_jobs_started_total", job)
+    counts[key] = counts.get(key, 0.0) + 1.0
+    if event.enqueued_at is not None:
+        tally.observe("queue_job_wait_seconds", job, max(event.ts - event.enqueued_at, 0.0))
+
+
+def _attempt_ended(tally: Tally, event: Event, job: LabelValues) -> None:
+    """Execution time (duration, else ts - started_at) and time since enqueue."""
+    duration = event.duration
+    if duration is None and event.started_at is not None:
+        duration = max(event.ts - event.started_at, 0.0)
+    if duration is not None:
+        tally.observe("queue_job_execution_seconds", job, duration)
+    if event.enqueued_at is not None:
+        tally.observe("queue_job_total_seconds", job, max(event.ts - event.enqueued_at, 0.0))
+
+
+def _attempts(tally: Tally, event: Event, job: LabelValues) -> None:
+    if event.attempt is not None:
+        tally.observe("queue_job_attempts", job, float(event.attempt))
+
+
+def _completed(tally: Tally, event: Event, job: LabelValues) -> None:
+    counts, key = tally.counts, ("queue_jobs_completed_total", job)
+    counts[key] = counts.get(key, 0.0) + 1.0
+    _attempt_ended(tally, event, job)
+    _attempts(tally, event, job)
+
+
+def _failed(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_failed_total", (*job, event.error_type))
+    _attempt_ended(tally, event, job)
+    if event.error_type in FINAL_ERROR_TYPES:
+        _attempts(tally, event, job)
+
+
+def _timed_out(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_timed_out_total", job)
+    _attempt_ended(tally, event, job)
+
+
+def _delay(event: Event) -> float | None:
+    if event.delay is not None:
+        return event.delay
+    if event.scheduled_for is not None:
+        return max(event.scheduled_for - event.ts, 0.0)
+    return None
+
+
+def _retried(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_retried_total", job)
+    delay = _delay(event)
+    if delay is not None:
+        tally.observe("queue_job_retry_delay_seconds", job, delay)
+
+
+def _scheduled(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_scheduled_total", job)
+    delay = _delay(event)
+    if delay is not None:
+        tally.observe("queue_job_schedule_delay_seconds", job, delay)
+
+
+def _dead_lettered(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_dead_lettered_total", job)
+    _attempts(tally, event, job)
+
+
+def _requeued(tally: Tally, event: Event, job: LabelValues) -> None:
+    tally.count("queue_jobs_requeued_total", (*job, event.reason))
+
+
+def _idempotency(metric: str) -> Handler:
+    def handle(tally: Tally, event: Event, job: LabelValues) -> None:
+        tally.count(metric, job)
+        if event.duration is not None:
+            tally.observe("queue_idempotency_check_seconds", job[:2], event.duration)
+
+    return handle
+
+
+def _dequeue_result(result: str) -> Handler:
+    def handle(tally: Tally, _: Event, queue: LabelValues) -> None:
+        tally.count("queue_dequeue_attempts_total", (*queue, result))
+
+    return handle
+
+
+def _backend_op(tally: Tally, event: Event, queue: LabelValues) -> None:
+    assert event.duration is not None  # wire.parse requires it
+    tally.observe("queue_backend_operation_seconds", (*queue, event.operation), event.duration)
+
+
+def _cycle(kind: str, moved: str) -> Handler:
+    def handle(tally: Tally, event: Event, queue: LabelValues) -> None:
+        assert event.duration is not None  # wire.parse requires it
+        tally.observe(f"queue_{kind}_cycle_seconds", queue, event.duration)
+        tally.count(f"queue_{kind}_{moved}_total", queue, float(event.count or 0))
+        if not event.ok:
+            tally.count(f"queue_{kind}_errors_total", queue)
+
+    return handle
+
+
+def _heartbeat(tally: Tally, event: Event, queue: LabelValues) -> None:
+    assert event.active is not None and event.capacity is not None  # wire.parse requires them
+    tally.heartbeats.append(
+        Heartbeat(queue[0], queue[1], event.worker, event.active, event.capacity, event.ts)
+    )
+
+
+_JOB_HANDLERS: dict[str, Handler] = {
+    "enqueued": _counter("queue_jobs_enqueued_total"),
+    "dequeued": _dequeued,
+    "started": _started,
+    "completed": _completed,
+    "failed": _failed,
+    "retried": _retried,
+    "timed_out": _timed_out,
+    "dead_lettered": _dead_lettered,
+    "scheduled": _scheduled,
+    "requeued": _requeued,
+    "lease_extended": _counter("queue_jobs_lease_extended_total"),
+    "max_retries_exceeded": _counter("queue_jobs_max_retries_exceeded_total"),
+    "idempotency_conflict": _idempotency("queue_idempotency_conflicts_total"),
+    "idempotency_reused": _idempotency("queue_idempotency_reused_total"),
+}
+_SYSTEM_HANDLERS: dict[str, Handler] = {
+    "dequeue_empty": _dequeue_result("empty"),
+    "dequeue_error": _dequeue_result("error"),
+    "backend_op": _backend_op,
+    "reaper_cycle": _cycle("reaper", "requeued"),
+    "scheduler_cycle": _cycle("scheduler", "processed"),
+    "worker_heartbeat": _heartbeat,
+}
+
+
+# -- workers ------------------------------------------------------------------------------------
+
+
+class WorkerRegistry:
+    """Live workers of one stream, from their heartbeats.
+
+    A worker whose last heartbeat (by event time) is older than `timeout` is forgotten:
+    it leaves every worker series and no memory of it is kept.
+    """
+
+    def __init__(self, timeout: float, max_workers: int) -> None:
+        self.timeout = timeout
+        self.max_workers = max_workers
+        self.refused = 0
+        self._workers: dict[tuple[str, str, str], Heartbeat] = {}
+        self._lock = threading.Lock()
+
+    def record(self, heartbeats: list[Heartbeat]) -> None:
+        with self._lock:
+            workers = self._workers
+            for beat in heartbeats:
+                key = (beat.system, beat.queue, beat.worker)
+                known = workers.get(key)
+                if known is None and len(workers) >= self.max_workers:
+                    self.refused += 1
+                elif known is None or beat.ts >= known.ts:  # consumers may deliver out of order
+                    workers[key] = beat
+
+    def prune(self, now: float) -> None:
+        oldest = now - self.timeout
+        with self._lock:
+            gone = [key for key, beat in self._workers.items() if beat.ts < oldest]
+            for key in gone:
+                del self._workers[key]
+
+    def totals(self, now: float) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+        """(system, queue) -> busy workers, idle workers, busy slots, free slots."""
+        self.prune(now)
+        totals: dict[tuple[str, str], list[int]] = {}
+        with self._lock:
+            beats = list(self._workers.values())
+        for beat in beats:
+            entry = totals.setdefault((beat.system, beat.queue), [0, 0, 0, 0])
+            busy = min(beat.active, beat.capacity)
+            entry[0 if busy > 0 else 1] += 1
+            entry[2] += busy
+            entry[3] += beat.capacity - busy
+        return {key: (a, b, c, d) for key, (a, b, c, d) in totals.items()}
+
+
+# -- the metrics of all streams of one exporter ------------------------------------------------
+
+
+class EventMetrics:
+    """Registers the event families and self-metrics once; consumers report batches to it."""
+
+    def __init__(self, telemetry: Telemetry, buckets: dict[str, tuple[float, ...]]) -> None:
+        self._telemetry = telemetry
+        for name, bounds in buckets.items():
+            telemetry.cumulative.set_buckets(name, bounds)
+        meter = telemetry.meter
+
+        def counter(name: str) -> Counter:
+            return meter.create_counter(name, description=BY_NAME[name].help)
+
+        self._events = counter("queue_exporter_events_total")
+        self._invalid = counter("queue_exporter_events_invalid_total")
+        self._lost = counter("queue_exporter_events_lost_total")
+        self._registries: list[WorkerRegistry] = []
+        self._stream_stats: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+        self._lock = threading.Lock()
+        for name, callback in (
+            ("queue_workers", self._observe_workers),
+            ("queue_worker_slots", self._observe_slots),
+            ("queue_worker_utilization_ratio", self._observe_utilization),
+            ("queue_exporter_stream_lag", self._observe_stream(0)),
+            ("queue_exporter_stream_pending", self._observe_stream(1)),
+        ):
+            meter.create_observable_gauge(
+                name, callbacks=[callback], description=BY_NAME[name].help
+            )
+
+    def worker_registry(self, timeout: float, max_workers: int) -> WorkerRegistry:
+        registry = WorkerRegistry(timeout, max_workers)
+        with self._lock:
+            self._registries.append(registry)
+        return registry
+
+    def record(self, stream: str, tally: Tally, workers: WorkerRegistry) -> None:
+        """One batch: its counters and observations, heartbeats and self-metrics."""
+        self._telemetry.cumulative.apply(tally.counts, tally.observations)
+        if tally.heartbeats:
+            workers.record(tally.heartbeats)
+        attributes = {"stream": stream}
+        if tally.consumed:
+            self._events.add(tally.consumed, attributes)
+        for reason, count in tally.invalid.items():
+            self._invalid.add(count, {"stream": stream, "reason": reason})
+        if tally.lost:
+            self._lost.add(tally.lost, attributes)
+
+    def declare_stream(self, stream: str) -> None:
+        """Zero-valued self-metrics from the start: no empty series until the first event."""
+        attributes = {"stream": stream}
+        self._events.add(0, attributes)
+        self._lost.add(0, attributes)
+
+    def set_stream_stats(
+        self, stream: str, group: str, lag: float | None, pending: float | None
+    ) -> None:
+        with self._lock:
+            self._stream_stats[(stream, group)] = (lag, pending)
+
+    # -- observable gauge callbacks ---------------------------------------------------------
+
+    def _worker_totals(self) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+        now = time.time()
+        merged: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        with self._lock:
+            registries = list(self._registries)
+        clip = self._telemetry.guard.clip
+        for registry in registries:
+            for key, totals in registry.totals(now).items():
+                system, queue = clip(key)
+                previous = merged.get((system, queue), (0, 0, 0, 0))
+                merged[(system, queue)] = tuple(  # type: ignore[assignment]
+                    a + b for a, b in zip(previous, totals, strict=True)
+                )
+        return merged
+
+    def _observe_workers(self, _: CallbackOptions) -> Iterator[Observation]:
+        for (system, queue), (busy, idle, _slots, _free) in self._worker_totals().items():
+            yield Observation(busy, {"system": system, "queue": queue, "state": "busy"})
+            yield Observation(idle, {"system": system, "queue": queue, "state": "idle"})
+
+    def _observe_slots(self, _: CallbackOptions) -> Iterator[Observation]:
+        for (system, queue), (_busy, _idle, slots, free) in self._worker_totals().items():
+            yield Observation(slots, {"system": system, "queue": queue, "state": "busy"})
+            yield Observation(free, {"system": system, "queue": queue, "state": "free"})
+
+    def _observe_utilization(self, _: CallbackOptions) -> Iterator[Observation]:
+        for (system, queue), (_busy, _idle, slots, free) in self._worker_totals().items():
+            if slots + free > 0:
+                yield Observation(slots / (slots + free), {"system": system, "queue": queue})
+
+    def _observe_stream(self, index: int) -> Callable[[CallbackOptions], Iterator[Observation]]:
+        def observe(_: CallbackOptions) -> Iterator[Observation]:
+            with self._lock:
+                stats = list(self._stream_stats.items())
+            for (stream, group), values in stats:
+                value = values[index]
+                if value is not None:
+                    yield Observation(value, {"stream": stream, "group": group})
+
+        return observe

@@ -1,0 +1,314 @@
+"""Lifecycle event wire format, version 1: the one implementation of parse, validate and encode.
+
+One Redis stream entry per event, flat string fields (docs/events.md is the spec). The
+consumer parses entries as Redis returns them (a dict of bytes), without decoding the
+whole entry: numbers are read straight from bytes, only label-bearing fields are decoded.
+An invalid entry raises InvalidEvent with a short, bounded reason (the label of
+queue_exporter_events_invalid_total); nothing in an entry can raise anything else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+VERSION = "1"
+
+JOB_EVENTS = (
+    "enqueued",
+    "dequeued",
+    "started",
+    "completed",
+    "failed",
+    "retried",
+    "timed_out",
+    "dead_lettered",
+    "scheduled",
+    "requeued",
+    "lease_extended",
+    "max_retries_exceeded",
+    "idempotency_conflict",
+    "idempotency_reused",
+)
+QUEUE_EVENTS = ("dequeue_empty", "dequeue_error", "worker_heartbeat")
+SYSTEM_EVENTS = ("backend_op", "reaper_cycle", "scheduler_cycle")
+EVENTS = JOB_EVENTS + QUEUE_EVENTS + SYSTEM_EVENTS
+ERROR_TYPES = ("retryable", "non_retryable", "timeout", "handler_not_found", "other")
+
+# Events that must carry a duration (the others may).
+DURATION_REQUIRED = frozenset({"backend_op", "reaper_cycle", "scheduler_cycle"})
+# Events whose queue label is required: every job event and the per-queue ones.
+QUEUE_REQUIRED = frozenset(JOB_EVENTS + QUEUE_EVENTS)
+
+# Limits that keep one hostile entry cheap to refuse.
+MAX_FIELDS = 64
+MAX_FIELD_BYTES = 1024
+DEFAULT_MAX_FUTURE = 300.0  # seconds of clock skew tolerated before a time counts as "future"
+
+INVALID_REASONS = (
+    "missing_field",
+    "unknown_version",
+    "unknown_event",
+    "bad_number",
+    "bad_value",
+    "bad_encoding",
+    "negative_duration",
+    "future_time",
+    "oversized_field",
+    "unprocessable",  # an error of the exporter's own, counted instead of crashing
+)
+
+_Getter = Callable[[bytes], "bytes | None"]
+_EVENT_BY_BYTES = {name.encode(): name for name in EVENTS}
+_ERROR_TYPE_BY_BYTES = {name.encode(): name for name in ERROR_TYPES}
+
+
+class InvalidEvent(ValueError):
+    """An entry that is not a valid v1 event; `reason` is one of INVALID_REASONS."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class Event:
+    """A valid event. Absent optional fields keep the class defaults (labels: "").
+
+    Not a dataclass on purpose: parse() sets only the fields an entry carries, which costs
+    a third of assigning all 21 (measured by bench/event_ingest.py).
+    """
+
+    system: str | None = None
+    queue: str = ""
+    job_type: str = ""
+    priority: str = ""
+    worker: str = ""
+    job_id: str = ""
+    reason: str = ""
+    operation: str = ""
+    error_type: str = "other"
+    enqueued_at: float | None = None
+    started_at: float | None = None
+    scheduled_for: float | None = None
+    duration: float | None = None
+    delay: float | None = None
+    attempt: int | None = None
+    count: int | None = None
+    ok: bool = True
+    active: int | None = None
+    capacity: int | None = None
+
+    def __init__(self, name: str, ts: float) -> None:
+        self.name = name
+        self.ts = ts
+
+    @classmethod
+    def of(cls, name: str, ts: float, **fields: Any) -> Event:
+        """An event built in code (not parsed): the fields are trusted as given."""
+        event = cls(name, ts)
+        for key, value in fields.items():
+            if not hasattr(cls, key):
+                raise TypeError(f"Event has no field {key!r}")
+            setattr(event, key, value)
+        return event
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{key}={value!r}" for key, value in vars(self).items())
+        return f"Event({fields})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Event) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def parse(
+    fields: Mapping[bytes, bytes], now: float | None = None, max_future: float = DEFAULT_MAX_FUTURE
+) -> Event:
+    """A stream entry's fields as an Event; raises InvalidEvent naming the reason."""
+    if len(fields) > MAX_FIELDS:
+        raise InvalidEvent("oversized_field", f"{len(fields)} fields")
+    get = fields.get
+    version, name_raw, ts_raw = get(b"v"), get(b"event"), get(b"ts")
+    if version is None or name_raw is None or ts_raw is None:
+        raise InvalidEvent("missing_field", "v, event and ts are required")
+    if version != b"1":
+        raise InvalidEvent("unknown_version", repr(version[:16]))
+    name = _EVENT_BY_BYTES.get(name_raw)
+    if name is None:
+        raise InvalidEvent("unknown_event", repr(name_raw[:32]))
+    horizon = (time.time() if now is None else now) + max_future
+    # One try for the whole entry: float(), int() and decode() raise ValueError subclasses.
+    try:
+        event = Event(name, _epoch(ts_raw, horizon))
+        _labels(event, get)
+        _numbers(event, get, horizon)
+    except InvalidEvent:
+        raise
+    except UnicodeDecodeError:
+        raise InvalidEvent("bad_encoding") from None
+    except (ValueError, OverflowError):
+        raise InvalidEvent("bad_number") from None
+    _check_required(event)
+    return event
+
+
+def _labels(event: Event, get: _Getter) -> None:
+    # Decoding only what is present: most entries carry four or five of these. Unknown
+    # fields are never looked at, so only these are checked for size.
+    limit = MAX_FIELD_BYTES
+    raw = get(b"system")
+    if raw:
+        event.system = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"queue")
+    if raw is not None:
+        event.queue = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"job_type")
+    if raw is not None:
+        event.job_type = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"priority")
+    if raw is not None:
+        event.priority = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"worker")
+    if raw is not None:
+        event.worker = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"job_id")
+    if raw is not None:
+        event.job_id = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"reason")
+    if raw is not None:
+        event.reason = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"operation")
+    if raw is not None:
+        event.operation = _oversized(raw) if len(raw) > limit else raw.decode()
+    raw = get(b"error_type")
+    if raw is not None:
+        # An unknown class is still a failure: it is counted as "other", never as a new label.
+        event.error_type = _ERROR_TYPE_BY_BYTES.get(raw, "other")
+
+
+def _oversized(raw: bytes) -> str:
+    raise InvalidEvent("oversized_field", f"a field of {len(raw)} bytes")
+
+
+def _numbers(event: Event, get: _Getter, horizon: float) -> None:
+    raw = get(b"enqueued_at")
+    if raw is not None:
+        event.enqueued_at = _epoch(raw, horizon)
+    raw = get(b"started_at")
+    if raw is not None:
+        event.started_at = _epoch(raw, horizon)
+    raw = get(b"scheduled_for")
+    if raw is not None:
+        value = float(raw)  # a due time lies in the future by design
+        if not 0 <= value < _BIG:
+            raise InvalidEvent(
+                "bad_number" if value != value or abs(value) >= _BIG else "bad_value"
+            )
+        event.scheduled_for = value
+    raw = get(b"duration")
+    if raw is not None:
+        event.duration = _seconds(raw)
+    raw = get(b"delay")
+    if raw is not None:
+        event.delay = _seconds(raw)
+    raw = get(b"attempt")
+    if raw is not None:
+        event.attempt = _count(raw, 1)
+    raw = get(b"count")
+    if raw is not None:
+        event.count = _count(raw, 0)
+    raw = get(b"active")
+    if raw is not None:
+        event.active = _count(raw, 0)
+    raw = get(b"capacity")
+    if raw is not None:
+        event.capacity = _count(raw, 0)
+    raw = get(b"ok")
+    if raw is not None:
+        if raw != b"1" and raw != b"0":
+            raise InvalidEvent("bad_value", "ok must be 0 or 1")
+        event.ok = raw == b"1"
+
+
+def _check_required(event: Event) -> None:
+    name = event.name
+    if name in QUEUE_REQUIRED and not event.queue:
+        raise InvalidEvent("missing_field", f"{name} needs queue")
+    if name in DURATION_REQUIRED and event.duration is None:
+        raise InvalidEvent("missing_field", f"{name} needs duration")
+    if name == "worker_heartbeat" and (
+        not event.worker or event.active is None or event.capacity is None
+    ):
+        raise InvalidEvent("missing_field", "worker_heartbeat needs worker, active, capacity")
+
+
+# Larger magnitudes are no plausible time or duration; the comparisons also refuse inf and nan.
+_BIG = 1e15
+
+
+def _epoch(raw: bytes, horizon: float) -> float:
+    value = float(raw)
+    if 0 <= value <= horizon:
+        return value
+    if value != value or abs(value) >= _BIG:
+        raise InvalidEvent("bad_number", repr(raw[:32]))
+    raise InvalidEvent("future_time" if value > 0 else "bad_value", repr(raw[:32]))
+
+
+def _seconds(raw: bytes) -> float:
+    value = float(raw)
+    if 0 <= value < _BIG:
+        return value
+    if value != value or abs(value) >= _BIG:
+        raise InvalidEvent("bad_number", repr(raw[:32]))
+    raise InvalidEvent("negative_duration", repr(raw[:32]))
+
+
+def _count(raw: bytes, minimum: int) -> int:
+    if len(raw) > 20:
+        raise InvalidEvent("bad_number", repr(raw[:32]))
+    value = int(raw)
+    if not minimum <= value <= 1_000_000_000:
+        raise InvalidEvent("bad_value", repr(raw[:32]))
+    return value
+
+
+# -- encoding ---------------------------------------------------------------------------------
+
+FieldValue = str | int | float | bool | None
+
+
+def encode(
+    event: str,
+    fields: Mapping[str, FieldValue] | None = None,
+    ts: float | None = None,
+    validate: bool = True,
+) -> dict[str, str]:
+    """The stream entry for an event: v, event, ts and the given fields as strings.
+
+    None values are left out; booleans become 1/0; floats keep full precision. With
+    `validate` the result goes through parse() (raising InvalidEvent), so a caller learns
+    at once what the consumer would refuse; the producer's hot path skips it.
+    """
+    entry: dict[str, str] = {
+        "v": VERSION,
+        "event": event,
+        "ts": _format(time.time() if ts is None else ts),
+    }
+    for key, value in (fields or {}).items():
+        if value is None or key in ("v", "event"):
+            continue
+        entry[key] = _format(value)
+    if validate:
+        parse({key.encode(): value.encode() for key, value in entry.items()})
+    return entry
+
+
+def _format(value: str | int | float | bool) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

@@ -1,0 +1,121 @@
+"""The least Redis permissions a configuration needs, as the rules of an ACL SETUSER line.
+
+Queue keys are granted read-only (`%R~`, Redis 7): the user cannot change a queue even
+through a command it may run elsewhere. The event streams are read-write, because a consumer
+group's reads, acks and claims write the group's state; `queue-exporter:*` is reserved
+read-write for the sidecar's own keys (the leader-election lease). docs/security.md explains
+each command; `queue-exporter redis-acl CONFIG` prints the line for a configuration.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from exporter.config import Config
+from exporter.sources.key_groups import KeyGroup, fill, placeholders, scan_glob
+
+# Health checks (redis-py PINGs idle connections) and a database number in the URL. Not
+# granted: CLIENT SETINFO (Redis 7.2+) and CLIENT MAINT_NOTIFICATIONS (Redis 8), which redis-py
+# sends on connect and whose refusal it ignores (docs/security.md).
+CONNECTION_COMMANDS = ("ping", "select")
+# The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py).
+SAMPLER_COMMANDS = (
+    "scan",
+    "smembers",
+    "llen",
+    "lindex",
+    "scard",
+    "zcard",
+    "zcount",
+    "zrange",
+    "zrangebyscore",
+    "zrevrangebyscore",
+    "hlen",
+    "hget",
+    "xlen",
+    "xrange",
+    "xrevrange",
+    "xinfo|groups",
+)
+# The event consumer (events/consumer.py): a MULTI of XACK, the gap-check script (EXISTS,
+# XINFO, XGROUP CREATE/SETID inside it) and XREADGROUP; XREAD BLOCK while idle; XAUTOCLAIM.
+EVENTS_COMMANDS = (
+    "multi",
+    "exec",
+    "script|load",
+    "evalsha",
+    "exists",
+    "xinfo|stream",
+    "xinfo|groups",
+    "xgroup|create",
+    "xgroup|setid",
+    "xreadgroup",
+    "xread",
+    "xack",
+    "xautoclaim",
+)
+RUNNERQ_COMMANDS = ("hmget",)  # activity:{id} hashes, for the type and times of events
+# The leader-election lease (one key under OWN_KEYS): SET NX PX, then GET and PEXPIRE.
+LEASE_COMMANDS = ("set", "get", "pexpire")
+OWN_KEYS = "queue-exporter:*"
+RUNNERQ_ACTIVITY_KEYS = "activity:*"
+
+
+def read_key_patterns(config: Config) -> list[str]:
+    """Glob patterns of every key the sampler and the Runner-Q decoder read."""
+    patterns: list[str] = []
+    redis = config.sources.redis
+    for group in redis.key_groups if redis is not None else []:
+        patterns += _group_keys(group)
+        patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
+        if group.oldest is not None and group.oldest.hash_key is not None:
+            patterns.append(scan_glob(group.oldest.hash_key))
+    events = config.sources.events
+    if events is not None and any(stream.format == "runnerq" for stream in events.streams):
+        patterns.append(RUNNERQ_ACTIVITY_KEYS)
+    return list(dict.fromkeys(patterns))
+
+
+def _group_keys(group: KeyGroup) -> list[str]:
+    """Each key when a group lists its values (Celery's bare queue names), else its glob."""
+    names = placeholders(group.pattern)
+    if not names or not all(name in group.values for name in names):
+        return [scan_glob(group.pattern)]
+    combinations = itertools.product(*(group.values[name] for name in names))
+    return [scan_glob(fill(group.pattern, dict(zip(names, c, strict=True)))) for c in combinations]
+
+
+def stream_keys(config: Config) -> list[str]:
+    events = config.sources.events
+    return [scan_glob(stream.key) for stream in events.streams] if events is not None else []
+
+
+def acl_rules(config: Config) -> list[str]:
+    """The rules after `ACL SETUSER <user> reset on ><password>`: commands, then keys."""
+    commands = [*CONNECTION_COMMANDS, *LEASE_COMMANDS]
+    if read_key_patterns(config):
+        commands += SAMPLER_COMMANDS
+    if stream_keys(config):
+        commands += EVENTS_COMMANDS
+        if RUNNERQ_ACTIVITY_KEYS in read_key_patterns(config):
+            commands += RUNNERQ_COMMANDS
+    rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
+    rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
+    rules += [f"~{key}" for key in stream_keys(config)]
+    rules.append(f"~{OWN_KEYS}")
+    return rules
+
+
+def setuser_line(config: Config, user: str = "queue-exporter", password: str = "<password>") -> str:
+    """The whole command, quoted for redis-cli (Celery's keys hold control bytes)."""
+    words = ["ACL", "SETUSER", user, "reset", "on", f">{password}", *acl_rules(config)]
+    return " ".join(_quoted(word) for word in words)
+
+
+def _quoted(word: str) -> str:
+    if word and all(c.isprintable() and not c.isspace() and c not in "\"'\\" for c in word):
+        return word
+    escaped = "".join(
+        f"\\{c}" if c in '"\\' else c if c.isprintable() else f"\\x{ord(c):02x}" for c in word
+    )
+    return f'"{escaped}"'

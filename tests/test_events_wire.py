@@ -1,0 +1,206 @@
+"""Wire format v1 (parse, validate, encode) and hostile input for the parser and the consumer."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client import generate_latest
+
+from exporter.events import wire
+from exporter.events.config import EventsSourceConfig
+from exporter.events.consumer import StreamConsumer
+from exporter.events.metrics import EventMetrics, Tally, apply
+from exporter.events.runnerq import parse_entry
+from exporter.health import HealthBoard
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.telemetry import OVERFLOW, LimitsConfig, Telemetry
+from tests.conftest import parse_exposition, value
+
+NOW = float(int(time.time()))
+
+
+def _fields(**values: object) -> dict[bytes, bytes]:
+    return {key.encode(): str(item).encode() for key, item in values.items()}
+
+
+def test_encode_then_parse_round_trips():
+    entry = wire.encode(
+        "completed",
+        {"queue": "q", "job_type": "t", "duration": 0.25, "attempt": 2, "ok": True, "x": None},
+        ts=NOW - 1,
+    )
+    assert entry == {
+        "v": "1",
+        "event": "completed",
+        "ts": repr(NOW - 1),
+        "queue": "q",
+        "job_type": "t",
+        "duration": "0.25",
+        "attempt": "2",
+        "ok": "1",
+    }
+    event = wire.parse({k.encode(): v.encode() for k, v in entry.items()}, now=NOW)
+    assert (event.name, event.ts, event.queue, event.job_type) == ("completed", NOW - 1, "q", "t")
+    assert (event.duration, event.attempt, event.ok, event.system) == (0.25, 2, True, None)
+    assert event.priority == "" and event.error_type == "other"
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (_fields(event="completed", ts=NOW, queue="q"), "missing_field"),
+        (_fields(v=1, ts=NOW, queue="q"), "missing_field"),
+        (_fields(v=2, event="completed", ts=NOW, queue="q"), "unknown_version"),
+        (_fields(v=1, event="exploded", ts=NOW, queue="q"), "unknown_event"),
+        (_fields(v=1, event="completed", ts="yesterday", queue="q"), "bad_number"),
+        (_fields(v=1, event="completed", ts="nan", queue="q"), "bad_number"),
+        (_fields(v=1, event="completed", ts=NOW, queue="q", duration="inf"), "bad_number"),
+        (_fields(v=1, event="completed", ts=NOW, queue="q", duration=-0.5), "negative_duration"),
+        (_fields(v=1, event="retried", ts=NOW, queue="q", delay=-3), "negative_duration"),
+        (_fields(v=1, event="completed", ts=NOW + 3600, queue="q"), "future_time"),
+        (_fields(v=1, event="started", ts=NOW, queue="q", enqueued_at=NOW + 999), "future_time"),
+        (_fields(v=1, event="completed", ts=-1, queue="q"), "bad_value"),
+        (_fields(v=1, event="completed", ts=NOW, queue="q", attempt=0), "bad_value"),
+        (_fields(v=1, event="completed", ts=NOW, queue="q", attempt="1.5"), "bad_number"),
+        (_fields(v=1, event="backend_op", ts=NOW, ok="yes", duration=1), "bad_value"),
+        (_fields(v=1, event="completed", ts=NOW), "missing_field"),
+        (_fields(v=1, event="backend_op", ts=NOW, operation="x"), "missing_field"),
+        (_fields(v=1, event="worker_heartbeat", ts=NOW, queue="q", worker="w"), "missing_field"),
+        (_fields(v=1, event="completed", ts=NOW, queue="q" * 2000), "oversized_field"),
+        ({**_fields(v=1, event="completed", ts=NOW), b"queue": b"\xff\xfe"}, "bad_encoding"),
+        ({f"f{n}".encode(): b"1" for n in range(100)}, "oversized_field"),
+    ],
+)
+def test_invalid_entries_name_their_reason(fields, reason):
+    with pytest.raises(wire.InvalidEvent) as raised:
+        wire.parse(fields, now=NOW)
+    assert raised.value.reason == reason
+    assert reason in wire.INVALID_REASONS
+
+
+def test_unknown_fields_are_ignored_and_unknown_error_types_are_other():
+    event = wire.parse(
+        _fields(v=1, event="failed", ts=NOW, queue="q", error_type="kaboom", color="red"), NOW
+    )
+    assert event.error_type == "other"
+
+
+_KEYS = st.sampled_from(
+    [b"v", b"event", b"ts", b"queue", b"job_type", b"duration", b"delay", b"attempt", b"ok",
+     b"active", b"capacity", b"worker", b"enqueued_at", b"count", b"error_type", b"system"]
+)  # fmt: skip
+_VALUES = st.one_of(
+    st.binary(max_size=40),
+    st.sampled_from([b"1", b"0", b"-1", b"nan", b"inf", b"1e308", b"", b"completed"]),
+    st.sampled_from([name.encode() for name in wire.EVENTS]),
+    st.floats(allow_nan=True).map(lambda f: repr(f).encode()),
+    st.integers().map(lambda n: str(n).encode()),
+)
+_FIELD_MAPS = st.dictionaries(st.one_of(_KEYS, st.binary(max_size=10)), _VALUES, max_size=20)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_FIELD_MAPS)
+def test_parser_and_metrics_survive_arbitrary_field_maps(fields):
+    try:
+        event = wire.parse(fields, now=NOW)
+    except wire.InvalidEvent as error:
+        assert error.reason in wire.INVALID_REASONS
+        return
+    tally = Tally()
+    apply(tally, event, "fallback")  # a valid event always maps onto metrics
+    for (_, labels), _amount in tally.counts.items():
+        assert all(isinstance(label, str) for label in labels)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.binary(max_size=8),
+        st.one_of(
+            st.binary(max_size=60),
+            st.recursive(
+                st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner),
+                max_leaves=8,
+            ).map(lambda doc: json.dumps(doc).encode()),
+            st.fixed_dictionaries(
+                {
+                    "activity_id": st.text(max_size=40),
+                    "timestamp": st.sampled_from(["2026-01-01T00:00:00Z", "x", ""]),
+                    "event_type": st.sampled_from(["Enqueued", "Completed", "Retrying", "Nope"]),
+                    "detail": st.none() | st.dictionaries(st.text(max_size=5), st.integers()),
+                }
+            ).map(lambda doc: json.dumps(doc).encode()),
+        ),
+        max_size=3,
+    )
+)
+def test_runnerq_parser_survives_arbitrary_entries(fields):
+    try:
+        parse_entry(fields, NOW)
+    except wire.InvalidEvent as error:
+        assert error.reason in wire.INVALID_REASONS
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(st.lists(st.dictionaries(st.binary(min_size=1, max_size=10), _VALUES, min_size=1,
+                                max_size=8), min_size=1, max_size=30))  # fmt: skip
+def test_the_consumer_survives_arbitrary_entries(redis_client, redis_url, entries):
+    """Whatever lands in the stream is consumed, counted and acknowledged; nothing stalls."""
+    for format_ in ("v1", "runnerq"):
+        stream = f"hostile:{uuid.uuid4().hex}"
+        telemetry = Telemetry(HealthBoard())
+        events = EventsSourceConfig.model_validate(
+            {"streams": [{"key": stream, "format": format_, "start": "0"}], "batch_size": 7}
+        )
+        consumer = StreamConsumer(
+            events.streams[0],
+            events,
+            RedisConnectionConfig.model_validate({"url": redis_url}),
+            EventMetrics(telemetry, events.buckets()),
+        )
+        for fields in entries:
+            redis_client.xadd(stream, fields)
+        if format_ == "runnerq":
+            redis_client.xadd(stream, {"event": json.dumps({"activity_id": "x"})})
+        while consumer.poll():
+            pass
+        consumer.close()
+        series = parse_exposition(generate_latest(telemetry.registry).decode())
+        expected = len(entries) + (format_ == "runnerq")
+        assert value(series, "queue_exporter_events_total", stream=stream) == expected
+        assert redis_client.xpending(stream, "queue-exporter")["pending"] == 0
+        redis_client.delete(stream)
+        telemetry.shutdown()
+
+
+def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
+    telemetry = Telemetry(HealthBoard(), LimitsConfig(max_series_per_metric=50))
+    for batch in range(20):
+        tally = Tally()
+        for n in range(1000):
+            job_type = f"type-{batch}-{n}" + ("x" * 500 if n == 0 else "")
+            event = wire.Event.of("completed", NOW, queue="q", job_type=job_type, duration=0.1)
+            apply(tally, event, "bug")
+        telemetry.cumulative.apply(tally.counts, tally.observations)
+    store = telemetry.cumulative
+    assert len(store._counters["queue_jobs_completed_total"]) == 50
+    assert len(store._histograms["queue_job_execution_seconds"]) == 50
+    series = parse_exposition(generate_latest(telemetry.registry).decode())
+    overflow = value(series, "queue_jobs_completed_total", job_type=OVERFLOW)
+    assert overflow == 20_000 - 49
+    refused = value(series, "queue_exporter_series_overflow_total",
+                    metric="queue_jobs_completed_total")  # fmt: skip
+    assert refused is not None and refused > 0
+    long_values = [labels[2] for labels in store._counters["queue_jobs_completed_total"]]
+    assert max(len(label) for label in long_values) <= 128  # label values are cut

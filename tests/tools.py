@@ -1,0 +1,33 @@
+"""External command-line tools the tests run (promtool, amtool, prometheus)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+
+def require(tool: str) -> str:
+    """The tool's path; skip when it is missing locally, fail when it is missing in CI."""
+    path = shutil.which(tool)
+    if path:
+        return path
+    message = f"{tool} not found (Debian packages prometheus, prometheus-alertmanager)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + ": CI must have it (scripts/setup.sh installs it)")
+    pytest.skip(message)
+
+
+def run(
+    *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [require(args[0]), *args[1:]],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
