@@ -35,11 +35,11 @@ from prometheus_client.core import GaugeMetricFamily
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import config as config_module  # noqa: E402
-from exporter.health import HealthBoard  # noqa: E402
-from exporter.samples import SampleSet  # noqa: E402
-from exporter.sources.redis_keys import RedisKeySampler  # noqa: E402
-from exporter.telemetry import Telemetry  # noqa: E402
+from exporter import config as config_module
+from exporter.health import HealthBoard
+from exporter.samples import SampleSet
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.telemetry import Telemetry
 
 QUEUE_GLOB = "orchestrata:queue:*"
 
@@ -61,8 +61,15 @@ def median_seconds(action: Callable[[], object], runs: int) -> float:
 
 def load_keys(client: redis.Redis, queues: int, unrelated: int) -> None:
     client.flushdb()
-    item = json.dumps({"packet": {"n": 1}, "queued_at": "2026-11-29T18:00:00+00:00",
-                       "priority": 2, "recipient": "r", "message_id": "m"})
+    item = json.dumps(
+        {
+            "packet": {"n": 1},
+            "queued_at": "2026-11-29T18:00:00+00:00",
+            "priority": 2,
+            "recipient": "r",
+            "message_id": "m",
+        }
+    )
     pipe = client.pipeline(transaction=False)
     for index in range(queues):
         pipe.rpush(f"orchestrata:queue:recipient-{index}:p{index % 6}", item)
@@ -92,9 +99,14 @@ def redis_exporter_scrape(url: str, runs: int) -> float | None:
         return None
     port = free_port()
     process = subprocess.Popen(
-        [binary, f"-redis.addr={url}", f"-check-keys={QUEUE_GLOB}",
-         f"-web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            binary,
+            f"-redis.addr={url}",
+            f"-check-keys={QUEUE_GLOB}",
+            f"-web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         for _ in range(100):
@@ -120,8 +132,11 @@ def exposition(series_count: int, runs: int) -> tuple[float, float]:
 
     class Reference:
         def collect(self):  # type: ignore[no-untyped-def]
-            family = GaugeMetricFamily("queue_depth", "Items in the queue.",
-                                       labels=["system", "queue", "priority", "state"])
+            family = GaugeMetricFamily(
+                "queue_depth",
+                "Items in the queue.",
+                labels=["system", "queue", "priority", "state"],
+            )
             for index, label_values in enumerate(labels):
                 family.add_metric(label_values, float(index))
             yield family
@@ -151,8 +166,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         port = free_port()
         server = subprocess.Popen(
-            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", directory],
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                directory,
+            ],
             stdout=subprocess.DEVNULL,
         )
         try:
@@ -164,8 +190,10 @@ def main() -> None:
                     break
                 except redis.ConnectionError:
                     time.sleep(0.05)
-            print(f"{'queue keys':>10} {'bare s':>8} {'exporter s':>10} {'ratio':>6} "
-                  f"{'redis_exporter s':>16} {'speed-up':>8}")
+            print(
+                f"{'queue keys':>10} {'bare s':>8} {'exporter s':>10} {'ratio':>6} "
+                f"{'redis_exporter s':>16} {'speed-up':>8}"
+            )
             for size in (int(s) for s in args.sizes.split(",")):
                 load_keys(client, size, args.unrelated)
                 config = config_module.from_dict(
@@ -186,8 +214,10 @@ def main() -> None:
 
     ours, theirs = exposition(10_000, max(args.runs, 5))
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"/metrics render of 10k queue series: exporter {ours:.3f}s, prometheus_client "
-          f"collector {theirs:.3f}s, ratio {ours / theirs:.2f}x; peak RSS {rss_mib:.0f} MiB")
+    print(
+        f"/metrics render of 10k queue series: exporter {ours:.3f}s, prometheus_client "
+        f"collector {theirs:.3f}s, ratio {ours / theirs:.2f}x; peak RSS {rss_mib:.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

@@ -82,3 +82,16 @@ def mask_url(url: str) -> str:
         masked = [(key, "****" if key == "password" else value) for key, value in pairs]
         query = urlencode(masked, safe="*")
     return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def redis_error_reason(error: Exception) -> str:
+    """A short, bounded label value for a Redis failure."""
+    if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
+        return "auth"
+    if isinstance(error, redis.TimeoutError):
+        return "timeout"
+    if isinstance(error, redis.ConnectionError):
+        return "connection"
+    if isinstance(error, redis.ResponseError):
+        return "response"
+    return "other" if isinstance(error, redis.RedisError) else "internal"

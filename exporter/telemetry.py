@@ -15,6 +15,7 @@ A source that fails withdraws its snapshot: its series disappear instead of goin
 
 from __future__ import annotations
 
+import itertools
 import platform
 import threading
 from collections.abc import Iterable, Iterator
@@ -56,6 +57,11 @@ class LimitsConfig(BaseModel):
         10_000, ge=2, description="distinct label sets per metric before folding into overflow"
     )
     label_value_max_length: int = Field(128, ge=8, description="longer label values are cut")
+    series_idle_timeout: float | None = Field(
+        21600.0,
+        gt=0,
+        description="seconds after which an event series no batch updated is dropped (null: never)",
+    )
 
 
 class OtlpConfig(BaseModel):
@@ -159,7 +165,7 @@ class Telemetry:
             if self._otlp_snapshot_provider is not None
             else None
         )
-        self.cumulative = CumulativeStore(self.guard, otlp_meter)
+        self.cumulative = CumulativeStore(self.guard, otlp_meter, self.limits.series_idle_timeout)
         self._register_self_gauges()
         self.registry.register(_Exposition(self))
 
@@ -226,6 +232,8 @@ class Telemetry:
         def health_gauge(field: str) -> Any:
             def observe(_: CallbackOptions) -> Iterator[Observation]:
                 for source, status in self.health.snapshot().items():
+                    if status.standby:  # a follower's sampler: the leader reports it
+                        continue
                     value = {
                         "up": 1.0 if status.up else 0.0,
                         "duration": status.last_duration,
@@ -276,18 +284,18 @@ class _Exposition:
 
     def collect(self) -> Iterable[Metric]:
         families: dict[str, Metric] = {}
-        for family in self._telemetry._sdk_registry.collect():
-            families[family.name] = family
-        for spec, series in self._telemetry.snapshot_series().items():
-            family = _snapshot_family(spec, series)
+        snapshot_families = (
+            _snapshot_family(spec, series)
+            for spec, series in self._telemetry.snapshot_series().items()
+        )
+        for family in itertools.chain(
+            self._telemetry._sdk_registry.collect(),
+            snapshot_families,
+            self._telemetry.cumulative.families(),
+        ):
             existing = families.get(family.name)
             if existing is not None and existing.type == family.type:
-                existing.samples.extend(family.samples)
-            else:
-                families[family.name] = family
-        for family in self._telemetry.cumulative.families():
-            existing = families.get(family.name)
-            if existing is not None and existing.type == family.type:
+                # One family, two feeds: e.g. Attune's sampled totals and event counters.
                 existing.samples.extend(family.samples)
             else:
                 families[family.name] = family

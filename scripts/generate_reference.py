@@ -1,7 +1,7 @@
 """Write docs/metrics.md and docs/presets.md from the code: the metric catalog and the presets.
 
-    .venv/bin/python scripts/generate_reference.py           # rewrite the files
-    .venv/bin/python scripts/generate_reference.py --check   # fail when a committed file is stale
+.venv/bin/python scripts/generate_reference.py           # rewrite the files
+.venv/bin/python scripts/generate_reference.py --check   # fail when a committed file is stale
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import catalog, presets  # noqa: E402
+from exporter import catalog, presets
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGINS = {
@@ -57,7 +57,9 @@ def presets_page() -> str:
         lines += [f"## `{name}`", "", presets.describe(name), ""]
         params = document.get("params") or {}
         if params:
-            lines.append("Params: " + ", ".join(f"`{k}` (default `{v}`)" for k, v in params.items()))
+            lines.append(
+                "Params: " + ", ".join(f"`{k}` (default `{v}`)" for k, v in params.items())
+            )
             lines.append("")
         groups = document.get("sources", {}).get("redis", {}).get("key_groups", [])
         if groups:

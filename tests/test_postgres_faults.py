@@ -138,8 +138,9 @@ def test_permission_denied_then_granted(attune, postgres_dsn, reader_role, run_e
     assert _depth(series) is None
 
     attune.connection.execute(f'GRANT SELECT ON ALL TABLES IN SCHEMA attune TO "{reader_role}"')
-    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 4)
-    assert _up(series, "postgres:attune_executions") == 1
+    executions = "postgres:attune_executions"  # on an interval of its own: wait for it too
+    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 4 and _up(s, executions) == 1)
+    assert _up(series, executions) == 1
     with psycopg.connect(postgres_dsn) as database:  # the reader never holds a transaction
         states = database.execute(
             "SELECT state FROM pg_stat_activity WHERE usename = %s", (reader_role,)

@@ -16,11 +16,10 @@ before a crash is lost with the rest of that process's counts: re-applying it is
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -29,8 +28,9 @@ from exporter.events.config import EventsSourceConfig, StreamConfig
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
 from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse
+from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class StreamConsumer:
             else:  # pending, then deleted from the stream before anyone applied it
                 tally.lost += 1
         now = time.time()
-        with _gc_paused():
+        with gc_paused():
             if self._runnerq is not None:
                 self._runnerq.decode(client, present, now, tally)
             else:
@@ -335,7 +335,7 @@ class StreamConsumer:
         return self._client
 
     def _failed(self, error: Exception, duration: float) -> None:
-        reason = _error_reason(error)
+        reason = redis_error_reason(error)
         log.warning(
             "%s failed (%s): %s",
             self.name,
@@ -349,6 +349,10 @@ class StreamConsumer:
         if isinstance(error, redis.ConnectionError | redis.TimeoutError) and self._client:
             self._client.close()
             self._client = None
+        if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
+            # The stream or its group vanished (Redis restarted empty, the key was deleted):
+            # the next read goes through the gap script again, which recreates the group.
+            self._group_ready = False
 
 
 def decode_v1(
@@ -370,31 +374,6 @@ def decode_v1(
             log.exception("unexpected error applying an event")
             tally.refuse("unprocessable")
     tally.consumed += consumed
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """A batch allocates thousands of short-lived, acyclic objects: the cyclic collector would
-    run many times for nothing (+10-15% throughput without it, bench/event_ingest.py)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _error_reason(error: Exception) -> str:
-    if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
-        return "auth"
-    if isinstance(error, redis.TimeoutError):
-        return "timeout"
-    if isinstance(error, redis.ConnectionError):
-        return "connection"
-    if isinstance(error, redis.ResponseError):
-        return "response"
-    return "other" if isinstance(error, redis.RedisError) else "internal"
 
 
 def build_consumers(

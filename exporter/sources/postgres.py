@@ -26,13 +26,13 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from exporter.gc_pause import gc_paused
 from exporter.samples import SampleSet
 from exporter.sources.sql_collectors import (
     QueryShapeError,
     RowConverter,
     SqlCollector,
     duplicate_custom_metrics,
-    gc_paused,
 )
 from exporter.telemetry import Telemetry
 

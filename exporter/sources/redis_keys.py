@@ -18,7 +18,7 @@ import redis
 from pydantic import Field
 
 from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.redis_pipeline import round_trip
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
@@ -105,15 +105,7 @@ class RedisKeySampler:
         return cycle.samples
 
     def error_reason(self, error: Exception) -> str:
-        if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
-            return "auth"
-        if isinstance(error, redis.TimeoutError):
-            return "timeout"
-        if isinstance(error, redis.ConnectionError):
-            return "connection"
-        if isinstance(error, redis.ResponseError):
-            return "response"
-        return "other"
+        return redis_error_reason(error)
 
     def close(self) -> None:
         if self._client is not None:

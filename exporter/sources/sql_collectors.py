@@ -12,11 +12,8 @@ series carry the contract's labels; any other metric name defines a custom metri
 
 from __future__ import annotations
 
-import gc
 import re
-import threading
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import chain, compress, repeat
 from operator import is_not
@@ -315,36 +312,6 @@ class RowConverter:
             for keys, values in parts:
                 samples.add_series(metric.spec, _series(metric.spec, keys, values))
         return nulls
-
-
-_gc_lock = threading.Lock()
-_gc_pausers = 0
-_gc_was_enabled = True
-
-
-@contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while a result's rows are built and converted.
-
-    Tens of thousands of row and label tuples made at once trigger collections that each walk
-    every tracked object the process holds (the published snapshots included): converting 10k
-    Attune rows took ~11 ms with them, ~8.5 ms without. Nothing made here can form a cycle,
-    so collection simply waits a few milliseconds. Counted, so that overlapping collectors
-    nest. Never held while a query runs.
-    """
-    global _gc_pausers, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pausers == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pausers += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pausers -= 1
-            if _gc_pausers == 0 and _gc_was_enabled:
-                gc.enable()
 
 
 def _disjoint(plans: list[_ValuePlan]) -> bool:
