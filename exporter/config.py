@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
+from exporter.leader import LeaderElectionConfig
 from exporter.sources.postgres import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisSourceConfig
 from exporter.telemetry import LimitsConfig, OtlpConfig
@@ -46,13 +47,18 @@ class SourcesConfig(StrictModel):
 class Config(StrictModel):
     listen_address: str = Field(DEFAULT_LISTEN_ADDRESS, description="HOST:PORT to serve on")
     sample_interval: float = Field(15.0, gt=0, description="seconds between samples")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info", description="least severe level logged"
+    )
+    log_format: Literal["text", "json"] = Field("text", description="json: one object a line")
     web_config_file: Path | None = Field(None, description="exporter-toolkit web config")
-    presets: list[str | PresetRef] = Field(default_factory=list)
+    presets: list[str | PresetRef] = Field(
+        default_factory=list, description="names, or {name, params} (docs/presets.md)"
+    )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     sources: SourcesConfig = Field(default_factory=SourcesConfig)
+    leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
 
     @field_validator("listen_address")
     @classmethod
@@ -114,6 +120,9 @@ def effective_yaml(config: Config) -> str:
     events = config.sources.events
     if events is not None and events.redis is not None:
         document["sources"]["events"]["redis"]["url"] = events.redis.masked_url()
+    if config.leader_election.redis is not None:
+        lease_redis = document["leader_election"]["redis"]
+        lease_redis["url"] = config.leader_election.redis.masked_url()
     dumped: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
     return dumped
 
@@ -152,7 +161,11 @@ def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(refs, list):
         return raw  # validation reports the wrong type
     for index, ref in enumerate(refs):
+        if not isinstance(ref, str | dict):
+            continue  # validation reports the wrong type
         name, params = (ref, {}) if isinstance(ref, str) else (ref.get("name"), ref.get("params"))
+        if not isinstance(params, dict | None):
+            raise ConfigError(f"invalid configuration:\n  presets[{index}].params: not a mapping")
         try:
             raw = presets.merge(raw, presets.expand(str(name), params or {}))
         except presets.PresetError as error:

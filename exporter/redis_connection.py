@@ -19,11 +19,11 @@ class RedisConnectionConfig(BaseModel):
         description="redis://, rediss:// or unix:// URL; a password in it is masked everywhere",
     )
     username: str | None = Field(None, description="ACL user (overrides the URL's)")
-    password: SecretStr | None = None
+    password: SecretStr | None = Field(None, description="password (prefer password_file)")
     password_file: Path | None = Field(None, description="file holding the password")
-    tls_ca_file: Path | None = None
-    tls_cert_file: Path | None = None
-    tls_key_file: Path | None = None
+    tls_ca_file: Path | None = Field(None, description="rediss://: CA bundle to verify the server")
+    tls_cert_file: Path | None = Field(None, description="rediss://: client certificate")
+    tls_key_file: Path | None = Field(None, description="rediss://: client certificate's key")
     socket_timeout: float = Field(5.0, gt=0, description="seconds a single command may take")
 
     @field_validator("url")

@@ -12,7 +12,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import types
+import typing
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
 from exporter import catalog, presets
+from exporter.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGINS = {
@@ -87,7 +94,81 @@ def _group_row(group: dict[str, Any]) -> str:
     return f"| `{pattern}` | {group['type']} | {group['state']} | {', '.join(reads)} |"
 
 
-PAGES = {"docs/metrics.md": metrics_page, "docs/presets.md": presets_page}
+def configuration_page() -> str:
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from the typed configuration models by `scripts/generate_reference.py`; do not",
+        "edit. `queue-exporter check-config FILE` validates a file and prints it with defaults",
+        "filled in and secrets masked. `[]` marks a list of entries.",
+        "",
+        "| setting | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    lines += _setting_rows(Config, "")
+    return "\n".join(lines) + "\n"
+
+
+def _setting_rows(model: type[BaseModel], prefix: str) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        nested = _nested_model(field.annotation)
+        default = field.default
+        if default is PydanticUndefined:
+            shown = "required" if field.default_factory is None else "—"
+        elif isinstance(default, BaseModel) or default is None:
+            shown = "—"
+        else:
+            secret = getattr(default, "get_secret_value", None)
+            shown = f"`{secret() if secret else default}`"
+        meaning = (field.description or "").replace("|", "\\|")
+        if nested is None:
+            rows.append(f"| `{path}` | {_type_name(field.annotation)} | {shown} | {meaning} |")
+        else:
+            model_type, is_list = nested
+            rows += _setting_rows(model_type, f"{path}[]." if is_list else f"{path}.")
+    return rows
+
+
+def _nested_model(annotation: object) -> tuple[type[BaseModel], bool] | None:
+    """The model a field holds (directly, optionally, or as a list of them)."""
+    origin = typing.get_origin(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if origin is list:
+        (item,) = typing.get_args(annotation)
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item, True
+    if origin in (typing.Union, types.UnionType):
+        members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        if len(members) == 1:
+            return _nested_model(members[0])
+    return None
+
+
+def _type_name(annotation: object) -> str:
+    text = (
+        str(annotation)
+        if typing.get_origin(annotation)
+        else getattr(annotation, "__name__", str(annotation))
+    )
+    for noise in (
+        "typing.",
+        "pydantic.types.",
+        "pathlib.",
+        "exporter.sources.key_groups.",
+        "NoneType",
+    ):
+        text = text.replace(noise, "None" if noise == "NoneType" else "")
+    return text.replace("|", "or")
+
+
+PAGES = {
+    "docs/metrics.md": metrics_page,
+    "docs/presets.md": presets_page,
+    "docs/configuration.md": configuration_page,
+}
 
 
 def main() -> int:

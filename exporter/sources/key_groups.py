@@ -49,7 +49,9 @@ class OldestItem(StrictModel):
     hash_key: str | None = Field(
         None, description="hash key pattern; {item} is the item, other placeholders the labels"
     )
-    format: TimeFormat = "auto"
+    format: TimeFormat = Field(
+        "auto", description="auto: numbers above 1e11 are ms, else s; strings ISO-8601"
+    )
     divisor: float = Field(1.0, gt=0, description="the stored number is divided by this first")
 
     @model_validator(mode="after")
@@ -66,39 +68,48 @@ class OldestItem(StrictModel):
 class DueCount(StrictModel):
     """Count the zset members whose score (a time) is already past."""
 
-    metric: Literal["queue_leases_expired", "queue_scheduled_due"]
-    unit: Literal["s", "ms"] = "s"
-    divisor: float = Field(1.0, gt=0)
+    metric: Literal["queue_leases_expired", "queue_scheduled_due"] = Field(
+        description="the gauge the count goes to"
+    )
+    unit: Literal["s", "ms"] = Field("s", description="the unit of the scores")
+    divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
 
 
 class PriorityBands(StrictModel):
     """Split a zset's depth by priority: priority = floor(score / width)."""
 
-    width: float = Field(gt=0)
-    names: dict[int, str] = Field(min_length=1)
+    width: float = Field(gt=0, description="score width of one priority band")
+    names: dict[int, str] = Field(min_length=1, description="band number -> priority label")
 
 
 class SetMembers(StrictModel):
     """Take a placeholder's values from a Redis set (RQ's rq:queues, Sidekiq's queues)."""
 
-    key: str
+    key: str = Field(description="the set's key")
     member: str = Field("{value}", description="member format; {value} is the placeholder value")
 
 
 class KeyGroup(StrictModel):
-    system: str = Field(min_length=1)
-    pattern: str = Field(min_length=1)
-    type: KeyType
-    state: State
+    system: str = Field(min_length=1, description="the system label")
+    pattern: str = Field(
+        min_length=1,
+        description="key pattern; {queue} and {priority} become labels, {_name} is a wildcard",
+    )
+    type: KeyType = Field(description="the Redis type of the keys")
+    state: State = Field(description="the state label of the items the keys hold")
     labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
     values: dict[str, list[str]] = Field(
         default_factory=dict, description="enumerate a placeholder instead of scanning for it"
     )
-    values_from_set: dict[str, SetMembers] = Field(default_factory=dict)
+    values_from_set: dict[str, SetMembers] = Field(
+        default_factory=dict, description="take a placeholder's values from a Redis set"
+    )
     oldest: OldestItem | None = None
     due: DueCount | None = None
     priority_bands: PriorityBands | None = None
-    max_depth: int | None = Field(None, ge=0)
+    max_depth: int | None = Field(
+        None, ge=0, description="backpressure limit, exported as queue_max_depth"
+    )
     stream_group: str | None = Field(
         None, description="streams: depth is this consumer group's lag, active its pending"
     )
