@@ -5,18 +5,23 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from types import FrameType
 
 from exporter.config import Config
 from exporter.events.consumer import build_consumers
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
+from exporter.leader import Leadership, lease_connection, register_leader_gauge
 from exporter.sources import postgres
 from exporter.sources.base import Source, SourceRunner
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+# Seconds shutdown waits for the threads in all: within Kubernetes' default 30 s grace period.
+SHUTDOWN_BUDGET = 20.0
 
 
 def build_sources(config: Config, telemetry: Telemetry) -> list[Source]:
@@ -36,8 +41,10 @@ class App:
         self.health = HealthBoard()
         self.telemetry = Telemetry(self.health, config.limits, config.otlp)
         self.stopping = threading.Event()
+        self.leadership = _leadership(config)
+        register_leader_gauge(self.telemetry, self.leadership)
         self.runners = [
-            SourceRunner(source, self.telemetry, self.stopping)
+            SourceRunner(source, self.telemetry, self.stopping, self.leadership)
             for source in build_sources(config, self.telemetry)
         ]
         self.event_consumers = build_consumers(
@@ -50,6 +57,8 @@ class App:
 
     def start(self) -> None:
         self.server.start()
+        if self.leadership is not None:
+            self.leadership.start(self.stopping)
         for runner in self.runners:
             runner.start()
         for consumer in self.event_consumers:
@@ -65,11 +74,18 @@ class App:
 
     def shutdown(self) -> None:
         self.stopping.set()
-        for runner in self.runners:
-            runner.thread.join(timeout=10)
-        for consumer in self.event_consumers:  # stops reading, acks what it applied
-            if consumer.thread is not None:
-                consumer.thread.join(timeout=10)
+        deadline = time.monotonic() + SHUTDOWN_BUDGET
+        threads = [runner.thread for runner in self.runners]
+        # Consumers stop reading and ack what they applied; what a consumer could not ack stays
+        # pending in the group, where another replica claims it after claim_idle.
+        threads += [consumer.thread for consumer in self.event_consumers if consumer.thread]
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join(timeout=max(deadline - time.monotonic(), 0.0))
+        if self.leadership is not None:  # after the samplers stopped: a follower takes over now
+            if self.leadership.thread is not None:
+                self.leadership.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
+            self.leadership.release()
         self.server.stop()
         self.telemetry.shutdown()
 
@@ -83,3 +99,14 @@ class App:
         self.start()
         self.stopping.wait()
         self.shutdown()
+
+
+def _leadership(config: Config) -> Leadership | None:
+    election = config.leader_election
+    if not election.enabled:
+        return None
+    events = config.sources.events
+    connection = lease_connection(
+        election, config.sources.redis, events.redis if events is not None else None
+    )
+    return Leadership(election, connection)

@@ -141,6 +141,13 @@ SELF: tuple[MetricSpec, ...] = (
         ("metric",),
         "Label sets refused by the per-metric cardinality cap and folded into the overflow series.",
     ),
+    _self(
+        "queue_exporter_leader",
+        "gauge",
+        (),
+        "1 on the replica that runs the samplers (the elected leader, or any replica without "
+        "leader election), 0 on a follower.",
+    ),
 )
 
 

@@ -1,4 +1,9 @@
-"""What each source last reported: read by /readyz and by the source_up self-metrics."""
+"""What each source last reported: read by /readyz and by the source_up self-metrics.
+
+A sampler standing by on a follower replica (leader election, leader.py) is not failing:
+it counts as up for /readyz, and it reports no source_up, duration or last-success series,
+so neither readiness nor the source-down alert fires on followers.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ class SourceStatus:
     last_success: float | None = None
     last_duration: float | None = None
     last_error: str | None = None
+    standby: bool = False
 
 
 class HealthBoard:
@@ -30,6 +36,7 @@ class HealthBoard:
         with self._lock:
             status = self._sources.setdefault(source, SourceStatus())
             status.up = status.ever_succeeded = True
+            status.standby = False
             status.last_success = time.time()
             status.last_duration = duration
             status.last_error = None
@@ -37,9 +44,16 @@ class HealthBoard:
     def failed(self, source: str, duration: float, error: str) -> None:
         with self._lock:
             status = self._sources.setdefault(source, SourceStatus())
-            status.up = False
+            status.up = status.standby = False
             status.last_duration = duration
             status.last_error = error
+
+    def standby(self, source: str) -> None:
+        """Another replica samples this source: ready, and no last error of ours to show."""
+        with self._lock:
+            status = self._sources.setdefault(source, SourceStatus())
+            status.up = status.standby = True
+            status.last_error = None
 
     def snapshot(self) -> dict[str, SourceStatus]:
         with self._lock:

@@ -8,6 +8,11 @@ Histogram.record per observation ran at 0.20x of the bare loop (40k events/s); w
 store (a dict lookup per distinct label set per batch, a bisect per observation) the
 consumer runs at 0.53x (107k events/s). docs/benchmarks.md has the figures.
 
+Series no batch has updated for `idle_timeout` seconds are dropped, and their label sets
+leave the SeriesGuard, so queues, job types and error types that come and go do not grow
+memory without bound. A dropped counter that comes back starts again from zero, which
+rate() and increase() read as a counter reset.
+
 The store is rendered by telemetry's exposition next to the SDK's families and the sampled
 snapshots. When OTLP is on, every batch is also replayed into OTLP-only SDK instruments:
 that path pays the SDK's per-observation cost, and only when it is enabled.
@@ -16,6 +21,7 @@ that path pays the SDK's per-observation cost, and only when it is enabled.
 from __future__ import annotations
 
 import threading
+import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
@@ -44,11 +50,21 @@ class _HistogramSeries:
 
 
 class CumulativeStore:
-    def __init__(self, guard: SeriesGuard, otlp_meter: Any | None = None) -> None:
+    def __init__(
+        self,
+        guard: SeriesGuard,
+        otlp_meter: Any | None = None,
+        idle_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._guard = guard
         self._lock = threading.Lock()
         self._counters: dict[str, dict[LabelValues, float]] = {}
         self._histograms: dict[str, dict[LabelValues, _HistogramSeries]] = {}
+        self.idle_timeout = idle_timeout
+        self.clock = clock  # injectable: the soak test drives hours of churn in seconds
+        self._touched: dict[SeriesKey, float] = {}  # (metric, labels) -> last update
+        self._next_sweep = 0.0
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._otlp = _OtlpMirror(otlp_meter, self.buckets) if otlp_meter is not None else None
 
@@ -74,6 +90,8 @@ class CumulativeStore:
         counters = self._counters
         admitted: list[tuple[str, LabelValues, float | list[float]]] = []
         mirror = self._otlp is not None
+        now = self.clock()
+        touched = self._touched
         with self._lock:
             for (metric, labels), amount in counts.items():
                 series = counters.get(metric)
@@ -84,12 +102,15 @@ class CumulativeStore:
                 else:
                     labels = admit(metric, labels)
                     series[labels] = series.get(labels, 0.0) + amount
+                touched[(metric, labels)] = now
                 if mirror:
                     admitted.append((metric, labels, amount))
             for (metric, labels), values in observations.items():
                 labels = self._observe(metric, labels, values)
+                touched[(metric, labels)] = now
                 if mirror:
                     admitted.append((metric, labels, values))
+            self._sweep_when_due(now)
         if self._otlp is not None:
             self._otlp.replay(admitted)
 
@@ -109,8 +130,39 @@ class CumulativeStore:
         state.count += len(values)
         return labels
 
+    def series_count(self) -> int:
+        with self._lock:
+            return sum(len(series) for series in self._counters.values()) + sum(
+                len(series) for series in self._histograms.values()
+            )
+
+    def expire_idle(self, now: float | None = None) -> int:
+        """Drop the series not updated for idle_timeout; how many were dropped."""
+        with self._lock:
+            return self._expire(self.clock() if now is None else now)
+
+    def _sweep_when_due(self, now: float) -> None:
+        # A sweep walks every series: a few times per timeout is enough, and never per batch.
+        if self.idle_timeout is not None and now >= self._next_sweep:
+            self._next_sweep = now + min(self.idle_timeout / 4, 60.0)
+            self._expire(now)
+
+    def _expire(self, now: float) -> int:
+        if self.idle_timeout is None:
+            return 0
+        oldest = now - self.idle_timeout
+        idle = [key for key, last in self._touched.items() if last < oldest]
+        for key in idle:
+            del self._touched[key]
+            metric, labels = key
+            self._counters.get(metric, {}).pop(labels, None)
+            self._histograms.get(metric, {}).pop(labels, None)
+            self._guard.forget(metric, labels)
+        return len(idle)
+
     def families(self) -> list[Metric]:
         with self._lock:
+            self._sweep_when_due(self.clock())
             counters = {name: dict(series) for name, series in self._counters.items()}
             histograms = {
                 name: {

@@ -166,6 +166,12 @@ def test_demo_with_embedded_servers_serves_every_family_and_leaves_nothing(
         assert servers, "no embedded server processes"
         assert any(entry.name.startswith("queue-exporter-demo-") for entry in demo_tmp.iterdir())
         demo.wait_for_every_family()
+        series = parse_exposition(scrape(demo.port))
+        depth_systems = {dict(labels)["system"] for name, labels in series if name == "queue_depth"}
+        assert depth_systems == {"orchestrata", "runnerq", "attune", "legacy"}
+        # only the legacy app's per-key operations overflow the demo's series cap
+        overflowed = {dict(labels)["metric"] for name, labels in series if "overflow" in name}
+        assert overflowed == {"queue_backend_operation_seconds"}
         servers |= demo.descendants()
         assert demo.terminate() == 0, "\n".join(demo.output)
     finally:

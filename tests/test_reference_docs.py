@@ -12,7 +12,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_metric_and_preset_pages_are_current():
     result = subprocess.run(
         [sys.executable, "scripts/generate_reference.py", "--check"],
-        cwd=ROOT, capture_output=True, text=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 0, result.stdout + result.stderr
 

@@ -20,11 +20,22 @@ import psycopg
 import redis
 
 from exporter import config as config_module
+from exporter import presets
 from exporter.demo import sim_legacy, sim_orchestrata
 from exporter.demo.embedded import EmbeddedError, EmbeddedServers
 from exporter.demo.status import StatusLine
 from exporter.demo.workload import Workload, WorkloadError
 from exporter.logs import configure as configure_logging
+
+# The exporter's port, on loopback only: the demo serves /metrics without authentication.
+DEMO_LISTEN_ADDRESS = "127.0.0.1:" + config_module.DEFAULT_LISTEN_ADDRESS.rpartition(":")[2]
+
+
+DEMO_PRESETS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("orchestrata", {"max_depth": sim_orchestrata.MAX_DEPTH}),
+    ("runnerq", {}),
+    ("attune", {}),
+)
 
 
 def _env(flag: str) -> str:
@@ -45,9 +56,10 @@ def _env(flag: str) -> str:
 @click.option(
     "--listen-address",
     envvar=_env("listen_address"),
-    default=config_module.DEFAULT_LISTEN_ADDRESS,
+    default=DEMO_LISTEN_ADDRESS,
     show_default=True,
-    help="HOST:PORT of the exporter (port 0: any free port).",
+    help="HOST:PORT of the exporter (port 0: any free port; 0.0.0.0:9839 for a Prometheus "
+    "in a container).",
 )
 @click.option(
     "--duration", type=float, default=0.0, help="Seconds to run; 0 (default) runs until Ctrl-C."
@@ -168,18 +180,13 @@ def _run(
 def _exporter_config(
     redis_url: str, postgres_dsn: str, listen_address: str, sample_interval: float, log_level: str
 ) -> dict[str, Any]:
-    return {
+    raw: dict[str, Any] = {
         "listen_address": listen_address,
         "sample_interval": sample_interval,
         "log_level": log_level,
         "limits": {"max_series_per_metric": sim_legacy.MAX_SERIES_PER_METRIC},
-        "presets": [
-            {"name": "orchestrata", "params": {"max_depth": sim_orchestrata.MAX_DEPTH}},
-            "runnerq",
-            "attune",
-        ],
         "sources": {
-            "redis": {"url": redis_url, "key_groups": [sim_legacy.KEY_GROUP]},
+            "redis": {"url": redis_url},
             "postgres": {"dsn": postgres_dsn},
             "events": {
                 "streams": [{"key": sim_orchestrata.EVENTS_STREAM, "system": "orchestrata"}],
@@ -188,6 +195,11 @@ def _exporter_config(
             },
         },
     }
+    for name, params in DEMO_PRESETS:
+        raw = presets.merge(raw, presets.expand(name, params))
+    # After the presets' groups, like any operator's addition would read best.
+    raw["sources"]["redis"]["key_groups"].append(sim_legacy.KEY_GROUP)
+    return raw
 
 
 def _banner(config: config_module.Config, port: int, rate: float, seed: int) -> None:

@@ -172,23 +172,26 @@ class EmbeddedServers:
         """The installation itself, or a copy that the unprivileged user can execute."""
         if self._user is None:
             return install
-        probe = (
-            subprocess.run(
+        try:
+            probe = subprocess.run(
                 [str(install / "bin" / "postgres"), "--version"],
                 capture_output=True,
                 user=self._user,
                 check=False,
             )
-            if os.access(install, os.R_OK)
-            else None
-        )
-        if probe is not None and probe.returncode == 0:
-            return install
-        copy = self._subdir("pginstall")
+            if probe.returncode == 0:
+                return install
+        except OSError:  # exec refused: a directory on the way is private
+            pass
+        # Same layout as site-packages: initdb finds libpq through $ORIGIN/../../../pgserver.libs.
+        copy = self._subdir("pgcopy")
         for part in ("bin", "lib", "share"):
-            shutil.copytree(install / part, copy / part, symlinks=True)
+            shutil.copytree(install / part, copy / "pgserver" / "pginstall" / part, symlinks=True)
+        libs = install.parent.parent / "pgserver.libs"
+        if libs.is_dir():
+            shutil.copytree(libs, copy / "pgserver.libs", symlinks=True)
         self._give_away(copy)
-        return copy
+        return copy / "pgserver" / "pginstall"
 
     # -- stopping -----------------------------------------------------------------------------
 

@@ -1,10 +1,13 @@
-"""A legacy app with one Redis list per tenant: the layout that explodes cardinality.
+"""A legacy app: one Redis list per tenant, and instrumentation with a cardinality bug.
 
-Read by a custom key group (system `legacy`, one queue per tenant). There are more tenants
-than the demo's per-metric series cap, so the exporter folds the rest into the overflow series
-and counts them (queue_exporter_series_overflow_total). A few tenants' oldest items were
-written by an old client as bare ids instead of JSON: the exporter counts each such item as a
-read error (queue_exporter_source_errors_total) and goes on.
+Its lists are read by a custom key group (system `legacy`, one queue per tenant). A few
+tenants' oldest items were written by an old client as bare ids instead of JSON: the exporter
+counts each such item as a read error (queue_exporter_source_errors_total) and goes on.
+
+Its backend_op events name the operation after the key (`GET tenant:0042:config`), one label
+set per tenant: when it warms its cache, more than the demo's per-metric series cap. The
+exporter keeps the label sets it met first (the seed systems' operations, already seen) and
+folds the rest into the overflow series, counted by queue_exporter_series_overflow_total.
 """
 
 from __future__ import annotations
@@ -15,11 +18,14 @@ import json
 import redis
 
 from exporter.demo.dice import Dice
+from exporter.events.producer import EventEmitter
 
 PREFIX = "legacy:jobs"
-TENANTS = 520
+TENANTS = 260
+QUEUED_TENANTS = 40  # the tenants with background jobs, each with its list
 BROKEN_TENANTS = 3
-MAX_SERIES_PER_METRIC = 500  # the demo's cap (the default is 10000)
+WARM_UP_AFTER = 8.0  # seconds: the app restarts and reads every tenant's configuration
+MAX_SERIES_PER_METRIC = 200  # the demo's cap (the default is 10000)
 
 KEY_GROUP = {
     "system": "legacy",
@@ -31,13 +37,16 @@ KEY_GROUP = {
 
 
 class LegacySim:
-    def __init__(self, client: redis.Redis, seed: int) -> None:
+    def __init__(self, client: redis.Redis, emitter: EventEmitter, seed: int) -> None:
         self.client = client
+        self.emitter = emitter
         self.dice = Dice(seed)
-        self.tenants = [f"tenant-{number:04d}" for number in range(1, TENANTS + 1)]
+        self.all_tenants = [f"tenant-{number:04d}" for number in range(1, TENANTS + 1)]
+        self.tenants = self.all_tenants[:QUEUED_TENANTS]
         self.lengths = dict.fromkeys(self.tenants, 0)
         self._ids = itertools.count(1)
         self._next = 0.0
+        self._warmed = False
 
     def prepare(self, now: float) -> None:
         pipe = self.client.pipeline(transaction=False)
@@ -51,9 +60,15 @@ class LegacySim:
         pipe.execute()
 
     def tick(self, now: float, dt: float) -> None:
+        if not self._warmed and now - self.dice.started >= WARM_UP_AFTER:
+            self._warmed = True
+            for tenant in self.all_tenants:
+                self._config_read(tenant)
         if now < self._next:
             return
         self._next = now + 1.0
+        for tenant in self.dice.rng.sample(self.all_tenants, 5):
+            self._config_read(tenant)
         pipe = self.client.pipeline(transaction=False)
         for tenant in self.dice.rng.sample(self.tenants, 20):
             pipe.rpush(self._key(tenant), self._item(now))
@@ -63,6 +78,13 @@ class LegacySim:
                 pipe.lpop(self._key(tenant))
                 self.lengths[tenant] -= 1
         pipe.execute()
+
+    def _config_read(self, tenant: str) -> None:
+        took = self.dice.duration(0.0004)
+        operation = f"GET {tenant.replace('-', ':')}:config"  # the bug: a key as a label
+        self.emitter.emit(
+            "backend_op", system="legacy", queue="config-cache", operation=operation, duration=took
+        )
 
     def _item(self, enqueued_at: float) -> str:
         return json.dumps({"id": next(self._ids), "enqueued_at": round(enqueued_at, 3)})

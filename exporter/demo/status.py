@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 class StatusLine:
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._last: tuple[float, float] | None = None
+        self._last = (time.monotonic(), 0.0)  # the first line shows the rate since the start
 
     def render(self, elapsed: float, backlog: int) -> str:
         series = 0
@@ -24,9 +24,7 @@ class StatusLine:
                 elif sample.name == "queue_depth":
                     queues.add((sample.labels.get("system", ""), sample.labels.get("queue", "")))
         now = time.monotonic()
-        rate = 0.0
-        if self._last is not None and now > self._last[0]:
-            rate = (events - self._last[1]) / (now - self._last[0])
+        rate = (events - self._last[1]) / max(now - self._last[0], 1e-3)
         self._last = (now, events)
         return (
             f"[{elapsed:6.0f}s] {rate:7.0f} events/s  {len(queues):4d} queues  "

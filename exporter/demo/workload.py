@@ -49,7 +49,7 @@ class Workload:
         )
         self.orchestrata = sim_orchestrata.OrchestrataSim(self.client, self.emitter, rate, seed)
         self.runnerq = sim_runnerq.RunnerQSim(self.client, rate, seed + 1)
-        self.legacy = sim_legacy.LegacySim(self.client, seed + 3)
+        self.legacy = sim_legacy.LegacySim(self.client, self.emitter, seed + 3)
         self.postgres_dsn = postgres_dsn
         self.attune: sim_attune.AttuneSim | None = None
         self.rate = rate

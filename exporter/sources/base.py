@@ -11,15 +11,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from exporter.logs import redact
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
 
+if TYPE_CHECKING:
+    from exporter.leader import Leadership
+
 log = logging.getLogger(__name__)
 
 FIRST_RETRY = 0.5
+# How often a standing-by runner looks whether its replica became leader (a local flag).
+STANDBY_POLL = 0.5
 
 
 class Source(Protocol):
@@ -38,10 +43,20 @@ class Source(Protocol):
 
 
 class SourceRunner:
-    def __init__(self, source: Source, telemetry: Telemetry, stop: threading.Event) -> None:
+    """Runs one source; with a Leadership, only while this replica leads (leader.py)."""
+
+    def __init__(
+        self,
+        source: Source,
+        telemetry: Telemetry,
+        stop: threading.Event,
+        leadership: Leadership | None = None,
+    ) -> None:
         self.source = source
         self.telemetry = telemetry
         self.stop = stop
+        self.leadership = leadership
+        self.standing_by = False
         telemetry.health.expect(source.name)
         self.thread = threading.Thread(target=self._loop, name=f"source:{source.name}", daemon=True)
 
@@ -51,6 +66,7 @@ class SourceRunner:
     def run_once(self) -> bool:
         """Take one sample and publish it; True when it succeeded."""
         name = self.source.name
+        token = self.leadership.token() if self.leadership is not None else None
         started = time.monotonic()
         try:
             samples = self.source.sample()
@@ -63,6 +79,11 @@ class SourceRunner:
             log.warning("source %s failed (%s): %s", name, reason, _describe(error))
             return False
         duration = time.monotonic() - started
+        if self.leadership is not None and self.leadership.token() != token:
+            # Fencing: the lease changed hands during the cycle; the new leader publishes.
+            log.info("source %s: lease lost during the cycle, its sample is dropped", name)
+            self.stand_by()
+            return True
         self.telemetry.publish(name, samples)
         self.telemetry.health.succeeded(name, duration)
         log.debug("source %s sampled %d series in %.3fs", name, len(samples), duration)
@@ -73,6 +94,11 @@ class SourceRunner:
         retry = FIRST_RETRY
         try:
             while not self.stop.is_set():
+                if self.leadership is not None and not self.leadership.is_leader():
+                    self.stand_by()
+                    self.stop.wait(min(interval, STANDBY_POLL))
+                    continue
+                self.standing_by = False
                 cycle_start = time.monotonic()
                 if self.run_once():
                     retry = FIRST_RETRY
@@ -86,6 +112,13 @@ class SourceRunner:
                 self.stop.wait(wait)
         finally:
             self.source.close()
+
+    def stand_by(self) -> None:
+        """Another replica samples: serve none of this source's series, and do not fail."""
+        if not self.standing_by:
+            self.standing_by = True
+            self.telemetry.withdraw(self.source.name)
+            self.telemetry.health.standby(self.source.name)
 
 
 def _describe(error: Exception) -> str:

@@ -1,0 +1,234 @@
+"""Leader election: the samplers run on one replica at a time, under a Redis lease.
+
+The lease is one key holding `TOKEN:HOLDER` with a TTL. A replica takes it when it is free
+(the key expired or was released), renews it while the value is still its own, and lets it
+go at shutdown, each step one small Lua script so check and write are atomic. Every
+acquisition INCRs a fencing counter next to the lease; a cycle remembers the token it started
+under and publishes only if the replica still holds that same token (a replica that lost the
+lease mid-cycle, paused by GC or a slow backend, drops what it read instead of serving it).
+
+A replica counts itself leader until `lease_ttl` after it last *sent* a successful renewal,
+so it steps down before the key can expire in Redis, even while Redis is unreachable; a
+follower takes over within `lease_ttl + renew_interval` of the leader's death. Event
+consumption is not elected: every replica reads through the consumer group.
+
+Redis commands used (all on the two keys below): EVALSHA, SCRIPT LOAD and, in the scripts,
+GET, SET, PEXPIRE, INCR, DEL. docs/operations.md has the details.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+
+import redis
+from opentelemetry.metrics import CallbackOptions, Observation
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from exporter.catalog import BY_NAME
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.telemetry import Telemetry
+
+log = logging.getLogger(__name__)
+
+FENCE_SUFFIX = ":fence"
+
+# KEYS[1] lease, KEYS[2] fencing counter; ARGV[1] holder, ARGV[2] ttl in ms.
+# Returns the fencing token when the caller holds the lease afterwards, else 0.
+ACQUIRE_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value then
+  local sep = string.find(value, ':', 1, true)
+  if sep and string.sub(value, sep + 1) == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return tonumber(string.sub(value, 1, sep - 1))
+  end
+  return 0
+end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token .. ':' .. ARGV[1], 'PX', ARGV[2])
+return token
+"""
+
+# KEYS[1] lease; ARGV[1] holder. Deletes the lease only when it is the caller's.
+RELEASE_SCRIPT = """
+local value = redis.call('GET', KEYS[1])
+if value then
+  local sep = string.find(value, ':', 1, true)
+  if sep and string.sub(value, sep + 1) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+  end
+end
+return 0
+"""
+
+
+class LeaderElectionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        False, description="sample on one elected replica at a time (events stay shared)"
+    )
+    key: str = Field("queue-exporter:leader", min_length=1, description="the lease's Redis key")
+    lease_ttl: float = Field(
+        15.0, gt=0, description="seconds a lease lasts without renewal (takeover time)"
+    )
+    renew_interval: float = Field(5.0, gt=0, description="seconds between renewals and attempts")
+    identity: str | None = Field(
+        None, description="this replica's name in the lease (default: $POD_NAME, $HOSTNAME, host)"
+    )
+    redis: RedisConnectionConfig | None = Field(
+        None, description="where the lease lives (default: sources.redis's, else events')"
+    )
+
+    @model_validator(mode="after")
+    def _renew_before_expiry(self) -> LeaderElectionConfig:
+        if self.renew_interval >= self.lease_ttl:
+            raise ValueError("renew_interval must be shorter than lease_ttl")
+        return self
+
+    def holder_name(self) -> str:
+        """Identity plus a per-process nonce: two processes under one name never share a lease."""
+        identity = (
+            self.identity
+            or os.environ.get("POD_NAME")
+            or os.environ.get("HOSTNAME")
+            or socket.gethostname()
+        )
+        return f"{identity}/{uuid.uuid4().hex[:8]}"
+
+
+class Leadership:
+    """Whether this replica may sample now, and under which fencing token."""
+
+    def __init__(
+        self,
+        config: LeaderElectionConfig,
+        connection: RedisConnectionConfig,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.connection = connection
+        self.holder = config.holder_name()
+        self._clock = clock
+        self._keys = (config.key, config.key + FENCE_SUFFIX)
+        self._ttl_ms = max(1, round(config.lease_ttl * 1000))
+        self._lock = threading.Lock()
+        self._token: int | None = None
+        self._valid_until = 0.0
+        self._client: redis.Redis | None = None
+        self._scripts: dict[str, str] = {}
+        self.thread: threading.Thread | None = None
+
+    # -- what the samplers ask --------------------------------------------------------------
+
+    def token(self) -> int | None:
+        """The fencing token while this replica holds an unexpired lease, else None."""
+        with self._lock:
+            if self._token is not None and self._clock() < self._valid_until:
+                return self._token
+            return None
+
+    def is_leader(self) -> bool:
+        return self.token() is not None
+
+    # -- the renewal loop -------------------------------------------------------------------
+
+    def start(self, stop: threading.Event) -> None:
+        self.thread = threading.Thread(
+            target=self.run, args=(stop,), name="leader-election", daemon=True
+        )
+        self.thread.start()
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            self.renew()
+            stop.wait(self.config.renew_interval)
+
+    def renew(self) -> bool:
+        """Take or keep the lease; True when this replica holds it afterwards."""
+        sent = self._clock()
+        was_leader = self.is_leader()
+        try:
+            token = int(
+                self._call("acquire", ACQUIRE_SCRIPT, 2, *self._keys, self.holder, self._ttl_ms)
+            )
+        except redis.RedisError as error:
+            self._drop_client()
+            if was_leader and not self.is_leader():
+                log.warning("leader election: lease lapsed while Redis is unreachable: %s", error)
+            elif not was_leader:
+                log.debug("leader election: cannot reach Redis: %s", error)
+            return self.is_leader()  # still leader until the lease sent before could expire
+        with self._lock:
+            if token:
+                self._token, self._valid_until = token, sent + self.config.lease_ttl
+            else:
+                self._token = None
+        if token and not was_leader:
+            log.info("leader election: %s leads (fencing token %d)", self.holder, token)
+        elif not token and was_leader:
+            log.warning("leader election: %s lost the lease", self.holder)
+        return bool(token)
+
+    def release(self) -> None:
+        """Give the lease up now (shutdown), so a follower takes over at its next attempt."""
+        with self._lock:
+            held, self._token = self._token is not None, None
+        if held:
+            try:
+                self._call("release", RELEASE_SCRIPT, 1, self._keys[0], self.holder)
+                log.info("leader election: %s released the lease", self.holder)
+            except redis.RedisError as error:
+                log.warning("leader election: could not release the lease: %s", error)
+        self._drop_client()
+
+    def _call(self, name: str, script: str, key_count: int, *args: object) -> int:
+        client = self._connect()
+        sha = self._scripts.get(name)
+        if sha is None:
+            sha = self._scripts[name] = str(client.script_load(script))
+        try:
+            return int(client.evalsha(sha, key_count, *args))  # type: ignore[arg-type]
+        except redis.exceptions.NoScriptError:  # SCRIPT FLUSH or a restarted server
+            self._scripts[name] = str(client.script_load(script))
+            return int(client.evalsha(self._scripts[name], key_count, *args))  # type: ignore[arg-type]
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+            self._scripts.clear()
+        return self._client
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+
+def register_leader_gauge(telemetry: Telemetry, leadership: Leadership | None) -> None:
+    """queue_exporter_leader: 1 on the replica that samples (always, without election)."""
+
+    def observe(_: CallbackOptions) -> Iterator[Observation]:
+        yield Observation(1 if leadership is None or leadership.is_leader() else 0)
+
+    telemetry.meter.create_observable_gauge(
+        "queue_exporter_leader",
+        callbacks=[observe],
+        description=BY_NAME["queue_exporter_leader"].help,
+    )
+
+
+def lease_connection(
+    election: LeaderElectionConfig, *candidates: RedisConnectionConfig | None
+) -> RedisConnectionConfig:
+    """The lease's Redis: its own, else the first configured source's, else the default."""
+    for connection in (election.redis, *candidates):
+        if connection is not None:
+            return connection
+    return RedisConnectionConfig()

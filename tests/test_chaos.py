@@ -1,0 +1,391 @@
+"""Faults against the real servers, each bounded in time (docs/operations.md states what they back).
+
+- Redis restarted mid-stream: events emitted during the outage are all counted afterwards.
+- The sidecar killed with SIGKILL at random points during ingestion, K times: every event is
+  applied at least once, nothing is left pending, and the survivor's counters are exact.
+- SIGTERM: the sidecar stops within the grace period and leaves nothing pending.
+- PostgreSQL unavailable, then back, while events flow and the replica keeps the lease.
+- Two replicas, the leader killed: sampling moves to the other within the lease time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import yaml
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from exporter.events import wire
+from exporter.events.producer import EventEmitter
+from exporter.health import HealthBoard
+from exporter.samples import SampleSet
+from exporter.sources.base import SourceRunner
+from exporter.telemetry import Telemetry
+from tests.attune_db import Attune
+from tests.conftest import (
+    POSTGRES_ADMIN_DSN,
+    parse_exposition,
+    scrape,
+    scrape_series,
+    value,
+    wait_for,
+)
+from tests.private_redis import PrivateRedis, free_port
+from tests.tcp_proxy import TcpProxy
+
+STREAM = "chaos:events"
+GROUP = "queue-exporter"
+KEY_GROUP = {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
+
+
+def _events_total(series: Any) -> float:
+    return value(series, "queue_exporter_events_total", stream=STREAM) or 0.0
+
+
+def _enqueued(series: Any, queue: str) -> float:
+    return value(series, "queue_jobs_enqueued_total", queue=queue) or 0.0
+
+
+def _series_when(scrape_now: Any, check: Any, timeout: float = 20.0) -> Any:
+    """Scrape until check(series) holds; that scrape."""
+
+    def attempt() -> Any:
+        series = scrape_now()
+        return series if check(series) else None
+
+    return wait_for(attempt, timeout=timeout)
+
+
+# -- a `queue-exporter serve` subprocess ----------------------------------------------------------
+
+
+class Sidecar:
+    def __init__(self, directory: Path, config: dict[str, Any], name: str) -> None:
+        self.port = free_port()
+        self.name = name
+        config = {**config, "listen_address": f"127.0.0.1:{self.port}"}
+        self.config_file = directory / f"{name}.yaml"
+        self.config_file.write_text(yaml.safe_dump(config))
+        self.log_file = directory / f"{name}.log"
+        env = {**os.environ, "POD_NAME": name}
+        with self.log_file.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "exporter", "serve", "--config", str(self.config_file)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+    def series(self) -> Any:
+        return parse_exposition(scrape(self.port))
+
+    def wait_serving(self) -> None:
+        def serving() -> bool:
+            if self.process.poll() is not None:
+                raise AssertionError(f"{self.name} exited: {self.log_file.read_text()[-2000:]}")
+            try:
+                scrape(self.port, "/healthz")
+            except (urllib.error.URLError, ConnectionError):
+                return False
+            return True
+
+        wait_for(serving, timeout=30)
+
+    def kill(self, signum: int = signal.SIGKILL) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signum)
+        return self.process.wait(timeout=30)
+
+    def log(self) -> str:
+        return self.log_file.read_text()
+
+
+@pytest.fixture
+def sidecars(tmp_path):
+    started: list[Sidecar] = []
+
+    def start(config: dict[str, Any], name: str) -> Sidecar:
+        sidecar = Sidecar(tmp_path, config, name)
+        started.append(sidecar)
+        return sidecar
+
+    yield start
+    for sidecar in started:
+        sidecar.kill()
+
+
+def _events_config(url: str, **settings: Any) -> dict[str, Any]:
+    return {
+        "sources": {
+            "events": {
+                "streams": [{"key": STREAM, "system": "app", "start": "0"}],
+                "redis": {"url": url, "socket_timeout": 2},
+                "block_ms": 100,
+                **settings,
+            }
+        }
+    }
+
+
+def _group(client: redis.Redis) -> dict[str, Any]:
+    (group,) = [g for g in client.xinfo_groups(STREAM) if g["name"] == GROUP.encode()]
+    return dict(group)
+
+
+# -- Redis restarted mid-stream -------------------------------------------------------------------
+
+
+def test_redis_restarted_mid_stream_counts_every_buffered_event(tmp_path, run_exporter):
+    server = PrivateRedis(tmp_path).start()
+    emitter = EventEmitter(server.url, STREAM, system="app", retry_interval=0.2)
+    try:
+        app = run_exporter(_events_config(server.url, claim_idle=1))
+        for _ in range(300):
+            emitter.emit("enqueued", queue="before")
+        wait_for(lambda: _enqueued(scrape_series(app), "before") == 300, timeout=20)
+
+        server.stop()  # no persistence: the stream and its group are gone with it
+        for _ in range(500):
+            emitter.emit("enqueued", queue="during")  # buffered by the producer
+        wait_for(lambda: not app.health.snapshot()[f"events:{STREAM}"].up, timeout=20)
+        server = PrivateRedis(tmp_path, port=server.port).start()
+
+        series = _series_when(
+            lambda: scrape_series(app), lambda s: _enqueued(s, "during") == 500, timeout=30
+        )
+        assert _enqueued(series, "before") == 300
+        assert _events_total(series) == 800
+        assert emitter.dropped == 0
+        wait_for(lambda: server.client().xpending(STREAM, GROUP)["pending"] == 0)
+    finally:
+        emitter.close(timeout=1)
+        server.stop()
+
+
+# -- the sidecar killed during ingestion ----------------------------------------------------------
+
+
+def _produce(client: redis.Redis, total: int, stop: threading.Event, pause: float = 0.04) -> None:
+    """A steady producer: `total` events in small pipelined batches, `pause` s apart."""
+    sent = 0
+    entry = wire.encode("enqueued", {"queue": "q"})
+    while sent < total and not stop.is_set():
+        pipe = client.pipeline(transaction=False)
+        for _ in range(min(200, total - sent)):
+            pipe.xadd(STREAM, entry)  # type: ignore[arg-type]
+        sent += len(pipe.execute())
+        time.sleep(pause)
+
+
+def test_sidecar_killed_repeatedly_applies_every_event_at_least_once(
+    redis_client, redis_url, sidecars
+):
+    rng = random.Random(8)
+    burst, steady, kills = 20_000, 10_000, 4
+    total = kills * burst + steady
+    redis_client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    config = _events_config(redis_url, claim_idle=1, batch_size=200)
+    done = threading.Event()
+    producer = threading.Thread(target=_produce, args=(redis_client, steady, done), daemon=True)
+    producer.start()
+    left_pending = []
+    try:
+        for round_ in range(kills):
+            # A burst keeps the replica busy reading, so the kill lands between reads and acks.
+            _produce(redis_client, burst, threading.Event(), pause=0)
+            sidecar = sidecars(config, f"replica-{round_}")  # a new pod name each time
+            sidecar.wait_serving()
+            point = rng.randint(1, burst // 2)  # a random point during ingestion
+            _series_when(sidecar.series, lambda s, point=point: _events_total(s) >= point)
+            assert sidecar.kill() == -signal.SIGKILL
+            left_pending.append(redis_client.xpending(STREAM, GROUP)["pending"])
+        producer.join(timeout=60)
+        assert not producer.is_alive()
+    finally:
+        done.set()
+    assert redis_client.xlen(STREAM) == total
+    assert any(left_pending), left_pending  # some kill left entries read but not acked
+
+    # What the killed replicas left: entries read but never acked are pending, the rest unread.
+    before = _group(redis_client)
+    pending_before = redis_client.xpending(STREAM, GROUP)["pending"]
+    unread = total - before["entries-read"]
+    survivor = sidecars(config, "survivor")
+    survivor.wait_serving()
+    # Exact: the survivor applies each unread entry once and claims each pending one once.
+    expected = unread + pending_before
+    _series_when(survivor.series, lambda s: _events_total(s) >= expected, timeout=40)
+    wait_for(lambda: redis_client.xpending(STREAM, GROUP)["pending"] == 0, timeout=20)
+    time.sleep(0.5)
+    series = survivor.series()
+    assert _events_total(series) == expected
+    assert _enqueued(series, "q") == expected
+    after = _group(redis_client)
+    assert after["entries-read"] == total and after["lag"] == 0  # every entry delivered
+    # Every delivered entry is acked only after it was applied: all applied at least once.
+    assert survivor.kill(signal.SIGTERM) == 0
+
+
+# -- graceful shutdown ----------------------------------------------------------------------------
+
+
+def test_sigterm_acks_what_was_applied_and_leaves_nothing_pending(
+    redis_client, redis_url, sidecars
+):
+    redis_client.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    config = _events_config(redis_url, claim_idle=60)  # nobody would claim for a minute
+    config["leader_election"] = {"enabled": True, "lease_ttl": 30, "renew_interval": 1}
+    config["sources"]["redis"] = {"url": redis_url, "key_groups": [KEY_GROUP]}
+    sidecar = sidecars(config, "graceful")
+    sidecar.wait_serving()
+    done = threading.Event()
+    producer = threading.Thread(target=_produce, args=(redis_client, 20_000, done), daemon=True)
+    producer.start()
+    wait_for(lambda: _events_total(sidecar.series()) > 2000, timeout=30)
+    started = time.monotonic()
+    code = sidecar.kill(signal.SIGTERM)  # during ingestion
+    stopped_in = time.monotonic() - started
+    done.set()
+    producer.join(timeout=10)
+    assert code == 0, sidecar.log()
+    assert stopped_in < 25, stopped_in  # inside Kubernetes' default 30 s grace period
+    assert redis_client.xpending(STREAM, GROUP)["pending"] == 0
+    assert redis_client.get("queue-exporter:leader") is None  # released, not left to expire
+    assert "released the lease" in sidecar.log()
+
+
+# -- PostgreSQL away and back ---------------------------------------------------------------------
+
+
+def test_postgres_unavailable_then_back_while_events_flow(
+    postgres_dsn, redis_client, redis_url, run_exporter
+):
+    attune = Attune(postgres_dsn).create_schema()
+    action = attune.add_action("slack.post_message")
+    attune.upsert_stats(action, queue_length=4, active_count=1, max_concurrent=2)
+    target = conninfo_to_dict(POSTGRES_ADMIN_DSN)
+    proxy = TcpProxy(str(target.get("host", "127.0.0.1")), int(target.get("port", 5432))).start()
+    stats = "postgres:attune_queue_stats"
+    try:
+        config = _events_config(redis_url)
+        config["sources"]["postgres"] = {"connect_timeout": 1}
+        config["leader_election"] = {"enabled": True, "lease_ttl": 3, "renew_interval": 0.5}
+        via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=proxy.port)
+        app = run_exporter(config, postgres_dsn=via_proxy, preset=["attune"])
+        depth = {"system": "attune", "queue": "slack.post_message", "state": "pending"}
+        wait_for(lambda: value(scrape_series(app), "queue_depth", **depth) == 4)
+
+        proxy.cut()
+        for _ in range(50):
+            redis_client.xadd(STREAM, wire.encode("enqueued", {"queue": "q"}))
+        series = _series_when(
+            lambda: scrape_series(app),
+            lambda s: (
+                value(s, "queue_exporter_source_up", source=stats) == 0 and _events_total(s) == 50
+            ),
+        )
+        assert value(series, "queue_depth", **depth) is None  # withdrawn, not stale
+        assert value(series, "queue_exporter_leader") == 1  # a failing source keeps the lease
+
+        attune.upsert_stats(action, queue_length=9, active_count=1, max_concurrent=2)
+        proxy.start()
+        wait_for(lambda: value(scrape_series(app), "queue_depth", **depth) == 9, timeout=20)
+    finally:
+        proxy.cut()
+        attune.close()
+
+
+# -- two replicas, the leader killed --------------------------------------------------------------
+
+
+def test_leader_killed_sampling_moves_within_the_lease_time(redis_client, redis_url, sidecars):
+    redis_client.rpush("jobs:emails", "a", "b", "c")
+    ttl = 2.0
+    config = {
+        "sample_interval": 0.2,
+        "sources": {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}},
+        "leader_election": {"enabled": True, "lease_ttl": ttl, "renew_interval": 0.3},
+    }
+    replicas = [sidecars(config, "replica-a"), sidecars(config, "replica-b")]
+    for replica in replicas:
+        replica.wait_serving()
+
+    def roles() -> tuple[Sidecar, Sidecar] | None:
+        leaders = [r for r in replicas if value(r.series(), "queue_exporter_leader") == 1]
+        followers = [r for r in replicas if value(r.series(), "queue_exporter_leader") == 0]
+        if len(leaders) == 1 and len(followers) == 1:
+            return leaders[0], followers[0]
+        return None
+
+    leader, follower = wait_for(roles, timeout=20)
+    wait_for(lambda: value(leader.series(), "queue_depth", queue="emails") == 3)
+    assert value(follower.series(), "queue_depth", queue="emails") is None
+    assert scrape(follower.port, "/readyz")  # 200: standing by is ready
+
+    leader.kill()  # no release: the follower waits for the lease to expire
+    killed_at = time.monotonic()
+    wait_for(lambda: value(follower.series(), "queue_depth", queue="emails") == 3, timeout=20)
+    moved_in = time.monotonic() - killed_at
+    assert value(follower.series(), "queue_exporter_leader") == 1
+    holder = redis_client.get("queue-exporter:leader").decode()
+    assert holder.startswith(f"2:{follower.name}/")  # a new lease, fencing token 2
+    # Within the lease time plus one renewal and one cycle; generous for a noisy machine.
+    assert moved_in < 4 * ttl, moved_in
+
+
+# -- a slow backend: cycles that overrun are skipped, never piled up ------------------------------
+
+
+class _SlowSource:
+    name = "slow"
+    interval = 0.1
+
+    def __init__(self) -> None:
+        self.cycles: list[tuple[float, float]] = []
+        self.active = 0
+        self.most_active = 0
+
+    def sample(self) -> SampleSet:
+        self.active += 1
+        self.most_active = max(self.most_active, self.active)
+        started = time.monotonic()
+        time.sleep(0.25 if len(self.cycles) < 3 else 0.01)  # three cycles overrun the interval
+        self.cycles.append((started, time.monotonic()))
+        self.active -= 1
+        return SampleSet()
+
+    def error_reason(self, error: Exception) -> str:
+        return "other"
+
+    def close(self) -> None:
+        pass
+
+
+def test_overrunning_cycles_are_skipped_not_piled_up():
+    source, stop = _SlowSource(), threading.Event()
+    telemetry = Telemetry(HealthBoard())
+    runner = SourceRunner(source, telemetry, stop)
+    runner.start()
+    wait_for(lambda: len(source.cycles) >= 8, timeout=20)
+    stop.set()
+    runner.thread.join(timeout=10)
+    telemetry.shutdown()
+    assert source.most_active == 1  # one cycle at a time
+    starts = [started for started, _ in source.cycles]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    # The next cycle starts at the next interval boundary after an overrun: never a burst of
+    # make-up cycles back to back (each start at least one interval after the previous).
+    assert min(gaps) >= source.interval * 0.9, gaps
+    assert all(start >= end for start, (_, end) in zip(starts[1:], source.cycles, strict=False))

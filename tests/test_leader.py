@@ -1,0 +1,197 @@
+"""Leader election: the lease, fencing, stepping down, followers standing by, takeover.
+
+The kill-the-leader test with real `queue-exporter serve` processes is in test_chaos.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from exporter.catalog import BY_NAME
+from exporter.config import ConfigError, from_dict
+from exporter.health import HealthBoard
+from exporter.leader import LeaderElectionConfig, Leadership
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.samples import SampleSet
+from exporter.sources.base import SourceRunner
+from exporter.telemetry import Telemetry
+from tests.conftest import REDIS_HOST, REDIS_PORT, scrape, scrape_series, value, wait_for
+from tests.tcp_proxy import TcpProxy
+
+KEY = "queue-exporter:leader"
+KEY_GROUP = {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _leadership(url: str, ttl: float = 10.0, clock=None, identity: str = "pod") -> Leadership:
+    config = LeaderElectionConfig(
+        enabled=True, lease_ttl=ttl, renew_interval=ttl / 4, identity=identity
+    )
+    connection = RedisConnectionConfig(url=url, socket_timeout=1)
+    return Leadership(config, connection, clock) if clock else Leadership(config, connection)
+
+
+def test_one_holder_at_a_time_and_fencing_tokens_grow(redis_url, redis_client):
+    first, second = _leadership(redis_url), _leadership(redis_url, identity="other")
+    assert first.renew() and first.token() == 1
+    assert not second.renew() and second.token() is None
+    assert first.renew() and first.token() == 1  # a renewal keeps the token
+    holder = redis_client.get(KEY).decode()
+    assert holder == f"1:{first.holder}"
+    assert 0 < redis_client.pttl(KEY) <= 10_000
+
+    first.release()
+    assert not first.is_leader() and redis_client.get(KEY) is None
+    assert second.renew() and second.token() == 2  # a new lease, a new token
+    first.release()  # releasing a lease one does not hold leaves it alone
+    assert redis_client.get(KEY).decode() == f"2:{second.holder}"
+
+
+def test_two_processes_with_one_identity_do_not_share_the_lease(redis_url):
+    first, second = _leadership(redis_url), _leadership(redis_url)
+    assert first.renew()
+    assert not second.renew()
+
+
+def test_a_dead_leaders_lease_expires_and_is_taken_over(redis_url):
+    dead, follower = _leadership(redis_url, ttl=0.5), _leadership(redis_url, ttl=0.5)
+    assert dead.renew()
+    assert not follower.renew()
+    wait_for(follower.renew, timeout=10, interval=0.05)  # within the lease's TTL
+    assert follower.token() == 2
+
+
+def test_leader_steps_down_when_redis_is_unreachable_for_the_lease_time(redis_db):
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    clock = FakeClock()
+    leader = _leadership(f"redis://127.0.0.1:{proxy.port}/{redis_db}", ttl=10, clock=clock)
+    try:
+        assert leader.renew()
+        proxy.cut()
+        clock.now += 5
+        assert leader.renew()  # unreachable, but the lease it renewed cannot have expired yet
+        assert leader.is_leader()
+        clock.now += 5  # lease_ttl after the last renewal was sent: it may be gone in Redis
+        assert not leader.renew()
+        assert not leader.is_leader()
+        proxy.start()
+        assert leader.renew()  # its key has not expired in Redis (real time): renewed, same token
+        assert leader.token() == 1
+    finally:
+        proxy.cut()
+
+
+class _Source:
+    """A sampling source whose cycle can run a callback in the middle (a lease change)."""
+
+    name = "fake"
+    interval = 0.05
+
+    def __init__(self, during=None) -> None:
+        self.during = during
+        self.cycles = 0
+
+    def sample(self) -> SampleSet:
+        self.cycles += 1
+        if self.during is not None:
+            self.during()
+        samples = SampleSet()
+        samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
+        return samples
+
+    def error_reason(self, error: Exception) -> str:
+        return "other"
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):
+    telemetry = Telemetry(HealthBoard())
+    leader, other = _leadership(redis_url), _leadership(redis_url, identity="other")
+    assert leader.renew()
+
+    def lose_lease() -> None:
+        leader.release()
+        other.renew()
+
+    runner = SourceRunner(_Source(lose_lease), telemetry, threading.Event(), leader)
+    assert runner.run_once()
+    assert telemetry.snapshot_series() == {}
+    status = telemetry.health.snapshot()["fake"]
+    assert status.standby and status.up  # standing by, not failing
+
+    runner = SourceRunner(_Source(), telemetry, threading.Event(), other)
+    assert runner.run_once()
+    assert telemetry.snapshot_series()  # the new leader's cycle is published
+    telemetry.shutdown()
+
+
+def test_replicas_share_sampling_through_the_lease(redis_client, redis_url, run_exporter):
+    redis_client.rpush("jobs:emails", "a", "b")
+    election = {"enabled": True, "lease_ttl": 3, "renew_interval": 0.2}
+    raw = {"sources": {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}}}
+    first = run_exporter({**raw, "leader_election": {**election, "identity": "one"}})
+    wait_for(lambda: value(scrape_series(first), "queue_depth", queue="emails") == 2)
+    second = run_exporter({**raw, "leader_election": {**election, "identity": "two"}})
+    wait_for(lambda: second.health.snapshot()["redis"].standby)
+
+    leader, follower = scrape_series(first), scrape_series(second)
+    assert value(leader, "queue_exporter_leader") == 1
+    assert value(follower, "queue_exporter_leader") == 0
+    assert value(follower, "queue_depth", queue="emails") is None  # only the leader serves it
+    assert value(follower, "queue_exporter_source_up", source="redis") is None
+    assert value(leader, "queue_exporter_source_up", source="redis") == 1
+    assert json.loads(scrape(second.server.port, "/readyz"))["ready"] is True
+
+    first.shutdown()  # releases the lease: the follower takes over at its next attempt
+    wait_for(lambda: value(scrape_series(second), "queue_depth", queue="emails") == 2)
+    assert value(scrape_series(second), "queue_exporter_leader") == 1
+    assert redis_client.get(KEY).decode().startswith("2:two/")
+
+
+def test_without_election_every_replica_samples_and_reports_leader(redis_url, run_exporter):
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}}})
+    assert value(scrape_series(app), "queue_exporter_leader") == 1
+    assert app.leadership is None
+
+
+def test_config_section(redis_url):
+    config = from_dict({"leader_election": {"enabled": True, "lease_ttl": 20}})
+    assert config.leader_election.key == KEY
+    assert config.leader_election.renew_interval == 5.0
+    with pytest.raises(ConfigError, match=r"leader_election: .*renew_interval"):
+        from_dict({"leader_election": {"lease_ttl": 2, "renew_interval": 2}})
+    with pytest.raises(ConfigError, match=r"leader_election\.lease_tll"):
+        from_dict({"leader_election": {"lease_tll": 2}})
+
+
+def test_identity_comes_from_pod_name(monkeypatch):
+    monkeypatch.setenv("POD_NAME", "exporter-7f9c")
+    assert LeaderElectionConfig().holder_name().startswith("exporter-7f9c/")
+
+
+def test_lease_password_is_masked_in_the_effective_config():
+    from exporter.config import effective_yaml
+
+    config = from_dict(
+        {"leader_election": {"enabled": True, "redis": {"url": "redis://:s3cret@127.0.0.1:6379/0"}}}
+    )
+    text = effective_yaml(config)
+    assert "s3cret" not in text and "****" in text
+
+
+def test_redis_errors_do_not_escape_renew():
+    leader = _leadership("redis://127.0.0.1:1/0")
+    assert leader.renew() is False
+    leader.release()
