@@ -55,8 +55,11 @@ EVENTS_COMMANDS = (
     "xautoclaim",
 )
 RUNNERQ_COMMANDS = ("hmget",)  # activity:{id} hashes, for the type and times of events
-# The leader-election lease (one key under OWN_KEYS): SET NX PX, then GET and PEXPIRE.
-LEASE_COMMANDS = ("set", "get", "pexpire")
+# The leader-election lease (exporter/leader.py: two keys under OWN_KEYS): Lua scripts loaded
+# with SCRIPT LOAD and run with EVALSHA call GET, SET, PEXPIRE, INCR and DEL. Those writes are
+# granted in a selector (Redis 7) on OWN_KEYS alone, so that DEL can never reach a stream.
+SCRIPT_COMMANDS = ("script|load", "evalsha")
+LEASE_COMMANDS = ("get", "set", "pexpire", "incr", "del")
 OWN_KEYS = "queue-exporter:*"
 RUNNERQ_ACTIVITY_KEYS = "activity:*"
 
@@ -92,7 +95,7 @@ def stream_keys(config: Config) -> list[str]:
 
 def acl_rules(config: Config) -> list[str]:
     """The rules after `ACL SETUSER <user> reset on ><password>`: commands, then keys."""
-    commands = [*CONNECTION_COMMANDS, *LEASE_COMMANDS]
+    commands = [*CONNECTION_COMMANDS, *SCRIPT_COMMANDS]
     if read_key_patterns(config):
         commands += SAMPLER_COMMANDS
     if stream_keys(config):
@@ -103,6 +106,7 @@ def acl_rules(config: Config) -> list[str]:
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
     rules += [f"~{key}" for key in stream_keys(config)]
     rules.append(f"~{OWN_KEYS}")
+    rules.append(f"(~{OWN_KEYS} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     return rules
 
 

@@ -661,3 +661,16 @@ def test_replicas_share_no_state_that_breaks() -> None:
     assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
     assert one(docs, "Deployment")["spec"]["replicas"] == 3
     assert copy.deepcopy(pod)["automountServiceAccountToken"] is False
+
+
+def test_several_exporters_sample_on_an_elected_one(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    assert "leader_election" not in rendered_config(renders["defaults"])
+    assert rendered_config(renders["sidecar"])["leader_election"] == {"enabled": True}
+    scaled = documents(render({"replicaCount": 3}))
+    assert rendered_config(scaled)["leader_election"] == {"enabled": True}
+    opted_out = documents(
+        render({"replicaCount": 3, "config": {"leader_election": {"enabled": False}}})
+    )
+    assert rendered_config(opted_out)["leader_election"] == {"enabled": False}

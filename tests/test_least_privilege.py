@@ -66,6 +66,7 @@ def _events_config(port: int) -> dict[str, Any]:
             "redis": {"url": f"redis://queue-exporter:{PASSWORD}@127.0.0.1:{port}/0"},
             "events": {"streams": ["qe:events"]},
         },
+        "leader_election": {"enabled": True, "lease_ttl": 3, "renew_interval": 1},
     }
 
 
@@ -105,6 +106,7 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
 
     series = wait_for(settled, timeout=30)
     assert value(series, "queue_exporter_source_up", source="redis") == 1
+    assert value(series, "queue_exporter_leader") == 1  # the lease works under the ACL too
     assert value(series, "queue_depth", system="celery", queue="celery") == 2
     assert _errors(series) == {}
     assert admin.execute_command("ACL", "LOG") == []  # nothing was refused, not even ignored

@@ -107,6 +107,10 @@ The exporter's configuration file: .Values.config with what the chart decides se
 {{- define "queue-exporter.config" -}}
 {{- $config := deepCopy (.Values.config | default dict) }}
 {{- $_ := set $config "listen_address" (printf "0.0.0.0:%d" (int .Values.port)) }}
+{{- /* Several exporters (replicas, or one sidecar per worker pod): sample on one of them. */}}
+{{- if and (not (hasKey $config "leader_election")) (or (eq .Values.mode "sidecar") (gt (int .Values.replicaCount) 1)) }}
+{{- $_ := set $config "leader_election" (dict "enabled" true) }}
+{{- end }}
 {{- if .Values.webConfig.enabled }}
 {{- $_ := set $config "web_config_file" "/etc/queue-exporter/web/web-config.yml" }}
 {{- end }}
