@@ -204,7 +204,7 @@ def main() -> None:
                 assert bare_loop(client) == size
                 bare = median_seconds(lambda: bare_loop(client), args.runs)
                 ours = median_seconds(sampler.sample, args.runs)
-                peer = redis_exporter_scrape(url, max(1, args.runs - 2))
+                peer = redis_exporter_scrape(url, args.runs)
                 peer_text = f"{peer:16.2f} {peer / ours:7.1f}x" if peer else f"{'absent':>16}"
                 print(f"{size:>10} {bare:8.3f} {ours:10.3f} {ours / bare:5.2f}x {peer_text}")
                 sampler.close()
