@@ -18,6 +18,7 @@ import redis
 from pydantic import Field
 
 from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
+from exporter.gc_pause import gc_paused
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.redis_pipeline import round_trip
 from exporter.samples import SampleSet
@@ -97,11 +98,14 @@ class RedisKeySampler:
         # one round of commands at a time, however large the keyspace.
         follow_ups = _Rounds(self, client, None)
         rounds = _Rounds(self, client, follow_ups)
-        for group in self.config.key_groups:
-            for key, captured in self._keys(client, group):
-                rounds.extend(cycle.commands_for_key(group, key, captured))
-        rounds.flush()
-        follow_ups.flush()
+        # A 100k-key cycle builds ~500k short-lived objects: with the cyclic GC running it took
+        # 2.6 s, without it 1.7 s (bench/key_sampling.py). The cycle is bounded by its timeouts.
+        with gc_paused():
+            for group in self.config.key_groups:
+                for key, captured in self._keys(client, group):
+                    rounds.extend(cycle.commands_for_key(group, key, captured))
+            rounds.flush()
+            follow_ups.flush()
         return cycle.samples
 
     def error_reason(self, error: Exception) -> str:
