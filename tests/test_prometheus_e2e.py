@@ -1,10 +1,11 @@
-"""End to end against a real Prometheus: it scrapes exporters fed by a real Redis workload,
-evaluates the generated rules (short windows), and every dashboard query and recording rule
-must parse and return data; an alert must reach the firing state when its condition is made.
-Also lints a real /metrics exposition with `promtool check metrics`.
+"""End to end against a real Prometheus: it scrapes exporters fed by the demo's synthetic
+workload (Orchestrata, Runner-Q and the legacy app in Redis, Attune in PostgreSQL, lifecycle
+events on both streams), evaluates the generated rules (short windows), and every dashboard
+query and recording rule must parse and return data; alerts must reach the firing state when
+their condition is made. Also lints a real /metrics exposition with `promtool check metrics`.
 
-Panels and rules whose metrics come from sources this workload does not run are listed in
-NEEDS_SOURCE; remove an entry once the e2e workload feeds that source.
+Queues the workload does not touch (Orchestrata `ledger` and `emails`, Runner-Q `jobs`) hold
+fixed items, so the alerts asserted on them do not depend on the workload's dice.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -26,87 +28,29 @@ import yaml
 from alerts.config import DEFAULTS, with_short_windows
 from alerts.generate import render_rules
 from alerts.recording import recording_rules
+from exporter import catalog
 from exporter.app import App
-from tests.conftest import scrape, wait_for
+from exporter.demo import sim_orchestrata, sim_runnerq
+from exporter.demo.command import exporter_config
+from exporter.demo.workload import Workload
+from tests.conftest import parse_exposition, scrape, wait_for
 from tests.dashboard_queries import panel_queries
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue
 from tests.tools import require, run
 
 SCRAPE_JOB = "queue-exporter"
 FAST_RULES = with_short_windows(DEFAULTS, window="30s")
+WORKLOAD_RATE = 20.0  # the demo's default
+# Orchestrata's depth limit here (the demo's is far higher): `ledger` holds this many items.
+MAX_DEPTH = 4
+WORKLOAD_THREADS = ("demo-workload", "event-emitter")
+# The workload's rarest incidents (a reaper that fails, leases requeued after a worker died)
+# happen within ~15-25s of its start; on two busy cores allow much more.
+DATA_TIMEOUT = 120
 
-# Panel title or recorded series -> the source whose metrics it needs.
-NEEDS_SOURCE: dict[str, str] = {
-    # Queues
-    "Concurrency use (active / limit)": "postgres",
-    "Statistics age (Attune)": "postgres",
-    "Executions by status (Attune)": "postgres",
-    "Enqueue vs completion rate": "events or postgres",
-    # Jobs: all from lifecycle events
-    **{
-        title: "events"
-        for title in (
-            "Throughput by job type",
-            "Failure ratio by error type",
-            "Jobs started, failed and timed out",
-            "Failures by queue",
-            "Execution time",
-            "Wait time",
-            "Total time",
-            "p95 execution time by job type",
-            "Retries and requeues",
-            "Attempts per job",
-            "Dead letters",
-            "Schedule delay and retry delay",
-        )
-    },
-    # Workers and backend: heartbeats and backend events
-    **{
-        title: "events"
-        for title in (
-            "Workers busy and idle",
-            "Worker slots busy and free",
-            "Utilisation",
-            "Dequeue hits vs empty polls",
-            "Backend operation latency p95",
-            "Reaper health",
-            "Reaper cycle duration",
-            "Scheduler health",
-            "Scheduler cycle duration",
-            "Idempotency conflicts and reuses",
-            "Idempotency check latency",
-        )
-    },
-    # Exporter: the event consumer's own metrics
-    **{
-        title: "events"
-        for title in (
-            "Events read",
-            "Stream lag",
-            "Pending entries",
-            "Lost events",
-            "Invalid events by reason",
-        )
-    },
-    # Recording rules
-    "queue:queue_concurrency_used:ratio": "postgres",
-    "queue:queue_stats_age_seconds:max": "postgres",
-    **{
-        rule.record: "events"
-        for rule in recording_rules(FAST_RULES)
-        if any(
-            part in rule.record
-            for part in (
-                "queue_jobs_",
-                "queue_dequeue",
-                "queue_workers",
-                "worker_utilization",
-                "queue_job_",
-                "queue_exporter_events",
-            )
-        )
-    },
-}
+# Panel title or recorded series -> why it cannot have data here. Empty: the workload feeds
+# every source and every event family.
+NEEDS_SOURCE: dict[str, str] = {}
 
 
 def _free_port() -> int:
@@ -130,19 +74,33 @@ def _orchestrata_item(client: Any, key: str, time_field: str, at: float) -> None
     )
 
 
-def _workload(client: Any) -> None:
-    """Orchestrata lists (two priorities, a dead-letter list) and Runner-Q sorted sets with an
-    expired lease and an overdue scheduled item, written as those systems write them."""
+def _fixed_items(client: Any) -> None:
+    """Queues beside the workload's, written as those systems write them: Orchestrata lists
+    (`ledger` full at two priorities with an old dead letter, `emails`) and a Runner-Q queue
+    `jobs` whose reaper is dead (an expired lease, an overdue scheduled item)."""
     now = time.time()
     for offset in (300, 200, 100):
-        _orchestrata_item(client, "orchestrata:queue:billing:p3", "queued_at", now - offset)
-    _orchestrata_item(client, "orchestrata:queue:billing:p5", "queued_at", now - 20)
+        _orchestrata_item(client, "orchestrata:queue:ledger:p3", "queued_at", now - offset)
+    _orchestrata_item(client, "orchestrata:queue:ledger:p5", "queued_at", now - 20)
     _orchestrata_item(client, "orchestrata:queue:emails:p0", "queued_at", now - 50)
-    _orchestrata_item(client, "orchestrata:dlq:billing", "failed_at", now - 900)
+    _orchestrata_item(client, "orchestrata:dlq:ledger", "failed_at", now - 900)
     runnerq_enqueue(client, "jobs", runnerq_activity("send_email", "High", now - 60), now)
     client.zadd("jobs:processing", {f"{uuid.uuid4()}:{{}}": (now - 30) * 1000})
     client.zadd("jobs:scheduled_activities", {f"{uuid.uuid4()}:{{}}": now - 30})
     client.rpush("jobs:dead_letter_queue", json.dumps({"failed_at": iso(now - 600)}))
+
+
+def _demo_config(redis_url: str, postgres_dsn: str, consumer: str) -> dict[str, Any]:
+    """The exporter as `queue-exporter demo` configures it (presets orchestrata, runnerq and
+    attune, both event streams, the legacy key group), with a small Orchestrata depth limit
+    (so `ledger` is full) and faster stream statistics."""
+    raw = exporter_config(redis_url, postgres_dsn, "127.0.0.1:0", 0.2, "warning")
+    for group in raw["sources"]["redis"]["key_groups"]:
+        if group["system"] == "orchestrata" and "max_depth" in group:
+            group["max_depth"] = MAX_DEPTH
+    # Replicas sharing the consumer group have distinct names, as pods do.
+    raw["sources"]["events"].update(consumer=consumer, stats_interval=1.0)
+    return raw
 
 
 class Prometheus:
@@ -220,47 +178,93 @@ def prometheus_for(tmp_path: Path) -> Iterator[Callable[[list[App]], Prometheus]
 
 
 @pytest.fixture
-def exporters(redis_client: Any, redis_url: str, run_exporter: Callable[..., App]) -> list[App]:
-    _workload(redis_client)
-    presets = [{"name": "orchestrata", "params": {"max_depth": 4}}, "runnerq"]
-    healthy = run_exporter({"presets": presets, "sources": {"redis": {"url": redis_url}}})
+def start_workload(
+    redis_client: Any, redis_url: str, postgres_dsn: str, run_exporter: Callable[..., App]
+) -> Iterator[Callable[[], None]]:
+    """The demo's workload, set up beside the fixed items; the test starts it once its
+    exporters run. (It asks for run_exporter so that it stops before the exporters do.)"""
+    before = set(threading.enumerate())
+    workload = Workload(redis_url, postgres_dsn, WORKLOAD_RATE, seed=1)
+    stop = threading.Event()
+    try:
+        workload.check()
+        workload.setup()
+        _fixed_items(redis_client)
+        # Started once the exporters run, the streams do not exist yet, so their groups
+        # start at the first event and every event (the rare ones too) is read.
+        yield lambda: workload.start(stop)
+    finally:
+        # The demo's order: the workload stops, its buffered events are sent, its
+        # connections close. The fixtures then flush the Redis db and drop the database.
+        stop.set()
+        workload.join()
+        workload.stop_events()
+        workload.close()
+    left = [t.name for t in set(threading.enumerate()) - before if t.name in WORKLOAD_THREADS]
+    assert left == [], f"workload threads still running: {left}"
+    assert workload.errors == 0, f"the workload met {workload.errors} server errors"
+
+
+@pytest.fixture
+def exporters(
+    redis_url: str,
+    postgres_dsn: str,
+    run_exporter: Callable[..., App],
+    start_workload: Callable[[], None],
+) -> list[App]:
+    healthy = run_exporter(_demo_config(redis_url, postgres_dsn, "healthy"))
     # A replica whose cardinality cap is tiny: it folds series and counts the overflow.
+    # It shares the consumer group with `healthy`: each event is counted by one of them.
     capped = run_exporter(
-        {
-            "presets": presets,
-            "sources": {"redis": {"url": redis_url}},
-            "limits": {"max_series_per_metric": 2},
-        }
+        {**_demo_config(redis_url, postgres_dsn, "capped"), "limits": {"max_series_per_metric": 2}}
     )
-    # A replica whose Redis is unreachable: its source is down and counts errors.
-    blind = run_exporter(
-        {"presets": presets, "sources": {"redis": {"url": f"redis://127.0.0.1:{_free_port()}/0"}}}
-    )
+    # A replica whose servers are unreachable: its sources are down and count errors.
+    nowhere = f"host=127.0.0.1 port={_free_port()} user=postgres dbname=postgres"
+    blind = run_exporter(_demo_config(f"redis://127.0.0.1:{_free_port()}/0", nowhere, "blind"))
+    start_workload()
     return [healthy, capped, blind]
 
 
-def test_dashboards_and_rules_against_a_real_prometheus(
-    exporters: list[App], redis_client: Any, prometheus_for: Callable[[list[App]], Prometheus]
-):
-    prometheus = prometheus_for(exporters)
-    # The first scrape lands after ~5s of target discovery; then let rate windows fill.
-    wait_for(lambda: len(prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1')) == 3, timeout=60)
-    wait_for(lambda: prometheus.query("queue:queue_capacity_used:ratio"), timeout=30)
-    time.sleep(5)
-
+def _without_data(prometheus: Prometheus) -> list[str]:
+    """Panel queries and recording rules that return nothing (each query must parse)."""
     missing = []
     for query in panel_queries():
         result = prometheus.query(query.expr)  # raises unless Prometheus accepted the query
         if query.panel not in NEEDS_SOURCE and not result:
             missing.append(f"{query.dashboard}: {query.panel}: {query.expr}")
-    assert missing == [], "panel queries without data:\n" + "\n".join(missing)
+    for rule in recording_rules(FAST_RULES):
+        if rule.record not in NEEDS_SOURCE and not prometheus.query(rule.record):
+            missing.append(f"recording rule {rule.record}")
+    return missing
+
+
+def test_dashboards_and_rules_against_a_real_prometheus(
+    exporters: list[App], redis_client: Any, prometheus_for: Callable[[list[App]], Prometheus]
+) -> None:
+    prometheus = prometheus_for(exporters)
+    blind = f"127.0.0.1:{exporters[2].server.port}"
+    # The first scrape lands after ~5s of target discovery; then let rate windows fill.
+    wait_for(lambda: len(prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1')) == 3, timeout=60)
+    wait_for(lambda: prometheus.query("queue:queue_capacity_used:ratio"), timeout=30)
+
+    # Every panel and recording rule gets data once the workload's rarer incidents happened.
+    missing: list[str] = []
+
+    def every_query_has_data() -> bool:
+        missing[:] = _without_data(prometheus)
+        return not missing
+
+    try:
+        wait_for(every_query_has_data, timeout=DATA_TIMEOUT, interval=1.0)
+    except AssertionError:
+        raise AssertionError("without data:\n" + "\n".join(missing)) from None
 
     # The dashboards' variables resolve: label_values(<selector>, system|queue).
     selector = '{__name__=~"queue_depth|queue_jobs_enqueued_total", job="queue-exporter"}'
-    assert {"orchestrata", "runnerq"} <= set(
+    assert {"orchestrata", "runnerq", "attune", "legacy"} <= set(
         prometheus.api("label/system/values", **{"match[]": selector})
     )
-    assert {"billing", "emails", "jobs"} <= set(
+    assert {"billing", "reports", "ledger", "emails", "default", "jobs", "aws.ec2_start"} <= set(
         prometheus.api("label/queue/values", **{"match[]": selector})
     )
 
@@ -271,66 +275,69 @@ def test_dashboards_and_rules_against_a_real_prometheus(
     )
     unhealthy = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
     assert unhealthy == []
-    empty = [
-        rule.record
-        for rule in recording_rules(FAST_RULES)
-        if rule.record not in NEEDS_SOURCE and not prometheus.query(rule.record)
-    ]
-    assert empty == [], "recording rules without data"
 
-    def alert(name: str, **labels: str) -> dict[str, Any] | None:
-        for item in prometheus.api("alerts")["alerts"]:
-            if item["labels"]["alertname"] == name and labels.items() <= item["labels"].items():
-                return dict(item)
-        return None
+    def alerts(name: str, **labels: str) -> list[dict[str, Any]]:
+        return [
+            dict(item)
+            for item in prometheus.api("alerts")["alerts"]
+            if item["labels"]["alertname"] == name and labels.items() <= item["labels"].items()
+        ]
 
-    # Nothing was dead-lettered since the exporter started: quiet. Then three jobs die.
-    assert alert("QueueDeadLetterGrowing", queue="billing") is None
+    def firing(name: str, **labels: str) -> dict[str, Any] | None:
+        found = [a for a in alerts(name, **labels) if a["state"] == "firing"]
+        return found[0] if found else None
+
+    # Nothing was dead-lettered on ledger since the exporter started: quiet. Then three die.
+    assert alerts("QueueDeadLetterGrowing", queue="ledger") == []
     for _ in range(3):
-        _orchestrata_item(redis_client, "orchestrata:dlq:billing", "failed_at", time.time())
-    firing = wait_for(
-        lambda: (
-            (a := alert("QueueDeadLetterGrowing", queue="billing")) and a["state"] == "firing" and a
-        ),
-        timeout=30,
-    )
-    assert firing["labels"]["severity"] == "warning"
-    assert firing["labels"]["system"] == "orchestrata"
-    assert firing["annotations"]["runbook_url"] == "docs/runbook.md#queuedeadlettergrowing"
-    assert "orchestrata/billing grew by 3 items" in firing["annotations"]["description"]
+        _orchestrata_item(redis_client, "orchestrata:dlq:ledger", "failed_at", time.time())
+    grown = wait_for(lambda: firing("QueueDeadLetterGrowing", queue="ledger"), timeout=30)
+    assert grown["labels"]["severity"] == "warning"
+    assert grown["labels"]["system"] == "orchestrata"
+    assert grown["annotations"]["runbook_url"] == "docs/runbook.md#queuedeadlettergrowing"
+    assert "orchestrata/ledger grew by 3 items" in grown["annotations"]["description"]
 
-    # The unreachable replica's source is down; the exporter is present.
-    down = wait_for(
-        lambda: (a := alert("QueueExporterSourceDown")) and a["state"] == "firing" and a, timeout=30
-    )
-    assert down["labels"]["instance"] == f"127.0.0.1:{exporters[2].server.port}"
-    assert down["labels"]["severity"] == "critical"
-    assert alert("QueueExporterAbsent") is None
-    assert alert("QueueLeasesExpired", queue="jobs") is not None
-    # billing holds 4 items against a limit of 4
-    assert alert("QueueNearCapacity", queue="billing") is not None
-    assert alert("QueueAtCapacity", queue="billing") is not None
+    # The unreachable replica's sources are down, and only its; the exporter is present.
+    def blind_sources() -> set[str]:
+        down = alerts("QueueExporterSourceDown")
+        assert {a["labels"]["instance"] for a in down} <= {blind}, down
+        assert all(a["labels"]["severity"] == "critical" for a in down), down
+        return {a["labels"]["source"] for a in down if a["state"] == "firing"}
+
+    every_source = {
+        "redis",
+        "postgres:attune_queue_stats",
+        "postgres:attune_executions",
+        f"events:{sim_orchestrata.EVENTS_STREAM}",
+        f"events:{sim_runnerq.QUEUE}:events_stream",
+    }
+    wait_for(lambda: blind_sources() == every_source, timeout=30)
+    assert alerts("QueueExporterAbsent") == []
+    assert firing("QueueLeasesExpired", queue="jobs") is not None
+    # ledger holds 4 items against a limit of 4
+    assert firing("QueueNearCapacity", queue="ledger") is not None
+    assert firing("QueueAtCapacity", queue="ledger") is not None
 
 
 def test_the_exposition_passes_promtool_check_metrics(
-    redis_client: Any, redis_url: str, run_exporter: Callable[..., App]
-):
+    redis_url: str,
+    postgres_dsn: str,
+    run_exporter: Callable[..., App],
+    start_workload: Callable[[], None],
+) -> None:
+    """Every family the workload feeds (queues, Attune, events), overflow included."""
     require("promtool")
-    _workload(redis_client)
-    app = run_exporter(
-        {
-            "presets": ["orchestrata", "runnerq"],
-            "sources": {"redis": {"url": redis_url}},
-            "limits": {"max_series_per_metric": 3},
-        }
-    )
+    raw = _demo_config(redis_url, postgres_dsn, "linted")
+    app = run_exporter({**raw, "limits": {"max_series_per_metric": 3}})
+    start_workload()
+    wanted = {f"{s.name}_bucket" if s.kind == "histogram" else s.name for s in catalog.ALL}
     exposition = wait_for(
         lambda: (
             (text := scrape(app.server.port))
-            and "queue_exporter_series_overflow_total" in text
-            and "queue_leases_expired" in text
+            and {name for name, _ in parse_exposition(text)} >= wanted
             and text
         ),
+        timeout=DATA_TIMEOUT,
     )
     result = run("promtool", "check", "metrics", stdin=exposition)
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (

@@ -158,7 +158,7 @@ def _run(
     from exporter.app import App  # the heavy imports only once the servers are up
 
     config = config_module.from_dict(
-        _exporter_config(redis_url, postgres_dsn, listen_address, sample_interval, log_level)
+        exporter_config(redis_url, postgres_dsn, listen_address, sample_interval, log_level)
     )
     try:
         app = App(config)
@@ -177,7 +177,7 @@ def _run(
     _status_loop(stop, duration, StatusLine(app.telemetry.registry), workload)
 
 
-def _exporter_config(
+def exporter_config(
     redis_url: str, postgres_dsn: str, listen_address: str, sample_interval: float, log_level: str
 ) -> dict[str, Any]:
     raw: dict[str, Any] = {
