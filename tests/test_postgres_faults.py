@@ -75,8 +75,9 @@ def test_unreachable_at_start_then_outage_and_recovery(
     with pytest.raises(Exception, match="503"):
         scrape(app.server.port, "/readyz")  # not ready before every source succeeded once
 
+    executions = "postgres:attune_executions"  # on an interval of its own: wait for it too
     proxy.start()
-    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 4)
+    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 4 and _up(s, executions))
     assert json.loads(scrape(app.server.port, "/readyz"))["ready"] is True
 
     proxy.cut()  # open connections break, new ones are refused
@@ -88,8 +89,8 @@ def test_unreachable_at_start_then_outage_and_recovery(
 
     attune.upsert_stats(1, queue_length=9, active_count=1, max_concurrent=2)
     proxy.start()
-    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 9)
-    assert _up(series, "postgres:attune_executions") == 1
+    series = _when(app, lambda s: _up(s, STATS) == 1 and _depth(s) == 9 and _up(s, executions))
+    assert _up(series, executions) == 1
 
 
 def test_statement_timeout_fails_only_that_collector(postgres_dsn, run_exporter):
