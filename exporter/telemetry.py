@@ -185,8 +185,10 @@ class Telemetry:
     def _cap(
         self, source: str, spec: MetricSpec, series: dict[LabelValues, float]
     ) -> dict[LabelValues, float]:
-        clip = self.guard.clip
-        series = {clip(labels): value for labels, value in series.items()}
+        longest = max(map(len, itertools.chain.from_iterable(series)), default=0)
+        if longest > self.guard.max_label_length:  # rare: most snapshots need no copy
+            clip = self.guard.clip
+            series = {clip(labels): value for labels, value in series.items()}
         with self._snapshot_lock:
             used_elsewhere = sum(
                 len(published.get(spec, ()))
