@@ -111,3 +111,19 @@ def test_cardinality_cap_folds_into_overflow(redis_client, redis_url, run_export
     assert depths["__overflow__"] == 7  # 10 queues: 3 kept as they are, 7 folded
     assert sum(depths.values()) == 10  # nothing lost
     assert value(series, "queue_exporter_series_overflow_total", metric="queue_depth") >= 7
+
+
+def test_long_label_values_are_cut(redis_client, redis_url, run_exporter):
+    long_name = "q" * 300
+    redis_client.rpush(f"orchestrata:dlq:{long_name}", "{}")
+    redis_client.rpush("orchestrata:dlq:short", "{}")
+    app = run_exporter(
+        {
+            "limits": {"label_value_max_length": 64},
+            "presets": ["orchestrata"],
+            "sources": {"redis": {"url": redis_url}},
+        }
+    )
+    series = scrape_when(app, "queue_depth", queue="q" * 64)
+    assert value(series, "queue_depth", queue="short") == 1
+    assert not [labels for name, labels in series if ("queue", long_name) in labels]
