@@ -198,8 +198,8 @@ class Telemetry:
         room = self.guard.limit - 1 - used_elsewhere
         if len(series) <= room + 1:
             return series
-        kept = dict(list(series.items())[: max(room, 0)])
-        refused = list(series.values())[max(room, 0) :]
+        kept = {labels: series[labels] for labels in _fair_share(list(series), max(room, 0))}
+        refused = [value for labels, value in series.items() if labels not in kept]
         overflow_labels = (OVERFLOW,) * len(spec.labels)
         kept[overflow_labels] = sum(refused) if spec.combine == "sum" else max(refused)
         self._overflow.add(len(refused), {"metric": spec.name})
@@ -302,6 +302,22 @@ class _Exposition:
             else:
                 families[family.name] = family
         return families.values()
+
+
+def _fair_share(label_sets: list[LabelValues], room: int) -> list[LabelValues]:
+    """At most `room` label sets, shared out evenly among the values of the first label (the
+    system, for every sampled metric): one layout with a thousand keys must not push another
+    layout's few queues into the overflow series. A value needing less than its share leaves
+    the rest to the others."""
+    by_first: dict[str, list[LabelValues]] = {}
+    for labels in label_sets:
+        by_first.setdefault(labels[0] if labels else "", []).append(labels)
+    kept: list[LabelValues] = []
+    groups = sorted(by_first.values(), key=len)
+    for position, members in enumerate(groups):
+        share = (room - len(kept)) // (len(groups) - position)
+        kept += members[:share]
+    return kept
 
 
 def _snapshot_family(spec: MetricSpec, series: dict[LabelValues, float]) -> Metric:

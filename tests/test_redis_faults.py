@@ -127,3 +127,28 @@ def test_long_label_values_are_cut(redis_client, redis_url, run_exporter):
     series = scrape_when(app, "queue_depth", queue="q" * 64)
     assert value(series, "queue_depth", queue="short") == 1
     assert not [labels for name, labels in series if ("queue", long_name) in labels]
+
+
+def test_cardinality_cap_is_shared_fairly_between_systems(redis_client, redis_url, run_exporter):
+    for index in range(50):  # a noisy custom layout ...
+        redis_client.rpush(f"tenant:{index:02d}:jobs", "x")
+    for queue in ("billing", "emails"):  # ... read before the preset's two queues
+        redis_client.rpush(f"orchestrata:dlq:{queue}", "{}")
+    groups = [
+        {"system": "tenants", "pattern": "tenant:{queue}:jobs", "type": "list", "state": "pending"}
+    ]
+    app = run_exporter(
+        {
+            "limits": {"max_series_per_metric": 11},
+            "presets": ["orchestrata"],
+            "sources": {"redis": {"url": redis_url, "key_groups": groups}},
+        }
+    )
+    series = scrape_when(app, "queue_depth", queue="__overflow__")
+    depths = {
+        dict(labels)["queue"]: v for (name, labels), v in series.items() if name == "queue_depth"
+    }
+    assert depths["billing"] == depths["emails"] == 1  # the small system keeps its queues
+    assert len(depths) == 11  # 10 kept (2 orchestrata + 8 tenants) and the overflow series
+    assert depths["__overflow__"] == 42
+    assert sum(depths.values()) == 52
