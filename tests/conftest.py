@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -150,3 +152,57 @@ def postgres_dsn() -> Iterator[str]:
     yield make_conninfo(POSTGRES_ADMIN_DSN, dbname=name)
     with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+class ServeProcess:
+    """`queue-exporter serve` as a real process on a free port; killed at teardown if alive."""
+
+    def __init__(self, *args: str) -> None:
+        from tests.private_redis import free_port
+
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "exporter",
+                "serve",
+                *args,
+                "--listen-address",
+                f"127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def series_when(self, condition: Callable[[Series], Any], timeout: float = 30) -> Series:
+        """Scrape until condition(series) holds (the process may still be starting)."""
+
+        def scraped() -> Series | None:
+            try:
+                series = parse_exposition(scrape(self.port))
+            except OSError:
+                return None
+            return series if condition(series) else None
+
+        result: Series = wait_for(scraped, timeout=timeout)
+        return result
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+
+
+@pytest.fixture
+def serve_process() -> Iterator[Callable[..., ServeProcess]]:
+    started: list[ServeProcess] = []
+
+    def start(*args: str) -> ServeProcess:
+        started.append(ServeProcess(*args))
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.stop()

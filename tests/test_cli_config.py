@@ -13,8 +13,7 @@ from click.testing import CliRunner
 
 from exporter import cli
 from exporter import config as config_module
-from tests.conftest import parse_exposition, scrape, value, wait_for
-from tests.private_redis import free_port
+from tests.conftest import value
 
 EXPORTER = [sys.executable, "-m", "exporter"]
 
@@ -119,52 +118,29 @@ def test_flags_beat_environment_beats_file(tmp_path, monkeypatch):
     assert loaded[0].log_level == "warning"  # file where nothing overrides it
 
 
-def test_serve_samples_presets_and_stops_on_sigterm(redis_client, redis_url):
+def test_serve_samples_presets_and_stops_on_sigterm(redis_client, redis_url, serve_process):
     redis_client.rpush("orchestrata:queue:billing:p2", '{"queued_at": "2026-01-01T00:00:00Z"}')
     redis_client.zadd("default:processing", {"a:{}": 1000})  # a lease that expired long ago
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            *EXPORTER,
-            "serve",
-            "--redis-url",
-            redis_url,
-            "--preset",
-            "orchestrata",
-            "--preset",
-            "runnerq",
-            "--listen-address",
-            f"127.0.0.1:{port}",
-            "--sample-interval",
-            "1",
-            "--log-format",
-            "json",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    exporter = serve_process(
+        "--redis-url",
+        redis_url,
+        "--preset",
+        "orchestrata",
+        "--preset",
+        "runnerq",
+        "--sample-interval",
+        "1",
+        "--log-format",
+        "json",
     )
-    try:
-
-        def sampled():
-            try:
-                series = parse_exposition(scrape(port))
-            except OSError:
-                return None
-            return series if value(series, "queue_depth", queue="billing") else None
-
-        series = wait_for(sampled, timeout=30)
-        assert value(series, "queue_depth", system="orchestrata", queue="billing") == 1
-        assert value(series, "queue_max_depth", system="orchestrata", queue="billing") == 10000
-        assert value(series, "queue_leases_expired", system="runnerq", queue="default") == 1
-        assert value(series, "queue_exporter_source_up", source="redis") == 1
-        started = time.monotonic()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-        assert time.monotonic() - started < 15
-        _, stderr = process.communicate()
-        assert '"msg": "received SIGTERM, shutting down"' in stderr
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    series = exporter.series_when(lambda s: value(s, "queue_depth", queue="billing"))
+    assert value(series, "queue_depth", system="orchestrata", queue="billing") == 1
+    assert value(series, "queue_max_depth", system="orchestrata", queue="billing") == 10000
+    assert value(series, "queue_leases_expired", system="runnerq", queue="default") == 1
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+    started = time.monotonic()
+    exporter.process.send_signal(signal.SIGTERM)
+    assert exporter.process.wait(timeout=15) == 0
+    assert time.monotonic() - started < 15
+    _, stderr = exporter.process.communicate()
+    assert '"msg": "received SIGTERM, shutting down"' in stderr

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from datetime import timedelta
 
 import pytest
 
 from tests.attune_db import Attune
-from tests.conftest import parse_exposition, scrape, scrape_series, value, wait_for
-from tests.private_redis import free_port
+from tests.conftest import scrape, scrape_series, value, wait_for
 
 SOURCES = ("postgres:attune_queue_stats", "postgres:attune_executions")
 
@@ -206,45 +203,15 @@ def _drive_changes(attune, postgres_dsn, run_exporter):
         assert value(series, "queue_exporter_source_up", source=source) == 1
 
 
-def test_serve_command_with_dsn_flag_and_preset(attune, postgres_dsn):
+def test_serve_command_with_dsn_flag_and_preset(attune, postgres_dsn, serve_process):
     action = attune.add_action("slack.post_message")
     attune.upsert_stats(action, queue_length=7, active_count=3, max_concurrent=3)
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "exporter",
-            "serve",
-            "--postgres-dsn",
-            postgres_dsn,
-            "--preset",
-            "attune",
-            "--listen-address",
-            f"127.0.0.1:{port}",
-            "--sample-interval",
-            "1",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    exporter = serve_process(
+        "--postgres-dsn", postgres_dsn, "--preset", "attune", "--sample-interval", "1"
     )
-    try:
-
-        def sampled():
-            try:
-                series = parse_exposition(scrape(port))
-            except OSError:
-                return None
-            return series if _attune(series, "queue_depth", state="pending") else None
-
-        series = wait_for(sampled, timeout=30)
-        assert _attune(series, "queue_depth", queue="slack.post_message", state="pending") == 7
-        assert _attune(series, "queue_depth", queue="slack.post_message", state="active") == 3
-        assert _attune(series, "queue_concurrency_limit", queue="slack.post_message") == 3
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=15) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+    series = exporter.series_when(lambda s: _attune(s, "queue_depth", state="pending"))
+    assert _attune(series, "queue_depth", queue="slack.post_message", state="pending") == 7
+    assert _attune(series, "queue_depth", queue="slack.post_message", state="active") == 3
+    assert _attune(series, "queue_concurrency_limit", queue="slack.post_message") == 3
+    exporter.process.send_signal(signal.SIGTERM)
+    assert exporter.process.wait(timeout=15) == 0
