@@ -26,7 +26,8 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -48,6 +49,44 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+@contextmanager
+def private_redis(*extra_args: str) -> Iterator[str]:
+    """A redis-server of the benchmark's own (a free port, a temp dir); its URL."""
+    with tempfile.TemporaryDirectory() as directory:
+        port = free_port()
+        server = subprocess.Popen(
+            [
+                shutil.which("redis-server") or "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                directory,
+                *extra_args,
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        try:
+            url = f"redis://127.0.0.1:{port}/0"
+            client = redis.Redis.from_url(url)
+            for _ in range(200):
+                try:
+                    client.ping()
+                    break
+                except redis.ConnectionError:
+                    time.sleep(0.05)
+            client.close()
+            yield url
+        finally:
+            server.kill()
+            server.wait()
 
 
 def median_seconds(action: Callable[[], object], runs: int) -> float:
@@ -163,55 +202,28 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as directory:
-        port = free_port()
-        server = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                directory,
-            ],
-            stdout=subprocess.DEVNULL,
+    with private_redis() as url:
+        client = redis.Redis.from_url(url)
+        print(
+            f"{'queue keys':>10} {'bare s':>8} {'exporter s':>10} {'ratio':>6} "
+            f"{'redis_exporter s':>16} {'speed-up':>8}"
         )
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            client = redis.Redis.from_url(url)
-            for _ in range(100):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            print(
-                f"{'queue keys':>10} {'bare s':>8} {'exporter s':>10} {'ratio':>6} "
-                f"{'redis_exporter s':>16} {'speed-up':>8}"
+        for size in (int(s) for s in args.sizes.split(",")):
+            load_keys(client, size, args.unrelated)
+            config = config_module.from_dict(
+                {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
             )
-            for size in (int(s) for s in args.sizes.split(",")):
-                load_keys(client, size, args.unrelated)
-                config = config_module.from_dict(
-                    {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
-                )
-                assert config.sources.redis is not None
-                sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
-                assert bare_loop(client) == size
-                bare = median_seconds(lambda: bare_loop(client), args.runs)
-                ours = median_seconds(sampler.sample, args.runs)
-                peer = redis_exporter_scrape(url, args.runs)
-                peer_text = f"{peer:16.2f} {peer / ours:7.1f}x" if peer else f"{'absent':>16}"
-                print(f"{size:>10} {bare:8.3f} {ours:10.3f} {ours / bare:5.2f}x {peer_text}")
-                sampler.close()
-        finally:
-            server.kill()
-            server.wait()
+            assert config.sources.redis is not None
+            sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
+            assert bare_loop(client) == size
+            bare = median_seconds(lambda: bare_loop(client), args.runs)
+            ours = median_seconds(sampler.sample, args.runs)
+            peer = redis_exporter_scrape(url, args.runs)
+            peer_text = f"{peer:16.2f} {peer / ours:7.1f}x" if peer else f"{'absent':>16}"
+            print(f"{size:>10} {bare:8.3f} {ours:10.3f} {ours / bare:5.2f}x {peer_text}")
+            sampler.close()
 
+        client.close()
     ours, theirs = exposition(10_000, max(args.runs, 5))
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(

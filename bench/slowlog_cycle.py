@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -26,7 +23,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.key_sampling import free_port, load_keys
+from bench.key_sampling import load_keys, private_redis
 from exporter import config as config_module
 from exporter.health import HealthBoard
 from exporter.sources.redis_keys import RedisKeySampler
@@ -40,45 +37,25 @@ def main() -> None:
     parser.add_argument("--scan-count", type=int, default=1000, help="sources.redis.scan_count")
     args = parser.parse_args()
 
-    with tempfile.TemporaryDirectory() as directory:
-        port = free_port()
-        server = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                *("--port", str(port), "--bind", "127.0.0.1", "--save", ""),
-                *("--appendonly", "no", "--dir", directory),
-                *("--slowlog-log-slower-than", "0", "--slowlog-max-len", "2000000"),
-            ],
-            stdout=subprocess.DEVNULL,
+    slowlog = ("--slowlog-log-slower-than", "0", "--slowlog-max-len", "2000000")
+    with private_redis(*slowlog) as url:
+        client = redis.Redis.from_url(url)
+        load_keys(client, args.queues, args.unrelated)
+        config = config_module.from_dict(
+            {
+                "presets": ["orchestrata"],
+                "sources": {"redis": {"url": url, "scan_count": args.scan_count}},
+            }
         )
-        try:
-            url = f"redis://127.0.0.1:{port}/0"
-            client = redis.Redis.from_url(url)
-            for _ in range(200):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            load_keys(client, args.queues, args.unrelated)
-            config = config_module.from_dict(
-                {
-                    "presets": ["orchestrata"],
-                    "sources": {"redis": {"url": url, "scan_count": args.scan_count}},
-                }
-            )
-            assert config.sources.redis is not None
-            sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
-            client.slowlog_reset()
-            started = time.perf_counter()
-            samples = sampler.sample()
-            cycle = time.perf_counter() - started
-            entries = client.slowlog_get(-1)
-            sampler.close()
-            report(entries, cycle, len(samples), args)
-        finally:
-            server.kill()
-            server.wait()
+        assert config.sources.redis is not None
+        sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
+        client.slowlog_reset()
+        started = time.perf_counter()
+        samples = sampler.sample()
+        cycle = time.perf_counter() - started
+        entries = client.slowlog_get(-1)
+        sampler.close()
+        report(entries, cycle, len(samples), args)
 
 
 def report(entries: list[dict[str, object]], cycle: float, series: int, args: object) -> None:
