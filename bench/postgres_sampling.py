@@ -7,8 +7,10 @@ Creates a database of its own (qe_bench_<random>, dropped at the end) with Attun
 `--actions` actions each with a queue_stats row (half of them with a waiting execution) and
 `--executions` executions (1% unfinished). Timed, median of --runs after one warm-up (bare and exporter in turn):
 - bare: psycopg on one open connection, execute + fetchall of the preset's queue_stats query;
-- exporter: one full cycle of the postgres:attune_queue_stats source (pooled connection with
-  a check, read-only transaction, statement timeout, rows -> samples);
+- exporter cycle: what the postgres:attune_queue_stats source does per interval (pooled
+  connection with a check, read-only transaction, statement timeout, rows -> samples, samples
+  published to telemetry); the ratio to the bare fetch is the figure the target is set on;
+- of which: the sample alone (the cycle without the publish);
 - executions: one cycle of postgres:attune_executions, and its EXPLAIN ANALYZE;
 - scrape: GET /metrics of an exporter serving the result.
 """
@@ -147,13 +149,14 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             bare.rollback()
             return rows
 
+        def exporter_cycle() -> None:
+            app.telemetry.publish(stats.name, stats.sample())
+
         rows = len(bare_fetch())
         series = len(stats.sample())
-        bare_time, binary_time, exporter_time = interleaved_medians(
-            [bare_fetch, bare_binary_fetch, stats.sample], args.runs
+        bare_time, binary_time, exporter_time, sample_time = interleaved_medians(
+            [bare_fetch, bare_binary_fetch, exporter_cycle, stats.sample], args.runs
         )
-        published = stats.sample()
-        publish_time = median_seconds(lambda: app.telemetry.publish("bench", published), args.runs)
         executions_time = median_seconds(executions.sample, args.runs)
         execution_series = len(executions.sample())
         plan = bare.execute("EXPLAIN (ANALYZE, BUFFERS) " + executions.collector.query).fetchall()
@@ -162,13 +165,11 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     print(f"\nqueue_stats: {rows} rows -> {series} series, median of {args.runs}")
     print(f"  bare psycopg fetch   {bare_time * 1000:8.1f} ms")
     print(
-        f"  exporter sample      {exporter_time * 1000:8.1f} ms   "
+        f"  exporter cycle       {exporter_time * 1000:8.1f} ms   "
         f"ratio {exporter_time / bare_time:.2f}x (target <= 1.5x)"
     )
+    print(f"    of which sample    {sample_time * 1000:8.1f} ms   (fetch and rows -> samples)")
     print(f"  (bare binary fetch   {binary_time * 1000:8.1f} ms; the exporter fetches in binary)")
-    print(
-        f"  publish to telemetry {publish_time * 1000:8.1f} ms   (after the sample, in its thread)"
-    )
     print(f"executions: {args.executions} rows -> {execution_series} series")
     print(f"  exporter sample      {executions_time * 1000:8.1f} ms")
     print("  EXPLAIN ANALYZE of the preset's executions query:")
@@ -193,7 +194,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         print(f"\n/metrics: {lines} samples, {len(body) / 1e6:.1f} MB")
         print(
             f"  scrape               {scrape_time * 1000:8.1f} ms   "
-            f"ratio to the sample {scrape_time / exporter_time:.1f}x"
+            f"ratio to the cycle {scrape_time / exporter_time:.1f}x"
         )
     finally:
         app.shutdown()

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from exporter import __version__
 from exporter.catalog import BY_NAME, MetricSpec
 from exporter.health import HealthBoard
-from exporter.samples import LabelValues, SampleSet
+from exporter.samples import LabelValues, SampleSet, Series, longest_label
 from exporter.telemetry_cumulative import CumulativeStore
 
 OVERFLOW = "__overflow__"
@@ -119,7 +119,7 @@ class Telemetry:
         self.limits = limits or LimitsConfig()
         self.registry = CollectorRegistry(auto_describe=False)
         self._sdk_registry = CollectorRegistry(auto_describe=False)
-        self._snapshots: dict[str, dict[MetricSpec, dict[LabelValues, float]]] = {}
+        self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
         self._snapshot_lock = threading.Lock()
 
         limits_by_class: dict[type, int] = {
@@ -173,7 +173,9 @@ class Telemetry:
 
     def publish(self, source: str, samples: SampleSet) -> None:
         """Replace everything `source` published before with this snapshot."""
-        capped = {spec: self._cap(source, spec, series) for spec, series in samples.metrics()}
+        published = dict(samples.metrics())
+        clip = longest_label(published.values()) > self.guard.max_label_length
+        capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
         with self._snapshot_lock:
             self._snapshots[source] = capped
 
@@ -182,13 +184,10 @@ class Telemetry:
         with self._snapshot_lock:
             self._snapshots.pop(source, None)
 
-    def _cap(
-        self, source: str, spec: MetricSpec, series: dict[LabelValues, float]
-    ) -> dict[LabelValues, float]:
-        longest = max(map(len, itertools.chain.from_iterable(series)), default=0)
-        if longest > self.guard.max_label_length:  # rare: most snapshots need no copy
-            clip = self.guard.clip
-            series = {clip(labels): value for labels, value in series.items()}
+    def _cap(self, source: str, spec: MetricSpec, series: Series, clip: bool) -> Series:
+        if clip:  # rare: most snapshots are published without a copy
+            cut = self.guard.clip
+            series = Series(({cut(labels): value for labels, value in series.items()},))
         with self._snapshot_lock:
             used_elsewhere = sum(
                 len(published.get(spec, ()))
@@ -198,26 +197,23 @@ class Telemetry:
         room = self.guard.limit - 1 - used_elsewhere
         if len(series) <= room + 1:
             return series
-        kept = {labels: series[labels] for labels in _fair_share(list(series), max(room, 0))}
-        refused = [value for labels, value in series.items() if labels not in kept]
+        values = dict(series.items())
+        kept = {labels: values[labels] for labels in _fair_share(list(values), max(room, 0))}
+        refused = [value for labels, value in values.items() if labels not in kept]
         overflow_labels = (OVERFLOW,) * len(spec.labels)
         kept[overflow_labels] = sum(refused) if spec.combine == "sum" else max(refused)
         self._overflow.add(len(refused), {"metric": spec.name})
-        return kept
+        return Series((kept,))
 
-    def snapshot_series(self) -> dict[MetricSpec, dict[LabelValues, float]]:
+    def snapshot_series(self) -> dict[MetricSpec, Series]:
         """All published series merged across sources (sums where two sources meet)."""
-        merged: dict[MetricSpec, dict[LabelValues, float]] = {}
+        merged: dict[MetricSpec, Series] = {}
         with self._snapshot_lock:
             published = list(self._snapshots.values())
         for snapshot in published:
             for spec, series in snapshot.items():
-                target = merged.setdefault(spec, {})
-                if not target:
-                    target.update(series)
-                    continue
-                for labels, value in series.items():
-                    target[labels] = target.get(labels, 0.0) + value
+                earlier = merged.get(spec)
+                merged[spec] = series if earlier is None else earlier.plus(series)
         return merged
 
     # -- instruments and self-metrics -------------------------------------------------------
@@ -264,7 +260,8 @@ class Telemetry:
         for spec in specs:
 
             def observe(_: CallbackOptions, spec: MetricSpec = spec) -> Iterator[Observation]:
-                for labels, value in self.snapshot_series().get(spec, {}).items():
+                series = self.snapshot_series().get(spec, Series(()))
+                for labels, value in series.items():
                     yield Observation(value, dict(zip(spec.labels, labels, strict=True)))
 
             if spec.kind == "counter":
@@ -320,7 +317,7 @@ def _fair_share(label_sets: list[LabelValues], room: int) -> list[LabelValues]:
     return kept
 
 
-def _snapshot_family(spec: MetricSpec, series: dict[LabelValues, float]) -> Metric:
+def _snapshot_family(spec: MetricSpec, series: Series) -> Metric:
     base = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
     sample_name = spec.name if spec.kind != "counter" else base + "_total"
     family = Metric(base, spec.help, spec.kind)

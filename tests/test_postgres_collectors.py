@@ -122,6 +122,64 @@ def test_builtin_metrics_and_per_collector_intervals(jobs_db, postgres_dsn, run_
     assert all(state != "idle in transaction" for (state,) in sessions)
 
 
+def test_rows_sharing_labels_combine_and_sources_add_up(jobs_db, postgres_dsn, run_exporter):
+    jobs_db.execute(
+        """INSERT INTO jobs (queue, tenant, state, attempts) VALUES
+           ('a', 't1', 'pending', 3), ('a', 't2', 'pending', 5), ('a', 't2', 'pending', 1),
+           ('b', 't1', 'pending', 2)"""
+    )
+    per_tenant = {  # one row per (queue, tenant), but only queue is a label: rows meet
+        "name": "per_tenant",
+        "query": """SELECT queue, count(*) AS pending, max(attempts)::float8 AS oldest
+                    FROM jobs GROUP BY queue, tenant""",
+        "labels": ["queue"],
+        "static_labels": {"system": "homegrown"},
+        "values": [
+            {"column": "pending", "metric": "queue_depth", "labels": {"state": "pending"}},
+            {"column": "oldest", "metric": "queue_oldest_age_seconds"},
+        ],
+    }
+    elsewhere = {  # a second source with a series of the same label set
+        "name": "elsewhere",
+        "query": "SELECT 'a'::text AS queue, 10 AS pending",
+        "labels": ["queue"],
+        "static_labels": {"system": "homegrown"},
+        "values": [{"column": "pending", "metric": "queue_depth", "labels": {"state": "pending"}}],
+    }
+    app = run_exporter(_postgres(postgres_dsn, per_tenant, elsewhere))
+    series = _when(app, lambda s: value(s, "queue_depth", queue="a", state="pending") == 13)
+    assert value(series, "queue_depth", queue="b", state="pending") == 1
+    # queue_depth adds up (1 + 2 rows, + 10 from the other collector); oldest age takes the max.
+    assert value(series, "queue_oldest_age_seconds", queue="a") == 5
+    assert value(series, "queue_oldest_age_seconds", queue="b") == 2
+
+
+def test_sql_series_are_capped_and_cut(jobs_db, postgres_dsn, run_exporter):
+    jobs_db.execute(
+        "INSERT INTO jobs (queue, state) SELECT 'queue-' || i || repeat('x', 200), 'pending' "
+        "FROM generate_series(1, 10) i"
+    )
+    depth = {
+        "name": "depth",
+        "query": "SELECT queue, count(*) AS pending FROM jobs GROUP BY queue",
+        "labels": ["queue"],
+        "static_labels": {"system": "homegrown"},
+        "values": [{"column": "pending", "metric": "queue_depth", "labels": {"state": "pending"}}],
+    }
+    app = run_exporter(
+        {
+            **_postgres(postgres_dsn, depth),
+            "limits": {"max_series_per_metric": 5, "label_value_max_length": 32},
+        }
+    )
+    series = _when(app, lambda s: value(s, "queue_depth", queue="__overflow__") is not None)
+    depths = {dict(ls)["queue"]: v for (name, ls), v in series.items() if name == "queue_depth"}
+    assert len(depths) == 5 and depths["__overflow__"] == 6  # 4 kept, 6 folded
+    assert sum(depths.values()) == 10  # nothing lost
+    assert all(len(queue) <= 32 for queue in depths)
+    assert value(series, "queue_exporter_series_overflow_total", metric="queue_depth") >= 6
+
+
 def test_writes_are_refused(jobs_db, postgres_dsn, run_exporter):
     writer = {
         "name": "writer",

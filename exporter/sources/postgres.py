@@ -291,7 +291,7 @@ class PostgresCollectorSource:
     def sample(self) -> SampleSet:
         rows, columns = self._connector.fetch(self.collector.query, self.statement_timeout)
         samples = SampleSet()
-        with gc_paused():  # label tuples by the ten thousand: see gc_paused
+        with gc_paused():  # several label columns: a tuple per row to check they are distinct
             nulls = self._converter_for(columns).convert(rows, samples)
         if nulls:
             self.telemetry.count_error(self.name, "null_value", nulls)

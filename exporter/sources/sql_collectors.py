@@ -15,14 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import is_not
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from exporter.catalog import BY_NAME, MetricSpec
-from exporter.samples import LabelValues, SampleSet
+from exporter.samples import SampleSet, SeriesColumns
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -237,27 +237,21 @@ _NATIVE_NUMBER_OIDS = {20, 21, 23, 26, 700, 701}
 
 @dataclass(frozen=True)
 class _ValuePlan:
+    spec: MetricSpec
     column: int
     slots: tuple[Slot, ...]  # one per spec.labels, in order
     count_nulls: bool
     to_float: bool  # numeric (Decimal) and boolean values are converted
 
 
-@dataclass(frozen=True)
-class _MetricPlan:
-    spec: MetricSpec
-    values: tuple[_ValuePlan, ...]
-    # The values' series cannot share a key (a constant label tells them apart): one dict.
-    disjoint: bool
-
-
 class RowConverter:
     """Rows of one result shape -> samples, built once per shape.
 
-    It works a column at a time: the rows are transposed once, each label layout's keys are
-    zipped once and shared by the values that use it, and each metric's series are built in
-    one dict(zip(...)). That keeps the per-value work in C: row by row in Python, 10k Attune
-    rows cost 3x their fetch (bench/postgres_sampling.py).
+    It works a column at a time: the rows are transposed once and every value column goes to
+    the samples whole (SeriesColumns), sharing the label columns, so nothing is built per row.
+    Row by row in Python, 10k Attune rows cost 3x their fetch (bench/postgres_sampling.py).
+    Rows whose label values repeat are the exception: added one by one, they combine as their
+    metric says.
     """
 
     def __init__(self, collector: SqlCollector, columns: Sequence[tuple[str, int]]) -> None:
@@ -267,25 +261,18 @@ class RowConverter:
         self._label_columns = tuple(index[name] for name in collector.labels)
         self._text_labels = tuple(columns[i][1] in TEXT_TYPE_OIDS for i in self._label_columns)
         specs = collector.specs()
-        by_metric: dict[str, list[_ValuePlan]] = {}
+        plans = []
         for value in collector.values:
+            spec = specs[value.metric]
             fixed = {**collector.static_labels, **value.labels}
             slots = tuple(
                 collector.labels.index(name) if name in collector.labels else fixed.get(name, "")
-                for name in specs[value.metric].labels
+                for name in spec.labels
             )
             column = index[value.column]
-            plan = _ValuePlan(
-                column,
-                slots,
-                value.on_null == "count",
-                columns[column][1] not in _NATIVE_NUMBER_OIDS,
-            )
-            by_metric.setdefault(value.metric, []).append(plan)
-        self._metrics = tuple(
-            _MetricPlan(specs[metric], tuple(plans), _disjoint(plans))
-            for metric, plans in by_metric.items()
-        )
+            to_float = columns[column][1] not in _NATIVE_NUMBER_OIDS
+            plans.append(_ValuePlan(spec, column, slots, value.on_null == "count", to_float))
+        self._plans = tuple(plans)
 
     def convert(self, rows: Sequence[Sequence[Any]], samples: SampleSet) -> int:
         """Add every row's values to `samples`; the number of NULL values skipped and counted."""
@@ -296,33 +283,24 @@ class RowConverter:
             _label_texts(columns[column], is_text)
             for column, is_text in zip(self._label_columns, self._text_labels, strict=True)
         ]
-        keys_by_slots: dict[tuple[Slot, ...], list[LabelValues]] = {}
+        distinct = _distinct(labels, len(rows))
         nulls = 0
-        for metric in self._metrics:
-            parts: list[tuple[Sequence[LabelValues], Sequence[float]]] = []
-            for plan in metric.values:
-                all_keys = keys_by_slots.get(plan.slots)
-                if all_keys is None:
-                    all_keys = keys_by_slots[plan.slots] = _keys(plan.slots, labels, len(rows))
-                keys, values, skipped = _present(all_keys, columns[plan.column], plan.to_float)
-                nulls += skipped if plan.count_nulls else 0
-                parts.append((keys, values))
-            if metric.disjoint:
-                parts = [_chained(parts)]
-            for keys, values in parts:
-                samples.add_series(metric.spec, _series(metric.spec, keys, values))
+        for plan in self._plans:
+            block, skipped = _block(plan, labels, columns[plan.column])
+            nulls += skipped if plan.count_nulls else 0
+            if distinct:
+                samples.add_columns(plan.spec, block)
+                continue
+            for label_values, value in block.items():
+                samples.add_labelled(plan.spec, label_values, value)
         return nulls
 
 
-def _disjoint(plans: list[_ValuePlan]) -> bool:
-    """True when some label is a different constant for each plan (state: pending / active)."""
-    if len(plans) == 1:
-        return True
-    for position in range(len(plans[0].slots)):
-        constants = [plan.slots[position] for plan in plans]
-        if all(isinstance(c, str) for c in constants) and len(set(constants)) == len(plans):
-            return True
-    return False
+def _distinct(labels: list[tuple[str, ...]], rows: int) -> bool:
+    """True when no two rows have the same label values."""
+    if len(labels) == 1:
+        return len(set(labels[0])) == rows
+    return len(set(zip(*labels, strict=True))) == rows if labels else rows == 1
 
 
 def _label_texts(column: tuple[Any, ...], is_text: bool) -> tuple[str, ...]:
@@ -331,48 +309,24 @@ def _label_texts(column: tuple[Any, ...], is_text: bool) -> tuple[str, ...]:
     return tuple(map(_label_text, column))
 
 
-def _keys(slots: tuple[Slot, ...], labels: list[tuple[str, ...]], rows: int) -> list[LabelValues]:
-    if not slots:
-        return [()] * rows
-    parts = [labels[slot] if isinstance(slot, int) else repeat(slot, rows) for slot in slots]
-    return list(zip(*parts))  # noqa: B905 (repeat is endless; the label columns set the length)
-
-
-def _present(
-    keys: list[LabelValues], column: tuple[Any, ...], to_float: bool
-) -> tuple[Sequence[LabelValues], Sequence[float], int]:
-    """Keys and values of the non-NULL cells, and how many were NULL."""
+def _block(
+    plan: _ValuePlan, labels: list[tuple[str, ...]], column: tuple[Any, ...]
+) -> tuple[SeriesColumns, int]:
+    """The plan's series from its value column, NULL cells left out; and how many were NULL."""
+    label_columns = [labels[slot] if isinstance(slot, int) else slot for slot in plan.slots]
     values: Sequence[Any] = column
     skipped = 0
     if None in column:
         present = list(map(is_not, column, repeat(None)))
-        keys, values = list(compress(keys, present)), list(compress(column, present))
-        skipped = len(column) - len(keys)
-    if to_float:
+        values = list(compress(column, present))
+        label_columns = [
+            label if isinstance(label, str) else tuple(compress(label, present))
+            for label in label_columns
+        ]
+        skipped = len(column) - len(values)
+    if plan.to_float:
         values = list(map(float, values))
-    return keys, values, skipped
-
-
-def _chained(
-    parts: list[tuple[Sequence[LabelValues], Sequence[float]]],
-) -> tuple[Sequence[LabelValues], Sequence[float]]:
-    if len(parts) == 1:
-        return parts[0]
-    keys = list(chain.from_iterable(part_keys for part_keys, _ in parts))
-    values = list(chain.from_iterable(part_values for _, part_values in parts))
-    return keys, values
-
-
-def _series(
-    spec: MetricSpec, keys: Sequence[LabelValues], values: Sequence[float]
-) -> dict[LabelValues, float]:
-    series = dict(zip(keys, values, strict=True))
-    if len(series) < len(keys):  # rows that share label values combine as the metric says
-        combined = SampleSet()
-        for key, value in zip(keys, values, strict=True):
-            combined.add_labelled(spec, key, value)
-        series = dict(next(combined.metrics())[1])
-    return series
+    return SeriesColumns(tuple(label_columns), values), skipped
 
 
 def _check_shape(
