@@ -33,6 +33,9 @@ class MetricSpec:
     # Histograms: the default explicit bucket bounds (configurable per histogram).
     buckets: tuple[float, ...] = ()
 
+    def combined(self, earlier: float, value: float) -> float:
+        return earlier + value if self.combine == "sum" else max(earlier, value)
+
 
 def _sampled(
     name: str, kind: Kind, labels: tuple[str, ...], help: str, combine: Combine = "sum"

@@ -107,12 +107,7 @@ class SampleSet:
         if series is None:
             series = self._tables[spec] = dict(self._pop_blocks(spec))
         previous = series.get(label_values)
-        if previous is None:
-            series[label_values] = value
-        elif spec.combine == "sum":
-            series[label_values] = previous + value
-        else:
-            series[label_values] = max(previous, value)
+        series[label_values] = value if previous is None else spec.combined(previous, value)
 
     def add_columns(self, spec: MetricSpec, block: SeriesColumns) -> None:
         """Add many series at once, kept as columns while they cannot meet other series of the

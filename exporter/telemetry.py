@@ -15,10 +15,11 @@ A source that fails withdraws its snapshot: its series disappear instead of goin
 
 from __future__ import annotations
 
+import functools
 import itertools
 import platform
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -186,8 +187,7 @@ class Telemetry:
 
     def _cap(self, source: str, spec: MetricSpec, series: Series, clip: bool) -> Series:
         if clip:  # rare: most snapshots are published without a copy
-            cut = self.guard.clip
-            series = Series(({cut(labels): value for labels, value in series.items()},))
+            series = _clipped(spec, series, self.guard.clip)
         with self._snapshot_lock:
             used_elsewhere = sum(
                 len(published.get(spec, ()))
@@ -201,7 +201,7 @@ class Telemetry:
         kept = {labels: values[labels] for labels in _fair_share(list(values), max(room, 0))}
         refused = [value for labels, value in values.items() if labels not in kept]
         overflow_labels = (OVERFLOW,) * len(spec.labels)
-        kept[overflow_labels] = sum(refused) if spec.combine == "sum" else max(refused)
+        kept[overflow_labels] = functools.reduce(spec.combined, refused)
         self._overflow.add(len(refused), {"metric": spec.name})
         return Series((kept,))
 
@@ -299,6 +299,18 @@ class _Exposition:
             else:
                 families[family.name] = family
         return families.values()
+
+
+def _clipped(
+    spec: MetricSpec, series: Series, clip: Callable[[LabelValues], LabelValues]
+) -> Series:
+    """The series with long label values cut; series that then meet combine."""
+    cut: dict[LabelValues, float] = {}
+    for labels, value in series.items():
+        labels = clip(labels)
+        earlier = cut.get(labels)
+        cut[labels] = value if earlier is None else spec.combined(earlier, value)
+    return Series((cut,))
 
 
 def _fair_share(label_sets: list[LabelValues], room: int) -> list[LabelValues]:

@@ -116,6 +116,7 @@ def test_cardinality_cap_folds_into_overflow(redis_client, redis_url, run_export
 def test_long_label_values_are_cut(redis_client, redis_url, run_exporter):
     long_name = "q" * 300
     redis_client.rpush(f"orchestrata:dlq:{long_name}", "{}")
+    redis_client.rpush(f"orchestrata:dlq:{long_name}-2", "{}", "{}")  # same first 64 characters
     redis_client.rpush("orchestrata:dlq:short", "{}")
     app = run_exporter(
         {
@@ -126,6 +127,7 @@ def test_long_label_values_are_cut(redis_client, redis_url, run_exporter):
     )
     series = scrape_when(app, "queue_depth", queue="q" * 64)
     assert value(series, "queue_depth", queue="short") == 1
+    assert value(series, "queue_depth", queue="q" * 64) == 3  # the two cut names add up
     assert not [labels for name, labels in series if ("queue", long_name) in labels]
 
 
