@@ -41,52 +41,20 @@ from exporter.health import HealthBoard
 from exporter.samples import SampleSet
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
+from tests.private_redis import PrivateRedis, free_port
 
 QUEUE_GLOB = "orchestrata:queue:*"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager
 def private_redis(*extra_args: str) -> Iterator[str]:
     """A redis-server of the benchmark's own (a free port, a temp dir); its URL."""
     with tempfile.TemporaryDirectory() as directory:
-        port = free_port()
-        server = subprocess.Popen(
-            [
-                shutil.which("redis-server") or "redis-server",
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                directory,
-                *extra_args,
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        server = PrivateRedis(Path(directory), *extra_args).start()
         try:
-            url = f"redis://127.0.0.1:{port}/0"
-            client = redis.Redis.from_url(url)
-            for _ in range(200):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
-            client.close()
-            yield url
+            yield server.url
         finally:
-            server.kill()
-            server.wait()
+            server.stop()
 
 
 def median_seconds(action: Callable[[], object], runs: int) -> float:
