@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -85,19 +86,11 @@ def _env(flag: str) -> str:
     default="warning",
     show_default=True,
 )
-def demo(
-    redis_url: str | None,
-    postgres_dsn: str | None,
-    listen_address: str,
-    duration: float,
-    rate: float,
-    seed: int,
-    sample_interval: float,
-    log_level: str,
-) -> None:
+def demo(**options: Any) -> None:
     """Run a live demo: a synthetic workload of Orchestrata, Runner-Q and Attune, and the
     exporter reading it. Starts embedded Redis and PostgreSQL unless given."""
-    configure_logging(log_level, "text")
+    settings = DemoSettings(**options)
+    configure_logging(settings.log_level, "text")
     stop = threading.Event()
 
     def on_signal(_signum: int, _frame: FrameType | None) -> None:
@@ -107,25 +100,28 @@ def demo(
     signal.signal(signal.SIGINT, on_signal)
     try:
         with ExitStack() as cleanup:
-            _run(cleanup, stop, redis_url, postgres_dsn, listen_address, duration, rate, seed,
-                 sample_interval, log_level)  # fmt: skip
+            _run(cleanup, stop, settings)
     except (EmbeddedError, WorkloadError, config_module.ConfigError) as error:
         raise click.ClickException(str(error)) from None
     click.echo("demo stopped; everything it started is gone")
 
 
-def _run(
-    cleanup: ExitStack,
-    stop: threading.Event,
-    redis_url: str | None,
-    postgres_dsn: str | None,
-    listen_address: str,
-    duration: float,
-    rate: float,
-    seed: int,
-    sample_interval: float,
-    log_level: str,
-) -> None:
+@dataclass(frozen=True)
+class DemoSettings:
+    """The demo command's options."""
+
+    redis_url: str | None
+    postgres_dsn: str | None
+    listen_address: str
+    duration: float
+    rate: float
+    seed: int
+    sample_interval: float
+    log_level: str
+
+
+def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> None:
+    redis_url, postgres_dsn = settings.redis_url, settings.postgres_dsn
     servers: EmbeddedServers | None = None
     if redis_url is None or postgres_dsn is None:
         servers = EmbeddedServers()
@@ -147,7 +143,7 @@ def _run(
     if stop.is_set():
         return
 
-    workload = Workload(redis_url, postgres_dsn, rate, seed)
+    workload = Workload(redis_url, postgres_dsn, settings.rate, settings.seed)
     cleanup.callback(workload.close)
     workload.check()  # refuses servers that already hold the demo's names
     # Servers the demo did not start: delete what it wrote, once the exporter stopped.
@@ -158,7 +154,13 @@ def _run(
     from exporter.app import App  # the heavy imports only once the servers are up
 
     config = config_module.from_dict(
-        exporter_config(redis_url, postgres_dsn, listen_address, sample_interval, log_level)
+        exporter_config(
+            redis_url,
+            postgres_dsn,
+            settings.listen_address,
+            settings.sample_interval,
+            settings.log_level,
+        )
     )
     try:
         app = App(config)
@@ -169,12 +171,12 @@ def _run(
     app.start()
     cleanup.callback(app.shutdown)
     cleanup.callback(workload.stop_events)  # flushed before the exporter stops reading
-    _banner(config, app.server.port, rate, seed)
+    _banner(config, app.server.port, settings.rate, settings.seed)
 
     workload.start(stop)
     cleanup.callback(workload.join)
     cleanup.callback(stop.set)
-    _status_loop(stop, duration, StatusLine(app.telemetry.registry), workload)
+    _status_loop(stop, settings.duration, StatusLine(app.telemetry.registry), workload)
 
 
 def exporter_config(
