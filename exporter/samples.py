@@ -112,9 +112,9 @@ class SampleSet:
     def add_columns(self, spec: MetricSpec, block: SeriesColumns) -> None:
         """Add many series at once, kept as columns while they cannot meet other series of the
         metric; otherwise they are added one by one and combine."""
-        blocks = self._blocks.setdefault(spec, [])
+        blocks = self._blocks.get(spec, [])
         if spec not in self._tables and all(block.disjoint_from(other) for other in blocks):
-            blocks.append(block)
+            self._blocks[spec] = [*blocks, block]
             return
         for label_values, value in block.items():
             self.add_labelled(spec, label_values, value)
@@ -123,8 +123,7 @@ class SampleSet:
         for spec, table in self._tables.items():
             yield spec, Series((table,))
         for spec, blocks in self._blocks.items():
-            if blocks:
-                yield spec, Series(blocks)
+            yield spec, Series(blocks)
 
     def __len__(self) -> int:
         return sum(len(series) for _, series in self.metrics())
