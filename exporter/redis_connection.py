@@ -1,4 +1,9 @@
-"""One way to open Redis for every part of the exporter: URL, ACL user, password file, TLS."""
+"""One way to open Redis for every part of the exporter: URL, ACL user, password file, TLS.
+
+Every connection has client-side deadlines (connect and per command) and no retries of its own:
+redis-py retries a timed-out command 10 times by default, so one call to a frozen server would
+take a minute. A caller that fails retries on its own schedule (the next cycle, the next read).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -25,6 +32,9 @@ class RedisConnectionConfig(BaseModel):
     tls_cert_file: Path | None = Field(None, description="rediss://: client certificate")
     tls_key_file: Path | None = Field(None, description="rediss://: client certificate's key")
     socket_timeout: float = Field(5.0, gt=0, description="seconds a single command may take")
+    connect_timeout: float = Field(
+        5.0, gt=0, description="seconds opening a connection (TCP, TLS) may take"
+    )
 
     @field_validator("url")
     @classmethod
@@ -63,7 +73,8 @@ class RedisConnectionConfig(BaseModel):
         return redis.Redis.from_url(
             self.url.get_secret_value(),
             socket_timeout=self.socket_timeout,
-            socket_connect_timeout=self.socket_timeout,
+            socket_connect_timeout=self.connect_timeout,
+            retry=Retry(NoBackoff(), 0),
             health_check_interval=30,
             **extra,
         )

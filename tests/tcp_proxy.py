@@ -1,5 +1,11 @@
-"""A TCP forwarder on 127.0.0.1 that a test can cut and restore: the database "unreachable"
-without touching the shared PostgreSQL server."""
+"""A TCP forwarder on 127.0.0.1 that a test can cut, restore, freeze and thaw: a backend
+"unreachable" or "hung" without touching the shared servers.
+
+cut() is a backend that went away (connections break, new ones are refused). freeze() is a
+backend that hangs: every socket stays open and new connections are accepted, but nothing is
+forwarded either way, so the client's kernel sees a healthy TCP peer and only a client-side
+deadline can notice. thaw() forwards again, what was held included.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ class TcpProxy:
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._running = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -40,6 +48,15 @@ class TcpProxy:
             listener.close()
         for sock in sockets:
             _close(sock)
+        self._flowing.set()  # frozen pumps wake up, find their sockets closed and end
+
+    def freeze(self) -> None:
+        """Stop forwarding in both directions; sockets stay open, new ones are accepted."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        """Forward again, starting with what was held while frozen."""
+        self._flowing.set()
 
     def _accept(self, listener: socket.socket) -> None:
         while self._running.is_set():
@@ -59,17 +76,17 @@ class TcpProxy:
             with self._lock:
                 self._sockets += [client, upstream]
             for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=_pump, args=(source, target), daemon=True).start()
+                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
-
-def _pump(source: socket.socket, target: socket.socket) -> None:
-    try:
-        while data := source.recv(65536):
-            target.sendall(data)
-    except OSError:
-        pass
-    _close(source)
-    _close(target)
+    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                self._flowing.wait()  # held while frozen; cut() sets it to end the pump
+                target.sendall(data)
+        except OSError:
+            pass
+        _close(source)
+        _close(target)
 
 
 def _close(sock: socket.socket) -> None:

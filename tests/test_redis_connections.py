@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import time
 
 import pytest
+import redis
 
-from tests.conftest import scrape_when, value
+from exporter.redis_connection import RedisConnectionConfig
+from tests.conftest import REDIS_HOST, REDIS_PORT, scrape_when, value
 from tests.private_redis import PrivateRedis, free_port
+from tests.tcp_proxy import TcpProxy
 
 
 def _openssl(*args: str, cwd) -> None:
@@ -142,3 +146,45 @@ def test_wrong_password_marks_the_source_down(secured_redis, run_exporter):
     )
     series = scrape_when(app, "queue_exporter_source_errors_total", reason="auth")
     assert value(series, "queue_exporter_source_up", source="redis") == 0
+
+
+@pytest.fixture
+def frozen_proxy():
+    """A TCP proxy in front of the test Redis, frozen by the test: sockets open, nothing moves."""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    yield proxy
+    proxy.cut()
+
+
+def test_a_command_to_a_frozen_server_fails_once_within_its_socket_timeout(frozen_proxy, redis_db):
+    timeout = 0.5
+    connection = RedisConnectionConfig(
+        url=f"redis://127.0.0.1:{frozen_proxy.port}/{redis_db}", socket_timeout=timeout
+    )
+    client = connection.connect()
+    assert client.ping()
+    frozen_proxy.freeze()
+    started = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        client.ping()
+    # One timeout, not redis-py's default of ten retries of it.
+    assert time.monotonic() - started < 3 * timeout
+    frozen_proxy.thaw()
+    assert client.ping()  # the next call reconnects by itself
+    client.close()
+
+
+def test_connecting_to_a_frozen_server_fails_within_its_connect_timeout(frozen_proxy, redis_db):
+    timeout = 0.5
+    frozen_proxy.freeze()  # the TCP connection opens; the server never answers SELECT
+    connection = RedisConnectionConfig(
+        url=f"redis://127.0.0.1:{frozen_proxy.port}/{redis_db}",
+        socket_timeout=timeout,
+        connect_timeout=timeout,
+    )
+    client = connection.connect()
+    started = time.monotonic()
+    with pytest.raises(redis.TimeoutError):
+        client.ping()
+    assert time.monotonic() - started < 3 * timeout
+    client.close()
