@@ -135,8 +135,16 @@ SELF: tuple[MetricSpec, ...] = (
     _self(
         "queue_exporter_source_errors_total",
         "counter",
-        ("source", "reason"),
-        "Failed sample cycles and per-item read errors, by reason.",
+        ("source", "reason", "system", "pattern"),
+        "Failed sample cycles and per-key read errors, by reason; a key group's errors carry "
+        "its system and pattern (empty for a whole cycle's failure).",
+    ),
+    _self(
+        "queue_exporter_keys_matched",
+        "gauge",
+        ("source", "system", "pattern"),
+        "Keys the key group matched in the source's last cycle (0 included; enumerated groups: "
+        "the keys built from their values).",
     ),
     _self(
         "queue_exporter_series_overflow_total",

@@ -1,4 +1,8 @@
-"""What each source last reported: read by /readyz and by the source_up self-metrics.
+"""What each source last reported: read by /readyz, the status page and the self-metrics.
+
+Besides up/down, the Redis key sampler reports per key group what its last cycle found
+(keys matched, series, errors by reason): "no jobs" and "not looking at the right keys" both
+read as an absent queue_depth, and these facts are how an operator tells them apart.
 
 A sampler standing by on a follower replica (leader election, leader.py) is not failing:
 it counts as up for /readyz, and it reports no source_up, duration or last-success series,
@@ -9,7 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -22,10 +26,26 @@ class SourceStatus:
     standby: bool = False
 
 
+@dataclass(frozen=True)
+class KeyGroupReport:
+    """What one key group found in its source's last completed cycle."""
+
+    source: str
+    system: str
+    pattern: str
+    type: str
+    keys_matched: int
+    queues: int
+    series: int
+    errors: dict[str, int] = field(default_factory=dict)  # by reason, in that cycle
+    last_warning: str | None = None  # the last problem named in that cycle, in plain words
+
+
 class HealthBoard:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._sources: dict[str, SourceStatus] = {}
+        self._key_groups: dict[str, list[KeyGroupReport]] = {}
 
     def expect(self, source: str) -> None:
         """Declare an enabled source: it is not ready until its first success."""
@@ -54,6 +74,15 @@ class HealthBoard:
             status = self._sources.setdefault(source, SourceStatus())
             status.up = status.standby = True
             status.last_error = None
+
+    def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
+        """Replace what `source` reported about its key groups with its latest cycle's."""
+        with self._lock:
+            self._key_groups[source] = list(reports)
+
+    def key_groups(self) -> list[KeyGroupReport]:
+        with self._lock:
+            return [report for reports in self._key_groups.values() for report in reports]
 
     def snapshot(self) -> dict[str, SourceStatus]:
         with self._lock:

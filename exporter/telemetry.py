@@ -218,8 +218,12 @@ class Telemetry:
 
     # -- instruments and self-metrics -------------------------------------------------------
 
-    def count_error(self, source: str, reason: str, count: int = 1) -> None:
-        self._source_errors.add(count, {"source": source, "reason": reason})
+    def count_error(
+        self, source: str, reason: str, count: int = 1, system: str = "", pattern: str = ""
+    ) -> None:
+        """Count an error; a key group's carries its system and pattern (else they are empty)."""
+        labels = {"source": source, "reason": reason, "system": system, "pattern": pattern}
+        self._source_errors.add(count, labels)
 
     def _register_self_gauges(self) -> None:
         build = {"version": __version__, "python": platform.python_version()}
@@ -242,8 +246,22 @@ class Telemetry:
 
             return observe
 
+        def keys_matched(_: CallbackOptions) -> Iterator[Observation]:
+            # Only for sources that are up: a failing source's findings are not current.
+            sources = self.health.snapshot()
+            for report in self.health.key_groups():
+                status = sources.get(report.source)
+                if status is not None and status.up and not status.standby:
+                    labels = {
+                        "source": report.source,
+                        "system": report.system,
+                        "pattern": report.pattern,
+                    }
+                    yield Observation(report.keys_matched, labels)
+
         for name, callback in (
             ("queue_exporter_build_info", build_info),
+            ("queue_exporter_keys_matched", keys_matched),
             ("queue_exporter_source_up", health_gauge("up")),
             ("queue_exporter_source_duration_seconds", health_gauge("duration")),
             ("queue_exporter_source_last_success_timestamp_seconds", health_gauge("last_success")),

@@ -4,13 +4,20 @@ One cycle: find the keys (SCAN MATCH per group, or keys built from enumerated va
 read them in pipelines of `pipeline_size` commands (one depth command per key or priority
 band, one for the head item, one for the due count), then one more pipelined round for the
 items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position.
+
+Each cycle also tallies, per key group, the keys it matched, the series they gave and what
+could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
+at WARNING naming group, key and reason, rate-limited: a typo in a pattern must not look like
+an empty queue.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -19,6 +26,8 @@ from pydantic import Field
 
 from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
+from exporter.health import KeyGroupReport
+from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.redis_pipeline import round_trip
 from exporter.samples import SampleSet
@@ -32,11 +41,24 @@ from exporter.sources.key_groups import (
 )
 from exporter.telemetry import Telemetry
 
+log = logging.getLogger(__name__)
+
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 MAX_DEPTH = BY_NAME["queue_max_depth"]
 
 _DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
+
+# What each error reason means, for the log and the status page.
+REASON_WORDS = {
+    "wrong_type": "holds another Redis type than the group's",
+    "response_error": "Redis refused the read",
+    "item_not_json": "the head item is not JSON",
+    "time_missing": "the head item carries no time",
+    "time_unparsable": "the head item's time does not parse",
+    "stream_missing": "the stream does not exist",
+    "stream_group_missing": "the stream has no such consumer group",
+}
 
 
 class RedisSourceConfig(RedisConnectionConfig):
@@ -56,10 +78,59 @@ class ItemError(Exception):
         self.reason = reason
 
 
+class GroupTally:
+    """What one key group met during one cycle; becomes its KeyGroupReport."""
+
+    def __init__(self, group: KeyGroup, source: str, telemetry: Telemetry, warnings: LogLimiter):
+        self.group = group
+        self.source = source
+        self.telemetry = telemetry
+        self.warnings = warnings
+        self.keys = 0
+        self.series: set[Labels] = set()
+        self.errors: Counter[str] = Counter()
+        self.last_warning: str | None = None
+
+    def failed(self, key: bytes, reason: str) -> None:
+        """Count and name a key the group could not read (rate-limited per group and reason)."""
+        self.errors[reason] += 1
+        group = self.group
+        self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
+        self.warn(reason, f"key {_text(key)[:200]!r}: {REASON_WORDS.get(reason, reason)}")
+
+    def warn(self, reason: str, problem: str) -> None:
+        group = self.group
+        self.last_warning = problem
+        self.warnings.warning(
+            (group.pattern, reason),
+            "key group %r (system %s, %s): %s [%s]",
+            group.pattern,
+            group.system,
+            group.type,
+            problem,
+            reason,
+        )
+
+    def report(self) -> KeyGroupReport:
+        group = self.group
+        return KeyGroupReport(
+            source=self.source,
+            system=group.system,
+            pattern=group.pattern,
+            type=group.type,
+            keys_matched=self.keys,
+            queues=len({labels.queue for labels in self.series}),
+            series=len(self.series),
+            errors=dict(self.errors),
+            last_warning=self.last_warning,
+        )
+
+
 OnReply = Callable[[Any], "Command | None"]
-# A command to pipeline and what its reply means (possibly a follow-up command). A plain tuple:
-# a cycle builds one or two per key, so construction cost matters at 100k keys.
-Command = tuple[tuple[Any, ...], OnReply]
+# A command to pipeline, what its reply means (possibly a follow-up command) and the key group
+# it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
+# at 100k keys.
+Command = tuple[tuple[Any, ...], OnReply, GroupTally]
 
 
 class Labels(NamedTuple):
@@ -88,24 +159,32 @@ class RedisKeySampler:
         self.telemetry = telemetry
         self._client: redis.Redis | None = None
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
+        self._warnings = LogLimiter(log)
+        self._reported_once = False
 
     # -- Source protocol -------------------------------------------------------------------
 
     def sample(self) -> SampleSet:
         client = self._connect()
-        cycle = _Cycle(time.time(), SampleSet(), self.telemetry, self.name)
+        cycle = _Cycle(time.time(), SampleSet())
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # one round of commands at a time, however large the keyspace.
         follow_ups = _Rounds(self, client, None)
         rounds = _Rounds(self, client, follow_ups)
         # A 100k-key cycle builds ~500k short-lived objects: with the cyclic GC running it took
         # 2.6 s, without it 1.7 s (bench/key_sampling.py). The cycle is bounded by its timeouts.
+        tallies = [
+            GroupTally(group, self.name, self.telemetry, self._warnings)
+            for group in self.config.key_groups
+        ]
         with gc_paused():
-            for group in self.config.key_groups:
-                for key, captured in self._keys(client, group):
-                    rounds.extend(cycle.commands_for_key(group, key, captured))
+            for tally in tallies:
+                for key, captured in self._keys(client, tally.group):
+                    tally.keys += 1
+                    rounds.extend(cycle.commands_for_key(tally, key, captured))
             rounds.flush()
             follow_ups.flush()
+        self._report(tallies)
         return cycle.samples
 
     def error_reason(self, error: Exception) -> str:
@@ -114,6 +193,28 @@ class RedisKeySampler:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+    def _report(self, tallies: list[GroupTally]) -> None:
+        """Put the cycle's findings on the HealthBoard; the first cycle's also in the log."""
+        for tally in tallies:
+            if tally.keys == 0:
+                tally.warn("no_keys", "matched no keys")
+        level = logging.DEBUG if self._reported_once else logging.INFO
+        self._reported_once = True
+        for tally in tallies:
+            log.log(
+                level,
+                "key group %r (system %s, %s): %d key(s) matched, %d queue(s), %d series%s",
+                tally.group.pattern,
+                tally.group.system,
+                tally.group.type,
+                tally.keys,
+                len({labels.queue for labels in tally.series}),
+                len(tally.series),
+                f", errors {dict(tally.errors)}" if tally.errors else "",
+            )
+        reports = [tally.report() for tally in tallies]
+        self.telemetry.health.report_key_groups(self.name, reports)
 
     # -- finding keys and running commands ------------------------------------------------------
 
@@ -152,10 +253,10 @@ class RedisKeySampler:
 
     def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
         """Pipeline the commands in one round trip; yield the follow-ups their replies ask for."""
-        replies = round_trip(client, [args for args, _ in commands])
-        for (_, on_reply), reply in zip(commands, replies, strict=True):
+        replies = round_trip(client, [args for args, _, _ in commands])
+        for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
-                self.telemetry.count_error(self.name, _response_reason(reply))
+                tally.failed(_key_of(args), _response_reason(reply))
                 continue
             follow_up = on_reply(reply)
             if follow_up is not None:
@@ -193,15 +294,14 @@ class _Rounds:
 class _Cycle:
     """One sample cycle: turns each key into commands whose replies fill `samples`."""
 
-    def __init__(self, now: float, samples: SampleSet, telemetry: Telemetry, source: str) -> None:
+    def __init__(self, now: float, samples: SampleSet) -> None:
         self.now = now
         self.samples = samples
-        self.telemetry = telemetry
-        self.source = source
 
     def commands_for_key(
-        self, group: KeyGroup, key: bytes, captured: dict[str, str]
+        self, tally: GroupTally, key: bytes, captured: dict[str, str]
     ) -> Iterator[Command]:
+        group = tally.group
         labels = Labels(
             group.system,
             captured.get("queue") or group.labels.get("queue", ""),
@@ -211,11 +311,11 @@ class _Cycle:
         if group.max_depth is not None:
             self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
         if group.type == "stream":
-            yield from self._stream(group, key, labels)
+            yield from self._stream(tally, key, labels)
         elif group.priority_bands is not None:
-            yield from self._bands(group, key, labels, captured)
+            yield from self._bands(tally, key, labels, captured)
         else:
-            yield (_DEPTH_COMMAND[group.type], key), self._record(DEPTH, labels)
+            yield (_DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
                 index = 0 if group.oldest.end == "head" else -1
                 read = (
@@ -223,22 +323,23 @@ class _Cycle:
                     if group.type == "list"
                     else ("ZRANGE", key, index, index, "WITHSCORES")
                 )
-                yield read, self._head_time(group.oldest, labels, captured)
+                yield read, self._head_time(tally, key, labels, captured), tally
         if group.due is not None:
             limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
             count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
-            yield count_due, self._record(BY_NAME[group.due.metric], labels)
+            yield count_due, self._record(BY_NAME[group.due.metric], labels), tally
 
     def _bands(
-        self, group: KeyGroup, key: bytes, labels: Labels, captured: dict[str, str]
+        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
     ) -> Iterator[Command]:
         """A zset whose score encodes the priority: depth and head item per band."""
+        group = tally.group
         bands = group.priority_bands
         assert bands is not None
         for band, priority in sorted(bands.names.items()):
             low, high = f"{band * bands.width!r}", f"({(band + 1) * bands.width!r}"
             band_labels = labels._replace(priority=priority)
-            yield ("ZCOUNT", key, low, high), self._record(DEPTH, band_labels)
+            yield ("ZCOUNT", key, low, high), self._depth(tally, band_labels), tally
             if group.oldest is None:
                 continue
             if group.oldest.end == "tail":
@@ -247,21 +348,23 @@ class _Cycle:
                 read = ("ZRANGEBYSCORE", key, low, high)
             yield (
                 (*read, "LIMIT", 0, 1, "WITHSCORES"),
-                self._head_time(group.oldest, band_labels, captured),
+                self._head_time(tally, key, band_labels, captured),
+                tally,
             )
 
-    def _stream(self, group: KeyGroup, key: bytes, labels: Labels) -> Iterator[Command]:
+    def _stream(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
+        group = tally.group
         if group.stream_group:
-            yield ("XINFO", "GROUPS", key), self._stream_group(group, key, labels)
+            yield ("XINFO", "GROUPS", key), self._stream_group(tally, key, labels), tally
             return
-        yield ("XLEN", key), self._record(DEPTH, labels)
+        yield ("XLEN", key), self._depth(tally, labels), tally
         if group.oldest is not None:
             first = (
                 ("XRANGE", key, "-", "+")
                 if group.oldest.end == "head"
                 else ("XREVRANGE", key, "+", "-")
             )
-            yield (*first, "COUNT", 1), self._stream_head(labels)
+            yield (*first, "COUNT", 1), self._stream_head(labels), tally
 
     # -- reply handlers --------------------------------------------------------------------
 
@@ -274,14 +377,24 @@ class _Cycle:
 
         return record
 
+    def _depth(self, tally: GroupTally, labels: Labels) -> OnReply:
+        add = self.samples.add_labelled
+
+        def record(reply: Any) -> None:
+            add(DEPTH, labels, float(reply))
+            tally.series.add(labels)
+
+        return record
+
     def _age(self, labels: Labels, item_time: float) -> None:
         self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - item_time))
 
-    def _failed_item(self, error: Exception) -> None:
-        reason = error.reason if isinstance(error, ItemError) else "time_unparsable"
-        self.telemetry.count_error(self.source, reason)
+    def _head_time(
+        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
+    ) -> OnReply:
+        oldest = tally.group.oldest
+        assert oldest is not None
 
-    def _head_time(self, oldest: OldestItem, labels: Labels, captured: dict[str, str]) -> OnReply:
         def on_head(reply: Any) -> Command | None:
             head = _head_item(reply)
             if head is None:
@@ -290,22 +403,26 @@ class _Cycle:
             try:
                 if oldest.time_in == "hash":
                     hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                    return ("HGET", hash_key, oldest.field), self._hash_time(oldest, labels)
+                    on_field = self._hash_time(tally, hash_key.encode(), labels)
+                    return ("HGET", hash_key, oldest.field), on_field, tally
                 self._age(labels, _item_time(oldest, item, score))
             except (ItemError, TimeParseError, UnicodeDecodeError) as error:
-                self._failed_item(error)
+                tally.failed(key, _item_reason(error))
             return None
 
         return on_head
 
-    def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
+    def _hash_time(self, tally: GroupTally, hash_key: bytes, labels: Labels) -> OnReply:
+        oldest = tally.group.oldest
+        assert oldest is not None
+
         def on_field(reply: Any) -> None:
             try:
                 if reply is None:
                     raise ItemError("time_missing")
                 self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
             except (ItemError, TimeParseError) as error:
-                self._failed_item(error)
+                tally.failed(hash_key, _item_reason(error))
 
         return on_field
 
@@ -316,23 +433,26 @@ class _Cycle:
 
         return on_entries
 
-    def _stream_group(self, group: KeyGroup, key: bytes, labels: Labels) -> OnReply:
+    def _stream_group(self, tally: GroupTally, key: bytes, labels: Labels) -> OnReply:
+        group = tally.group
         wanted = (group.stream_group or "").encode()
 
         def on_groups(reply: Any) -> Command | None:
             groups = (_as_map(entry) for entry in reply)
             info = next((entry for entry in groups if entry.get(b"name") == wanted), None)
             if info is None:
-                self.telemetry.count_error(self.source, "stream_group_missing")
+                tally.failed(key, "stream_group_missing")
                 return None
             self.samples.add_labelled(DEPTH, labels, float(info.get(b"lag") or 0))
             pending = float(info.get(b"pending") or 0)
-            self.samples.add_labelled(DEPTH, labels._replace(state="active"), pending)
+            active = labels._replace(state="active")
+            self.samples.add_labelled(DEPTH, active, pending)
+            tally.series.update((labels, active))
             if group.oldest is None:
                 return None
             # The oldest undelivered entry is the first after the group's last delivered id.
             after = b"(" + info.get(b"last-delivered-id", b"0-0")
-            return ("XRANGE", key, after, "+", "COUNT", 1), self._stream_head(labels)
+            return ("XRANGE", key, after, "+", "COUNT", 1), self._stream_head(labels), tally
 
         return on_groups
 
@@ -385,5 +505,20 @@ def _stream_id_time(entry_id: bytes) -> float:
     return int(entry_id.split(b"-", 1)[0]) / 1000.0
 
 
+def _item_reason(error: Exception) -> str:
+    return error.reason if isinstance(error, ItemError) else "time_unparsable"
+
+
+def _key_of(args: tuple[Any, ...]) -> bytes:
+    """The key a command reads (XINFO GROUPS names it second)."""
+    key = args[2] if args[0] == "XINFO" else args[1]
+    return key if isinstance(key, bytes) else str(key).encode()
+
+
 def _response_reason(error: redis.ResponseError) -> str:
-    return "wrong_type" if str(error).startswith("WRONGTYPE") else "response_error"
+    message = str(error)
+    if message.startswith("WRONGTYPE"):
+        return "wrong_type"
+    if message.removeprefix("ERR ").startswith("no such key"):  # XINFO GROUPS, no stream
+        return "stream_missing"
+    return "response_error"
