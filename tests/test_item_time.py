@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import UTC, datetime
 
 import pytest
@@ -50,12 +51,19 @@ def test_rejects(raw, fmt):
 
 
 @given(
-    st.one_of(st.text(max_size=64), st.binary(max_size=64), st.floats(), st.integers()),
+    st.one_of(
+        st.text(max_size=64),
+        st.binary(max_size=64),
+        st.floats(),
+        st.integers(),
+        st.integers(min_value=-(10**400), max_value=10**400),  # beyond any float
+    ),
     st.sampled_from(["auto", "iso", "epoch_s", "epoch_ms"]),
+    st.one_of(st.just(1.0), st.floats(min_value=1e-300, max_value=1e300)),
 )
-def test_never_raises_anything_else(raw, fmt):
+def test_never_raises_anything_else(raw, fmt, divisor):
     try:
-        result = parse_time(raw, fmt)
+        result = parse_time(raw, fmt, divisor)
     except TimeParseError:
         return
-    assert isinstance(result, float)
+    assert isinstance(result, float) and math.isfinite(result)

@@ -31,23 +31,27 @@ def parse_time(
     if number is None:
         if fmt == "auto" and isinstance(raw, str):
             return _parse_iso(raw)
-        raise TimeParseError(f"not a number: {str(raw)[:64]!r}")
+        raise TimeParseError(f"not a number: {_shown(raw)}")
     number /= divisor
+    if not math.isfinite(number):  # a huge number over a small divisor
+        raise TimeParseError(f"out of range: {_shown(raw)}")
     if fmt == "epoch_ms" or (fmt == "auto" and abs(number) >= _MS_THRESHOLD):
         return number / 1000.0
     return number
 
 
+def _shown(raw: str | float | int) -> str:
+    """A stored value for an error message; a huge integer is not turned into digits."""
+    return repr(raw[:64]) if isinstance(raw, str) else type(raw).__name__
+
+
 def _as_number(raw: str | float | int) -> float | None:
     if isinstance(raw, bool):
         return None
-    if isinstance(raw, int | float):
+    try:
         value = float(raw)
-    else:
-        try:
-            value = float(raw)
-        except ValueError:
-            return None
+    except (ValueError, OverflowError):  # not a number, or an integer beyond any float
+        return None
     return value if math.isfinite(value) else None
 
 

@@ -56,6 +56,9 @@ REASON_WORDS = {
     "item_not_json": "the head item is not JSON",
     "time_missing": "the head item carries no time",
     "time_unparsable": "the head item's time does not parse",
+    "item_not_utf8": "the head item names a hash but is not UTF-8",
+    "item_too_deep": "the head item is nested too deep to read",
+    "item_unreadable": "reading the head item failed",
     "stream_missing": "the stream does not exist",
     "stream_group_missing": "the stream has no such consumer group",
 }
@@ -78,6 +81,15 @@ class ItemError(Exception):
         self.reason = reason
 
 
+# Exceptions a reply handler may meet in hostile data, and their reason; anything else is
+# item_unreadable. A fixed table, so hostile data cannot grow the reason label.
+_EXCEPTION_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (TimeParseError, "time_unparsable"),
+    (RecursionError, "item_too_deep"),
+    (UnicodeDecodeError, "item_not_utf8"),
+)
+
+
 class GroupTally:
     """What one key group met during one cycle; becomes its KeyGroupReport."""
 
@@ -91,12 +103,13 @@ class GroupTally:
         self.errors: Counter[str] = Counter()
         self.last_warning: str | None = None
 
-    def failed(self, key: bytes, reason: str) -> None:
+    def failed(self, key: bytes, reason: str, detail: str = "") -> None:
         """Count and name a key the group could not read (rate-limited per group and reason)."""
         self.errors[reason] += 1
         group = self.group
         self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
-        self.warn(reason, f"key {_text(key)[:200]!r}: {REASON_WORDS.get(reason, reason)}")
+        words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
+        self.warn(reason, f"key {_text(key)[:200]!r}: {words}")
 
     def warn(self, reason: str, problem: str) -> None:
         group = self.group
@@ -179,7 +192,7 @@ class RedisKeySampler:
         ]
         with gc_paused():
             for tally in tallies:
-                for key, captured in self._keys(client, tally.group):
+                for key, captured in self._keys(client, tally):
                     tally.keys += 1
                     rounds.extend(cycle.commands_for_key(tally, key, captured))
             rounds.flush()
@@ -223,9 +236,12 @@ class RedisKeySampler:
             self._client = self.config.connect()
         return self._client
 
-    def _keys(self, client: redis.Redis, group: KeyGroup) -> Iterator[tuple[bytes, dict[str, str]]]:
+    def _keys(
+        self, client: redis.Redis, tally: GroupTally
+    ) -> Iterator[tuple[bytes, dict[str, str]]]:
+        group = tally.group
         if group.enumerated:
-            yield from self._enumerated_keys(client, group)
+            yield from self._enumerated_keys(client, tally)
             return
         regex = self._regexes[group.pattern]
         seen: set[bytes] = set()
@@ -238,13 +254,19 @@ class RedisKeySampler:
                 yield key, match.groupdict()
 
     def _enumerated_keys(
-        self, client: redis.Redis, group: KeyGroup
+        self, client: redis.Redis, tally: GroupTally
     ) -> Iterator[tuple[bytes, dict[str, str]]]:
         """Keys built from known values: a queue that is empty (its key gone) still reads 0."""
+        group = tally.group
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
+            try:
+                stored = client.smembers(members.key)
+            except redis.ResponseError as error:  # not a set (any more): this group alone is lost
+                tally.failed(members.key.encode(), _response_reason(error))
+                return
             member_regex = key_regex(members.member)
-            matches = (member_regex.match(_text(member)) for member in client.smembers(members.key))
+            matches = (member_regex.match(_text(member)) for member in stored)
             choices[name] = sorted(match.group("value") for match in matches if match)
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
@@ -252,13 +274,24 @@ class RedisKeySampler:
             yield fill(group.pattern, captured).encode(), captured
 
     def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
-        """Pipeline the commands in one round trip; yield the follow-ups their replies ask for."""
+        """Pipeline the commands in one round trip; yield the follow-ups their replies ask for.
+
+        A reply that cannot be read fails only what it is about, whatever it raises: the item
+        or key is counted and named, and the rest of the cycle goes on. Only the round trip
+        itself (the backend) can fail the cycle.
+        """
         replies = round_trip(client, [args for args, _, _ in commands])
         for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
             if isinstance(reply, redis.ResponseError):
                 tally.failed(_key_of(args), _response_reason(reply))
                 continue
-            follow_up = on_reply(reply)
+            try:
+                follow_up = on_reply(reply)
+            except Exception as error:  # hostile data may raise anything
+                reason = _exception_reason(error)
+                detail = type(error).__name__ if reason == "item_unreadable" else ""
+                tally.failed(_key_of(args), reason, detail)
+                continue
             if follow_up is not None:
                 yield follow_up
 
@@ -323,7 +356,7 @@ class _Cycle:
                     if group.type == "list"
                     else ("ZRANGE", key, index, index, "WITHSCORES")
                 )
-                yield read, self._head_time(tally, key, labels, captured), tally
+                yield read, self._head_time(tally, labels, captured), tally
         if group.due is not None:
             limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
             count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
@@ -348,7 +381,7 @@ class _Cycle:
                 read = ("ZRANGEBYSCORE", key, low, high)
             yield (
                 (*read, "LIMIT", 0, 1, "WITHSCORES"),
-                self._head_time(tally, key, band_labels, captured),
+                self._head_time(tally, band_labels, captured),
                 tally,
             )
 
@@ -389,9 +422,7 @@ class _Cycle:
     def _age(self, labels: Labels, item_time: float) -> None:
         self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - item_time))
 
-    def _head_time(
-        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
-    ) -> OnReply:
+    def _head_time(self, tally: GroupTally, labels: Labels, captured: dict[str, str]) -> OnReply:
         oldest = tally.group.oldest
         assert oldest is not None
 
@@ -400,29 +431,19 @@ class _Cycle:
             if head is None:
                 return None  # empty: no age
             item, score = head
-            try:
-                if oldest.time_in == "hash":
-                    hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                    on_field = self._hash_time(tally, hash_key.encode(), labels)
-                    return ("HGET", hash_key, oldest.field), on_field, tally
-                self._age(labels, _item_time(oldest, item, score))
-            except (ItemError, TimeParseError, UnicodeDecodeError) as error:
-                tally.failed(key, _item_reason(error))
+            if oldest.time_in == "hash":
+                hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
+                return ("HGET", hash_key, oldest.field), self._hash_time(oldest, labels), tally
+            self._age(labels, _item_time(oldest, item, score))
             return None
 
         return on_head
 
-    def _hash_time(self, tally: GroupTally, hash_key: bytes, labels: Labels) -> OnReply:
-        oldest = tally.group.oldest
-        assert oldest is not None
-
+    def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
         def on_field(reply: Any) -> None:
-            try:
-                if reply is None:
-                    raise ItemError("time_missing")
-                self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
-            except (ItemError, TimeParseError) as error:
-                tally.failed(hash_key, _item_reason(error))
+            if reply is None:
+                raise ItemError("time_missing")
+            self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
 
         return on_field
 
@@ -441,8 +462,7 @@ class _Cycle:
             groups = (_as_map(entry) for entry in reply)
             info = next((entry for entry in groups if entry.get(b"name") == wanted), None)
             if info is None:
-                tally.failed(key, "stream_group_missing")
-                return None
+                raise ItemError("stream_group_missing")
             self.samples.add_labelled(DEPTH, labels, float(info.get(b"lag") or 0))
             pending = float(info.get(b"pending") or 0)
             active = labels._replace(state="active")
@@ -505,8 +525,14 @@ def _stream_id_time(entry_id: bytes) -> float:
     return int(entry_id.split(b"-", 1)[0]) / 1000.0
 
 
-def _item_reason(error: Exception) -> str:
-    return error.reason if isinstance(error, ItemError) else "time_unparsable"
+def _exception_reason(error: Exception) -> str:
+    """The reason label for what a reply handler raised."""
+    if isinstance(error, ItemError):
+        return error.reason
+    for kind, reason in _EXCEPTION_REASONS:
+        if isinstance(error, kind):
+            return reason
+    return "item_unreadable"
 
 
 def _key_of(args: tuple[Any, ...]) -> bytes:
