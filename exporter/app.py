@@ -9,11 +9,13 @@ import time
 from types import FrameType
 
 from exporter.config import Config
+from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import build_consumers
+from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
 from exporter.leader import Leadership, lease_connection, register_leader_gauge
-from exporter.sources import postgres
+from exporter.sources import native, postgres
 from exporter.sources.base import Source, SourceRunner
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
@@ -24,7 +26,9 @@ log = logging.getLogger(__name__)
 SHUTDOWN_BUDGET = 20.0
 
 
-def build_sources(config: Config, telemetry: Telemetry) -> list[Source]:
+def build_sources(
+    config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
+) -> list[Source]:
     sources: list[Source] = []
     redis_config = config.sources.redis
     if redis_config is not None and redis_config.key_groups:
@@ -32,7 +36,21 @@ def build_sources(config: Config, telemetry: Telemetry) -> list[Source]:
     postgres_config = config.sources.postgres
     if postgres_config is not None and postgres_config.collectors:
         sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
+    if event_metrics is not None:
+        sources.extend(
+            native.build_sources(
+                config.sources.native, redis_config, event_metrics, config.sample_interval
+            )
+        )
     return sources
+
+
+def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | None:
+    """The one EventMetrics that event streams and native readers feed, when any is on."""
+    events, readers = config.sources.events, config.sources.native
+    if not (events is not None and events.streams) and not (readers and readers.enabled()):
+        return None
+    return EventMetrics(telemetry, (events or EventsSourceConfig()).buckets())
 
 
 class App:
@@ -43,12 +61,13 @@ class App:
         self.stopping = threading.Event()
         self.leadership = _leadership(config)
         register_leader_gauge(self.telemetry, self.leadership)
+        event_metrics = build_event_metrics(config, self.telemetry)
         self.runners = [
             SourceRunner(source, self.telemetry, self.stopping, self.leadership)
-            for source in build_sources(config, self.telemetry)
+            for source in build_sources(config, self.telemetry, event_metrics)
         ]
         self.event_consumers = build_consumers(
-            config.sources.events, config.sources.redis, self.telemetry
+            config.sources.events, config.sources.redis, self.telemetry, event_metrics
         )
         host, port = config.host_port
         self.server = MetricsServer(

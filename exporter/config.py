@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
 from exporter.leader import LeaderElectionConfig
+from exporter.sources.native import NativeConfig
 from exporter.sources.postgres import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisSourceConfig
 from exporter.telemetry import LimitsConfig, OtlpConfig
@@ -42,6 +43,7 @@ class SourcesConfig(StrictModel):
     redis: RedisSourceConfig | None = None
     events: EventsSourceConfig | None = None
     postgres: PostgresSourceConfig | None = None
+    native: NativeConfig | None = None
 
 
 class Config(StrictModel):
@@ -120,6 +122,10 @@ def effective_yaml(config: Config) -> str:
     events = config.sources.events
     if events is not None and events.redis is not None:
         document["sources"]["events"]["redis"]["url"] = events.redis.masked_url()
+    native = config.sources.native
+    for name, reader in native.enabled_by_name().items() if native is not None else ():
+        if reader.redis is not None:
+            document["sources"]["native"][name]["redis"]["url"] = reader.redis.masked_url()
     if config.leader_election.redis is not None:
         lease_redis = document["leader_election"]["redis"]
         lease_redis["url"] = config.leader_election.redis.masked_url()

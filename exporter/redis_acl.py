@@ -13,6 +13,7 @@ import itertools
 
 from exporter.config import Config
 from exporter.sources.key_groups import KeyGroup, fill, placeholders, scan_glob
+from exporter.sources.native.framework import ReaderConfig
 
 # Health checks (redis-py PINGs idle connections) and a database number in the URL. Not
 # granted: CLIENT SETINFO (Redis 7.2+) and CLIENT MAINT_NOTIFICATIONS (Redis 8), which redis-py
@@ -76,7 +77,14 @@ def read_key_patterns(config: Config) -> list[str]:
     events = config.sources.events
     if events is not None and any(stream.format == "runnerq" for stream in events.streams):
         patterns.append(RUNNERQ_ACTIVITY_KEYS)
+    for reader in _native_readers(config):
+        patterns += reader.acl_read_keys()
     return list(dict.fromkeys(patterns))
+
+
+def _native_readers(config: Config) -> list[ReaderConfig]:
+    native = config.sources.native
+    return native.enabled() if native is not None else []
 
 
 def _group_keys(group: KeyGroup) -> list[str]:
@@ -102,6 +110,8 @@ def acl_rules(config: Config) -> list[str]:
         commands += EVENTS_COMMANDS
         if RUNNERQ_ACTIVITY_KEYS in read_key_patterns(config):
             commands += RUNNERQ_COMMANDS
+    for reader in _native_readers(config):
+        commands += reader.ACL_COMMANDS
     rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
     rules += [f"~{key}" for key in stream_keys(config)]

@@ -57,6 +57,9 @@ def presets_page() -> str:
         "A preset is a piece of configuration: `--preset NAME`, or in the file",
         "`presets: [{name: NAME, params: {...}}]` to override its params. Key groups use the same",
         "format as an operator's own (`sources.redis.key_groups`, see the README).",
+        "A preset that configures `sources.native` also reads the system's own records into",
+        "throughput, failures, runtimes and workers: docs/native.md says what each reader reads,",
+        "which versions are tested, and how to add a reader.",
         "",
     ]
     for name in presets.available():

@@ -46,3 +46,12 @@ if [ ! -x .venv/tools/checkov/bin/checkov ]; then
   python3 -m venv .venv/tools/checkov
   .venv/tools/checkov/bin/python -m pip install -q 'checkov==3.3.30'
 fi
+
+# RQ 2.x and 1.x, each in a venv of its own (the project's venv has RQ 3 from the dev extra):
+# tests/test_native_rq.py runs producers, workers and RQ's own counts under every major.
+for major in 2 1; do
+  if [ ! -x ".venv/tools/rq${major}/bin/rq" ]; then
+    python3 -m venv ".venv/tools/rq${major}"
+    ".venv/tools/rq${major}/bin/python" -m pip install -q "rq>=${major},<$((major + 1))"
+  fi
+done

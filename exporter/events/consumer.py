@@ -380,12 +380,14 @@ def build_consumers(
     settings: EventsSourceConfig | None,
     default_connection: RedisConnectionConfig | None,
     telemetry: Telemetry,
+    metrics: EventMetrics | None = None,
 ) -> list[StreamConsumer]:
-    """One consumer per configured stream; the connection defaults to sources.redis's."""
+    """One consumer per configured stream; the connection defaults to sources.redis's. The
+    EventMetrics may be shared with other feeds (native readers); one is made when none is."""
     if settings is None or not settings.streams:
         return []
     connection = settings.redis or default_connection or RedisConnectionConfig()
-    metrics = EventMetrics(telemetry, settings.buckets())
+    metrics = metrics or EventMetrics(telemetry, settings.buckets())
     return [
         StreamConsumer(
             stream, settings, connection, metrics, telemetry.health, telemetry.count_error

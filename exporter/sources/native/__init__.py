@@ -1,0 +1,56 @@
+"""Native signals: what a queue system records itself, read into the lifecycle families.
+
+`sources.native` holds one typed section per system that has a reader; a preset turns its
+reader on (`sources.native.rq: {enabled: true}`), a preset param or the operator's own
+section turns it off. framework.py explains how a reader runs and feeds the metrics;
+docs/presets.md says how to add one.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from exporter.events.metrics import EventMetrics
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.framework import NativeSource, Reader, ReaderConfig
+from exporter.sources.native.rq import RqReader, RqReaderConfig
+
+
+class NativeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rq: RqReaderConfig | None = None
+
+    def enabled(self) -> list[ReaderConfig]:
+        return list(self.enabled_by_name().values())
+
+    def enabled_by_name(self) -> dict[str, ReaderConfig]:
+        """The readers turned on, by their section name."""
+        sections = {name: getattr(self, name) for name in type(self).model_fields}
+        return {
+            name: reader
+            for name, reader in sections.items()
+            if isinstance(reader, ReaderConfig) and reader.enabled
+        }
+
+
+def build_sources(
+    config: NativeConfig | None,
+    default_connection: RedisConnectionConfig | None,
+    metrics: EventMetrics,
+    default_interval: float,
+) -> list[NativeSource]:
+    if config is None:
+        return []
+    sources = []
+    for settings in config.enabled():
+        connection = settings.redis or default_connection or RedisConnectionConfig()
+        interval = settings.interval or default_interval
+        sources.append(NativeSource(_reader(settings, connection), interval, metrics))
+    return sources
+
+
+def _reader(settings: ReaderConfig, connection: RedisConnectionConfig) -> Reader:
+    if isinstance(settings, RqReaderConfig):
+        return RqReader(settings, connection)
+    raise TypeError(f"no reader for {type(settings).__name__}")

@@ -1,0 +1,142 @@
+"""The pieces every native reader shares: its config base, what one read yields, how it runs.
+
+A native reader reads what a queue system records about its own jobs and workers (RQ's
+registries and worker hashes, Celery's event protocol, ...) and turns it into the same
+families lifecycle events feed (`queue_jobs_*_total`, `queue_job_*_seconds`, `queue_workers`).
+The application is not changed and nothing is written to its data.
+
+How a reader runs: as a `Source` (sources/base.py) wrapped by `NativeSource`. The
+SourceRunner calls `NativeSource.sample()` on the reader's interval, which hands the reader
+a fresh `Signals`; the reader fills it in `read()` and raises when its backend cannot be
+read. What it filled is applied only when the whole read succeeded:
+- `signals.tally` (an events/metrics.py `Tally`: counter increments, histogram observations,
+  worker heartbeats) goes to the shared `EventMetrics`, exactly like a batch of stream events;
+- `signals.samples` (a `SampleSet`, e.g. depth of a state no key group can see) is published
+  as the source's snapshot, withdrawn while the reader fails.
+So a reader never touches telemetry itself, and a failing read counts nothing twice. Like every
+sampler it runs only on the leader (leader.py), so replicas do not count the same job twice.
+
+A reader that follows a stream of events (Celery) reads what arrived since its last read,
+within a deadline, in each `read()`; a reader of records (RQ) compares them with what it saw
+in the previous read. Counts a system keeps itself as absolute numbers (per worker, per day)
+become increments with `CounterDeltas`, so a worker restart is not a counter reset.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
+from exporter.samples import SampleSet
+
+# Workers a reader reported are forgotten after this many of its intervals without a report:
+# a worker that left (or a reader that fails) leaves queue_workers within that time.
+WORKER_TIMEOUT_INTERVALS = 2.5
+MAX_WORKERS = 10_000
+
+
+class ReaderConfig(BaseModel):
+    """Settings every native reader has; a reader's own config adds its fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="read the system's own signals (off: depth only)")
+    system: str = Field(min_length=1, description="the system label of what it reports")
+    interval: float | None = Field(
+        None, gt=0, description="seconds between reads (default: the global sample interval)"
+    )
+    redis: RedisConnectionConfig | None = Field(
+        None, description="where the system's data lives (default: sources.redis's connection)"
+    )
+
+    # The least Redis permissions the reader needs (redis_acl.py): commands, and ACL glob
+    # patterns of the keys it reads; writes, where a reader must make any, are its own to say.
+    ACL_COMMANDS: ClassVar[tuple[str, ...]] = ()
+
+    def acl_read_keys(self) -> list[str]:
+        return []
+
+
+@dataclass(slots=True)
+class Signals:
+    """What one read yields: lifecycle updates and sampled series."""
+
+    tally: Tally = field(default_factory=Tally)
+    samples: SampleSet = field(default_factory=SampleSet)
+    now: float = field(default_factory=time.time)
+
+    def worker(self, system: str, queue: str, worker: str, active: int, capacity: int) -> None:
+        """A worker seen alive in this read (busy when active > 0), serving `queue`."""
+        self.tally.heartbeats.append(Heartbeat(system, queue, worker, active, capacity, self.now))
+
+
+class Reader(Protocol):
+    """One system's reader: `read` fills `signals` or raises; nothing is applied on a raise."""
+
+    name: str
+
+    def read(self, signals: Signals) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NativeSource:
+    """Runs a Reader as a Source (sources/base.py): its interval, error handling, leadership."""
+
+    def __init__(
+        self,
+        reader: Reader,
+        interval: float,
+        metrics: EventMetrics,
+    ) -> None:
+        self.reader = reader
+        self.name = reader.name
+        self.interval = interval
+        self.metrics = metrics
+        self.workers: WorkerRegistry = metrics.worker_registry(
+            interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS
+        )
+        metrics.declare_stream(self.name)
+
+    def sample(self) -> SampleSet:
+        signals = Signals()
+        self.reader.read(signals)
+        self.metrics.record(self.name, signals.tally, self.workers)
+        return signals.samples
+
+    def error_reason(self, error: Exception) -> str:
+        return redis_error_reason(error)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+class CounterDeltas:
+    """Increments from counts a system keeps as absolute numbers (per worker, per process).
+
+    The first `update` only takes the baseline (what happened before the exporter started is
+    not counted); after that an identity's increase is counted, a count that went down (the
+    process restarted) counts from zero, a new identity counts in full (it started after the
+    previous read), and identities no longer reported are forgotten.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[Hashable, float] | None = None
+
+    def update(self, counts: Mapping[Hashable, float]) -> dict[Hashable, float]:
+        last, self._last = self._last, dict(counts)
+        if last is None:
+            return {}
+        deltas: dict[Hashable, float] = {}
+        for identity, value in counts.items():
+            before = last.get(identity)
+            delta = value if before is None or value < before else value - before
+            if delta:
+                deltas[identity] = delta
+        return deltas

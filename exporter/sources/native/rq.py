@@ -1,0 +1,292 @@
+"""RQ's own records as lifecycle signals: job registries and the worker registry.
+
+Every read compares each queue's started (`rq:wip:<q>`), finished and failed registries with
+the previous read: a job id new in finished is a completion, new in failed a final failure,
+new in started a start; a job that left started for neither was put back for another attempt
+(a retry). The job hash (`rq:job:<id>`) gives the job type (its description up to the
+argument list), the enqueue, start and end times (wait and execution histograms); the latest
+result (`rq:results:<id>`, RQ 1.12+, else the hash's exc_info) whether a failure was a timeout.
+These are the jobs' own records, not a worker's counts, so a worker restart resets nothing.
+The first read only takes the baseline: what finished before the exporter started is not
+counted.
+
+Workers come from `rq:workers` and their hashes (state busy or idle, the queues they serve),
+and RQ 3's rate-limited jobs (`rq:rl:<key>:rate_limited`, held back per rate-limit key, not
+per queue) are counted as pending under their job's queue, which no key group can see.
+
+A started member in RQ 2+ is `<job id>:<execution id>` (RQ job ids hold no colon), so a job
+retried and started again between two reads is still seen leaving; RQ 1 writes the job id.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from base64 import b64decode
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import Field
+
+from exporter.catalog import BY_NAME
+from exporter.events.metrics import apply
+from exporter.events.wire import Event
+from exporter.logs import LogLimiter
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.item_time import TimeParseError, parse_time
+from exporter.sources.key_groups import scan_glob
+from exporter.sources.native.framework import ReaderConfig, Signals
+
+log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
+
+DEPTH = BY_NAME["queue_depth"]
+REGISTRIES = ("wip", "finished", "failed")
+_JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
+# Failure text read to classify a failure (a traceback); beyond it nothing is decompressed.
+_MAX_EXC_TEXT = 65536
+
+
+class RqReaderConfig(ReaderConfig):
+    system: str = Field("rq", min_length=1, description="the system label")
+    queues_set: str = Field("rq:queues", min_length=1, description="the set of queue keys")
+
+    ACL_COMMANDS = ("smembers", "zrange", "hmget", "hget", "xrevrange")
+
+    def acl_read_keys(self) -> list[str]:
+        registries = [f"rq:{registry}:*" for registry in REGISTRIES]
+        workers = ["rq:workers", "rq:worker:*"]
+        jobs = ["rq:job:*", "rq:results:*", "rq:rl-keys", "rq:rl:*"]
+        return [scan_glob(self.queues_set), *registries, *workers, *jobs]
+
+
+@dataclass(slots=True)
+class _Job:
+    job_type: str = ""
+    enqueued_at: float | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    status: str = ""
+    exc_text: str = ""
+
+
+class RqReader:
+    def __init__(self, config: RqReaderConfig, connection: RedisConnectionConfig) -> None:
+        self.name = "native:rq"
+        self.config = config
+        self.connection = connection
+        self._client: redis.Redis | None = None
+        # (queue, registry) -> members at the previous read; None before the first read.
+        self._previous: dict[tuple[str, str], set[str]] | None = None
+
+    def read(self, signals: Signals) -> None:
+        client = self._connect()
+        try:
+            queues = self._queues(client)
+            current = self._registries(client, queues)
+            self._workers(client, signals)
+            self._rate_limited(client, signals)
+            if self._previous is not None:
+                self._transitions(client, queues, current, signals)
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.close()
+            raise
+        self._previous = current
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+        return self._client
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _queues(self, client: redis.Redis) -> list[str]:
+        names = []
+        for member in _members(client, self.config.queues_set):
+            key = member.decode("utf-8", "replace")
+            if key.startswith("rq:queue:"):
+                names.append(key.removeprefix("rq:queue:"))
+        return sorted(names)
+
+    def _registries(
+        self, client: redis.Redis, queues: list[str]
+    ) -> dict[tuple[str, str], set[str]]:
+        pipe = client.pipeline(transaction=False)
+        for queue in queues:
+            for registry in REGISTRIES:
+                pipe.zrange(f"rq:{registry}:{queue}", 0, -1)
+        replies = iter(pipe.execute())
+        current: dict[tuple[str, str], set[str]] = {}
+        for queue in queues:
+            for registry in REGISTRIES:
+                current[(queue, registry)] = {
+                    member.decode("utf-8", "replace") for member in next(replies)
+                }
+        return current
+
+    def _workers(self, client: redis.Redis, signals: Signals) -> None:
+        keys = sorted(_members(client, "rq:workers"))
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.hmget(key, ("state", "queues"))
+        for key, (state, queues) in zip(keys, pipe.execute(), strict=True):
+            if state is None:  # the set outlives a dead worker's hash (it expires)
+                continue
+            worker = key.decode("utf-8", "replace").removeprefix("rq:worker:")
+            busy = 1 if state == b"busy" else 0
+            for queue in (queues or b"").decode("utf-8", "replace").split(","):
+                if queue:
+                    signals.worker(self.config.system, queue, worker, busy, 1)
+
+    def _rate_limited(self, client: redis.Redis, signals: Signals) -> None:
+        """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""
+        limits = sorted(_members(client, "rq:rl-keys"))
+        if not limits:
+            return
+        pipe = client.pipeline(transaction=False)
+        for limit in limits:
+            pipe.zrange(b"rq:rl:" + limit + b":rate_limited", 0, -1)
+        job_ids = [job_id for members in pipe.execute() for job_id in members]
+        pipe = client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hget(b"rq:job:" + job_id, "origin")
+        origins = Counter(origin for origin in pipe.execute() if origin is not None)
+        for origin, count in origins.items():
+            labels = (self.config.system, origin.decode("utf-8", "replace"), "", "pending")
+            signals.samples.add_labelled(DEPTH, labels, count)
+
+    # -- what changed since the previous read -------------------------------------------------
+
+    def _transitions(
+        self,
+        client: redis.Redis,
+        queues: list[str],
+        current: dict[tuple[str, str], set[str]],
+        signals: Signals,
+    ) -> None:
+        previous = self._previous or {}
+        changes: list[tuple[str, str, str]] = []  # (queue, what, job id)
+        for queue in queues:
+            running, running_before = current[(queue, "wip")], previous.get((queue, "wip"), set())
+            new_finished = current[(queue, "finished")] - previous.get((queue, "finished"), set())
+            new_failed = current[(queue, "failed")] - previous.get((queue, "failed"), set())
+            ended = new_finished | new_failed
+            seen_running = {_job_id(member) for member in running_before}
+            changes += [(queue, "completed", job_id) for job_id in new_finished]
+            changes += [(queue, "failed", job_id) for job_id in new_failed]
+            # A job may start and end between two reads: its end implies its start.
+            starts = {_job_id(member) for member in running - running_before}
+            changes += [(queue, "started", job_id) for job_id in starts | (ended - seen_running)]
+            left = {_job_id(member) for member in running_before - running} - ended
+            changes += [(queue, "left", job_id) for job_id in left]
+        if not changes:
+            return
+        jobs = self._jobs(client, sorted({job_id for _, _, job_id in changes}), signals)
+        for queue, what, job_id in changes:
+            # A job deleted since (a result_ttl shorter than the interval) still counts, untyped.
+            self._emit(signals, queue, what, jobs.get(job_id) or _Job())
+
+    def _jobs(self, client: redis.Redis, job_ids: list[str], signals: Signals) -> dict[str, _Job]:
+        if not job_ids:
+            return {}
+        pipe = client.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.hmget(f"rq:job:{job_id}", _JOB_FIELDS)
+            pipe.xrevrange(f"rq:results:{job_id}", count=1)
+        replies = pipe.execute(raise_on_error=False)
+        jobs: dict[str, _Job] = {}
+        for index, job_id in enumerate(job_ids):
+            fields, results = replies[2 * index], replies[2 * index + 1]
+            if isinstance(fields, Exception) or not any(fields):
+                continue  # gone, or not a hash
+            try:
+                jobs[job_id] = _job(fields, results if isinstance(results, list) else [])
+            except Exception as error:  # one unreadable job costs itself only
+                signals.tally.refuse("bad_value")
+                _limited.log(logging.WARNING, "job", "rq: job %s unreadable: %r", job_id, error)
+        return jobs
+
+    def _emit(self, signals: Signals, queue: str, what: str, job: _Job) -> None:
+        system = self.config.system
+
+        def event(name: str, ts: float | None = None, **fields: Any) -> None:
+            labels = {"system": system, "queue": queue, "job_type": job.job_type}
+            when = signals.now if ts is None else ts
+            apply(signals.tally, Event.of(name, when, **labels, **fields), system)
+
+        execution = None
+        if job.ended_at is not None and job.started_at is not None:
+            execution = max(job.ended_at - job.started_at, 0.0)
+        if what == "started":  # the wait is from enqueue to start
+            event("started", job.started_at, enqueued_at=job.enqueued_at)
+        elif what == "completed":
+            event("completed", job.ended_at, duration=execution, enqueued_at=job.enqueued_at)
+        elif what == "failed":
+            error_type = _error_type(job.exc_text)
+            event("failed", job.ended_at, error_type=error_type, duration=execution)
+            if error_type == "timeout":
+                event("timed_out", job.ended_at)
+        elif job.status in ("queued", "scheduled", "started"):  # left for another attempt
+            event("failed", error_type="retryable")
+            event("retried")
+
+
+def _job(fields: list[bytes | None], results: list[Any]) -> _Job:
+    description, enqueued_at, started_at, ended_at, status, exc_info = fields
+    exc_text = ""
+    if results:
+        encoded = results[0][1].get(b"exc_string")
+        if encoded:
+            exc_text = _decompress(b64decode(encoded))
+    if not exc_text and exc_info:
+        exc_text = _decompress(exc_info)
+    return _Job(
+        job_type=(description or b"").decode("utf-8", "replace").split("(", 1)[0],
+        enqueued_at=_time(enqueued_at),
+        started_at=_time(started_at),
+        ended_at=_time(ended_at),
+        status=(status or b"").decode("utf-8", "replace"),
+        exc_text=exc_text,
+    )
+
+
+def _members(client: redis.Redis, key: str) -> set[bytes]:
+    members: set[bytes] = client.smembers(key)  # type: ignore[assignment]  # bytes replies
+    return members
+
+
+def _job_id(member: str) -> str:
+    """A registry member's job id: RQ 2+ writes `<job id>:<execution id>` in started."""
+    return member.split(":", 1)[0]
+
+
+def _error_type(exc_text: str) -> str:
+    if "JobTimeoutException" in exc_text:
+        return "timeout"
+    if "AbandonedJobError" in exc_text or "Moved to FailedJobRegistry" in exc_text:
+        return "other"  # the worker died under the job
+    return "non_retryable"  # the failed registry holds jobs with no attempt left
+
+
+def _decompress(raw: bytes) -> str:
+    try:
+        text = zlib.decompressobj().decompress(raw, _MAX_EXC_TEXT)
+    except zlib.error:
+        text = raw[:_MAX_EXC_TEXT]
+    return text.decode("utf-8", "replace")
+
+
+def _time(raw: bytes | None) -> float | None:
+    if not raw:
+        return None
+    try:
+        return parse_time(raw, "iso")
+    except TimeParseError:
+        return None

@@ -1,0 +1,87 @@
+"""Produce RQ jobs and read RQ's own counts, with whichever RQ this Python has.
+
+    python -m tests.rq_app.driver REDIS_URL enqueue PLAN_JSON
+    python -m tests.rq_app.driver REDIS_URL truth QUEUE...
+
+A plan is a list of {"queue", "call": "sleep_for"|"fail_after", "seconds", optional
+"timeout", "retries", "in" (seconds: scheduled), "after" (index of a job it depends on),
+"cancel": true}. `truth` prints, per queue, Queue.count and each registry's count.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import timedelta
+
+import rq
+from redis import Redis
+from rq import Queue, Retry
+from rq.registry import (
+    CanceledJobRegistry,
+    DeferredJobRegistry,
+    FailedJobRegistry,
+    FinishedJobRegistry,
+    ScheduledJobRegistry,
+    StartedJobRegistry,
+)
+
+from tests.rq_app import jobs
+
+
+def enqueue(connection: Redis, plan: list[dict]) -> list[str]:
+    made = []
+    for step in plan:
+        queue = Queue(step["queue"], connection=connection)
+        function = getattr(jobs, step["call"])
+        options: dict = {}
+        if "timeout" in step:
+            options["job_timeout"] = step["timeout"]
+        if "retries" in step:
+            options["retry"] = Retry(max=step["retries"])
+        if "after" in step:
+            options["depends_on"] = made[step["after"]]
+        if "in" in step:
+            job = queue.enqueue_in(
+                timedelta(seconds=step["in"]), function, step["seconds"], **options
+            )
+        else:
+            job = queue.enqueue(function, step["seconds"], **options)
+        if step.get("cancel"):
+            job.cancel()
+        made.append(job)
+    return [job.id for job in made]
+
+
+def truth(connection: Redis, names: list[str]) -> dict:
+    registries = {
+        "started": StartedJobRegistry,
+        "finished": FinishedJobRegistry,
+        "failed": FailedJobRegistry,
+        "deferred": DeferredJobRegistry,
+        "scheduled": ScheduledJobRegistry,
+        "canceled": CanceledJobRegistry,
+    }
+    counts = {}
+    for name in names:
+        queue = Queue(name, connection=connection)
+        entry = {"queued": queue.count}
+        for state, registry in registries.items():
+            entry[state] = registry(name, connection=connection).count
+        counts[name] = entry
+    return {"version": rq.__version__, "queues": counts}
+
+
+def main() -> None:
+    url, command, *args = sys.argv[1:]
+    connection = Redis.from_url(url)
+    if command == "enqueue":
+        print(json.dumps(enqueue(connection, json.loads(args[0]))))
+    elif command == "truth":
+        print(json.dumps(truth(connection, args)))
+    else:
+        raise SystemExit(f"unknown command {command}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The native-signal framework: its configuration, counts kept as absolute numbers, the ACL."""
+
+from __future__ import annotations
+
+import pytest
+
+from exporter import config as config_module
+from exporter import redis_acl
+from exporter.sources.native.framework import CounterDeltas
+
+
+def test_counts_kept_by_the_system_become_increments():
+    deltas = CounterDeltas()
+    assert deltas.update({"w1": 40.0, "w2": 5.0}) == {}  # the baseline: counted before us
+    assert deltas.update({"w1": 43.0, "w2": 5.0}) == {"w1": 3.0}
+    # w1 restarted (its count went down): what it did since counts from zero; w3 is new
+    assert deltas.update({"w1": 2.0, "w2": 6.0, "w3": 4.0}) == {"w1": 2.0, "w2": 1.0, "w3": 4.0}
+    assert deltas.update({"w3": 4.0}) == {}  # w1 and w2 gone: forgotten
+    assert deltas.update({"w1": 1.0, "w3": 4.0}) == {"w1": 1.0}  # back under the same name
+
+
+def test_a_preset_turns_its_reader_on_and_a_param_or_the_operator_turns_it_off():
+    on = config_module.from_dict({"presets": ["rq"]})
+    assert on.sources.native is not None and [r.system for r in on.sources.native.enabled()] == [
+        "rq"
+    ]
+    by_param = config_module.from_dict({"presets": [{"name": "rq", "params": {"native": False}}]})
+    assert by_param.sources.native is not None and by_param.sources.native.enabled() == []
+    by_operator = config_module.from_dict(
+        {"presets": ["rq"], "sources": {"native": {"rq": {"enabled": False}}}}
+    )
+    assert by_operator.sources.native is not None and by_operator.sources.native.enabled() == []
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"rq": {"interval": 0}}, "sources.native.rq.interval: Input should be greater than 0"),
+        ({"rq": {"system": ""}}, "sources.native.rq.system: String should have at least 1"),
+        ({"rq": {"queue_set": "x"}}, "sources.native.rq.queue_set: Extra inputs are not permitted"),
+        ({"nosuch": {}}, "sources.native.nosuch: Extra inputs are not permitted"),
+    ],
+)
+def test_errors_name_their_place(section, message):
+    with pytest.raises(config_module.ConfigError, match=message):
+        config_module.from_dict({"sources": {"native": section}})
+
+
+def test_a_readers_own_redis_password_is_masked():
+    loaded = config_module.from_dict(
+        {"sources": {"native": {"rq": {"redis": {"url": "redis://u:hunter2@h:6379/0"}}}}}
+    )
+    shown = config_module.effective_yaml(loaded)
+    assert "hunter2" not in shown and "redis://u:****@h:6379/0" in shown
+
+
+def test_the_acl_grants_a_reader_its_reads_only_while_it_is_on():
+    on = redis_acl.acl_rules(config_module.from_dict({"presets": ["rq"]}))
+    assert "+hmget" in on and "%R~rq:worker:*" in on and "%R~rq:job:*" in on
+    off = redis_acl.acl_rules(
+        config_module.from_dict({"presets": [{"name": "rq", "params": {"native": False}}]})
+    )
+    assert "+hmget" not in off and "%R~rq:worker:*" not in off

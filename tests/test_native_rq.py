@@ -1,0 +1,171 @@
+"""The rq preset against real RQ: jobs produced by RQ, run by real `rq worker` processes.
+
+Every installed RQ major is tested (3.x in the project's venv, 2.x and 1.x in venvs of their
+own that scripts/setup.sh makes); the truth is RQ's own Queue.count and registries, read by
+the same RQ version (tests/rq_app/driver.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Series, scrape_series, value, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+RQ_PYTHONS = {
+    "rq3": Path(sys.executable),
+    "rq2": ROOT / ".venv/tools/rq2/bin/python",
+    "rq1": ROOT / ".venv/tools/rq1/bin/python",
+}
+SLEEP = 0.3  # seconds each completing job sleeps: lands in the 0.5 bucket, not the 0.25 one
+
+
+@pytest.fixture(params=sorted(RQ_PYTHONS))
+def rq_python(request: pytest.FixtureRequest) -> Path:
+    python = RQ_PYTHONS[request.param]
+    probe = subprocess.run([python, "-c", "import rq"], capture_output=True, check=False)
+    if not python.exists() or probe.returncode != 0:
+        message = f"{request.param}: no RQ at {python} (scripts/setup.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _driver(python: Path, redis_url: str, *args: str) -> object:
+    done = subprocess.run(
+        [python, "-m", "tests.rq_app.driver", redis_url, *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def _worker(python: Path, redis_url: str, *queues: str, burst: bool) -> subprocess.Popen[bytes]:
+    rq = python.parent / "rq"
+    args = [rq, "worker", "--url", redis_url, *(["--burst"] if burst else []), *queues]
+    return subprocess.Popen(
+        args, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT
+    )
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGINT)  # warm shutdown: RQ deregisters the worker
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def _sum(series: Series, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
+
+
+PLAN = [
+    *({"queue": "default", "call": "sleep_for", "seconds": SLEEP} for _ in range(4)),
+    {"queue": "default", "call": "fail_after", "seconds": 0},
+    # fails twice: one retryable attempt (it runs long enough to be seen started), then final
+    {"queue": "default", "call": "fail_after", "seconds": 1.0, "retries": 1},
+    {"queue": "default", "call": "sleep_for", "seconds": 5, "timeout": 1},
+    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "in": 3600},  # scheduled
+    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "after": 7},  # deferred
+    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "cancel": True},
+    *({"queue": "other", "call": "sleep_for", "seconds": 0.1} for _ in range(2)),
+]
+STATE_OF_REGISTRY = {
+    "queued": "pending",
+    "started": "active",
+    "finished": "completed",
+    "failed": "failed",
+    "canceled": "failed",
+    "deferred": "scheduled",
+    "scheduled": "scheduled",
+}
+
+
+def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
+    app = run_exporter(redis_url=redis_url, preset=["rq"])
+    # the native reader's first read is its baseline: jobs are produced after it
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:rq"))
+    _driver(rq_python, redis_url, "enqueue", json.dumps(PLAN))
+    idle = _worker(rq_python, redis_url, "idle", burst=False)
+    try:
+        worker = _worker(rq_python, redis_url, "default", burst=True)
+        worker.wait(timeout=120)
+
+        # depth per queue and state equals RQ's own counts
+        truth = _driver(rq_python, redis_url, "truth", "default", "other", "idle")
+        assert isinstance(truth, dict)
+        expected: dict[tuple[str, str], float] = {}
+        for queue, counts in truth["queues"].items():
+            for registry, count in counts.items():
+                key = (queue, STATE_OF_REGISTRY[registry])
+                expected[key] = expected.get(key, 0) + count
+        assert expected[("default", "completed")] == 4
+        assert expected[("default", "failed")] == 4  # 3 failures and 1 canceled
+
+        def settled() -> Series | None:
+            series = scrape_series(app)
+            depths = {
+                key: _sum(series, "queue_depth", system="rq", queue=key[0], state=key[1])
+                for key in expected
+            }
+            done = _sum(series, "queue_jobs_completed_total", system="rq", queue="default")
+            return series if depths == expected and done == 4 else None
+
+        series = wait_for(settled, timeout=30)
+
+        def failed(error_type: str) -> float:
+            return _sum(series, "queue_jobs_failed_total", queue="default", error_type=error_type)
+
+        assert failed("non_retryable") == 2
+        assert failed("timeout") == 1
+        assert failed("retryable") == 1
+        assert _sum(series, "queue_jobs_retried_total", queue="default") == 1
+        assert _sum(series, "queue_jobs_timed_out_total", queue="default") == 1
+        assert _sum(series, "queue_jobs_started_total", queue="default") == 8  # 7 jobs, 1 retry
+        job_type = "tests.rq_app.jobs.sleep_for"
+        bucket = {"queue": "default", "job_type": job_type}
+        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
+        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
+        assert _sum(series, "queue_job_wait_seconds_count", **bucket) >= 4
+        assert value(series, "queue_scheduled_due", system="rq", queue="default") == 0
+
+        # a worker that stays: idle on its queue; stopped, it leaves queue_workers
+        assert value(series, "queue_workers", system="rq", queue="idle", state="idle") == 1
+        _stop(idle)
+        wait_for(
+            lambda: (
+                not value(
+                    scrape_series(app), "queue_workers", system="rq", queue="idle", state="idle"
+                )
+            ),
+            timeout=30,
+        )
+
+        # another worker process: the counts go on from where they were
+        _driver(rq_python, redis_url, "enqueue", json.dumps(PLAN[:2]))
+        _worker(rq_python, redis_url, "default", burst=True).wait(timeout=120)
+        wait_for(
+            lambda: _sum(scrape_series(app), "queue_jobs_completed_total", queue="default") == 6,
+            timeout=30,
+        )
+    finally:
+        _stop(idle)
