@@ -65,7 +65,13 @@ class RunnerQ:
         self.client.expire(f"activity:{activity_id}", 7 * 86400)
 
     def event(
-        self, activity_id: str, event_type: str, at: float, worker: str | None, detail: Any
+        self,
+        activity_id: str,
+        event_type: str,
+        at: float,
+        worker: str | None,
+        detail: Any,
+        maxlen: int = 100,
     ) -> None:
         payload = {
             "activity_id": activity_id,
@@ -77,7 +83,7 @@ class RunnerQ:
             payload["detail"] = detail
         stream = f"{self.queue}:events_stream"
         self.client.xadd(stream, {"event": json.dumps(payload)})
-        self.client.execute_command("XTRIM", stream, "MAXLEN", "~", 100)
+        self.client.execute_command("XTRIM", stream, "MAXLEN", "~", maxlen)
         self.client.expire(stream, 60)
 
 

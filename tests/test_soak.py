@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import decode_v1
 from exporter.events.metrics import EventMetrics, Tally
+from exporter.events.refusals import Refusals
 from exporter.events.wire import encode
 from exporter.health import HealthBoard
 from exporter.telemetry import LimitsConfig, Telemetry
@@ -86,6 +87,7 @@ def test_twelve_hours_of_churn_stay_within_bounds():
     settings = EventsSourceConfig()
     metrics = EventMetrics(telemetry, settings.buckets())
     workers = metrics.worker_registry(timeout=120.0, max_workers=10_000)
+    refusals = Refusals(STREAM)
 
     counts: list[int] = []
     rss: list[int] = []
@@ -93,7 +95,7 @@ def test_twelve_hours_of_churn_stay_within_bounds():
     for minute in range(int(HOURS * 3600 / STEP)):
         now = clock.now
         tally = Tally()
-        decode_v1(_batch(minute, now), "app", now, settings.max_future, tally)
+        decode_v1(_batch(minute, now), "app", now, settings.max_future, tally, refusals)
         assert not tally.invalid, tally.invalid
         metrics.record(STREAM, tally, workers)
         workers.prune(now)

@@ -26,6 +26,7 @@ import redis
 
 from exporter.events.config import EventsSourceConfig, StreamConfig
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
+from exporter.events.refusals import Refusals
 from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse
 from exporter.gc_pause import gc_paused
@@ -122,6 +123,7 @@ class StreamConsumer:
         self._next_claim = 0.0
         self._next_stats = 0.0
         self._block_ms = min(settings.block_ms, int(connection.socket_timeout * 800))
+        self._refusals = Refusals(stream.key)
         self._runnerq = (
             RunnerQDecoder(
                 stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
@@ -170,7 +172,7 @@ class StreamConsumer:
         client = self._connect()
         now = time.monotonic()
         applied = 0
-        if not self._recovered:  # first poll: before reading anything new
+        if not self._recovered:  # first poll, or a reply lost with a connection
             applied += self._recover_own_pending(client)
         if now >= self._next_claim and self._group_ready:
             self._flush_acks(client)  # our applied entries are not the dead consumer's
@@ -234,32 +236,84 @@ class StreamConsumer:
         if isinstance(reply, Exception):
             raise reply
         entries: list[Entry] = reply[0][1] if reply else []
-        tally = Tally(lost=int(lost))
         if entries:
             self._last_delivered = entries[-1][0].decode()
-        self._apply(client, entries, tally)
+        self._apply(client, entries, lost=int(lost))
         self._acks = [entry_id for entry_id, _ in entries]
         return len(entries)
 
-    def _apply(self, client: redis.Redis, entries: list[Entry], tally: Tally) -> None:
+    def _apply(self, client: redis.Redis, entries: list[Entry], lost: int = 0) -> None:
+        """Decode and record a batch. Never raises for what an entry holds: once applied, the
+        batch is acknowledged; only a lost connection leaves it pending, to be read again."""
         present: list[tuple[bytes, dict[bytes, bytes]]] = []
         for entry_id, fields in entries:
             if fields:
                 present.append((entry_id, fields))
             else:  # pending, then deleted from the stream before anyone applied it
-                tally.lost += 1
+                lost += 1
         now = time.time()
         with gc_paused():
-            if self._runnerq is not None:
-                self._runnerq.decode(client, present, now, tally)
-            else:
-                decode_v1(present, self.stream.system, now, self.settings.max_future, tally)
+            tally = Tally(lost=lost)
+            try:
+                self._decode(client, present, now, tally)
+                self.metrics.record(self.stream.key, tally, self.workers)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as error:
+                log.warning(
+                    "%s: a batch of %d entries raised %s; applying them one by one",
+                    self.name,
+                    len(present),
+                    type(error).__name__,
+                )
+                self._apply_one_by_one(client, present, now, lost)
+
+    def _apply_one_by_one(
+        self,
+        client: redis.Redis,
+        entries: list[tuple[bytes, dict[bytes, bytes]]],
+        now: float,
+        lost: int,
+    ) -> None:
+        """Each entry in a tally of its own: whatever raises costs only the entry that raised.
+        All are decoded before any is recorded, so a lost connection still records nothing."""
+        tallies = [Tally(lost=lost)]
+        for entry in entries:
+            tally = Tally()
+            try:
+                self._decode(client, [entry], now, tally)
+            except (redis.ConnectionError, redis.TimeoutError):
+                raise
+            except Exception as error:
+                tally = Tally(consumed=1)
+                self._refusals.refuse(
+                    tally, entry[0], "unprocessable", f"{type(error).__name__}: {error}"[:200]
+                )
+            tallies.append(tally)
+        for tally in tallies:
             self.metrics.record(self.stream.key, tally, self.workers)
 
+    def _decode(
+        self,
+        client: redis.Redis,
+        entries: list[tuple[bytes, dict[bytes, bytes]]],
+        now: float,
+        tally: Tally,
+    ) -> None:
+        if self._runnerq is not None:
+            self._runnerq.decode(client, entries, now, tally, self._refusals)
+        else:
+            decode_v1(
+                entries, self.stream.system, now, self.settings.max_future, tally, self._refusals
+            )
+
     def _recover_own_pending(self, client: redis.Redis) -> int:
-        """Entries delivered to this consumer name before a restart and never acked."""
+        """Entries delivered to this consumer name and never applied: before a restart, or in
+        a read whose reply a broken connection lost. Acks go first: what was applied is no
+        longer pending, so nothing is applied twice."""
         applied, after = 0, "0"
         while True:
+            self._flush_acks(client)
             try:
                 reply: Any = client.xreadgroup(
                     self.stream.group,
@@ -274,8 +328,8 @@ class StreamConsumer:
             entries: list[Entry] = reply[0][1] if reply else []
             if not entries:
                 break
-            self._apply(client, entries, Tally())
-            client.xack(self._key, self.stream.group, *[entry_id for entry_id, _ in entries])
+            self._apply(client, entries)
+            self._acks = [entry_id for entry_id, _ in entries]
             applied += len(entries)
             after = entries[-1][0].decode()
         self._recovered = True
@@ -286,6 +340,7 @@ class StreamConsumer:
         applied, cursor = 0, "0-0"
         idle_ms = int(self.settings.claim_idle * 1000)
         for _ in range(100):  # bounded: the rest waits for the next round
+            self._flush_acks(client)
             reply = client.xautoclaim(
                 self._key,
                 self.stream.group,
@@ -296,10 +351,10 @@ class StreamConsumer:
             )
             cursor, entries = reply[0], reply[1]
             deleted = reply[2] if len(reply) > 2 else []
-            tally = Tally(lost=len(deleted))  # claimed, but trimmed before anyone applied them
-            self._apply(client, entries, tally)
+            # claimed, but trimmed before anyone applied them: lost
+            self._apply(client, entries, lost=len(deleted))
+            self._acks = [entry_id for entry_id, _ in entries]
             if entries:
-                client.xack(self._key, self.stream.group, *[entry_id for entry_id, _ in entries])
                 log.info("%s: claimed %d pending entries", self.name, len(entries))
             applied += len(entries)
             if cursor in (b"0-0", "0-0"):
@@ -346,9 +401,13 @@ class StreamConsumer:
             self.health.failed(self.name, duration, reason)
         if self._count_error is not None:
             self._count_error(self.name, reason)
-        if isinstance(error, redis.ConnectionError | redis.TimeoutError) and self._client:
-            self._client.close()
-            self._client = None
+        if isinstance(error, redis.ConnectionError | redis.TimeoutError):
+            # A read may have reached Redis and lost only its reply: its entries are pending
+            # under this consumer's name, unapplied, until the recovery reads them again.
+            self._recovered = False
+            if self._client:
+                self._client.close()
+                self._client = None
         if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
             # the next read goes through the gap script again, which recreates the group.
@@ -361,18 +420,18 @@ def decode_v1(
     now: float,
     max_future: float,
     tally: Tally,
+    refusals: Refusals,
 ) -> None:
-    """Parse and apply v1 entries; invalid ones are counted by reason, never raised."""
+    """Parse and apply v1 entries; invalid ones are refused by reason, never raised."""
     consumed = 0
-    for _, fields in entries:
+    for entry_id, fields in entries:
         consumed += 1
         try:
-            apply(tally, parse(fields, now, max_future), system)
+            event = parse(fields, now, max_future)
         except InvalidEvent as error:
-            tally.refuse(error.reason)
-        except Exception:  # a bug must cost one event, never the consumer
-            log.exception("unexpected error applying an event")
-            tally.refuse("unprocessable")
+            refusals.refuse(tally, entry_id, error.reason, error.detail)
+            continue
+        apply(tally, event, system)
     tally.consumed += consumed
 
 

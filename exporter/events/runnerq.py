@@ -25,6 +25,7 @@ from typing import Any
 import redis
 
 from exporter.events.metrics import Tally, apply
+from exporter.events.refusals import Refusals
 from exporter.events.wire import Event, InvalidEvent
 from exporter.sources.item_time import TimeParseError, parse_time
 
@@ -43,6 +44,8 @@ _HASH_FIELDS = (
 # Events whose metrics need the hash's times (the others need only type and priority).
 _NEEDS_TIMES = frozenset({"Dequeued", "Completed", "Failed", "Retrying", "DeadLetter"})
 _KNOWN = _NEEDS_TIMES | {"Enqueued", "Scheduled", "Requeued", "LeaseExtended"}
+# Strings of the detail that become label values.
+_LABEL_DETAILS = ("activity_type", "priority", "reason")
 # Defined upstream but not mapped: Started is never emitted (Dequeued marks the start),
 # ResultStored is not a lifecycle step.
 _IGNORED = frozenset({"Started", "ResultStored"})
@@ -95,19 +98,21 @@ def parse_entry(fields: dict[bytes, bytes], horizon: float) -> ActivityEvent | N
         raise InvalidEvent("unknown_event", event_type[:32])
     if len(activity_id) > 64:
         raise InvalidEvent("oversized_field", "activity_id")
+    worker = document.get("worker_id")
+    detail = document.get("detail")
+    if not isinstance(detail, dict):
+        detail = {}
+    # JSON can escape lone surrogates ("\ud800"), which no Redis key or label can hold.
+    for text in (activity_id, worker, *(detail.get(name) for name in _LABEL_DETAILS)):
+        if isinstance(text, str) and not _utf8(text):
+            raise InvalidEvent("bad_encoding", "a string that is not UTF-8")
     ts = _time(timestamp)
     if ts is None:
         raise InvalidEvent("bad_value", "timestamp is not RFC 3339")
     if ts > horizon:
         raise InvalidEvent("future_time")
-    worker = document.get("worker_id")
-    detail = document.get("detail")
     return ActivityEvent(
-        activity_id,
-        ts,
-        event_type,
-        worker if isinstance(worker, str) else "",
-        detail if isinstance(detail, dict) else {},
+        activity_id, ts, event_type, worker if isinstance(worker, str) else "", detail
     )
 
 
@@ -125,32 +130,41 @@ class RunnerQDecoder:
         entries: Iterable[tuple[bytes, dict[bytes, bytes]]],
         now: float,
         tally: Tally,
+        refusals: Refusals,
     ) -> None:
-        events: list[ActivityEvent] = []
+        """Parse, enrich and apply a batch; a broken entry or activity hash costs its own event.
+
+        Anything but InvalidEvent and Redis connection errors propagates: the consumer then
+        decodes the batch entry by entry, so that only the entry that raised is refused.
+        """
+        events: list[tuple[bytes, ActivityEvent]] = []
         horizon = now + self.max_future
-        for _, fields in entries:
+        for entry_id, fields in entries:
             tally.consumed += 1
             try:
                 event = parse_entry(fields, horizon)
             except InvalidEvent as error:
-                tally.refuse(error.reason)
+                refusals.refuse(tally, entry_id, error.reason, error.detail)
                 continue
             if event is not None:
-                events.append(event)
-        activities = self._activities(client, events)
-        for event in events:
-            try:
-                self._apply(event, activities.get(event.activity_id) or Activity(), tally)
-            except InvalidEvent as error:
-                tally.refuse(error.reason)
-            except Exception:  # a bug must cost one event, never the consumer
-                log.exception("unexpected error applying a Runner-Q event")
-                tally.refuse("unprocessable")
+                events.append((entry_id, event))
+        activities = self._activities(client, [event for _, event in events])
+        for entry_id, event in events:
+            activity = activities[event.activity_id]
+            if activity is None:
+                refusals.refuse(
+                    tally, entry_id, "unreadable_activity", f"activity:{event.activity_id}"
+                )
+            else:
+                self._apply(event, activity, tally)
 
     # -- enrichment -----------------------------------------------------------------------
 
-    def _activities(self, client: redis.Redis, events: list[ActivityEvent]) -> dict[str, Activity]:
-        known: dict[str, Activity] = {}
+    def _activities(
+        self, client: redis.Redis, events: list[ActivityEvent]
+    ) -> dict[str, Activity | None]:
+        """Each event's activity hash (empty when it expired), None when it cannot be read."""
+        known: dict[str, Activity | None] = {}
         wanted: list[str] = []
         for event in events:
             cached = self._cache.get(event.activity_id)
@@ -163,7 +177,11 @@ class RunnerQDecoder:
         pipe = client.pipeline(transaction=False)
         for activity_id in wanted:
             pipe.hmget(f"activity:{activity_id}", _HASH_FIELDS)
-        for activity_id, values in zip(wanted, pipe.execute(), strict=True):
+        # Per-key errors (WRONGTYPE: the key is not a hash) come back as replies, one per key.
+        for activity_id, values in zip(wanted, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(values, redis.ResponseError):
+                known[activity_id] = None
+                continue
             activity = _activity(values)
             known[activity_id] = activity
             if activity.activity_type:
@@ -270,7 +288,7 @@ def _activity(values: list[bytes | None]) -> Activity:
         scheduled_at=_time(text(3)),
         started_at=_time(text(4)),
         completed_at=_time(text(5)),
-        retry_count=int(retry_count) if retry_count.isdigit() and len(retry_count) < 10 else 0,
+        retry_count=int(retry_count) if _digits(retry_count) else 0,
     )
 
 
@@ -297,6 +315,21 @@ def _priority(value: Any) -> str:
 
 def _text(value: Any) -> str:
     return value if isinstance(value, str) else ""
+
+
+def _digits(text: str) -> bool:
+    # isdigit() alone admits "²", which int() refuses
+    return text.isascii() and text.isdigit() and len(text) < 10
+
+
+def _utf8(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _time(value: Any) -> float | None:

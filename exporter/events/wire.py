@@ -4,7 +4,8 @@ One Redis stream entry per event, flat string fields (docs/events.md is the spec
 consumer parses entries as Redis returns them (a dict of bytes), without decoding the
 whole entry: numbers are read straight from bytes, only label-bearing fields are decoded.
 An invalid entry raises InvalidEvent with a short, bounded reason (the label of
-queue_exporter_events_invalid_total); nothing in an entry can raise anything else.
+queue_exporter_events_invalid_total); should anything else escape, the consumer refuses that
+one entry as `unprocessable` (consumer.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ INVALID_REASONS = (
     "negative_duration",
     "future_time",
     "oversized_field",
+    "unreadable_activity",  # runnerq: the activity:<id> key cannot be read as a hash
     "unprocessable",  # an error of the exporter's own, counted instead of crashing
 )
 
@@ -70,6 +72,7 @@ class InvalidEvent(ValueError):
     def __init__(self, reason: str, detail: str = "") -> None:
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.detail = detail
 
 
 class Event:
