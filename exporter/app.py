@@ -8,6 +8,7 @@ import threading
 import time
 from types import FrameType
 
+from exporter import inventory
 from exporter.config import Config
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import build_consumers
@@ -75,6 +76,8 @@ class App:
         )
 
     def start(self) -> None:
+        for line in inventory.take(self.config).lines():
+            log.info("%s", line)
         self.server.start()
         if self.leadership is not None:
             self.leadership.start(self.stopping)

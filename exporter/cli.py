@@ -1,20 +1,26 @@
-"""The command line: serve, check-config, presets, --version."""
+"""The command line: serve, check-config, presets, redis-acl, demo, emit, --version."""
 
 from __future__ import annotations
 
+import difflib
+import logging
+import os
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import click
 
-from exporter import __version__, presets
+from exporter import __version__, inventory, presets
 from exporter import config as config_module
 from exporter.demo import command as demo_command
 from exporter.events import emit_command
 from exporter.logs import configure as configure_logging
 from exporter.web_config import WebConfigError
 from exporter.web_config import load as load_web_config
+
+log = logging.getLogger("exporter")
 
 ENV_PREFIX = "QUEUE_EXPORTER"
 
@@ -29,63 +35,81 @@ def main() -> None:
     """Queue metrics sidecar: Redis queues, PostgreSQL queue tables and job events."""
 
 
+# The options through which serve and check-config build their configuration: one list, so
+# check-config checks exactly what serve would run.
+_CONFIG_OPTIONS = (
+    click.option(
+        "--config",
+        "config_file",
+        type=click.Path(path_type=Path),
+        envvar=_env("config"),
+        help="YAML configuration file.",
+    ),
+    click.option(
+        "--redis-url", envvar=_env("redis_url"), help="Redis URL (redis://, rediss://, unix://)."
+    ),
+    click.option(
+        "--postgres-dsn",
+        envvar=_env("postgres_dsn"),
+        help="PostgreSQL DSN (postgresql://... or key=value) for SQL collectors and presets.",
+    ),
+    click.option(
+        "--preset",
+        multiple=True,
+        envvar=_env("preset"),
+        help=f"Known queue layout, repeatable: {', '.join(presets.available())}.",
+    ),
+    click.option(
+        "--events-stream",
+        multiple=True,
+        envvar=_env("events_stream"),
+        help="Redis stream of lifecycle events (docs/events.md) to consume, repeatable.",
+    ),
+    click.option(
+        "--listen-address",
+        envvar=_env("listen_address"),
+        help=f"HOST:PORT to serve on (default {config_module.DEFAULT_LISTEN_ADDRESS}).",
+    ),
+    click.option(
+        "--sample-interval",
+        type=float,
+        envvar=_env("sample_interval"),
+        help="Seconds between samples (default 15).",
+    ),
+    click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        envvar=_env("log_level"),
+    ),
+    click.option("--log-format", type=click.Choice(["text", "json"]), envvar=_env("log_format")),
+    click.option(
+        "--web-config",
+        type=click.Path(path_type=Path),
+        envvar=_env("web_config"),
+        help="exporter-toolkit web config file (TLS, basic auth).",
+    ),
+)
+
+
+def _config_options(command: Callable[..., None]) -> Callable[..., None]:
+    for option in reversed(_CONFIG_OPTIONS):
+        command = option(command)
+    return command
+
+
 @main.command()
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    envvar=_env("config"),
-    help="YAML configuration file.",
-)
-@click.option(
-    "--redis-url", envvar=_env("redis_url"), help="Redis URL (redis://, rediss://, unix://)."
-)
-@click.option(
-    "--postgres-dsn",
-    envvar=_env("postgres_dsn"),
-    help="PostgreSQL DSN (postgresql://... or key=value) for SQL collectors and presets.",
-)
-@click.option(
-    "--preset",
-    multiple=True,
-    envvar=_env("preset"),
-    help=f"Known queue layout, repeatable: {', '.join(presets.available())}.",
-)
-@click.option(
-    "--events-stream",
-    multiple=True,
-    envvar=_env("events_stream"),
-    help="Redis stream of lifecycle events (docs/events.md) to consume, repeatable.",
-)
-@click.option(
-    "--listen-address",
-    envvar=_env("listen_address"),
-    help=f"HOST:PORT to serve on (default {config_module.DEFAULT_LISTEN_ADDRESS}).",
-)
-@click.option(
-    "--sample-interval",
-    type=float,
-    envvar=_env("sample_interval"),
-    help="Seconds between samples (default 15).",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"]),
-    envvar=_env("log_level"),
-)
-@click.option("--log-format", type=click.Choice(["text", "json"]), envvar=_env("log_format"))
-@click.option(
-    "--web-config",
-    type=click.Path(path_type=Path),
-    envvar=_env("web_config"),
-    help="exporter-toolkit web config file (TLS, basic auth).",
-)
+@_config_options
 def serve(config_file: Path | None, **overrides: Any) -> None:
     """Sample the configured sources and serve their metrics."""
     from exporter.app import App
 
     config = _load_or_exit(config_file, overrides)
     configure_logging(config.log_level, config.log_format)
+    for warning in unknown_variables(os.environ):
+        log.warning("%s", warning)
+    if inventory.take(config).empty:
+        click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)
+        sys.exit(1)
     try:
         app = App(config)
     except WebConfigError as error:
@@ -103,10 +127,22 @@ main.add_command(demo_command.demo)
 
 
 @main.command("check-config")
-@click.argument("config_file", type=click.Path(path_type=Path))
-def check_config(config_file: Path) -> None:
-    """Validate FILE and print the effective configuration, secrets masked."""
-    config = _load_or_exit(config_file, {})
+@click.argument("file_argument", metavar="[FILE]", required=False, type=click.Path(path_type=Path))
+@_config_options
+@click.option(
+    "--connect",
+    is_flag=True,
+    help="Also reach every backend: keys per key group, streams, SQL collectors' rows.",
+)
+def check_config(
+    file_argument: Path | None, config_file: Path | None, connect: bool, **overrides: Any
+) -> None:
+    """Build the configuration as serve would (FILE or --config, environment, flags), print
+    it with secrets masked and end with a verdict; exit 1 on a problem."""
+    for warning in unknown_variables(os.environ):
+        click.echo(f"warning: {warning}", err=True)
+    config = _load_or_exit(file_argument or config_file, overrides)
+    configure_logging("error", "text")  # what the sources would warn about is printed below
     if config.web_config_file is not None:  # its certificates and hashes too, as serve would
         try:
             load_web_config(config.web_config_file)
@@ -114,6 +150,33 @@ def check_config(config_file: Path) -> None:
             click.echo(f"error: {error}", err=True)
             sys.exit(1)
     click.echo(config_module.effective_yaml(config), nl=False)
+    found = inventory.take(config)
+    click.echo("---")
+    for line in found.lines():
+        click.echo(f"# {line}")
+    if found.empty:
+        click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)
+        sys.exit(1)
+    if connect:
+        from exporter.probe import probe
+
+        failures = probe(config, click.echo)
+        if failures:
+            click.echo(f"FAILED: {'; '.join(failures)}")
+            sys.exit(1)
+    click.echo(found.verdict())
+
+
+def unknown_variables(environment: Mapping[str, str]) -> list[str]:
+    """Warnings about QUEUE_EXPORTER_* variables no option reads (a typo is otherwise silent)."""
+    known = [str(option.envvar) for option in serve.params if isinstance(option, click.Option)]
+    warnings = []
+    for name in sorted(environment):
+        if name.startswith(f"{ENV_PREFIX}_") and name not in known:
+            guess = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {guess[0]}?)" if guess else f" (known: {', '.join(known)})"
+            warnings.append(f"environment variable {name} is not a setting, ignored{hint}")
+    return warnings
 
 
 @main.command("redis-acl")

@@ -7,6 +7,8 @@ operator's own. Every error names its place: `sources.redis.key_groups[2].patter
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -102,12 +104,32 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
 
 def from_dict(raw: dict[str, Any], where: str = "") -> Config:
     """Expand presets and validate a configuration already read."""
-    raw = _expand_presets(raw)
+    raw = _expand_presets(raw, where)
     try:
         return Config.model_validate(raw)
     except ValidationError as error:
-        lines = [f"  {_error_path(item['loc'])}: {item['msg']}" for item in error.errors()]
+        lines = [
+            f"  {_error_path(item['loc'])}: {item['msg']}{_did_you_mean(item)}"
+            for item in error.errors()
+        ]
         raise ConfigError(f"invalid configuration{where}:\n" + "\n".join(lines)) from None
+
+
+def _did_you_mean(error: Any) -> str:
+    """For an unknown setting, the known one it most resembles (a typo is the usual cause)."""
+    if error["type"] != "extra_forbidden" or not isinstance(error["loc"][-1], str):
+        return ""
+    guess = difflib.get_close_matches(error["loc"][-1], _setting_names(), n=1)
+    return f" (did you mean {guess[0]!r}?)" if guess else ""
+
+
+@functools.cache
+def _setting_names() -> list[str]:
+    schema = Config.model_json_schema()
+    names = set(schema["properties"])
+    for definition in schema.get("$defs", {}).values():
+        names |= set(definition.get("properties", {}))
+    return sorted(names)
 
 
 def effective_yaml(config: Config) -> str:
@@ -162,7 +184,7 @@ def set_path(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node[path[-1]] = value
 
 
-def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
+def _expand_presets(raw: dict[str, Any], where: str) -> dict[str, Any]:
     refs = raw.get("presets") or []
     if not isinstance(refs, list):
         return raw  # validation reports the wrong type
@@ -171,11 +193,15 @@ def _expand_presets(raw: dict[str, Any]) -> dict[str, Any]:
             continue  # validation reports the wrong type
         name, params = (ref, {}) if isinstance(ref, str) else (ref.get("name"), ref.get("params"))
         if not isinstance(params, dict | None):
-            raise ConfigError(f"invalid configuration:\n  presets[{index}].params: not a mapping")
+            raise ConfigError(
+                f"invalid configuration{where}:\n  presets[{index}].params: not a mapping"
+            )
         try:
             raw = presets.merge(raw, presets.expand(str(name), params or {}))
         except presets.PresetError as error:
-            raise ConfigError(f"invalid configuration:\n  presets[{index}]: {error}") from None
+            raise ConfigError(
+                f"invalid configuration{where}:\n  presets[{index}]: {error}"
+            ) from None
     return raw
 
 

@@ -39,6 +39,9 @@ class KeyGroupReport:
     series: int
     errors: dict[str, int] = field(default_factory=dict)  # by reason, in that cycle
     last_warning: str | None = None  # the last problem named in that cycle, in plain words
+    example_keys: tuple[str, ...] = ()  # the first few keys matched
+    # The first few queue_depth label sets (system, queue, priority, state) the group gave.
+    example_series: tuple[tuple[str, ...], ...] = ()
 
 
 class HealthBoard:

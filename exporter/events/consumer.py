@@ -31,10 +31,14 @@ from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse
 from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
+from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+# A stream that does not exist is said once per stream every few minutes: a typo in its key
+# would otherwise look like a quiet system.
+_missing_streams = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
@@ -225,6 +229,13 @@ class StreamConsumer:
             raise check
         status, lost, last = check
         if status == 1:  # the stream does not exist (yet, or it expired with its group)
+            _missing_streams.warning(
+                self.name,
+                "events stream %r (group %s) does not exist: nothing to consume until it is "
+                "written [stream_missing]",
+                self.stream.key,
+                self.stream.group,
+            )
             self._start = "0"  # so whatever it holds when it appears is new to the group
             self._group_ready = False
             self._last_delivered = None

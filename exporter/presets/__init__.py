@@ -8,6 +8,7 @@ groups join the operator's own.
 
 from __future__ import annotations
 
+import difflib
 import re
 from importlib import resources
 from typing import Any
@@ -37,9 +38,13 @@ def expand(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The configuration fragment of preset `name` with its parameters substituted."""
     document = read(name)
     values = {**document.get("params", {}), **(params or {})}
-    unknown = set(params or {}) - set(document.get("params", {}))
+    valid = sorted(document.get("params", {}))
+    unknown = set(params or {}) - set(valid)
     if unknown:
-        raise PresetError(f"preset {name}: unknown params {', '.join(sorted(unknown))}")
+        raise PresetError(
+            f"preset {name}: unknown params {', '.join(sorted(unknown))} "
+            f"(valid: {', '.join(valid) or 'none'})"
+        )
     fragment = {k: v for k, v in document.items() if k not in ("description", "params")}
     substituted: dict[str, Any] = _substitute(fragment, values, name)
     return substituted
@@ -61,8 +66,11 @@ def merge(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
 
 
 def read(name: str) -> dict[str, Any]:
-    if name not in available():
-        raise PresetError(f"unknown preset {name!r} (known: {', '.join(available())})")
+    known = available()
+    if name not in known:
+        guess = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise PresetError(f"unknown preset {name!r} ({hint}known: {', '.join(known)})")
     text = resources.files(__package__).joinpath(f"{name}.yaml").read_text()
     document: dict[str, Any] = yaml.safe_load(text)
     return document

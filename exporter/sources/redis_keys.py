@@ -49,6 +49,9 @@ MAX_DEPTH = BY_NAME["queue_max_depth"]
 
 _DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
 
+# How many matched keys and series a KeyGroupReport names as examples.
+EXAMPLES = 5
+
 # What each error reason means, for the log and the status page.
 REASON_WORDS = {
     "wrong_type": "holds another Redis type than the group's",
@@ -99,7 +102,8 @@ class GroupTally:
         self.telemetry = telemetry
         self.warnings = warnings
         self.keys = 0
-        self.series: set[Labels] = set()
+        self.example_keys: list[bytes] = []
+        self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
         self.errors: Counter[str] = Counter()
         self.last_warning: str | None = None
 
@@ -136,6 +140,8 @@ class GroupTally:
             series=len(self.series),
             errors=dict(self.errors),
             last_warning=self.last_warning,
+            example_keys=tuple(_text(key) for key in self.example_keys),
+            example_series=tuple(itertools.islice(self.series, EXAMPLES)),
         )
 
 
@@ -194,6 +200,8 @@ class RedisKeySampler:
             for tally in tallies:
                 for key, captured in self._keys(client, tally):
                     tally.keys += 1
+                    if tally.keys <= EXAMPLES:
+                        tally.example_keys.append(key)
                     rounds.extend(cycle.commands_for_key(tally, key, captured))
             rounds.flush()
             follow_ups.flush()
@@ -415,7 +423,7 @@ class _Cycle:
 
         def record(reply: Any) -> None:
             add(DEPTH, labels, float(reply))
-            tally.series.add(labels)
+            tally.series[labels] = None
 
         return record
 
@@ -467,7 +475,7 @@ class _Cycle:
             pending = float(info.get(b"pending") or 0)
             active = labels._replace(state="active")
             self.samples.add_labelled(DEPTH, active, pending)
-            tally.series.update((labels, active))
+            tally.series.update(dict.fromkeys((labels, active)))
             if group.oldest is None:
                 return None
             # The oldest undelivered entry is the first after the group's last delivered id.

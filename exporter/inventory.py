@@ -1,0 +1,103 @@
+"""What a configuration will look at: sources and their targets, presets, key groups, streams.
+
+`serve` logs it at start, `check-config` prints it and ends with its one-line verdict, and a
+configuration with nothing in it is refused before anything starts: an exporter sampling
+nothing looks healthy while it reports nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from exporter.config import Config
+from exporter.redis_connection import RedisConnectionConfig
+
+NOTHING_TO_DO = (
+    "nothing to sample or consume: name a preset (--preset NAME or QUEUE_EXPORTER_PRESET; "
+    "`queue-exporter presets` lists them) with its backend (--redis-url URL or "
+    "QUEUE_EXPORTER_REDIS_URL, --postgres-dsn DSN for attune), event streams "
+    "(--events-stream KEY), or a configuration file with key groups, SQL collectors or "
+    "streams (--config FILE or QUEUE_EXPORTER_CONFIG; docs/configuration.md)"
+)
+
+
+@dataclass(frozen=True)
+class SourceTarget:
+    """One backend the exporter reads, and what it reads there."""
+
+    kind: str  # redis keys, postgres, events
+    target: str  # URL or DSN, secrets masked
+    what: str  # "7 key groups", "3 SQL collectors", "1 stream"
+
+
+@dataclass(frozen=True)
+class Inventory:
+    presets: tuple[str, ...]
+    sources: tuple[SourceTarget, ...]
+    key_groups: tuple[str, ...]  # "system pattern (type, state)"
+    streams: tuple[str, ...]  # "key (format, group)"
+    sql_collectors: tuple[str, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not self.sources
+
+    def verdict(self) -> str:
+        """One line: "OK: 2 sources, 7 key groups, 1 stream, 3 SQL collectors"."""
+        return "OK: " + ", ".join(
+            _count(len(items), noun)
+            for items, noun in (
+                (self.sources, "source"),
+                (self.key_groups, "key group"),
+                (self.streams, "stream"),
+                (self.sql_collectors, "SQL collector"),
+            )
+        )
+
+    def lines(self) -> list[str]:
+        """The report, one fact a line, for the log and check-config."""
+        lines = [f"presets: {', '.join(self.presets) or 'none'}"]
+        lines += [f"source {s.kind}: {s.target} ({s.what})" for s in self.sources]
+        lines += [f"key group {group}" for group in self.key_groups]
+        lines += [f"events stream {stream}" for stream in self.streams]
+        lines += [f"SQL collector {collector}" for collector in self.sql_collectors]
+        return lines
+
+
+def take(config: Config) -> Inventory:
+    sources: list[SourceTarget] = []
+    redis = config.sources.redis
+    groups = redis.key_groups if redis is not None else []
+    if redis is not None and groups:
+        sources.append(
+            SourceTarget("redis keys", redis.masked_url(), _count(len(groups), "key group"))
+        )
+    postgres = config.sources.postgres
+    collectors = postgres.collectors if postgres is not None else []
+    if postgres is not None and collectors:
+        target = postgres.masked_dsn() or f"DSN from {postgres.dsn_file}"
+        sources.append(SourceTarget("postgres", target, _count(len(collectors), "SQL collector")))
+    events = config.sources.events
+    streams = events.streams if events is not None else []
+    if events is not None and streams:
+        target = events_redis(config).masked_url()
+        sources.append(SourceTarget("events", target, _count(len(streams), "stream")))
+    return Inventory(
+        presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
+        sources=tuple(sources),
+        key_groups=tuple(f"{g.system} {g.pattern} ({g.type}, {g.state})" for g in groups),
+        streams=tuple(f"{s.key} ({s.format}, group {s.group})" for s in streams),
+        sql_collectors=tuple(c.name for c in collectors),
+    )
+
+
+def events_redis(config: Config) -> RedisConnectionConfig:
+    """Where the event streams are read: events.redis, else sources.redis's connection."""
+    events = config.sources.events
+    if events is not None and events.redis is not None:
+        return events.redis
+    return config.sources.redis or RedisConnectionConfig()
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
