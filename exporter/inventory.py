@@ -25,7 +25,7 @@ NOTHING_TO_DO = (
 class SourceTarget:
     """One backend the exporter reads, and what it reads there."""
 
-    kind: str  # redis keys, postgres, events
+    kind: str  # redis keys, postgres, events, native <system>
     target: str  # URL or DSN, secrets masked
     what: str  # "7 key groups", "3 SQL collectors", "1 stream"
 
@@ -37,6 +37,7 @@ class Inventory:
     key_groups: tuple[str, ...]  # "system pattern (type, state)"
     streams: tuple[str, ...]  # "key (format, group)"
     sql_collectors: tuple[str, ...]
+    native_readers: tuple[str, ...]  # the systems whose own records are read
 
     @property
     def empty(self) -> bool:
@@ -44,13 +45,21 @@ class Inventory:
 
     def verdict(self) -> str:
         """One line: "OK: 2 sources, 7 key groups, 1 stream, 3 SQL collectors"."""
-        return "OK: " + ", ".join(
-            _count(len(items), noun)
-            for items, noun in (
-                (self.sources, "source"),
-                (self.key_groups, "key group"),
-                (self.streams, "stream"),
-                (self.sql_collectors, "SQL collector"),
+        return (
+            "OK: "
+            + ", ".join(
+                _count(len(items), noun)
+                for items, noun in (
+                    (self.sources, "source"),
+                    (self.key_groups, "key group"),
+                    (self.streams, "stream"),
+                    (self.sql_collectors, "SQL collector"),
+                )
+            )
+            + (
+                f", {_count(len(self.native_readers), 'native reader')}"
+                if self.native_readers
+                else ""
             )
         )
 
@@ -61,6 +70,7 @@ class Inventory:
         lines += [f"key group {group}" for group in self.key_groups]
         lines += [f"events stream {stream}" for stream in self.streams]
         lines += [f"SQL collector {collector}" for collector in self.sql_collectors]
+        lines += [f"native reader {system}" for system in self.native_readers]
         return lines
 
 
@@ -82,12 +92,18 @@ def take(config: Config) -> Inventory:
     if events is not None and streams:
         target = events_redis(config).masked_url()
         sources.append(SourceTarget("events", target, _count(len(streams), "stream")))
+    native = config.sources.native
+    readers = native.enabled_by_name() if native is not None else {}
+    for name, reader in readers.items():
+        connection = reader.redis or config.sources.redis or RedisConnectionConfig()
+        sources.append(SourceTarget(f"native {name}", connection.masked_url(), "its own records"))
     return Inventory(
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
         sources=tuple(sources),
         key_groups=tuple(f"{g.system} {g.pattern} ({g.type}, {g.state})" for g in groups),
         streams=tuple(f"{s.key} ({s.format}, group {s.group})" for s in streams),
         sql_collectors=tuple(c.name for c in collectors),
+        native_readers=tuple(readers),
     )
 
 

@@ -182,3 +182,10 @@ def test_serve_logs_what_it_looks_at_and_what_it_found(redis_client, redis_url, 
         "events stream 'nowhere' (group queue-exporter) does not exist",
     ):
         assert line in log, log
+
+
+def test_native_readers_are_sources_too():
+    result = run_cli("check-config", "--preset", "rq", "--redis-url", "redis://rq-redis:6379/1")
+    assert result.returncode == 0, result.stderr
+    assert "# source native rq: redis://rq-redis:6379/1 (its own records)" in result.stdout
+    assert result.stdout.splitlines()[-1].endswith(", 0 SQL collectors, 1 native reader")
