@@ -176,11 +176,18 @@ class Leadership:
             log.warning("leader election: %s lost the lease", self.holder)
         return bool(token)
 
-    def release(self) -> None:
-        """Give the lease up now (shutdown), so a follower takes over at its next attempt."""
+    def release(self, timeout: float | None = None) -> None:
+        """Give the lease up now (shutdown), so a follower takes over at its next attempt.
+
+        `timeout` bounds the connect and the command: a hung Redis must not hold the exit (the
+        lease then expires by itself within lease_ttl)."""
         with self._lock:
             held, self._token = self._token is not None, None
         if held:
+            if timeout is not None:
+                self._drop_client()
+                bounded = {"socket_timeout": timeout, "connect_timeout": timeout}
+                self._client = self.connection.model_copy(update=bounded).connect()
             try:
                 self._call("release", RELEASE_SCRIPT, 1, self._keys[0], self.holder)
                 log.info("leader election: %s released the lease", self.holder)

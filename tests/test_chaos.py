@@ -3,9 +3,10 @@
 - Redis restarted mid-stream: events emitted during the outage are all counted afterwards.
 - The sidecar killed with SIGKILL at random points during ingestion, K times: every event is
   applied at least once, nothing is left pending, and the survivor's counters are exact.
-- SIGTERM: the sidecar stops within the grace period and leaves nothing pending.
+- SIGTERM: the sidecar stops within 5 s and leaves nothing pending.
 - PostgreSQL unavailable, then back, while events flow and the replica keeps the lease.
-- Two replicas, the leader killed: sampling moves to the other within the lease time.
+- Two replicas, the leader killed: sampling moves to the other within lease_ttl +
+  renew_interval + two sample intervals.
 """
 
 from __future__ import annotations
@@ -260,7 +261,7 @@ def test_sigterm_acks_what_was_applied_and_leaves_nothing_pending(
     done.set()
     producer.join(timeout=10)
     assert code == 0, sidecar.log()
-    assert stopped_in < 25, stopped_in  # inside Kubernetes' default 30 s grace period
+    assert stopped_in < 5, stopped_in  # docs/operations.md "Shutdown"
     assert redis_client.xpending(STREAM, GROUP)["pending"] == 0
     assert redis_client.get("queue-exporter:leader") is None  # released, not left to expire
     assert "released the lease" in sidecar.log()
@@ -310,13 +311,13 @@ def test_postgres_unavailable_then_back_while_events_flow(
 # -- two replicas, the leader killed --------------------------------------------------------------
 
 
-def test_leader_killed_sampling_moves_within_the_lease_time(redis_client, redis_url, sidecars):
+def test_leader_killed_sampling_moves_within_the_takeover_bound(redis_client, redis_url, sidecars):
     redis_client.rpush("jobs:emails", "a", "b", "c")
-    ttl = 2.0
+    ttl, renew_interval, sample_interval = 2.0, 0.3, 0.5
     config = {
-        "sample_interval": 0.2,
+        "sample_interval": sample_interval,
         "sources": {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}},
-        "leader_election": {"enabled": True, "lease_ttl": ttl, "renew_interval": 0.3},
+        "leader_election": {"enabled": True, "lease_ttl": ttl, "renew_interval": renew_interval},
     }
     replicas = [sidecars(config, "replica-a"), sidecars(config, "replica-b")]
     for replica in replicas:
@@ -336,13 +337,18 @@ def test_leader_killed_sampling_moves_within_the_lease_time(redis_client, redis_
 
     leader.kill()  # no release: the follower waits for the lease to expire
     killed_at = time.monotonic()
-    wait_for(lambda: value(follower.series(), "queue_depth", queue="emails") == 3, timeout=20)
+    wait_for(
+        lambda: value(follower.series(), "queue_depth", queue="emails") == 3,
+        timeout=20,
+        interval=0.02,
+    )
     moved_in = time.monotonic() - killed_at
     assert value(follower.series(), "queue_exporter_leader") == 1
     holder = redis_client.get("queue-exporter:leader").decode()
     assert holder.startswith(f"2:{follower.name}/")  # a new lease, fencing token 2
-    # Within the lease time plus one renewal and one cycle; generous for a noisy machine.
-    assert moved_in < 4 * ttl, moved_in
+    # docs/operations.md: the lease expires, a follower's next attempt takes it, its sampler
+    # notices within an interval and its cycle ends within another.
+    assert moved_in < ttl + renew_interval + 2 * sample_interval, moved_in
 
 
 # -- a slow backend: cycles that overrun are skipped, never piled up ------------------------------
@@ -351,6 +357,7 @@ def test_leader_killed_sampling_moves_within_the_lease_time(redis_client, redis_
 class _SlowSource:
     name = "slow"
     interval = 0.1
+    deadline = 10.0
 
     def __init__(self) -> None:
         self.cycles: list[tuple[float, float]] = []
@@ -368,6 +375,9 @@ class _SlowSource:
 
     def error_reason(self, error: Exception) -> str:
         return "other"
+
+    def interrupt(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import pytest
 
@@ -64,10 +65,14 @@ def test_two_processes_with_one_identity_do_not_share_the_lease(redis_url):
 
 
 def test_a_dead_leaders_lease_expires_and_is_taken_over(redis_url):
-    dead, follower = _leadership(redis_url, ttl=0.5), _leadership(redis_url, ttl=0.5)
+    ttl, attempts_every = 1.0, 0.05
+    dead, follower = _leadership(redis_url, ttl=ttl), _leadership(redis_url, ttl=ttl)
+    renewed_at = time.monotonic()
     assert dead.renew()
     assert not follower.renew()
-    wait_for(follower.renew, timeout=10, interval=0.05)  # within the lease's TTL
+    wait_for(follower.renew, timeout=10, interval=attempts_every)
+    # Within the lease's TTL of the last renewal, give or take the follower's next attempt.
+    assert time.monotonic() - renewed_at < ttl + 4 * attempts_every
     assert follower.token() == 2
 
 
@@ -96,6 +101,7 @@ class _Source:
 
     name = "fake"
     interval = 0.05
+    deadline = 10.0
 
     def __init__(self, during=None) -> None:
         self.during = during
@@ -111,6 +117,9 @@ class _Source:
 
     def error_reason(self, error: Exception) -> str:
         return "other"
+
+    def interrupt(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -4,6 +4,11 @@ A source only knows how to take one sample. The runner calls it on its interval 
 inside a scrape), publishes the snapshot, and while the source fails it withdraws the
 source's series, marks it down, counts the error by reason and retries with a backoff
 capped at the interval, so it is back within one interval of the backend returning.
+
+Every cycle runs under a client-side deadline (the source's `deadline`): a backend that hangs
+without closing its connections is interrupted when it passes, and the cycle fails with reason
+`timeout` like any other failure. Shutdown interrupts the cycle in progress the same way, so a
+hung backend never holds the exit.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.logs import redact
+from exporter.logs import LogLimiter, redact
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
+from exporter.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from exporter.leader import Leadership
@@ -30,9 +36,14 @@ STANDBY_POLL = 0.5
 class Source(Protocol):
     name: str
     interval: float
+    deadline: float  # seconds a cycle may take before it is interrupted and counts as failed
 
     def sample(self) -> SampleSet:
         """One full cycle; raises when the backend cannot be read."""
+        ...
+
+    def interrupt(self) -> None:
+        """From another thread: make the cycle in progress fail now (sever its connections)."""
         ...
 
     def error_reason(self, error: Exception) -> str:
@@ -57,6 +68,11 @@ class SourceRunner:
         self.stop = stop
         self.leadership = leadership
         self.standing_by = False
+        self.failing = False
+        # The first failure of each outage is logged at once, its repeats rarely: outages are
+        # numbered so that a new one is never held back as a repeat of the last.
+        self.outages = 0
+        self.failure_log = LogLimiter(log)
         telemetry.health.expect(source.name)
         self.thread = threading.Thread(target=self._loop, name=f"source:{source.name}", daemon=True)
 
@@ -68,15 +84,20 @@ class SourceRunner:
         name = self.source.name
         token = self.leadership.token() if self.leadership is not None else None
         started = time.monotonic()
+        watchdog = Watchdog(self.source.deadline, self.source.interrupt)
         try:
-            samples = self.source.sample()
+            with watchdog:
+                samples = self.source.sample()
         except Exception as error:
-            duration = time.monotonic() - started
-            reason = self.source.error_reason(error)
-            self.telemetry.withdraw(name)
-            self.telemetry.count_error(name, reason)
-            self.telemetry.health.failed(name, duration, reason)
-            log.warning("source %s failed (%s): %s", name, reason, _describe(error))
+            if self.stop.is_set():  # interrupted by the shutdown: not a failure of the backend
+                log.debug("source %s: cycle interrupted by shutdown", name)
+                return False
+            if watchdog.fired:
+                why = f"no answer within its {watchdog.seconds:g}s deadline"
+                self._failed("timeout", time.monotonic() - started, why)
+            else:
+                reason = self.source.error_reason(error)
+                self._failed(reason, time.monotonic() - started, _describe(error))
             return False
         duration = time.monotonic() - started
         if self.leadership is not None and self.leadership.token() != token:
@@ -86,8 +107,32 @@ class SourceRunner:
             return True
         self.telemetry.publish(name, samples)
         self.telemetry.health.succeeded(name, duration)
+        if self.failing:
+            self.failing = False
+            log.info("source %s is back: its series are served again", name)
         log.debug("source %s sampled %d series in %.3fs", name, len(samples), duration)
         return True
+
+    def interrupt(self) -> None:
+        """Shutdown: the cycle in progress, if any, fails now instead of waiting its deadline."""
+        self.source.interrupt()
+
+    def _failed(self, reason: str, duration: float, why: str) -> None:
+        """Withdraw the source's series (never served stale), mark it down, count and log why."""
+        name = self.source.name
+        self.telemetry.withdraw(name)
+        self.telemetry.count_error(name, reason)
+        self.telemetry.health.failed(name, duration, reason)
+        if not self.failing:
+            self.failing = True
+            self.outages += 1
+        self.failure_log.warning(
+            (reason, self.outages),
+            "source %s failed (%s), its series are withdrawn: %s",
+            name,
+            reason,
+            why,
+        )
 
     def _loop(self) -> None:
         interval = self.source.interval

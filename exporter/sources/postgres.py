@@ -8,12 +8,23 @@ before the connection goes back: nothing is written and nothing is held open bet
 The pool opens on the first run without waiting for the database, so an exporter whose
 database is down still starts; the pool reconnects in the background and the collectors
 recover on their own.
+
+Deadlines are kept on the client's side too, because `statement_timeout` is enforced by the
+server and a hung server enforces nothing: connecting is bounded by `connect_timeout` (psycopg
+enforces it itself), waiting for a pooled connection by the pool's timeout, and a run as a
+whole by `connect_timeout` plus its statement timeout (the runner's deadline, base.py). When
+that passes, the socket of the connection the run is blocked on is shut down under it.
+`cancel()` would need the hung server to act, and TCP keepalives or `tcp_user_timeout` never
+fire while the server's kernel still acknowledges (tests/test_deadlines.py freezes a proxy).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import re
+import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -64,14 +75,19 @@ class PostgresSourceConfig(BaseModel):
     sslkey: Path | None = Field(None, description="client certificate's key")
     application_name: str = Field("queue-exporter", description="shown to DBAs in pg_stat_activity")
     connect_timeout: float = Field(
-        5.0, gt=0, description="seconds a run waits for a connection before it fails"
+        5.0,
+        gt=0,
+        description="seconds to open a connection, and that a run waits for one before it fails",
     )
     pool_size: int = Field(2, ge=1, le=16, description="connections at most, shared by collectors")
     sample_interval: float | None = Field(
         None, gt=0, description="default seconds between collector runs (default: the global one)"
     )
     statement_timeout: float = Field(
-        5.0, gt=0, description="default seconds a collector's query may run"
+        5.0,
+        gt=0,
+        description="default seconds a collector's query may run; a server that does not "
+        "answer is cut off by the exporter after connect_timeout more",
     )
     collectors: list[SqlCollector] = Field(default_factory=list)
 
@@ -162,6 +178,11 @@ class DatabaseUnavailable(Exception):
     """No connection within connect_timeout; __cause__ is the last connect error, if any."""
 
 
+# Seconds closing the pool waits for its connecting threads (daemons, bounded by
+# connect_timeout): shutdown must not wait out a connect to a hung server.
+POOL_CLOSE_WAIT = 0.5
+
+
 class PostgresConnector:
     """The one pool the collectors share, opened on first use and closed with the last user."""
 
@@ -171,6 +192,9 @@ class PostgresConnector:
         self._lock = threading.Lock()
         self._opened = False
         self._users = 0
+        # The connection each thread is using, from the pool's check until it goes back:
+        # what sever() shuts down when that thread's run passes its deadline.
+        self._in_use: dict[int, psycopg.Connection[Any]] = {}
         self.pool: ConnectionPool[Any] = ConnectionPool(
             self._conninfo,
             kwargs=self._connect_kwargs,
@@ -179,7 +203,7 @@ class PostgresConnector:
             max_size=config.pool_size,
             open=False,
             configure=_read_only,
-            check=ConnectionPool.check_connection,
+            check=self._check,
             name="queue-exporter",
             timeout=config.connect_timeout,
         )
@@ -194,31 +218,52 @@ class PostgresConnector:
             if self._users > 0 or not self._opened:
                 return
             self._opened = False
-        self.pool.close()
+        self.pool.close(timeout=POOL_CLOSE_WAIT)
+
+    def sever(self, thread_id: int) -> None:
+        """From another thread: fail the call that thread is blocked in on its connection."""
+        with self._lock:  # held, so the connection cannot go back to the pool meanwhile
+            connection = self._in_use.get(thread_id)
+            if connection is None or connection.closed:
+                return
+            with contextlib.suppress(psycopg.OperationalError):  # raised when already lost
+                _shut_down_socket(connection.pgconn.socket)
 
     def fetch(self, query: str, timeout: float) -> tuple[list[tuple[Any, ...]], Columns]:
         """Run `query` read-only within `timeout` seconds: its rows and (name, type OID) columns."""
         self._open()
         set_timeout = f"SET LOCAL statement_timeout = {max(1, round(timeout * 1000))}"
         try:
-            with (
-                self.pool.connection(timeout=self.config.connect_timeout) as connection,
-                connection.cursor(binary=True) as cursor,
-            ):
-                # Binary results: numbers arrive without text parsing (~10% of a fetch).
-                cursor.execute(set_timeout)
-                cursor.execute(query)
-                if cursor.description is None:
-                    raise QueryShapeError("the query returns no rows (is it a SELECT?)")
-                columns = tuple((column.name, column.type_code) for column in cursor.description)
-                with gc_paused():  # not while the query runs: only while rows are built
-                    rows = cursor.fetchall()
+            with self.pool.connection(timeout=self.config.connect_timeout) as connection:
+                self._lend(connection)
+                try:
+                    rows, columns = _read(connection, set_timeout, query)
+                finally:
+                    self._give_back(connection)
         except PoolTimeout as error:
             cause = self.last_connect_error
             detail = f": {_first_line(cause)}" if cause is not None else ""
             message = f"no connection within {self.config.connect_timeout:g}s{detail}"
             raise DatabaseUnavailable(message) from (cause or error)
         return rows, columns
+
+    def _check(self, connection: psycopg.Connection[Any]) -> None:
+        """The pool's check before it lends a connection: a round trip, so severable too."""
+        self._lend(connection)
+        try:
+            ConnectionPool.check_connection(connection)
+        except BaseException:
+            self._give_back(connection)  # the pool closes it: sever() must not reach its fd
+            raise
+
+    def _lend(self, connection: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            self._in_use[threading.get_ident()] = connection
+
+    def _give_back(self, connection: psycopg.Connection[Any]) -> None:
+        with self._lock:
+            if self._in_use.get(threading.get_ident()) is connection:
+                del self._in_use[threading.get_ident()]
 
     # Secrets are read from their files at each connect, so a rotated password is picked up.
     def _conninfo(self) -> str:
@@ -240,6 +285,27 @@ class PostgresConnector:
                 return
             self._opened = True
         self.pool.open(wait=False)  # a database that is down must not block the start
+
+
+def _read(
+    connection: psycopg.Connection[Any], set_timeout: str, query: str
+) -> tuple[list[tuple[Any, ...]], Columns]:
+    with connection.cursor(binary=True) as cursor:
+        # Binary results: numbers arrive without text parsing (~10% of a fetch).
+        cursor.execute(set_timeout)
+        cursor.execute(query)
+        if cursor.description is None:
+            raise QueryShapeError("the query returns no rows (is it a SELECT?)")
+        columns = tuple((column.name, column.type_code) for column in cursor.description)
+        with gc_paused():  # not while the query runs: only while rows are built
+            rows = cursor.fetchall()
+    return rows, columns
+
+
+def _shut_down_socket(fd: int) -> None:
+    """Shut a socket down under the thread blocked on it: its wait ends with an error at once."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _read_only(connection: psycopg.Connection[Any]) -> None:
@@ -283,12 +349,16 @@ class PostgresCollectorSource:
         self.interval = interval
         self.collector = collector
         self.statement_timeout = statement_timeout
+        # Waiting for a connection, then the query: past both, the server is not answering.
+        self.deadline = connector.config.connect_timeout + statement_timeout
         self.telemetry = telemetry
         self._connector = connector
         self._converter: tuple[Columns, RowConverter] | None = None
+        self._sampling_thread: int | None = None
         connector.acquire()
 
     def sample(self) -> SampleSet:
+        self._sampling_thread = threading.get_ident()
         rows, columns = self._connector.fetch(self.collector.query, self.statement_timeout)
         samples = SampleSet()
         with gc_paused():  # several label columns: a tuple per row to check they are distinct
@@ -299,6 +369,10 @@ class PostgresCollectorSource:
 
     def error_reason(self, error: Exception) -> str:
         return error_reason(error)
+
+    def interrupt(self) -> None:
+        if self._sampling_thread is not None:
+            self._connector.sever(self._sampling_thread)
 
     def close(self) -> None:
         self._connector.release()

@@ -73,6 +73,12 @@ class RedisSourceConfig(RedisConnectionConfig):
     )
     scan_count: int = Field(1000, ge=10, description="SCAN COUNT hint")
     pipeline_size: int = Field(1000, ge=1, description="commands per pipelined round trip")
+    cycle_timeout: float | None = Field(
+        None,
+        gt=0,
+        description="seconds a whole sampling cycle may take before it is interrupted and the "
+        "source marked down (default: the sample interval)",
+    )
     key_groups: list[KeyGroup] = Field(default_factory=list)
 
 
@@ -175,6 +181,7 @@ class RedisKeySampler:
         self.name = "redis"
         self.config = config
         self.interval = config.sample_interval or default_interval
+        self.deadline = config.cycle_timeout or self.interval
         self.telemetry = telemetry
         self._client: redis.Redis | None = None
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
@@ -210,6 +217,12 @@ class RedisKeySampler:
 
     def error_reason(self, error: Exception) -> str:
         return redis_error_reason(error)
+
+    def interrupt(self) -> None:
+        # Shuts every socket of the pool down, in use or not: a blocked read ends at once.
+        client = self._client
+        if client is not None:
+            client.connection_pool.disconnect(inuse_connections=True)
 
     def close(self) -> None:
         if self._client is not None:

@@ -1,0 +1,214 @@
+"""Hung backends: Redis and PostgreSQL frozen behind a real TCP proxy (sockets open, nothing
+forwarded, so only the exporter's own clock can notice).
+
+A frozen backend's source is marked down with reason `timeout`, its series are withdrawn
+within two intervals, /readyz turns 503, the reason is logged, and the source comes back by
+itself once the backend answers again. SIGTERM ends `queue-exporter serve` within 5 s while
+both backends are frozen mid-cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+import urllib.error
+
+import pytest
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from exporter.app import build_sources
+from exporter.config import from_dict
+from exporter.health import HealthBoard
+from exporter.telemetry import Telemetry
+from tests.conftest import (
+    POSTGRES_ADMIN_DSN,
+    REDIS_HOST,
+    REDIS_PORT,
+    scrape,
+    scrape_series,
+    value,
+    wait_for,
+)
+from tests.tcp_proxy import TcpProxy
+
+KEY_GROUP = {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
+COLLECTOR = {
+    "name": "backlog",
+    "query": "SELECT 'emails' AS queue, 4::int AS waiting",
+    "labels": ["queue"],
+    "values": [{"column": "waiting", "metric": "app_backlog"}],
+}
+
+
+@pytest.fixture
+def redis_proxy():
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    yield proxy
+    proxy.cut()
+
+
+@pytest.fixture
+def postgres_proxy():
+    target = conninfo_to_dict(POSTGRES_ADMIN_DSN)
+    proxy = TcpProxy(str(target.get("host", "127.0.0.1")), int(target.get("port", 5432))).start()
+    yield proxy
+    proxy.cut()
+
+
+def _series_when(app, check, timeout):
+    def attempt():
+        series = scrape_series(app)
+        return series if check(series) else None
+
+    return wait_for(attempt, timeout=timeout)
+
+
+def _ready(app) -> bool:
+    try:
+        return json.loads(scrape(app.server.port, "/readyz"))["ready"] is True
+    except urllib.error.HTTPError as error:
+        assert error.code == 503
+        return False
+
+
+def _timeouts(series, source):
+    return value(series, "queue_exporter_source_errors_total", source=source, reason="timeout")
+
+
+def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
+    redis_proxy, redis_client, redis_db, run_exporter, caplog
+):
+    interval = 1.0
+    redis_client.rpush("jobs:emails", "a", "b")
+    url = f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}"
+    # socket_timeout stays at its 5 s default: the whole-cycle deadline is what notices.
+    source = {"url": url, "key_groups": [KEY_GROUP], "cycle_timeout": interval / 2}
+    app = run_exporter({"sample_interval": interval, "sources": {"redis": source}})
+    depth = {"queue": "emails", "state": "pending"}
+    _series_when(app, lambda s: value(s, "queue_depth", **depth) == 2, timeout=20)
+    assert _ready(app)
+
+    caplog.set_level(logging.INFO, logger="exporter.sources.base")
+    redis_proxy.freeze()
+    series = _series_when(
+        app,
+        lambda s: value(s, "queue_exporter_source_up", source="redis") == 0,
+        timeout=2 * interval,
+    )
+    assert value(series, "queue_depth", **depth) is None  # withdrawn, not served stale
+    assert _timeouts(series, "redis") >= 1
+    assert not _ready(app)
+    assert "source redis failed (timeout)" in caplog.text
+    assert "deadline" in caplog.text
+
+    redis_client.rpush("jobs:emails", "c")
+    redis_proxy.thaw()
+    series = _series_when(app, lambda s: value(s, "queue_depth", **depth) == 3, timeout=20)
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+    assert _ready(app)
+    assert "source redis is back" in caplog.text
+
+
+def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
+    postgres_proxy, postgres_dsn, run_exporter, caplog
+):
+    interval = 2.0
+    via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
+    postgres = {
+        "dsn": via_proxy,
+        "connect_timeout": 1,
+        "statement_timeout": 0.5,  # the client gives up at connect_timeout + this: 1.5 s
+        "collectors": [COLLECTOR],
+    }
+    app = run_exporter({"sample_interval": interval, "sources": {"postgres": postgres}})
+    source = "postgres:backlog"
+    _series_when(app, lambda s: value(s, "app_backlog", queue="emails") == 4, timeout=20)
+    assert _ready(app)
+
+    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    postgres_proxy.freeze()  # the server never answers; statement_timeout cannot fire
+    series = _series_when(
+        app,
+        lambda s: value(s, "queue_exporter_source_up", source=source) == 0,
+        timeout=2 * interval,
+    )
+    assert value(series, "app_backlog", queue="emails") is None
+    assert _timeouts(series, source) >= 1
+    assert not _ready(app)
+    assert f"source {source} failed (timeout)" in caplog.text
+
+    time.sleep(interval)  # the pool's reconnects meet the frozen server too, and time out
+    postgres_proxy.thaw()
+    series = _series_when(
+        app, lambda s: value(s, "queue_exporter_source_up", source=source) == 1, timeout=30
+    )
+    assert value(series, "app_backlog", queue="emails") == 4
+    assert _ready(app)
+
+
+def test_deadlines_default_to_the_interval_and_the_timeouts():
+    config = from_dict(
+        {
+            "sample_interval": 7,
+            "sources": {
+                "redis": {"key_groups": [KEY_GROUP]},
+                "postgres": {
+                    "connect_timeout": 2,
+                    "statement_timeout": 3,
+                    "collectors": [COLLECTOR],
+                },
+            },
+        }
+    )
+    telemetry = Telemetry(HealthBoard())
+    try:
+        redis_sampler, collector = build_sources(config, telemetry)
+        assert redis_sampler.deadline == 7  # a cycle may take its interval
+        assert collector.deadline == 2 + 3  # a connection, then the query
+        for source in (redis_sampler, collector):
+            source.close()
+    finally:
+        telemetry.shutdown()
+
+
+def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
+    redis_proxy, postgres_proxy, redis_client, redis_db, postgres_dsn, serve_process
+):
+    redis_client.rpush("orchestrata:dlq:billing", "{}")
+    via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
+    serve = serve_process(
+        "--redis-url",
+        f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}",
+        "--postgres-dsn",
+        via_proxy,
+        "--preset",
+        "orchestrata",
+        "--preset",
+        "attune",
+        "--sample-interval",
+        "1",
+    )
+    # Attune's tables are missing: its collectors fail fast, but they do talk to the server.
+    serve.series_when(
+        lambda s: (
+            value(s, "queue_depth", queue="billing") == 1
+            and value(
+                s,
+                "queue_exporter_source_errors_total",
+                source="postgres:attune_queue_stats",
+                reason="missing_table",
+            )
+        )
+    )
+    redis_proxy.freeze()
+    postgres_proxy.freeze()
+    time.sleep(1.5)  # every source is now blocked in a call to a frozen server
+    started = time.monotonic()
+    serve.process.send_signal(signal.SIGTERM)
+    _, stderr = serve.process.communicate(timeout=30)
+    stopped_in = time.monotonic() - started
+    assert serve.process.returncode == 0, stderr[-2000:]
+    assert stopped_in < 5, (stopped_in, stderr[-2000:])
+    assert "shutting down" in stderr
