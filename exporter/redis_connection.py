@@ -80,6 +80,15 @@ class RedisConnectionConfig(BaseModel):
         )
 
 
+def sever(client: redis.Redis | None) -> None:
+    """From another thread: shut down every socket of the client's pool, in use or not.
+
+    A call blocked on a hung server fails at once (a deadline passed, or shutdown); the next
+    call opens a new connection."""
+    if client is not None:
+        client.connection_pool.disconnect(inuse_connections=True)
+
+
 def mask_url(url: str) -> str:
     """The URL with any password (user:password@ and ?password=) replaced by ****."""
     parts = urlsplit(url)

@@ -164,7 +164,7 @@ def test_deadlines_default_to_the_interval_and_the_timeouts():
     )
     telemetry = Telemetry(HealthBoard())
     try:
-        redis_sampler, collector = build_sources(config, telemetry)
+        redis_sampler, collector = build_sources(config, telemetry, None)
         assert redis_sampler.deadline == 7  # a cycle may take its interval
         assert collector.deadline == 2 + 3  # a connection, then the query
         for source in (redis_sampler, collector):

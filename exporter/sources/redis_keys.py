@@ -28,7 +28,7 @@ from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.redis_pipeline import round_trip
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
@@ -219,10 +219,7 @@ class RedisKeySampler:
         return redis_error_reason(error)
 
     def interrupt(self) -> None:
-        # Shuts every socket of the pool down, in use or not: a blocked read ends at once.
-        client = self._client
-        if client is not None:
-            client.connection_pool.disconnect(inuse_connections=True)
+        sever(self._client)
 
     def close(self) -> None:
         if self._client is not None:

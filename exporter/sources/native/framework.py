@@ -83,6 +83,10 @@ class Reader(Protocol):
 
     def read(self, signals: Signals) -> None: ...
 
+    def interrupt(self) -> None:
+        """From another thread: make the read in progress fail now (redis_connection.sever)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -98,6 +102,7 @@ class NativeSource:
         self.reader = reader
         self.name = reader.name
         self.interval = interval
+        self.deadline = interval  # a read that outlasts its interval is cut off (base.py)
         self.metrics = metrics
         self.workers: WorkerRegistry = metrics.worker_registry(
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS
@@ -112,6 +117,9 @@ class NativeSource:
 
     def error_reason(self, error: Exception) -> str:
         return redis_error_reason(error)
+
+    def interrupt(self) -> None:
+        self.reader.interrupt()
 
     def close(self) -> None:
         self.reader.close()

@@ -34,7 +34,7 @@ from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import scan_glob
 from exporter.sources.native.framework import ReaderConfig, Signals
@@ -94,6 +94,9 @@ class RqReader:
             self.close()
             raise
         self._previous = current
+
+    def interrupt(self) -> None:
+        sever(self._client)
 
     def close(self) -> None:
         if self._client is not None:
