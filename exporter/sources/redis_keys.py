@@ -498,10 +498,10 @@ class _Cycle:
 def _head_item(reply: Any) -> tuple[bytes, float | None] | None:
     """(item, score) from LINDEX (bytes) or ZRANGE ... WITHSCORES: [member, score] in RESP2,
     [[member, score]] in RESP3."""
+    if isinstance(reply, bytes):  # an empty string is an item too (not JSON, not a time)
+        return reply, None
     if not reply:
         return None
-    if isinstance(reply, bytes):
-        return reply, None
     member, score = reply[0] if isinstance(reply[0], list) else reply[:2]
     return member, float(score)
 
