@@ -12,16 +12,20 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 import urllib.error
 
+import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from exporter.app import build_sources
 from exporter.config import from_dict
 from exporter.health import HealthBoard
+from exporter.sources.postgres import PostgresSourceConfig
 from exporter.telemetry import Telemetry
+from exporter.watchdog import Watchdog
 from tests.conftest import (
     POSTGRES_ADMIN_DSN,
     REDIS_HOST,
@@ -146,6 +150,30 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
     )
     assert value(series, "app_backlog", queue="emails") == 4
     assert _ready(app)
+
+
+def test_connecting_to_a_frozen_postgres_fails_within_connect_timeout(postgres_proxy, postgres_dsn):
+    via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
+    config = PostgresSourceConfig(dsn=via_proxy, connect_timeout=2)
+    postgres_proxy.freeze()  # TCP connects; the server's startup reply never comes
+    started = time.monotonic()
+    # The parameters the pool connects with: psycopg enforces connect_timeout on the client.
+    with pytest.raises(psycopg.OperationalError, match="timeout"):
+        psycopg.connect(config.conninfo(), **config.connect_kwargs())
+    assert time.monotonic() - started < 2 * config.connect_timeout
+
+
+def test_watchdog_interrupts_only_a_call_that_overruns():
+    released = threading.Event()
+    with Watchdog(0.05, released.set) as watchdog:
+        assert released.wait(timeout=30)  # a call blocked until something interrupts it
+    assert watchdog.fired
+
+    interrupted = threading.Event()
+    with Watchdog(0.05, interrupted.set) as watchdog:
+        pass  # done in time
+    assert not interrupted.wait(timeout=0.2)  # four deadlines later: still not interrupted
+    assert not watchdog.fired
 
 
 def test_deadlines_default_to_the_interval_and_the_timeouts():
