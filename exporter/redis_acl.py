@@ -19,12 +19,14 @@ from exporter.sources.native.framework import ReaderConfig
 # granted: CLIENT SETINFO (Redis 7.2+) and CLIENT MAINT_NOTIFICATIONS (Redis 8), which redis-py
 # sends on connect and whose refusal it ignores (docs/security.md).
 CONNECTION_COMMANDS = ("ping", "select")
-# The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py).
+# The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py);
+# LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items.
 SAMPLER_COMMANDS = (
     "scan",
     "smembers",
     "llen",
     "lindex",
+    "lrange",
     "scard",
     "zcard",
     "zcount",
@@ -33,6 +35,7 @@ SAMPLER_COMMANDS = (
     "zrevrangebyscore",
     "hlen",
     "hget",
+    "hvals",
     "xlen",
     "xrange",
     "xrevrange",
@@ -72,6 +75,7 @@ def read_key_patterns(config: Config) -> list[str]:
     for group in redis.key_groups if redis is not None else []:
         patterns += _group_keys(group)
         patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
+        patterns += [scan_glob(keys) for keys in group.values_from_keys.values()]
         if group.oldest is not None and group.oldest.hash_key is not None:
             patterns.append(scan_glob(group.oldest.hash_key))
     events = config.sources.events

@@ -89,6 +89,20 @@ class SetMembers(StrictModel):
     member: str = Field("{value}", description="member format; {value} is the placeholder value")
 
 
+class LabelFromItems(StrictModel):
+    """Split one key's items among label values read from each item (Sidekiq's retry, dead and
+    schedule sets hold the jobs of every queue; the queue is a field of each member's JSON)."""
+
+    label: Literal["queue", "priority"] = Field(description="the label the value goes to")
+    field: str = Field(min_length=1, description="the JSON field of each item holding the value")
+    max_items: int = Field(
+        10000,
+        ge=1,
+        description="items read per key and cycle (Sidekiq keeps at most 10,000 dead jobs); "
+        "the rest count under the label value __unread__",
+    )
+
+
 class KeyGroup(StrictModel):
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
@@ -103,6 +117,14 @@ class KeyGroup(StrictModel):
     )
     values_from_set: dict[str, SetMembers] = Field(
         default_factory=dict, description="take a placeholder's values from a Redis set"
+    )
+    values_from_keys: dict[str, str] = Field(
+        default_factory=dict,
+        description="take a placeholder's values from the keys matching a pattern with {value} "
+        "(BullMQ's <prefix>:<queue>:meta): a queue whose job keys are all gone still reads 0",
+    )
+    split_by: LabelFromItems | None = Field(
+        None, description="read every item and split the depth by a label value inside it"
     )
     oldest: OldestItem | None = None
     due: DueCount | None = None
@@ -130,9 +152,24 @@ class KeyGroup(StrictModel):
                 raise ValueError(f"labels: {label!r} is not one of {', '.join(LABEL_PLACEHOLDERS)}")
             if label in names:
                 raise ValueError(f"labels: {label!r} is already a pattern placeholder")
-        for name in (*self.values, *self.values_from_set):
+        for name in (*self.values, *self.values_from_set, *self.values_from_keys):
             if name not in names:
                 raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
+        for name, keys in self.values_from_keys.items():
+            if placeholders(keys) != ["value"]:
+                raise ValueError(
+                    f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
+                )
+        if self.split_by is not None:
+            label = self.split_by.label
+            if label in names or label in self.labels:
+                raise ValueError(f"split_by: {label!r} is already a pattern placeholder or label")
+            if self.type not in ("list", "zset", "hash"):
+                raise ValueError(f"split_by applies to list, zset and hash keys, not {self.type}")
+            if self.priority_bands is not None:
+                raise ValueError("split_by and priority_bands exclude each other")
+            if self.oldest is not None and self.oldest.time_in == "hash":
+                raise ValueError("split_by: oldest.time_in hash is not supported")
         zset_only = {"due": self.due, "priority_bands": self.priority_bands}
         for option, value in zset_only.items():
             if value is not None and self.type != "zset":
@@ -156,7 +193,7 @@ class KeyGroup(StrictModel):
     @property
     def enumerated(self) -> bool:
         """True when every placeholder's values are known, so keys are built, not scanned."""
-        known = set(self.values) | set(self.values_from_set)
+        known = set(self.values) | set(self.values_from_set) | set(self.values_from_keys)
         return all(name in known for name in placeholders(self.pattern))
 
 

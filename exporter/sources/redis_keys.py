@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 MAX_DEPTH = BY_NAME["queue_max_depth"]
+# The label value of items split_by could not attribute: beyond max_items, or with no value.
+UNREAD = "__unread__"
 
 _DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
 
@@ -64,6 +66,8 @@ REASON_WORDS = {
     "item_unreadable": "reading the head item failed",
     "stream_missing": "the stream does not exist",
     "stream_group_missing": "the stream has no such consumer group",
+    "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
+    "label_unreadable": "items without the split_by field count as __unread__",
 }
 
 
@@ -187,11 +191,14 @@ class RedisKeySampler:
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
         self._warnings = LogLimiter(log)
         self._reported_once = False
+        # values_from_keys patterns scanned this cycle: BullMQ's groups share one SCAN of meta keys
+        self._values_found: dict[str, list[str]] = {}
 
     # -- Source protocol -------------------------------------------------------------------
 
     def sample(self) -> SampleSet:
         client = self._connect()
+        self._values_found = {}
         cycle = _Cycle(time.time(), SampleSet())
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # one round of commands at a time, however large the keyspace.
@@ -286,10 +293,22 @@ class RedisKeySampler:
             member_regex = key_regex(members.member)
             matches = (member_regex.match(_text(member)) for member in stored)
             choices[name] = sorted(match.group("value") for match in matches if match)
+        for name, pattern in group.values_from_keys.items():
+            choices[name] = self._values_from_keys(client, pattern)
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
             captured = dict(zip(names, combination, strict=True))
             yield fill(group.pattern, captured).encode(), captured
+
+    def _values_from_keys(self, client: redis.Redis, pattern: str) -> list[str]:
+        if pattern not in self._values_found:
+            regex = key_regex(pattern)
+            found = client.scan_iter(match=scan_glob(pattern), count=self.config.scan_count)
+            matches = (regex.match(_text(key)) for key in found)
+            self._values_found[pattern] = sorted(
+                {match.group("value") for match in matches if match}
+            )
+        return self._values_found[pattern]
 
     def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
         """Pipeline the commands in one round trip; yield the follow-ups their replies ask for.
@@ -365,6 +384,9 @@ class _Cycle:
             yield from self._stream(tally, key, labels)
         elif group.priority_bands is not None:
             yield from self._bands(tally, key, labels, captured)
+        elif group.split_by is not None:
+            yield from self._split(tally, key, labels)
+            return
         else:
             yield (_DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
@@ -402,6 +424,83 @@ class _Cycle:
                 self._head_time(tally, band_labels, captured),
                 tally,
             )
+
+    def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
+        """Depth (and head age, due count) per label value read from each item. The key's
+        depth comes first, so items beyond max_items still count, under __unread__."""
+        group = tally.group
+        split = group.split_by
+        assert split is not None
+        depth = [0]
+
+        def on_depth(reply: Any) -> None:
+            depth[0] = int(reply)
+
+        yield (_DEPTH_COMMAND[group.type], key), on_depth, tally
+        last = split.max_items - 1
+        read = {
+            "list": ("LRANGE", key, 0, last),
+            "zset": ("ZRANGE", key, 0, last, "WITHSCORES"),
+            "hash": ("HVALS", key),
+        }[group.type]
+        yield read, self._split_items(tally, key, labels, depth), tally
+
+    def _split_items(
+        self, tally: GroupTally, key: bytes, labels: Labels, depth: list[int]
+    ) -> OnReply:
+        group = tally.group
+        split = group.split_by
+        assert split is not None
+        due = BY_NAME[group.due.metric] if group.due is not None else None
+        due_limit = 0.0
+        if group.due is not None:
+            due_limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
+        keep_last = group.oldest is not None and group.oldest.end == "tail"
+
+        def on_items(reply: Any) -> None:
+            items = _listed_items(reply, scored=group.type == "zset")
+            heads: dict[str, tuple[bytes, float | None]] = {}
+            unreadable = 0
+            for item, score in items:
+                value = _json_field(item, split.field)
+                if value is None:
+                    unreadable += 1
+                    value = UNREAD
+                item_labels = labels._replace(**{split.label: value})
+                self.samples.add_labelled(DEPTH, item_labels, 1.0)
+                tally.series[item_labels] = None
+                if due is not None and score is not None:
+                    self.samples.add_labelled(
+                        due, item_labels.for_metric(due), float(score < due_limit)
+                    )
+                if keep_last or value not in heads:
+                    heads[value] = (item, score)
+            unread = depth[0] - len(items)
+            if unread > 0:
+                self._depth(tally, labels._replace(**{split.label: UNREAD}))(unread)
+                tally.failed(key, "items_unread", f"{unread} beyond max_items")
+            if unreadable:
+                tally.failed(key, "label_unreadable", f"{unreadable} item(s)")
+            if group.oldest is not None:
+                self._split_ages(tally, key, labels, heads)
+
+        return on_items
+
+    def _split_ages(
+        self,
+        tally: GroupTally,
+        key: bytes,
+        labels: Labels,
+        heads: dict[str, tuple[bytes, float | None]],
+    ) -> None:
+        """The age of each label value's head item; one that cannot be read fails alone."""
+        oldest, split = tally.group.oldest, tally.group.split_by
+        assert oldest is not None and split is not None
+        for value, (item, score) in heads.items():
+            try:
+                self._age(labels._replace(**{split.label: value}), _item_time(oldest, item, score))
+            except Exception as error:  # hostile data may raise anything
+                tally.failed(key, _exception_reason(error))
 
     def _stream(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
         group = tally.group
@@ -504,6 +603,26 @@ def _head_item(reply: Any) -> tuple[bytes, float | None] | None:
         return None
     member, score = reply[0] if isinstance(reply[0], list) else reply[:2]
     return member, float(score)
+
+
+def _listed_items(reply: Any, scored: bool) -> list[tuple[bytes, float | None]]:
+    """(item, score) pairs of LRANGE / HVALS, or of ZRANGE ... WITHSCORES: a flat
+    [member, score, ...] list in RESP2, [[member, score], ...] in RESP3."""
+    if not scored:
+        return [(item, None) for item in reply]
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(member, float(score)) for member, score in zip(reply[::2], reply[1::2], strict=True)]
+
+
+def _json_field(item: bytes, field: str) -> str | None:
+    """A field of the item's JSON as a label value; None when there is none to read."""
+    try:
+        document = json.loads(item)
+    except ValueError:
+        return None
+    value = document.get(field) if isinstance(document, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def _as_map(reply: Any) -> dict[bytes, Any]:

@@ -1,0 +1,118 @@
+// Drives a real BullMQ for the tests: `node bullmq.cjs <install dir> <command> <JSON spec>`.
+//
+// The install dir (bullmq5, bullmq6) picks the library version, so one script serves both
+// majors. Commands:
+//   steps  run spec.steps (add jobs, pause, flows, workers that finish a known number of jobs,
+//          workers kept busy), print "ready", then keep held workers busy until SIGTERM
+//   truth  print what the library itself says about spec.queues, as JSON
+//   work   a worker on spec.queue until SIGTERM, one JSON line per finished job
+// Jobs behave as their data says: {sleep_ms, fail: "always" | <attempts that fail>}.
+'use strict';
+const path = require('path');
+
+const [installDir, command, specText] = process.argv.slice(2);
+const { Queue, Worker, FlowProducer } = require(path.resolve(installDir, 'node_modules', 'bullmq'));
+const spec = JSON.parse(specText);
+const connection = { host: spec.host, port: spec.port, db: spec.db, maxRetriesPerRequest: null };
+const prefix = spec.prefix || 'bull';
+
+const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
+
+async function runJob(job) {
+  const data = job.data || {};
+  if (data.sleep_ms) await sleep(data.sleep_ms);
+  const failing = data.fail === 'always' || job.attemptsMade < (data.fail || 0);
+  if (failing) throw new Error(`planned failure of job ${job.id}`);
+  return 'done';
+}
+
+function worker(queue, options = {}) {
+  return new Worker(queue, runJob, { connection, prefix, ...options });
+}
+
+// A worker that stops once it has completed and failed the given numbers of jobs.
+async function workUntil(step) {
+  const done = { completed: 0, failed: 0 };
+  const w = worker(step.queue, step.options);
+  await new Promise(resolve => {
+    const check = () => {
+      if (done.completed >= (step.completed || 0) && done.failed >= (step.failed || 0)) resolve();
+    };
+    w.on('completed', () => { done.completed += 1; check(); });
+    w.on('failed', () => { done.failed += 1; check(); });
+  });
+  await w.close(true); // its jobs are finished; forced, it does not wait out a blocking read
+}
+
+async function steps() {
+  const queues = {};
+  const queue = name => (queues[name] = queues[name] || new Queue(name, { connection, prefix }));
+  const held = [];
+  for (const step of spec.steps) {
+    if (step.op === 'add') {
+      for (let i = 0; i < (step.count || 1); i += 1) {
+        await queue(step.queue).add(step.name || 'job', step.data || {}, step.opts || {});
+      }
+    } else if (step.op === 'pause') {
+      await queue(step.queue).pause();
+    } else if (step.op === 'flow') {
+      await new FlowProducer({ connection, prefix }).add({
+        name: 'parent', queueName: step.queue, data: {},
+        children: step.children.map(child => ({ name: 'child', queueName: child, data: {} })),
+      });
+    } else if (step.op === 'work') {
+      await workUntil(step);
+    } else if (step.op === 'hold') {
+      // a worker that takes one long job and keeps it active until this process ends
+      const w = worker(step.queue, { concurrency: 1, ...step.options });
+      await new Promise(resolve => w.once('active', resolve));
+      held.push(w);
+    } else if (step.op === 'sleep') {
+      await sleep(step.ms);
+    } else {
+      throw new Error(`unknown step ${step.op}`);
+    }
+  }
+  await Promise.all(Object.values(queues).map(q => q.close()));
+  console.log('ready');
+  if (held.length === 0) return;
+  await new Promise(resolve => process.once('SIGTERM', resolve));
+  await Promise.all(held.map(w => w.close(true)));
+}
+
+// The library's own view: counts per state, the next job of each waiting state, due delayed jobs.
+async function truth() {
+  const result = { now_ms: Date.now(), queues: {} };
+  for (const name of spec.queues) {
+    const q = new Queue(name, { connection, prefix });
+    const states = ['active', 'completed', 'delayed', 'failed', 'paused', 'prioritized', 'wait',
+      'waiting-children'];
+    const counts = await q.getJobCounts(...states);
+    const next = {};
+    for (const state of ['wait', 'paused', 'prioritized']) {
+      const [job] = await q.getJobs([state], 0, 0, true);
+      next[state] = job ? job.timestamp : null;
+    }
+    const delayed = await q.getDelayed();
+    const due = delayed.filter(job => job.timestamp + job.delay <= result.now_ms).length;
+    result.queues[name] = { counts, next_timestamp_ms: next, due, paused: await q.isPaused() };
+    await q.close();
+  }
+  console.log(JSON.stringify(result));
+}
+
+async function work() {
+  const w = worker(spec.queue, spec.options);
+  w.on('completed', job => console.log(JSON.stringify({ id: job.id, result: 'completed' })));
+  w.on('failed', job => console.log(JSON.stringify({ id: job.id, result: 'failed', attempts: job.attemptsMade })));
+  await w.waitUntilReady();
+  console.log('ready');
+  await new Promise(resolve => process.once('SIGTERM', resolve));
+  await w.close();
+}
+
+const commands = { steps, truth, work };
+commands[command]().then(
+  () => process.exit(0),
+  error => { console.error(error); process.exit(1); },
+);

@@ -1,0 +1,158 @@
+"""The real BullMQ (npm, run with Node) and Sidekiq (Debian's ruby-sidekiq) the preset tests drive.
+
+Each runs a small driver script of the tests (tests/node/bullmq.cjs, tests/ruby/sidekiq_driver.rb)
+that writes through the library's own API and prints the library's own view of the queues as
+JSON: the truth the exporter is compared with. Long-running workers are subprocesses stopped by
+their pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from tests.conftest import REDIS_HOST, REDIS_PORT
+
+TESTS = Path(__file__).parent
+BULLMQ_MAJORS = (5, 6)
+
+
+def _missing(what: str) -> None:
+    message = f"{what} not found (scripts/setup.sh installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + ": CI must have it")
+    pytest.skip(message)
+
+
+class Driver:
+    """A driver script run with the library's interpreter; one command per call."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv = argv
+        self.env = {**os.environ, **env}
+        self.started: list[subprocess.Popen[str]] = []
+
+    def run(self, command: str, spec: dict[str, Any], timeout: float = 120) -> str:
+        done = subprocess.run(
+            [*self.argv, command, json.dumps(spec)],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"{command} failed ({done.returncode}): {done.stderr[-2000:]}")
+        return done.stdout
+
+    def start(self, argv: list[str], ready: str = "ready") -> subprocess.Popen[str]:
+        """A long-running process (a worker), returned once it printed `ready`."""
+        process = subprocess.Popen(
+            argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        self.started.append(process)
+        assert process.stdout is not None
+        for line in process.stdout:
+            if line.strip() == ready:
+                return process
+        raise AssertionError(f"{argv[:3]} ended before it was ready: {process.stderr.read()}")
+
+    def stop(self, process: subprocess.Popen[str], timeout: float = 30) -> str:
+        """SIGTERM by pid (the library's graceful shutdown); the rest of its output."""
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
+        return output
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                self.stop(process)
+
+
+class BullMQ(Driver):
+    def __init__(self, major: int, db: int) -> None:
+        node = shutil.which("node")
+        install = TESTS / "node" / f"bullmq{major}"
+        if node is None:
+            _missing("node (Debian package nodejs)")
+        if not (install / "node_modules" / "bullmq").is_dir():
+            _missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)}")
+        super().__init__([str(node), str(TESTS / "node" / "bullmq.cjs"), str(install)], {})
+        self.connection = {"host": REDIS_HOST, "port": REDIS_PORT, "db": db}
+
+    def steps(self, *steps: dict[str, Any]) -> None:
+        assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"
+
+    def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
+        """Run steps whose workers keep jobs active until the process is stopped."""
+        spec = {**self.connection, "steps": list(steps)}
+        return self.start([*self.argv, "steps", json.dumps(spec)])
+
+    def worker(self, queue: str, **options: Any) -> subprocess.Popen[str]:
+        spec = {**self.connection, "queue": queue, "options": options}
+        return self.start([*self.argv, "work", json.dumps(spec)])
+
+    def truth(self, queues: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(
+            self.run("truth", {**self.connection, "queues": queues})
+        )
+        return result
+
+
+class Sidekiq(Driver):
+    def __init__(self, db: int) -> None:
+        ruby, sidekiq = shutil.which("ruby"), shutil.which("sidekiq")
+        if ruby is None or sidekiq is None:
+            _missing("ruby and sidekiq (Debian package ruby-sidekiq)")
+        assert ruby is not None and sidekiq is not None
+        env = {"REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"}
+        super().__init__([ruby, str(TESTS / "ruby" / "sidekiq_driver.rb")], env)
+        self.sidekiq = sidekiq
+        self.logs: list[IO[str]] = []
+
+    def push(self, *jobs: dict[str, Any]) -> None:
+        self.run("push", {"jobs": list(jobs)})
+
+    def truth(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.run("truth", {}))
+        return result
+
+    def worker(
+        self, queues: list[str], concurrency: int = 5, scheduler: bool = True
+    ) -> subprocess.Popen[str]:
+        """The real `sidekiq` command, its log in a file (a pipe nobody reads would fill up);
+        ready once it logs that it booted. Its scheduler moves due jobs and retries to their
+        queues about every second; without it they stay in their sets."""
+        argv = [self.sidekiq, "-r", str(TESTS / "ruby" / "sidekiq_jobs.rb"), "-c", str(concurrency)]
+        for queue in queues:
+            argv += ["-q", queue]
+        log = tempfile.NamedTemporaryFile("w+", prefix="sidekiq-", suffix=".log")  # noqa: SIM115
+        self.logs.append(log)
+        process = subprocess.Popen(
+            [*argv, "-t", "5"],
+            env={**self.env, "SIDEKIQ_SCHEDULER": "running" if scheduler else "held"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.started.append(process)
+        deadline = time.monotonic() + 60
+        while "Booting Sidekiq" not in Path(log.name).read_text():
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"sidekiq did not start: {Path(log.name).read_text()[-2000:]}")
+            time.sleep(0.1)
+        return process
