@@ -71,6 +71,7 @@ def presets_page() -> str:
                 "Params: " + ", ".join(f"`{k}` (default `{v}`)" for k, v in params.items())
             )
             lines.append("")
+        lines += _library_lines(document.get("library"))
         groups = document.get("sources", {}).get("redis", {}).get("key_groups", [])
         if groups:
             lines += ["| key pattern | type | state | reads |", "|---|---|---|---|"]
@@ -81,8 +82,23 @@ def presets_page() -> str:
     return "\n".join(lines)
 
 
+def _library_lines(library: dict[str, Any] | None) -> list[str]:
+    """Versions tested and the table: what the library holds -> metric and labels, versions."""
+    if not library:
+        return []
+    lines = [f"Tested with {library['tested']}.", ""]
+    lines += ["| the library holds | served as | versions |", "|---|---|---|"]
+    lines += [
+        f"| {holds} | {served} | {versions} |" for holds, served, versions in library["holds"]
+    ]
+    return [*lines, ""]
+
+
 def _group_row(group: dict[str, Any]) -> str:
     reads = ["depth"]
+    if group.get("split_by"):
+        split = group["split_by"]
+        reads = [f"depth per {split['label']} (each item's `{split['field']}`)"]
     if group.get("priority_bands"):
         reads.append("priority from score bands")
     oldest = group.get("oldest")

@@ -4,10 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_TOOLS=(prometheus prometheus-alertmanager)
+DEBIAN_TOOLS=(prometheus prometheus-alertmanager nodejs npm ruby-sidekiq)
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
+# real BullMQ (npm, run with Node) and Sidekiq (ruby) for the preset tests
+command -v node >/dev/null || missing+=(nodejs)
+command -v npm >/dev/null || missing+=(npm)
+command -v sidekiq >/dev/null || missing+=(ruby-sidekiq)
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${missing[*]} (of ${DEBIAN_TOOLS[*]})"
   export DEBIAN_FRONTEND=noninteractive
@@ -53,5 +57,12 @@ for major in 2 1; do
   if [ ! -x ".venv/tools/rq${major}/bin/rq" ]; then
     python3 -m venv ".venv/tools/rq${major}"
     ".venv/tools/rq${major}/bin/python" -m pip install -q "rq>=${major},<$((major + 1))"
+  fi
+done
+
+# BullMQ 5.x and 6.x for the tests, each in its folder from its committed package-lock.json
+for bullmq in tests/node/bullmq5 tests/node/bullmq6; do
+  if [ ! -d "$bullmq/node_modules/bullmq" ]; then
+    (cd "$bullmq" && npm ci --no-audit --no-fund --silent)
   fi
 done

@@ -65,6 +65,9 @@ def celery_publish(client: redis.Redis, queue: str, priority: int = 0) -> None:
 
 
 def bullmq_add(client: redis.Redis, queue: str, job_id: int, timestamp_ms: int) -> None:
+    """A waiting job as BullMQ 5/6 write it; the preset tests drive the real library
+    (tests/test_preset_bullmq.py), this is for tests about something else (ACLs, faults)."""
+    client.hset(f"bull:{queue}:meta", "opts.maxLenEvents", 10000)  # every queue has its meta
     client.hset(
         f"bull:{queue}:{job_id}",
         mapping={"name": "send", "data": "{}", "timestamp": timestamp_ms, "opts": "{}"},

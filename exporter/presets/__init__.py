@@ -1,6 +1,7 @@
 """Presets: configuration fragments, one YAML file per known queue layout.
 
-A preset file holds `description`, `params` (defaults an operator may override) and a piece
+A preset file holds `description`, `params` (defaults an operator may override), optionally
+`library` (the versions tested and how each state the library holds is served) and a piece
 of the ordinary configuration (`sources: ...`) in which `${param}` is substituted. Loading a
 preset merges that piece into the configuration: lists are extended, so a preset's key
 groups join the operator's own.
@@ -16,6 +17,12 @@ from typing import Any
 import yaml
 
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+# Top-level keys of a preset file that document it instead of configuring anything: the
+# description, the params' defaults, and `library` (versions tested, and what the library holds
+# -> what is served, for docs/presets.md).
+DOCUMENTATION_KEYS = ("description", "params", "library")
 
 
 class PresetError(ValueError):
@@ -45,7 +52,7 @@ def expand(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
             f"preset {name}: unknown params {', '.join(sorted(unknown))} "
             f"(valid: {', '.join(valid) or 'none'})"
         )
-    fragment = {k: v for k, v in document.items() if k not in ("description", "params")}
+    fragment = {k: v for k, v in document.items() if k not in DOCUMENTATION_KEYS}
     substituted: dict[str, Any] = _substitute(fragment, values, name)
     return substituted
 

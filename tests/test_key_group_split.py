@@ -1,0 +1,101 @@
+"""split_by and values_from_keys on data no library would write: what cannot be attributed is
+counted under __unread__ and named, never dropped; bad settings are refused with their place."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from exporter import config as config_module
+from exporter.config import ConfigError
+from tests.conftest import scrape_when, value
+
+SPLIT_RETRY = {
+    "system": "custom",
+    "pattern": "retry",
+    "type": "zset",
+    "state": "retry",
+    "split_by": {"label": "queue", "field": "queue", "max_items": 4},
+    "due": {"metric": "queue_scheduled_due", "unit": "s"},
+    "oldest": {"end": "head", "time_in": "score", "format": "epoch_s"},
+}
+
+
+def test_unreadable_and_unread_items_count_under_unread(redis_client, redis_url, run_exporter):
+    now = time.time()
+    members = {
+        json.dumps({"queue": "mail"}): now - 200,
+        json.dumps({"queue": "mail", "n": 2}): now + 100,
+        json.dumps({"queue": "bills"}): now - 50,
+        "not json at all": now - 10,
+        json.dumps({"queue": "late"}): now + 500,  # beyond max_items (4): read as depth only
+        json.dumps({"queue": "later"}): now + 600,
+    }
+    redis_client.zadd("retry", members)
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [SPLIT_RETRY]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="__unread__")
+
+    def depth(queue):
+        return value(series, "queue_depth", system="custom", queue=queue, state="retry")
+
+    assert (depth("mail"), depth("bills"), depth("__unread__")) == (2, 1, 3)
+    assert depth("late") is None
+    assert value(series, "queue_scheduled_due", system="custom", queue="mail") == 1
+    assert value(series, "queue_scheduled_due", system="custom", queue="bills") == 1
+    age = value(series, "queue_oldest_age_seconds", system="custom", queue="mail")
+    assert age is not None and 200 <= age < 230
+    errors = {
+        dict(labels)["reason"]: count
+        for (name, labels), count in series.items()
+        if name == "queue_exporter_source_errors_total" and ("pattern", "retry") in labels
+    }
+    assert errors.get("label_unreadable", 0) >= 1 and errors.get("items_unread", 0) >= 1
+
+
+def test_queues_from_keys_read_zero_once_their_jobs_are_gone(redis_client, redis_url, run_exporter):
+    redis_client.hset("jobs:mail:meta", "created", "1")
+    redis_client.hset("jobs:bills:meta", "created", "1")
+    redis_client.rpush("jobs:bills:wait", "1", "2")
+    group = {
+        "system": "custom",
+        "pattern": "jobs:{queue}:wait",
+        "type": "list",
+        "state": "pending",
+        "values_from_keys": {"queue": "jobs:{value}:meta"},
+    }
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="mail")
+    assert value(series, "queue_depth", system="custom", queue="mail") == 0
+    assert value(series, "queue_depth", system="custom", queue="bills") == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"type": "set", "due": None, "oldest": None}, "split_by applies to list, zset and hash"),
+        ({"labels": {"queue": "all"}}, "split_by: 'queue' is already a pattern placeholder"),
+        ({"values_from_keys": {"queue": "x"}}, "values: {queue} is not a placeholder"),
+    ],
+)
+def test_bad_split_settings_are_refused_with_their_place(change, message):
+    group = {**SPLIT_RETRY, **change}
+    raw = {"sources": {"redis": {"url": "redis://localhost", "key_groups": [group]}}}
+    with pytest.raises(ConfigError) as error:
+        config_module.from_dict(raw)
+    assert "sources.redis.key_groups[0]" in str(error.value)
+    assert message in str(error.value)
+
+
+def test_values_from_keys_needs_one_value_placeholder():
+    group = {
+        "system": "custom",
+        "pattern": "jobs:{queue}:wait",
+        "type": "list",
+        "state": "pending",
+        "values_from_keys": {"queue": "jobs:meta"},
+    }
+    raw = {"sources": {"redis": {"url": "redis://localhost", "key_groups": [group]}}}
+    with pytest.raises(ConfigError, match=r"values_from_keys.queue: the pattern needs exactly"):
+        config_module.from_dict(raw)
