@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
+from exporter.http_server import HttpConfig
 from exporter.leader import LeaderElectionConfig
 from exporter.sources.native import NativeConfig
 from exporter.sources.postgres import PostgresSourceConfig
@@ -56,6 +57,7 @@ class Config(StrictModel):
     )
     log_format: Literal["text", "json"] = Field("text", description="json: one object a line")
     web_config_file: Path | None = Field(None, description="exporter-toolkit web config")
+    http: HttpConfig = Field(default_factory=HttpConfig)
     presets: list[str | PresetRef] = Field(
         default_factory=list, description="names, or {name, params} (docs/presets.md)"
     )

@@ -10,6 +10,7 @@ import json
 import logging
 import ssl
 import tempfile
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from exporter import web_config
+from exporter.app import exposition
 from exporter.cli import main
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
@@ -50,7 +52,7 @@ def serve(tmp_path: Path):
             path.write_text(yaml.safe_dump(document))
         health = HealthBoard()
         health.succeeded("redis", 0.01)
-        server = MetricsServer(host, 0, CollectorRegistry(), health, path)
+        server = MetricsServer(host, 0, exposition(CollectorRegistry()), health, path)
         server.start()
         servers.append(server)
         return server
@@ -70,7 +72,7 @@ def get(
     path: str = "/metrics",
     headers: dict[str, str] | None = None,
     context: ssl.SSLContext | None = None,
-) -> tuple[int, dict[str, str], bytes]:
+) -> tuple[int, Message, bytes]:
     connection: http.client.HTTPConnection
     if context is None:
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
@@ -81,7 +83,7 @@ def get(
     try:
         connection.request("GET", path, headers=headers or {})
         response = connection.getresponse()
-        return response.status, dict(response.getheaders()), response.read()
+        return response.status, response.headers, response.read()  # names: any case
     finally:
         connection.close()
 
