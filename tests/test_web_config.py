@@ -290,7 +290,13 @@ def test_check_config_and_serve_refuse_a_bad_web_config(tmp_path):
     web.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": "s3cret-plaintext"}}))
     config = tmp_path / "config.yml"
     config.write_text(
-        yaml.safe_dump({"web_config_file": str(web), "listen_address": "127.0.0.1:0"})
+        yaml.safe_dump(
+            {
+                "web_config_file": str(web),
+                "listen_address": "127.0.0.1:0",
+                "presets": ["orchestrata"],  # something to serve: serve refuses to start without
+            }
+        )
     )
     runner = CliRunner()
     for args in (["check-config", str(config)], ["serve", "--config", str(config)]):
