@@ -309,7 +309,7 @@ EVENTS: tuple[MetricSpec, ...] = (
         "queue_exporter_events_lost_total",
         "counter",
         ("stream",),
-        "Stream entries trimmed (or expired) before the consumer group read them.",
+        "Stream entries the consumer group can no longer read: trimmed, or lost by Redis, unread.",
     ),
     _self(
         "queue_exporter_stream_lag",

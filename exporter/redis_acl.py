@@ -41,16 +41,17 @@ SAMPLER_COMMANDS = (
     "xrevrange",
     "xinfo|groups",
 )
-# The event consumer (events/consumer.py): a MULTI of XACK, the gap-check script (EXISTS,
-# XINFO, XGROUP CREATE/SETID inside it) and XREADGROUP; XREAD BLOCK while idle; XAUTOCLAIM.
+# The event consumer (events/consumer.py): a MULTI of XACK, the group-position script run
+# with EVAL (EXISTS, XINFO, XRANGE, XGROUP CREATE/SETID inside it) and XREADGROUP; XREAD
+# BLOCK while idle; XAUTOCLAIM.
 EVENTS_COMMANDS = (
     "multi",
     "exec",
-    "script|load",
-    "evalsha",
+    "eval",
     "exists",
     "xinfo|stream",
     "xinfo|groups",
+    "xrange",
     "xgroup|create",
     "xgroup|setid",
     "xreadgroup",

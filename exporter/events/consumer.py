@@ -1,15 +1,14 @@
 """The consumer-group reader: one per stream, in its own thread.
 
-Each read is one transaction: XACK of the previous batch (applied by then), a Lua check
-that creates the group when missing and detects entries trimmed before the group read
-them, and XREADGROUP. Being atomic, the gap check sees exactly the group state the read
-starts from, so several sidecars sharing the group count each lost entry once, like each
-event. When nothing is waiting, XREAD BLOCK on the group's last-delivered id waits for
+Each read is one transaction: XACK of the previous batch (applied by then), the group
+position check (group_position.py: creates the group when missing, never behind what was
+applied, and counts entries lost to trimming or to a Redis that lost data), and XREADGROUP.
+When nothing is waiting, XREAD BLOCK on the group's last-delivered id waits for
 new entries without consuming them.
 
 Entries left pending by a consumer that died are claimed with XAUTOCLAIM once they have
 been idle for `claim_idle`; this consumer's own pending entries (a restart under the same
-pod name) are re-read at start. Metrics live in memory, so an entry applied but not acked
+pod name, or a connection broken mid-read) are re-read first. Metrics live in memory, so an entry applied but not acked
 before a crash is lost with the rest of that process's counts: re-applying it is right.
 """
 
@@ -25,6 +24,7 @@ from typing import Any
 import redis
 
 from exporter.events.config import EventsSourceConfig, StreamConfig
+from exporter.events.group_position import POSITION_SCRIPT, Seen
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
 from exporter.events.refusals import Refusals
 from exporter.events.runnerq import RunnerQDecoder
@@ -41,55 +41,6 @@ log = logging.getLogger(__name__)
 _missing_streams = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
-
-# KEYS[1] stream; ARGV[1] group, ARGV[2] start id for a group that does not exist yet.
-# Returns {status, lost, last_delivered_id}: status 0 ready, 1 no such stream.
-# Entries-read is the group's count of delivered entries (Redis 7). When the group's
-# last-delivered id lies before the stream's first entry, everything between was trimmed
-# unread: (entries-added - length) entries precede the first one, entries-read of them were
-# delivered, the rest are lost. ENTRIESREAD is then set past them, which also keeps the
-# group's lag true (Redis would count the lost entries as lag forever).
-GAP_SCRIPT = """
-local key, group = KEYS[1], ARGV[1]
-if redis.call('EXISTS', key) == 0 then return {1, 0, ''} end
-local function field(reply, name)
-  for i = 1, #reply, 2 do if reply[i] == name then return reply[i + 1] end end
-  return nil
-end
-local stream = redis.call('XINFO', 'STREAM', key)
-local added = field(stream, 'entries-added')
-local before_first = nil
-if added then before_first = added - field(stream, 'length') end
-local info = nil
-for _, g in ipairs(redis.call('XINFO', 'GROUPS', key)) do
-  if field(g, 'name') == group then info = g end
-end
-if not info then
-  local read = added
-  if ARGV[2] ~= '$' then read = before_first end
-  if read then
-    redis.call('XGROUP', 'CREATE', key, group, ARGV[2], 'ENTRIESREAD', read)
-  else  -- before Redis 7: no read counter, no lost-entry detection
-    redis.call('XGROUP', 'CREATE', key, group, ARGV[2])
-  end
-  return {0, 0, ARGV[2] == '$' and field(stream, 'last-generated-id') or '0-0'}
-end
-local last = field(info, 'last-delivered-id')
-local first = field(stream, 'first-entry')
-if not before_first or not first then return {0, 0, last} end
-local function parts(id)
-  local dash = string.find(id, '-', 1, true)
-  return tonumber(string.sub(id, 1, dash - 1)), tonumber(string.sub(id, dash + 1))
-end
-local lms, lseq = parts(last)
-local fms, fseq = parts(first[1])
-if lms > fms or (lms == fms and lseq >= fseq) then return {0, 0, last} end
-local read = field(info, 'entries-read')
-if read and read >= before_first then return {0, 0, last} end
-redis.call('XGROUP', 'SETID', key, group, last, 'ENTRIESREAD', before_first)
-if not read then return {0, 0, last} end
-return {0, before_first - read, last}
-"""
 
 FIRST_RETRY = 0.5
 MAX_RETRY = 10.0
@@ -118,12 +69,11 @@ class StreamConsumer:
         )
         self._key = stream.key.encode()
         self._client: redis.Redis | None = None
-        self._gap_sha: str | None = None
-        self._start = stream.start  # after the group's first creation, a new one starts at 0
+        self._start = stream.start  # for a group this consumer has seen nothing of
+        self._seen = Seen()
         self._acks: list[bytes] = []
         self._recovered = False
         self._group_ready = False
-        self._last_delivered: str | None = None
         self._next_claim = 0.0
         self._next_stats = 0.0
         self._block_ms = min(settings.block_ms, int(connection.socket_timeout * 800))
@@ -191,7 +141,7 @@ class StreamConsumer:
     def wait_for_entries(self) -> None:
         """Block until the stream holds an entry the group has not seen (or block_ms pass)."""
         client = self._connect()
-        last = self._last_delivered or "0-0"
+        last = self._seen.last_id or "0-0"
         with contextlib.suppress(redis.RedisError):  # the next poll reports it
             client.xread({self._key: last}, count=1, block=self._block_ms)
 
@@ -214,20 +164,25 @@ class StreamConsumer:
         pipe = client.pipeline(transaction=True)
         if self._acks:
             pipe.xack(self._key, self.stream.group, *self._acks)
-        pipe.evalsha(self._gap_script(client), 1, self._key, self.stream.group, self._start)
+        # EVAL, not EVALSHA: a restarted Redis has an empty script cache, and a read whose
+        # check failed with NOSCRIPT would still run, unchecked, in the same transaction.
+        pipe.eval(
+            POSITION_SCRIPT,
+            1,
+            self._key,
+            self.stream.group,
+            self._start,
+            *self._seen.args(),
+        )
         pipe.xreadgroup(
             self.stream.group, self.consumer, {self._key: ">"}, count=self.settings.batch_size
         )
         replies = pipe.execute(raise_on_error=False)
         self._acks = []
         check, reply = replies[-2], replies[-1]
-        if isinstance(check, redis.exceptions.NoScriptError):
-            # SCRIPT FLUSH: loaded again by the next read; the entries read now still count.
-            self._gap_sha = None
-            check = [0, 0, self._last_delivered or "0-0"]
-        elif isinstance(check, Exception):
+        if isinstance(check, Exception):
             raise check
-        status, lost, last = check
+        status, lost, last, added, read = check
         if status == 1:  # the stream does not exist (yet, or it expired with its group)
             _missing_streams.warning(
                 self.name,
@@ -236,20 +191,24 @@ class StreamConsumer:
                 self.stream.key,
                 self.stream.group,
             )
-            self._start = "0"  # so whatever it holds when it appears is new to the group
+            self._start = "0"  # never seen: whatever it holds when it appears is new
             self._group_ready = False
-            self._last_delivered = None
             return 0
-        if not self._group_ready:
-            self._group_ready = True
-            self._start = "0"
-        self._last_delivered = last.decode() if isinstance(last, bytes) else str(last)
+        self._group_ready = True
+        if status == 2:
+            # A restored copy brings back entries pending under this name that were applied:
+            # the recovery acks them (and applies only what this consumer never saw).
+            self._recovered = False
         if isinstance(reply, Exception):
             raise reply
         entries: list[Entry] = reply[0][1] if reply else []
-        if entries:
-            self._last_delivered = entries[-1][0].decode()
         self._apply(client, entries, lost=int(lost))
+        # Only now: a batch a broken connection kept from being applied is not "seen".
+        self._seen = Seen(
+            entries[-1][0].decode() if entries else _text(last),
+            int(added),
+            int(read) + len(entries) if int(read) >= 0 else -1,
+        )
         self._acks = [entry_id for entry_id, _ in entries]
         return len(entries)
 
@@ -321,7 +280,8 @@ class StreamConsumer:
     def _recover_own_pending(self, client: redis.Redis) -> int:
         """Entries delivered to this consumer name and never applied: before a restart, or in
         a read whose reply a broken connection lost. Acks go first: what was applied is no
-        longer pending, so nothing is applied twice."""
+        longer pending. Entries up to the last one this process saw delivered were applied
+        (a Redis restored from an older copy brings them back pending): acked, not applied."""
         applied, after = 0, "0"
         while True:
             self._flush_acks(client)
@@ -339,7 +299,7 @@ class StreamConsumer:
             entries: list[Entry] = reply[0][1] if reply else []
             if not entries:
                 break
-            self._apply(client, entries)
+            self._apply(client, [entry for entry in entries if not self._seen.covers(entry[0])])
             self._acks = [entry_id for entry_id, _ in entries]
             applied += len(entries)
             after = entries[-1][0].decode()
@@ -352,14 +312,20 @@ class StreamConsumer:
         idle_ms = int(self.settings.claim_idle * 1000)
         for _ in range(100):  # bounded: the rest waits for the next round
             self._flush_acks(client)
-            reply = client.xautoclaim(
-                self._key,
-                self.stream.group,
-                self.consumer,
-                idle_ms,
-                start_id=cursor,
-                count=self.settings.batch_size,
-            )
+            try:
+                reply = client.xautoclaim(
+                    self._key,
+                    self.stream.group,
+                    self.consumer,
+                    idle_ms,
+                    start_id=cursor,
+                    count=self.settings.batch_size,
+                )
+            except redis.ResponseError as error:
+                if not str(error).startswith("NOGROUP"):
+                    raise
+                self._group_ready = False  # destroyed, or gone with its stream: the read
+                break  # places it again
             cursor, entries = reply[0], reply[1]
             deleted = reply[2] if len(reply) > 2 else []
             # claimed, but trimmed before anyone applied them: lost
@@ -389,15 +355,9 @@ class StreamConsumer:
             client.xack(self._key, self.stream.group, *self._acks)
             self._acks = []
 
-    def _gap_script(self, client: redis.Redis) -> str:
-        if self._gap_sha is None:
-            self._gap_sha = str(client.script_load(GAP_SCRIPT))
-        return self._gap_sha
-
     def _connect(self) -> redis.Redis:
         if self._client is None:
             self._client = self.connection.connect()
-            self._gap_sha = None
         return self._client
 
     def _failed(self, error: Exception, duration: float) -> None:
@@ -444,6 +404,10 @@ def decode_v1(
             continue
         apply(tally, event, system)
     tally.consumed += consumed
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def build_consumers(
