@@ -22,6 +22,7 @@ from exporter.leader import Leadership, lease_connection, register_leader_gauge
 from exporter.sources import native, postgres
 from exporter.sources.base import Source, SourceRunner
 from exporter.sources.redis_keys import RedisKeySampler
+from exporter.status_page import StatusPage
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -79,13 +80,19 @@ class App:
             config.sources.events, config.sources.redis, self.telemetry, event_metrics
         )
         host, port = config.host_port
+        render = exposition(self.telemetry.registry)
+        status = StatusPage(self.health, lambda: render(False))
         self.server = MetricsServer(
             host,
             port,
-            exposition(self.telemetry.registry),
+            render,
             self.health,
             config.web_config_file,
             config.http,
+            pages={
+                "/": lambda: ("text/html; charset=utf-8", status.html()),
+                "/status.json": lambda: ("application/json", status.json()),
+            },
         )
 
     def start(self) -> None:
@@ -100,11 +107,13 @@ class App:
             consumer.start(self.stopping)
         host, _ = self.config.host_port
         log.info(
-            "serving on %s://%s:%d/metrics with %d source(s)",
+            "serving on %s://%s:%d/metrics (status page at /) with %d sampler(s) and %d "
+            "stream consumer(s)",
             self.server.scheme,
             host,
             self.server.port,
             len(self.runners),
+            len(self.event_consumers),
         )
 
     def shutdown(self) -> None:

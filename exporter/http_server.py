@@ -1,4 +1,4 @@
-"""The HTTP endpoint: /metrics, /healthz, /readyz and a landing page.
+"""The HTTP endpoint: /metrics, /healthz, /readyz and the pages it is given (the status page).
 
 It runs on Tornado's event loop in one thread, because connections must be cheap: a client
 that sends half a request (slowloris) or reads its answer slowly holds a socket, not a thread,
@@ -22,7 +22,7 @@ import gzip
 import json
 import logging
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,16 +47,6 @@ from exporter.web_config import (
 
 log = logging.getLogger(__name__)
 
-LANDING_PAGE = f"""<!doctype html>
-<html><head><title>queue-exporter</title></head>
-<body><h1>queue-exporter {__version__}</h1>
-<ul>
-<li><a href="metrics">/metrics</a> (Prometheus text and OpenMetrics)</li>
-<li><a href="healthz">/healthz</a> (process alive)</li>
-<li><a href="readyz">/readyz</a> (every source reached and not failing)</li>
-</ul></body></html>
-""".encode()
-
 BACKLOG = 1024  # connections the kernel queues before accept (stdlib http.server: 5)
 SCRAPE_THREADS = 2  # renders at once: more would only share the same cores and the GIL
 AUTH_THREADS = 4  # bcrypt checks at once (bcrypt releases the GIL)
@@ -65,6 +55,8 @@ UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 
 # The exposition, uncompressed: OpenMetrics when the argument is True, Prometheus text otherwise.
 Render = Callable[[bool], bytes]
+# A page: its content type and body, built per request (exporter/status_page.py).
+Page = Callable[[], tuple[str, bytes]]
 _T = TypeVar("_T")
 
 
@@ -91,12 +83,15 @@ class MetricsServer:
         health: HealthBoard,
         web_config_file: Path | None = None,
         settings: HttpConfig | None = None,
+        pages: Mapping[str, Page] | None = None,
     ) -> None:
-        """Raises WebConfigError for a web config file that does not load (before binding)."""
+        """Raises WebConfigError for a web config file that does not load (before binding).
+        `pages` are served by path behind the same TLS and auth as /metrics."""
         self.host = host
         self.web = WebConfigWatcher(web_config_file) if web_config_file is not None else None
         self.settings = settings or HttpConfig()
         self.render = render
+        self.pages = dict(pages or {})
         self.health = health
         self.scrape_pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix="scrape")
         self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="auth")
@@ -264,9 +259,11 @@ class _Handler(RequestHandler):
             self.set_header("WWW-Authenticate", UNAUTHORIZED_HEADER)
             await self._send(401, b"unauthorized\n")
             return
+        if path in self.front.pages:
+            await self._page(self.front.pages[path])
+            return
         route: Callable[[], Awaitable[None]] | None = {
             "/metrics": self._metrics,
-            "/": self._landing,
         }.get(path)
         if route is None:
             await self._send(404, b"not found\n")
@@ -301,8 +298,9 @@ class _Handler(RequestHandler):
             }
         await self._send(200 if ready else 503, json.dumps(document).encode(), "application/json")
 
-    async def _landing(self) -> None:
-        await self._send(200, LANDING_PAGE, "text/html; charset=utf-8")
+    async def _page(self, page: Page) -> None:
+        content_type, body = await self.front.run_blocking(self.front.scrape_pool, page)
+        await self._send(200, body, content_type)
 
     async def _authorized(self, loaded: LoadedWebConfig | None, path: str) -> bool:
         web = self.front.web

@@ -3,7 +3,7 @@
 Distinctive secrets (a Redis password in the URL and in a password file, a PostgreSQL DSN
 password, a basic-auth password) are given to a real `queue-exporter serve` logging at debug
 level, while the backends accept, reject or cannot be reached; then its stderr, stdout,
-/metrics, /readyz and the landing page, `check-config` output and the errors of bad
+/metrics, /readyz and the status page, `check-config` output and the errors of bad
 configurations are searched for them.
 """
 

@@ -109,7 +109,7 @@ def test_basic_auth_guards_metrics_and_answers_401_with_a_challenge(serve):
     assert get(server, "/", None)[0] == 401
     assert get(server, "/nope", None)[0] == 401  # no path probing without credentials
     assert get(server, "/metrics", _auth("prometheus", PASSWORD))[0] == 200
-    assert get(server, "/", _auth("prometheus", PASSWORD))[0] == 200
+    assert get(server, "/nope", _auth("prometheus", PASSWORD))[0] == 404  # past the guard
 
 
 def test_probes_need_no_credentials_but_readiness_details_do(serve):

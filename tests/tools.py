@@ -1,4 +1,4 @@
-"""External command-line tools the tests run (promtool, amtool, prometheus)."""
+"""External command-line tools the tests run (promtool, amtool, prometheus, chromium)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def require(tool: str) -> str:
     path = shutil.which(tool)
     if path:
         return path
-    message = f"{tool} not found (Debian packages prometheus, prometheus-alertmanager)"
+    message = f"{tool} not found (scripts/setup.sh installs it from Debian)"
     if os.environ.get("CI") == "true":
         pytest.fail(message + ": CI must have it (scripts/setup.sh installs it)")
     pytest.skip(message)

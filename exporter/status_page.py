@@ -1,0 +1,359 @@
+"""The live status page at / and the same facts at /status.json.
+
+An operator's first question is "is it looking at the right things?": the page answers it
+from what the exporter serves right now. Sources and key groups come from the HealthBoard;
+queues, streams and the leader from the exposition itself (what Prometheus scrapes), so the
+page cannot disagree with /metrics.
+
+The HTML is complete without JavaScript (server-rendered, every value escaped: queue names
+and keys are data anyone with write access to Redis chose). A small inline script refreshes
+it from /status.json, writing text nodes only. Both render one view: the warnings and tables
+built here, so the columns are defined once.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from exporter import __version__
+from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
+
+TOP_QUEUES = 10
+REFRESH_SECONDS = 5
+_QUEUE_COLUMNS = ["system", "queue", "priority", "state"]
+
+
+@dataclass(frozen=True)
+class Table:
+    id: str
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+class StatusPage:
+    def __init__(self, health: HealthBoard, exposition: Callable[[], bytes]) -> None:
+        """`exposition` returns what /metrics serves (Prometheus text)."""
+        self.health = health
+        self.exposition = exposition
+
+    def json(self) -> bytes:
+        return json.dumps(self.document()).encode()
+
+    def html(self) -> bytes:
+        return render_html(self.document()).encode()
+
+    def document(self) -> dict[str, Any]:
+        """The facts for scripts, and under "view" the page's warnings and tables."""
+        now = time.time()
+        samples = _samples(self.exposition().decode())
+        statuses = self.health.snapshot()
+        facts: dict[str, Any] = {
+            "version": __version__,
+            "generated_at": now,
+            "ready": all(status.up for status in statuses.values()),
+            "leader": _leader(samples),
+            "sources": _sources(statuses, samples),
+            "key_groups": [asdict(report) for report in self.health.key_groups()],
+            "top_depth": _top(samples, "queue_depth"),
+            "top_oldest_age": _top(samples, "queue_oldest_age_seconds"),
+            "streams": _streams(samples),
+            "overflow": _by_label(samples, "queue_exporter_series_overflow_total", "metric"),
+        }
+        facts["view"] = {
+            "summary": _summary(facts),
+            "warnings": _warnings(facts, self.health.key_groups()),
+            "tables": [asdict(table) for table in _tables(facts, now)],
+        }
+        return facts
+
+
+# -- facts from the exposition ------------------------------------------------------------------
+
+
+def _samples(text: str) -> list[Sample]:
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
+def _named(samples: Iterable[Sample], name: str) -> Iterable[Sample]:
+    return (sample for sample in samples if sample.name == name)
+
+
+def _leader(samples: list[Sample]) -> bool | None:
+    values = [sample.value for sample in _named(samples, "queue_exporter_leader")]
+    return bool(values[0]) if values else None
+
+
+def _by_label(samples: list[Sample], name: str, label: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    for sample in _named(samples, name):
+        key = sample.labels.get(label, "")
+        totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def _sources(statuses: dict[str, SourceStatus], samples: list[Sample]) -> list[dict[str, Any]]:
+    errors: dict[str, dict[str, float]] = {}
+    for sample in _named(samples, "queue_exporter_source_errors_total"):
+        by_reason = errors.setdefault(sample.labels["source"], {})
+        reason = sample.labels["reason"]
+        by_reason[reason] = by_reason.get(reason, 0.0) + sample.value
+    return [
+        {"name": name, **asdict(status), "errors": errors.get(name, {})}
+        for name, status in sorted(statuses.items())
+    ]
+
+
+def _top(samples: list[Sample], name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = [
+        {**{label: sample.labels.get(label, "") for label in _QUEUE_COLUMNS}, "value": sample.value}
+        for sample in _named(samples, name)
+    ]
+    found.sort(key=lambda entry: -float(entry["value"]))
+    return found[:TOP_QUEUES]
+
+
+def _streams(samples: list[Sample]) -> list[dict[str, Any]]:
+    lost = _by_label(samples, "queue_exporter_events_lost_total", "stream")
+    invalid = _by_label(samples, "queue_exporter_events_invalid_total", "stream")
+    consumed = _by_label(samples, "queue_exporter_events_total", "stream")
+    pending = {
+        (s.labels["stream"], s.labels["group"]): s.value
+        for s in _named(samples, "queue_exporter_stream_pending")
+    }
+    streams = []
+    for sample in _named(samples, "queue_exporter_stream_lag"):
+        stream, group = sample.labels["stream"], sample.labels["group"]
+        streams.append(
+            {
+                "stream": stream,
+                "group": group,
+                "lag": sample.value,
+                "pending": pending.get((stream, group)),
+                "lost": lost.get(stream, 0.0),
+                "invalid": invalid.get(stream, 0.0),
+                "consumed": consumed.get(stream, 0.0),
+            }
+        )
+    return streams
+
+
+# -- the view: what the page shows, in plain words -----------------------------------------------
+
+
+def _summary(facts: dict[str, Any]) -> str:
+    state = "ready" if facts["ready"] else "NOT READY"
+    leader = {True: ", leader", False: ", follower (another replica samples)", None: ""}
+    return f"queue-exporter {facts['version']}: {state}{leader[facts['leader']]}"
+
+
+def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[str]:
+    warnings = []
+    for source in facts["sources"]:
+        if source["standby"] or source["up"]:
+            continue
+        if source["last_error"] is None:
+            warnings.append(f"source {source['name']} has not finished its first cycle yet")
+        else:
+            warnings.append(
+                f"source {source['name']} cannot be read ({source['last_error']}): "
+                "its series are withdrawn until it answers again"
+            )
+    for report in key_groups:
+        if report.last_warning is not None:
+            warnings.append(
+                f"key group {report.pattern} ({report.system}, {report.type}): "
+                f"{report.last_warning}"
+            )
+    for stream in facts["streams"]:
+        if stream["lost"]:
+            warnings.append(
+                f"stream {stream['stream']}: {stream['lost']:g} events were trimmed "
+                "before the group read them"
+            )
+        if stream["invalid"]:
+            warnings.append(f"stream {stream['stream']}: {stream['invalid']:g} events refused")
+    for metric, count in sorted(facts["overflow"].items()):
+        warnings.append(
+            f"{metric}: {count:g} label sets folded into __overflow__ "
+            "(limits.max_series_per_metric)"
+        )
+    return warnings
+
+
+def _tables(facts: dict[str, Any], now: float) -> list[Table]:
+    return [
+        Table(
+            "sources",
+            "Sources",
+            ["source", "state", "last sample", "duration", "errors"],
+            [_source_row(source, now) for source in facts["sources"]],
+        ),
+        Table(
+            "key-groups",
+            "Key groups (last cycle)",
+            ["system", "pattern", "type", "keys matched", "queues", "series", "errors"],
+            [
+                [
+                    group["system"],
+                    group["pattern"],
+                    group["type"],
+                    str(group["keys_matched"]),
+                    str(group["queues"]),
+                    str(group["series"]),
+                    _counts(group["errors"]),
+                ]
+                for group in facts["key_groups"]
+            ],
+        ),
+        _queue_table("top-depth", "Deepest queues", "depth", facts["top_depth"], "{:g}"),
+        _queue_table(
+            "top-age", "Oldest waiting items", "oldest age", facts["top_oldest_age"], "{:.0f}s"
+        ),
+        Table(
+            "streams",
+            "Event streams",
+            ["stream", "group", "lag", "pending", "lost", "invalid", "consumed"],
+            [
+                [stream["stream"], stream["group"]]
+                + [_number(stream[field]) for field in ("lag", "pending", "lost", "invalid")]
+                + [_number(stream["consumed"])]
+                for stream in facts["streams"]
+            ],
+        ),
+    ]
+
+
+def _source_row(source: dict[str, Any], now: float) -> list[str]:
+    if source["standby"]:
+        state = "standby (follower)"
+    elif source["up"]:
+        state = "up"
+    else:
+        state = f"down: {source['last_error'] or 'first cycle not finished'}"
+    last = source["last_success"]
+    duration = source["last_duration"]
+    return [
+        source["name"],
+        state,
+        f"{max(now - last, 0):.0f}s ago" if last is not None else "never",
+        f"{duration:.3f}s" if duration is not None else "",
+        _counts(source["errors"]),
+    ]
+
+
+def _queue_table(
+    table_id: str, title: str, column: str, entries: list[dict[str, Any]], fmt: str
+) -> Table:
+    rows = [
+        [entry[label] for label in _QUEUE_COLUMNS] + [fmt.format(entry["value"])]
+        for entry in entries
+    ]
+    return Table(table_id, title, [*_QUEUE_COLUMNS, column], rows)
+
+
+def _counts(counts: dict[str, float]) -> str:
+    return ", ".join(f"{reason} {count:g}" for reason, count in sorted(counts.items()))
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+# -- HTML --------------------------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#1a1a1a}
+h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.4em}
+table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:.25em .6em;text-align:left}
+th{background:#f2f2f2}td.none{color:#777;font-style:italic}
+#warnings li{color:#8a1c00}nav a{margin-right:1em}
+"""
+
+# Writes text nodes only (textContent): values are never parsed as HTML.
+_SCRIPT = """
+(function () {
+  function cell(tag, text, cls) {
+    var node = document.createElement(tag);
+    node.textContent = text;
+    if (cls) { node.className = cls; }
+    return node;
+  }
+  function rows(table) {
+    if (!table.rows.length) {
+      var empty = cell("td", "none", "none");
+      empty.colSpan = table.columns.length;
+      var tr = document.createElement("tr");
+      tr.appendChild(empty);
+      return [tr];
+    }
+    return table.rows.map(function (row) {
+      var tr = document.createElement("tr");
+      row.forEach(function (value) { tr.appendChild(cell("td", value)); });
+      return tr;
+    });
+  }
+  function render(view) {
+    document.getElementById("summary").textContent = view.summary;
+    var list = document.getElementById("warnings-list");
+    list.replaceChildren.apply(list, view.warnings.length
+      ? view.warnings.map(function (w) { return cell("li", w); }) : [cell("li", "none")]);
+    view.tables.forEach(function (table) {
+      var body = document.querySelector("#" + table.id + " tbody");
+      body.replaceChildren.apply(body, rows(table));
+    });
+    document.body.setAttribute("data-refreshed", new Date().toISOString());
+  }
+  function refresh() {
+    fetch("status.json", {credentials: "same-origin", cache: "no-store"})
+      .then(function (response) { return response.json(); })
+      .then(function (status) { render(status.view); })
+      .catch(function () {});
+  }
+  refresh();
+  setInterval(refresh, REFRESH_MS);
+})();
+"""
+
+
+def render_html(document: dict[str, Any]) -> str:
+    view = document["view"]
+    warnings = view["warnings"] or ["none"]
+    parts = [
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
+        "<title>queue-exporter status</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f'<h1>queue-exporter</h1><p id="summary">{html.escape(view["summary"])}</p>',
+        '<nav><a href="metrics">/metrics</a><a href="status.json">/status.json</a>'
+        '<a href="healthz">/healthz</a><a href="readyz">/readyz</a></nav>',
+        '<section id="warnings"><h2>Warnings</h2><ul id="warnings-list">',
+        *(f"<li>{html.escape(warning)}</li>" for warning in warnings),
+        "</ul></section>",
+        *(_table_html(Table(**table)) for table in view["tables"]),
+        f"<script>{_SCRIPT.replace('REFRESH_MS', str(REFRESH_SECONDS * 1000))}</script>",
+        "</body></html>\n",
+    ]
+    return "".join(parts)
+
+
+def _table_html(table: Table) -> str:
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in table.columns)
+    if table.rows:
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(value)}</td>" for value in row) + "</tr>"
+            for row in table.rows
+        )
+    else:
+        body = f'<tr><td class="none" colspan="{len(table.columns)}">none</td></tr>'
+    return (
+        f'<section id="{table.id}"><h2>{html.escape(table.title)}</h2>'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></section>"
+    )
