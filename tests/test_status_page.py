@@ -137,7 +137,7 @@ def test_chromium_shows_the_figures(layout, redis_url, run_exporter, tmp_path, j
     browser = Chromium(tmp_path / "profile")
     try:
         url = f"http://127.0.0.1:{app.server.port}/"
-        dom = browser.page_dom(url, javascript, settle="data-refreshed" if javascript else None)
+        dom = browser.page_dom(url, javascript, settle='data-refreshed="' if javascript else None)
     finally:
         browser.close()
 
