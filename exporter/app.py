@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # every backend call has a deadline, so this is only reached by a thread stuck elsewhere; it is
 # abandoned then (docs/operations.md). With the lease release and the HTTP server's stop the
 # process exits within 5 s, far inside Kubernetes' default 30 s grace period.
-SHUTDOWN_BUDGET = 3.0
+SHUTDOWN_BUDGET = 2.5
 # Seconds releasing the lease may take (connect, then the command) once the threads are done.
 LEASE_RELEASE_TIMEOUT = 0.5
 
@@ -130,6 +130,7 @@ class App:
                 thread.join(timeout=max(deadline - time.monotonic(), 0.0))
         if self.leadership is not None:  # after the samplers stopped: a follower takes over now
             if self.leadership.thread is not None:
+                self.leadership.interrupt()
                 self.leadership.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
             self.leadership.release(timeout=LEASE_RELEASE_TIMEOUT)
         self.server.stop()

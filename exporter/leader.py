@@ -31,7 +31,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from exporter.catalog import BY_NAME
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -175,6 +175,10 @@ class Leadership:
         elif not token and was_leader:
             log.warning("leader election: %s lost the lease", self.holder)
         return bool(token)
+
+    def interrupt(self) -> None:
+        """Shutdown: a renewal blocked on a hung Redis fails now, so the loop sees the stop."""
+        sever(self._client)
 
     def release(self, timeout: float | None = None) -> None:
         """Give the lease up now (shutdown), so a follower takes over at its next attempt.

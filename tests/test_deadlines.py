@@ -18,6 +18,7 @@ import urllib.error
 
 import psycopg
 import pytest
+import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from exporter.app import build_sources
@@ -202,26 +203,30 @@ def test_deadlines_default_to_the_interval_and_the_timeouts():
 
 
 def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
-    redis_proxy, postgres_proxy, redis_client, redis_db, postgres_dsn, serve_process
+    redis_proxy, postgres_proxy, redis_client, redis_db, postgres_dsn, serve_process, tmp_path
 ):
     redis_client.rpush("orchestrata:dlq:billing", "{}")
-    via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
-    serve = serve_process(
-        "--redis-url",
-        f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}",
-        "--postgres-dsn",
-        via_proxy,
-        "--preset",
-        "orchestrata",
-        "--preset",
-        "attune",
-        "--sample-interval",
-        "1",
-    )
+    config = {
+        "sample_interval": 1,
+        "presets": ["orchestrata", "attune"],
+        "sources": {
+            "redis": {"url": f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}"},
+            "postgres": {
+                "dsn": make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
+            },
+            "events": {"streams": [{"key": "app:events", "system": "app"}]},
+        },
+        # The lease lives in the frozen Redis too: its renewal and release must not hold the exit.
+        "leader_election": {"enabled": True, "lease_ttl": 10, "renew_interval": 1},
+    }
+    config_file = tmp_path / "queue-exporter.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    serve = serve_process("--config", str(config_file))
     # Attune's tables are missing: its collectors fail fast, but they do talk to the server.
     serve.series_when(
         lambda s: (
             value(s, "queue_depth", queue="billing") == 1
+            and value(s, "queue_exporter_leader") == 1
             and value(
                 s,
                 "queue_exporter_source_errors_total",
@@ -232,11 +237,13 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     )
     redis_proxy.freeze()
     postgres_proxy.freeze()
-    time.sleep(1.5)  # every source is now blocked in a call to a frozen server
+    time.sleep(1.5)  # every source, the consumer and the lease renewal are blocked by now
     started = time.monotonic()
     serve.process.send_signal(signal.SIGTERM)
     _, stderr = serve.process.communicate(timeout=30)
     stopped_in = time.monotonic() - started
     assert serve.process.returncode == 0, stderr[-2000:]
-    assert stopped_in < 5, (stopped_in, stderr[-2000:])
+    assert stopped_in < 5, (stopped_in, stderr[-3000:])
     assert "shutting down" in stderr
+    assert "could not release the lease" in stderr  # left to expire, within lease_ttl
+    print(stopped_in)
