@@ -69,6 +69,8 @@ class App:
         self.health = HealthBoard()
         self.telemetry = Telemetry(self.health, config.limits, config.otlp)
         self.stopping = threading.Event()
+        self._shutdown_lock = threading.Lock()
+        self._shut_down = False
         self.leadership = _leadership(config)
         register_leader_gauge(self.telemetry, self.leadership)
         event_metrics = build_event_metrics(config, self.telemetry)
@@ -117,6 +119,11 @@ class App:
         )
 
     def shutdown(self) -> None:
+        """Stop everything within the budget; a second call (tests, signal races) does nothing."""
+        with self._shutdown_lock:
+            if self._shut_down:
+                return
+            self._shut_down = True
         self.stopping.set()
         deadline = time.monotonic() + SHUTDOWN_BUDGET
         for runner in self.runners:
