@@ -248,6 +248,26 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "within one sample interval once the backend answers.",
         ),
         AlertRule(
+            "QueueExporterKeyGroupUnmatched",
+            "warning",
+            # max over replicas: a follower reports no key groups, the leader's count decides.
+            f"max {without(c)} (queue_exporter_keys_matched) == 0",
+            c.key_group_unmatched_for,
+            "Key group {{ $labels.pattern }} ({{ $labels.system }}) matches no Redis keys.",
+            "The key group {{ $labels.pattern }} of {{ $labels.system }} has matched no keys "
+            f"for {c.key_group_unmatched_for}; its queues report nothing, which reads like "
+            "empty queues.",
+            "The exporter reaches Redis but finds no key of the group's pattern: a typo in the "
+            "pattern or preset params, the wrong Redis database or prefix, or a system that has "
+            "not created its queues yet. Its queue alerts cannot fire.",
+            "The exporter's status page (`/`) lists each key group with the keys it matched and "
+            "the warning it logged; `queue-exporter check-config --connect` shows the keys a "
+            "pattern finds; compare with `redis-cli --scan --pattern '<glob>'` on the database "
+            "the URL names.",
+            "Fix the pattern, preset params or the URL's database. A queue system that is not "
+            "deployed yet needs no action (or drop its preset).",
+        ),
+        AlertRule(
             "QueueExporterEventsLagging",
             "warning",
             f"max {without(c)} (queue_exporter_stream_lag) > {c.stream_lag_entries}",

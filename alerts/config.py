@@ -59,6 +59,7 @@ class RulesConfig:
     stats_stale_for: str = "5m"
 
     source_down_for: str = "5m"
+    key_group_unmatched_for: str = "10m"
     stream_lag_entries: int = 10_000
     stream_lag_for: str = "10m"
     events_lost_window: str = "10m"

@@ -147,9 +147,14 @@ def quantiles(metric: str, selector: str, by: str = "") -> tuple[Query, ...]:
     )
 
 
+PRODUCT = "Queue exporter"
+
+
 def new_dashboard(uid: str, title: str, description: str) -> dashboard.Dashboard:
+    """A dashboard titled "Queue exporter / <title>": among a Grafana's other dashboards, the
+    product name says whose they are."""
     builder = (
-        dashboard.Dashboard(title)
+        dashboard.Dashboard(f"{PRODUCT} / {title}")
         .uid(uid)
         .description(description)
         .tags(TAGS)

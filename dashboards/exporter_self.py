@@ -93,6 +93,21 @@ def build() -> dashboard.Dashboard:
                 width=8,
             )
         )
+        .with_panel(
+            panel(
+                "timeseries",
+                "Keys matched by key group",
+                "Keys each key group matched in its last cycle. A group at 0 finds nothing to "
+                "read (a pattern typo, the wrong database): its queues look empty "
+                "(alert QueueExporterKeyGroupUnmatched).",
+                "short",
+                Query(
+                    f"max by (system, pattern) (queue_exporter_keys_matched{{{TARGET}}})",
+                    "{{system}} {{pattern}}",
+                ),
+                width=24,
+            )
+        )
         .with_row(dashboard.Row("Events"))
         .with_panel(
             panel(

@@ -105,6 +105,7 @@ def test_alert_conventions():
         "QueueWorkersSaturated",
         "QueueStatsStale",
         "QueueExporterSourceDown",
+        "QueueExporterKeyGroupUnmatched",
         "QueueExporterEventsLagging",
         "QueueExporterEventsLost",
         "QueueExporterAbsent",
@@ -113,6 +114,11 @@ def test_alert_conventions():
     assert required <= set(names)
     absent = next(a for a in alerts if a["alert"] == "QueueExporterAbsent")
     assert absent["expr"].startswith("absent(")
+
+
+def test_the_readme_states_the_alert_count():
+    readme = (ALERTS_DIR.parent / "README.md").read_text()
+    assert re.findall(r"(\d+) alerts with", readme) == [str(len(alerting_rules(DEFAULTS)))]
 
 
 def test_thresholds_and_runbook_base_come_from_the_config():

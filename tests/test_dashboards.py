@@ -27,6 +27,7 @@ def test_dashboard_conventions():
         assert document["schemaVersion"] == 41, name
         uids.add(document["uid"])
         assert "queue-exporter" in document["tags"]
+        assert document["title"].startswith("Queue exporter / "), name  # whose, in a Grafana
         assert [v["name"] for v in document["templating"]["list"]] == VARIABLES
         for variable in document["templating"]["list"][1:]:
             assert variable["includeAll"] and variable["allValue"] == ".*", variable["name"]
