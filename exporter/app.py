@@ -128,6 +128,8 @@ class App:
         deadline = time.monotonic() + SHUTDOWN_BUDGET
         for runner in self.runners:
             runner.interrupt()  # a cycle blocked on a hung backend fails now
+        for consumer in self.event_consumers:
+            consumer.interrupt()  # so does a read blocked on a hung Redis
         threads = [runner.thread for runner in self.runners]
         # Consumers stop reading and ack what they applied; what a consumer could not ack stays
         # pending in the group, where another replica claims it after claim_idle.

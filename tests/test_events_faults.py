@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+from exporter.app import SHUTDOWN_BUDGET, App
+from exporter.config import from_dict
+from exporter.events import consumer as consumer_module
 from exporter.events import wire
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape_series, value, wait_for
 from tests.tcp_proxy import TcpProxy
@@ -62,3 +67,82 @@ def test_consumer_survives_redis_going_away(redis_client, redis_db, run_exporter
         assert value(series, "queue_exporter_source_up", source=source) == 1
     finally:
         proxy.cut()
+
+
+def test_a_frozen_events_redis_is_noticed_and_read_again_once_it_answers(
+    redis_client, redis_db, caplog
+):
+    """Behind a proxy that stops forwarding (sockets open: only the exporter's own deadline
+    can tell): the stream's source goes down within two deadlines, says why, and is read again
+    by itself, with what was written meanwhile, once the proxy forwards again."""
+    deadline = 1.0  # socket_timeout
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    config = {
+        "listen_address": "127.0.0.1:0",
+        "sources": {
+            "events": {
+                "streams": [{"key": STREAM, "system": "app"}],
+                "redis": {
+                    "url": f"redis://127.0.0.1:{proxy.port}/{redis_db}",
+                    "socket_timeout": deadline,
+                },
+                "block_ms": 50,
+            }
+        },
+    }
+    app = App(from_dict(config))  # not run_exporter's: this test shuts it down itself
+    app.start()
+    try:
+        source = f"events:{STREAM}"
+        wait_for(lambda: app.health.snapshot()[source].up)
+        _write(redis_client, 5)
+        wait_for(lambda: _consumed(app) == 5)
+
+        proxy.freeze()
+        wait_for(lambda: not app.health.snapshot()[source].up, timeout=2 * deadline)
+        series = scrape_series(app)
+        assert value(series, "queue_exporter_source_up", source=source) == 0
+        assert value(series, "queue_exporter_source_errors_total", source=source, reason="timeout")
+        assert any(f"{source} failed (timeout)" in r.getMessage() for r in caplog.records)
+        _write(redis_client, 7)  # while the exporter cannot read
+
+        proxy.thaw()
+        wait_for(lambda: _consumed(app) == 12, timeout=2 * (deadline + consumer_module.MAX_RETRY))
+        assert app.health.snapshot()[source].up
+    finally:
+        app.shutdown()
+        proxy.cut()
+
+
+def test_shutdown_stops_a_consumer_whose_read_hangs(redis_client, redis_db):
+    """SIGTERM's shutdown while a read waits on a frozen Redis with a long deadline: the
+    consumer is stopped within the shutdown budget, not left to wait the deadline out."""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    url = f"redis://127.0.0.1:{proxy.port}/{redis_db}"
+    config = {
+        "listen_address": "127.0.0.1:0",
+        "sources": {
+            "events": {
+                "streams": [{"key": STREAM, "system": "app"}],
+                "redis": {"url": url, "socket_timeout": 10 * SHUTDOWN_BUDGET},
+                "block_ms": 50,
+            }
+        },
+    }
+    app = App(from_dict(config))
+    app.start()
+    try:
+        wait_for(lambda: app.health.snapshot()[f"events:{STREAM}"].up)
+        _write(redis_client, 3)
+        wait_for(lambda: _consumed(app) == 3)
+        proxy.freeze()
+        time.sleep(0.5)  # the next read is sent and hangs
+        app.shutdown()
+        (consumer,) = app.event_consumers
+        assert consumer.thread is not None and not consumer.thread.is_alive()
+    finally:
+        proxy.cut()
+
+
+def _consumed(app) -> float | None:
+    return value(scrape_series(app), "queue_exporter_events_total", stream=STREAM)

@@ -32,7 +32,7 @@ from exporter.events.wire import InvalidEvent, parse
 from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,12 @@ _missing_streams = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
+# Seconds between attempts while the stream's Redis fails, doubling: a Redis that answers
+# again is read within one socket_timeout plus MAX_RETRY.
 FIRST_RETRY = 0.5
-MAX_RETRY = 10.0
+MAX_RETRY = 5.0
+# Seconds the acknowledgement of the last batch may take at shutdown.
+FINAL_ACK_TIMEOUT = 0.5
 
 
 class StreamConsumer:
@@ -106,6 +110,8 @@ class StreamConsumer:
                 try:
                     got = self.poll()
                 except Exception as error:  # the thread must outlive any error
+                    if stop.is_set():  # interrupted by shutdown: not a failure of the stream
+                        break
                     if not isinstance(error, redis.RedisError):
                         log.exception("%s: unexpected error", self.name)
                     self._failed(error, time.monotonic() - started)
@@ -119,6 +125,12 @@ class StreamConsumer:
                     self.wait_for_entries()
         finally:
             self.close()
+
+    def interrupt(self) -> None:
+        """From another thread, at shutdown: a read blocked on a hung Redis fails now instead
+        of at its deadline. Nothing is lost: an interrupted read was not applied, so its
+        entries stay pending for this consumer name (re-read at its restart) or a replica."""
+        sever(self._client)
 
     def poll(self) -> int:
         """One read: ack the last batch, check for lost entries, read and apply the next.
@@ -146,17 +158,26 @@ class StreamConsumer:
             client.xread({self._key: last}, count=1, block=self._block_ms)
 
     def close(self) -> None:
-        """Acknowledge what was applied, then let go of the connection."""
-        if self._client is None:
+        """Let go of the connection, then acknowledge what was applied on a connection of its
+        own with a short deadline: shutdown never waits on a hung Redis for long."""
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if not self._acks:
             return
+        deadline = {"socket_timeout": FINAL_ACK_TIMEOUT, "connect_timeout": FINAL_ACK_TIMEOUT}
+        client = self.connection.model_copy(update=deadline).connect()
         try:
-            self._flush_acks(self._client)
+            self._flush_acks(client)
         except redis.RedisError as error:
             log.warning(
-                "%s: could not ack %d entries at shutdown: %s", self.name, len(self._acks), error
+                "%s: could not ack %d entries at shutdown (%s); they stay pending",
+                self.name,
+                len(self._acks),
+                redis_error_reason(error),
             )
-        self._client.close()
-        self._client = None
+        finally:
+            client.close()
 
     # -- reading ------------------------------------------------------------------------------
 
