@@ -18,6 +18,7 @@ details need credentials like /metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import logging
@@ -120,7 +121,8 @@ class MetricsServer:
 
     def stop(self) -> None:
         if self._loop is not None and self._stopping is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
+            with contextlib.suppress(RuntimeError):  # its loop is closed: stopped already
+                self._loop.call_soon_threadsafe(self._stopping.set)
             self._thread.join(timeout=5)
         else:  # never started
             for sock in self._sockets:
