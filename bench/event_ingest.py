@@ -28,8 +28,8 @@ from exporter.events.metrics import EventMetrics
 from exporter.events.producer import EventEmitter
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.store import MetricStore
 from exporter.telemetry import Telemetry
-from exporter.telemetry_cumulative import CumulativeStore
 
 QUEUES = [f"queue-{n}" for n in range(5)]
 JOB_TYPES = [f"job_type_{n}" for n in range(20)]
@@ -91,12 +91,12 @@ def bare_loop(client: redis.Redis, stream: str, group: str, batch: int) -> int:
         read += len(entries)
 
 
-class SdkStore(CumulativeStore):
+class SdkStore(MetricStore):
     """The alternative measured: counters pre-aggregated per batch (one add per label set),
     histograms through the SDK's Histogram.record per observation."""
 
     def __init__(self, telemetry: Telemetry) -> None:
-        super().__init__(telemetry.guard)
+        super().__init__(telemetry.store.guard)
         self._meter = telemetry.meter
         self._instruments: dict[str, Any] = {}
 
@@ -126,7 +126,7 @@ def consumer_loop(
 ) -> tuple[int, Telemetry]:
     telemetry = Telemetry(HealthBoard())
     if sdk_histograms:
-        telemetry.cumulative = SdkStore(telemetry)
+        telemetry.store = SdkStore(telemetry)
     settings = EventsSourceConfig(
         streams=[StreamConfig(key=stream, system="bench", group=group, start="0")],
         batch_size=batch,

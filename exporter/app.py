@@ -8,16 +8,13 @@ import threading
 import time
 from types import FrameType
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.openmetrics import exposition as openmetrics
-
 from exporter import inventory
 from exporter.config import Config
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import build_consumers
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
-from exporter.http_server import MetricsServer, Render
+from exporter.http_server import MetricsServer
 from exporter.leader import Leadership, lease_connection, register_leader_gauge
 from exporter.sources import native, postgres
 from exporter.sources.base import Source, SourceRunner
@@ -82,12 +79,11 @@ class App:
             config.sources.events, config.sources.redis, self.telemetry, event_metrics
         )
         host, port = config.host_port
-        render = exposition(self.telemetry.registry)
-        status = StatusPage(self.health, lambda: render(False))
+        status = StatusPage(self.health, lambda: self.telemetry.render(False))
         self.server = MetricsServer(
             host,
             port,
-            render,
+            self.telemetry.render,
             self.health,
             config.web_config_file,
             config.http,
@@ -155,18 +151,6 @@ class App:
         self.start()
         self.stopping.wait()
         self.shutdown()
-
-
-def exposition(registry: CollectorRegistry) -> Render:
-    """The registry's exposition, OpenMetrics or Prometheus text, as /metrics serves it."""
-
-    def render(wants_openmetrics: bool) -> bytes:
-        if wants_openmetrics:
-            body: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
-            return body
-        return generate_latest(registry)
-
-    return render
 
 
 def _leadership(config: Config) -> Leadership | None:

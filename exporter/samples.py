@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
+from typing import Any
 
 from exporter.catalog import MetricSpec
 
@@ -35,6 +36,12 @@ class SeriesColumns:
         parts = [repeat(label, rows) if isinstance(label, str) else label for label in self.labels]
         label_sets = zip(*parts, strict=True) if parts else repeat((), rows)
         return zip(label_sets, self.values, strict=True)
+
+    def rows(self) -> Iterator[tuple[Any, ...]]:
+        """One flat tuple per series: its label values, then its value."""
+        rows = len(self.values)
+        parts = [repeat(label, rows) if isinstance(label, str) else label for label in self.labels]
+        return zip(*parts, self.values, strict=True)
 
     def disjoint_from(self, other: SeriesColumns) -> bool:
         """True when some label is a constant that differs (state="pending" / "active")."""
@@ -68,6 +75,14 @@ class Series:
         for labels, value in other.items():
             total[labels] = total.get(labels, 0.0) + value
         return Series((total,))
+
+
+def flat_rows(part: SeriesPart) -> Iterator[tuple[Any, ...]]:
+    """One flat tuple per series of the part, label values then value (what a writer formats
+    in one go, with no tuple of label values made per series for columns)."""
+    if isinstance(part, SeriesColumns):
+        return part.rows()
+    return ((*labels, value) for labels, value in part.items())
 
 
 def longest_label(series: Iterable[Series]) -> int:

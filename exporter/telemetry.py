@@ -1,14 +1,13 @@
-"""The one place metrics live: OpenTelemetry instruments, sampled snapshots, the cardinality cap.
+"""Telemetry: the metrics store, the exporter's own instruments, /metrics and OTLP.
 
-Two paths feed one exposition:
-- instruments (event counters and histograms, self-metrics) go through the OpenTelemetry SDK
-  and its PrometheusMetricReader, and through OTLP when enabled;
-- sampled gauges arrive as whole snapshots from the sources' cycles. They are rendered
-  straight from the snapshot: routing 10k series through the SDK's observable gauges made
-  every scrape 3.4x slower than rendering them directly (bench/key_sampling.py). When OTLP
-  is on, a second, OTLP-only MeterProvider observes the same snapshots;
-- event counters and histograms arrive in bulk, one batch at a time, into a cumulative
-  store rendered next to the others (telemetry_cumulative explains why).
+Everything the catalog's queue and job families hold lives in one store (store.py) and is
+written by one renderer (exposition.py) for /metrics, and read by OTLP at export time
+(otlp.py). OpenTelemetry has two roles, no more:
+- the API of the exporter's own instruments (source up, durations, errors by reason, series
+  overflow, events consumed...): a dozen self-metrics, exposed through
+  opentelemetry-exporter-prometheus into the same exposition, under names the store never uses;
+- the data model and exporter of OTLP, which carry the SDK's self-metrics and the store's
+  families read at each push.
 
 A source that fails withdraws its snapshot: its series disappear instead of going stale.
 """
@@ -16,11 +15,11 @@ A source that fails withdraws its snapshot: its series disappear instead of goin
 from __future__ import annotations
 
 import functools
-import itertools
 import platform
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -33,29 +32,36 @@ from opentelemetry.sdk.metrics import (
     UpDownCounter,
 )
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
-from prometheus_client.metrics_core import Metric
-from prometheus_client.samples import Sample
+from prometheus_client.exposition import generate_latest as _untyped_text
+from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
 from pydantic import BaseModel, ConfigDict, Field
 
-from exporter import __version__
-from exporter.catalog import BY_NAME, MetricSpec
+from exporter import __version__, exposition
+from exporter.catalog import BY_NAME
+from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
-from exporter.samples import LabelValues, SampleSet, Series, longest_label
-from exporter.telemetry_cumulative import CumulativeStore
+from exporter.otlp import StoreExporter
+from exporter.samples import SampleSet
+from exporter.store import Family, MetricStore, SeriesGuard
 
-OVERFLOW = "__overflow__"
 # The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
 _SDK_CARDINALITY = 1_000_000
+_EOF = b"# EOF\n"
+_Writer = Callable[[CollectorRegistry], bytes]
+_write_text = cast(_Writer, _untyped_text)
+_write_openmetrics = cast(_Writer, _untyped_openmetrics)
 
 
 class LimitsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_series_per_metric: int = Field(
-        10_000, ge=2, description="distinct label sets per metric before folding into overflow"
+        10_000,
+        ge=2,
+        description="samples per metric before label sets fold into overflow (a histogram "
+        "series counts as its buckets plus _sum and _count)",
     )
     label_value_max_length: int = Field(128, ge=8, description="longer label values are cut")
     series_idle_timeout: float | None = Field(
@@ -74,55 +80,16 @@ class OtlpConfig(BaseModel):
     interval: float = Field(15.0, gt=0, description="seconds between pushes")
 
 
-class SeriesGuard:
-    """Admits at most `limit` label sets per metric; the rest share one overflow label set."""
-
-    def __init__(self, limit: int, max_label_length: int, on_overflow: Any) -> None:
-        self.limit = limit
-        self.max_label_length = max_label_length
-        self._on_overflow = on_overflow
-        self._admitted: dict[str, set[LabelValues]] = {}
-        self._lock = threading.Lock()
-
-    def admit(self, metric: str, labels: LabelValues) -> LabelValues:
-        """For instruments: the labels to record under (the overflow set once the cap is full)."""
-        labels = self.clip(labels)
-        admitted = self._admitted.setdefault(metric, set())
-        if labels in admitted:
-            return labels
-        with self._lock:
-            if len(admitted) < self.limit - 1:
-                admitted.add(labels)
-                return labels
-        self._on_overflow(metric, 1)
-        return (OVERFLOW,) * len(labels)
-
-    def forget(self, metric: str, labels: LabelValues) -> None:
-        with self._lock:
-            self._admitted.get(metric, set()).discard(labels)
-
-    def clip(self, labels: LabelValues) -> LabelValues:
-        cap = self.max_label_length
-        if all(len(value) <= cap for value in labels):
-            return labels
-        return tuple(value[:cap] for value in labels)
-
-
 class Telemetry:
     def __init__(
         self,
         health: HealthBoard,
         limits: LimitsConfig | None = None,
         otlp: OtlpConfig | None = None,
-        histogram_buckets: dict[str, tuple[float, ...]] | None = None,
     ) -> None:
         self.health = health
         self.limits = limits or LimitsConfig()
-        self.registry = CollectorRegistry(auto_describe=False)
-        self._sdk_registry = CollectorRegistry(auto_describe=False)
-        self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
-        self._snapshot_lock = threading.Lock()
-
+        self._self_registry = CollectorRegistry(auto_describe=False)
         limits_by_class: dict[type, int] = {
             kind: _SDK_CARDINALITY
             for kind in (Counter, UpDownCounter, Histogram, ObservableGauge, ObservableCounter)
@@ -131,92 +98,62 @@ class Telemetry:
             PrometheusMetricReader(
                 disable_target_info=True,
                 scope_info_enabled=False,
-                registry=self._sdk_registry,
+                registry=self._self_registry,
                 cardinality_limits=limits_by_class,
             )
         ]
-        self._otlp_snapshot_provider: MeterProvider | None = None
         if otlp is not None and otlp.enabled:
-            readers.append(_otlp_reader(otlp))
-            self._otlp_snapshot_provider = MeterProvider(
-                metric_readers=[_otlp_reader(otlp)], resource=_resource()
-            )
-        views = [
-            View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(buckets))
-            for name, buckets in (histogram_buckets or {}).items()
-        ]
-        self.provider = MeterProvider(metric_readers=readers, resource=_resource(), views=views)
+            readers.append(_otlp_reader(otlp, lambda: self.store.families()))
+        self.provider = MeterProvider(metric_readers=readers, resource=_resource())
         self.meter = self.provider.get_meter("queue-exporter", __version__)
-        self._overflow = self.meter.create_counter(
+        overflow = self.meter.create_counter(
             "queue_exporter_series_overflow_total",
             description=BY_NAME["queue_exporter_series_overflow_total"].help,
-        )
-        self.guard = SeriesGuard(
-            self.limits.max_series_per_metric,
-            self.limits.label_value_max_length,
-            lambda metric, count: self._overflow.add(count, {"metric": metric}),
         )
         self._source_errors = self.meter.create_counter(
             "queue_exporter_source_errors_total",
             description=BY_NAME["queue_exporter_source_errors_total"].help,
         )
-        # Event counters and histograms, updated in bulk per batch (see telemetry_cumulative).
-        otlp_meter = (
-            self._otlp_snapshot_provider.get_meter("queue-exporter.events", __version__)
-            if self._otlp_snapshot_provider is not None
-            else None
+        guard = SeriesGuard(
+            self.limits.max_series_per_metric,
+            self.limits.label_value_max_length,
+            lambda metric, count: overflow.add(count, {"metric": metric}),
         )
-        self.cumulative = CumulativeStore(self.guard, otlp_meter, self.limits.series_idle_timeout)
+        self.store = MetricStore(guard, self.limits.series_idle_timeout)
         self._register_self_gauges()
-        self.registry.register(_Exposition(self))
+        self._renders = {
+            openmetrics: SharedRender(functools.partial(self._render, openmetrics))
+            for openmetrics in (False, True)
+        }
 
     # -- sampled snapshots -------------------------------------------------------------------
 
     def publish(self, source: str, samples: SampleSet) -> None:
         """Replace everything `source` published before with this snapshot."""
-        published = dict(samples.metrics())
-        clip = longest_label(published.values()) > self.guard.max_label_length
-        capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
-        with self._snapshot_lock:
-            self._snapshots[source] = capped
+        self.store.publish(source, samples)
 
     def withdraw(self, source: str) -> None:
         """Drop a failing source's series rather than serve them stale."""
-        with self._snapshot_lock:
-            self._snapshots.pop(source, None)
+        self.store.withdraw(source)
 
-    def _cap(self, source: str, spec: MetricSpec, series: Series, clip: bool) -> Series:
-        if clip:  # rare: most snapshots are published without a copy
-            series = _clipped(spec, series, self.guard.clip)
-        with self._snapshot_lock:
-            used_elsewhere = sum(
-                len(published.get(spec, ()))
-                for name, published in self._snapshots.items()
-                if name != source
-            )
-        room = self.guard.limit - 1 - used_elsewhere
-        if len(series) <= room + 1:
-            return series
-        values = dict(series.items())
-        kept = {labels: values[labels] for labels in _fair_share(list(values), max(room, 0))}
-        refused = [value for labels, value in values.items() if labels not in kept]
-        overflow_labels = (OVERFLOW,) * len(spec.labels)
-        kept[overflow_labels] = functools.reduce(spec.combined, refused)
-        self._overflow.add(len(refused), {"metric": spec.name})
-        return Series((kept,))
+    # -- /metrics ----------------------------------------------------------------------------
 
-    def snapshot_series(self) -> dict[MetricSpec, Series]:
-        """All published series merged across sources (sums where two sources meet)."""
-        merged: dict[MetricSpec, Series] = {}
-        with self._snapshot_lock:
-            published = list(self._snapshots.values())
-        for snapshot in published:
-            for spec, series in snapshot.items():
-                earlier = merged.get(spec)
-                merged[spec] = series if earlier is None else earlier.plus(series)
-        return merged
+    def render(self, openmetrics: bool) -> bytes:
+        """The whole exposition, uncompressed: Prometheus text, or OpenMetrics when asked for.
 
-    # -- instruments and self-metrics -------------------------------------------------------
+        Concurrent scrapes share one render (SharedRender)."""
+        return self._renders[openmetrics]()
+
+    def _render(self, openmetrics: bool) -> bytes:
+        if openmetrics:
+            own = _write_openmetrics(self._self_registry).removesuffix(_EOF)
+        else:
+            own = _write_text(self._self_registry)
+        with gc_paused():  # thousands of short-lived strings, no cycles
+            chunks = exposition.render(self.store.families(), openmetrics)
+        return b"".join([own, *chunks, _EOF if openmetrics else b""])
+
+    # -- self-metrics --------------------------------------------------------------------------
 
     def count_error(
         self, source: str, reason: str, count: int = 1, system: str = "", pattern: str = ""
@@ -269,101 +206,41 @@ class Telemetry:
             self.meter.create_observable_gauge(
                 name, callbacks=[callback], description=BY_NAME[name].help
             )
-        if self._otlp_snapshot_provider is not None:
-            self._observe_snapshots_for_otlp(self._otlp_snapshot_provider)
-
-    def _observe_snapshots_for_otlp(self, provider: MeterProvider) -> None:
-        meter = provider.get_meter("queue-exporter.sampled", __version__)
-        specs = [spec for spec in BY_NAME.values() if spec.origin == "sampled"]
-        for spec in specs:
-
-            def observe(_: CallbackOptions, spec: MetricSpec = spec) -> Iterator[Observation]:
-                series = self.snapshot_series().get(spec, Series(()))
-                for labels, value in series.items():
-                    yield Observation(value, dict(zip(spec.labels, labels, strict=True)))
-
-            if spec.kind == "counter":
-                meter.create_observable_counter(spec.name, callbacks=[observe])
-            else:
-                meter.create_observable_gauge(spec.name, callbacks=[observe])
 
     def shutdown(self) -> None:
         self.provider.shutdown()
-        if self._otlp_snapshot_provider is not None:
-            self._otlp_snapshot_provider.shutdown()
 
 
-class _Exposition:
-    """The collector /metrics serves: SDK families and snapshot families, merged by name."""
+class SharedRender:
+    """One render at a time; a scrape that arrives while one is in progress waits for it and
+    is answered with its result, instead of starting another.
 
-    def __init__(self, telemetry: Telemetry) -> None:
-        self._telemetry = telemetry
+    That is the only reuse: a scrape never gets a body whose render had finished before the
+    scrape arrived, so what it sees is at most one render old. Four concurrent scrapes of a
+    large exposition cost one render and one body in memory, not four.
+    """
 
-    def collect(self) -> Iterable[Metric]:
-        families: dict[str, Metric] = {}
-        snapshot_families = (
-            _snapshot_family(spec, series)
-            for spec, series in self._telemetry.snapshot_series().items()
-        )
-        for family in itertools.chain(
-            self._telemetry._sdk_registry.collect(),
-            snapshot_families,
-            self._telemetry.cumulative.families(),
-        ):
-            existing = families.get(family.name)
-            if existing is not None and existing.type == family.type:
-                # One family, two feeds: e.g. Attune's sampled totals and event counters.
-                existing.samples.extend(family.samples)
-            else:
-                families[family.name] = family
-        return families.values()
+    def __init__(self, render: Callable[[], bytes]) -> None:
+        self._render = render
+        self._lock = threading.Lock()
+        self._body = b""
+        self._finished = float("-inf")
 
-
-def _clipped(
-    spec: MetricSpec, series: Series, clip: Callable[[LabelValues], LabelValues]
-) -> Series:
-    """The series with long label values cut; series that then meet combine."""
-    cut: dict[LabelValues, float] = {}
-    for labels, value in series.items():
-        labels = clip(labels)
-        earlier = cut.get(labels)
-        cut[labels] = value if earlier is None else spec.combined(earlier, value)
-    return Series((cut,))
-
-
-def _fair_share(label_sets: list[LabelValues], room: int) -> list[LabelValues]:
-    """At most `room` label sets, shared out evenly among the values of the first label (the
-    system, for every sampled metric): one layout with a thousand keys must not push another
-    layout's few queues into the overflow series. A value needing less than its share leaves
-    the rest to the others."""
-    by_first: dict[str, list[LabelValues]] = {}
-    for labels in label_sets:
-        by_first.setdefault(labels[0] if labels else "", []).append(labels)
-    kept: list[LabelValues] = []
-    groups = sorted(by_first.values(), key=len)
-    for position, members in enumerate(groups):
-        share = (room - len(kept)) // (len(groups) - position)
-        kept += members[:share]
-    return kept
-
-
-def _snapshot_family(spec: MetricSpec, series: Series) -> Metric:
-    base = spec.name.removesuffix("_total") if spec.kind == "counter" else spec.name
-    sample_name = spec.name if spec.kind != "counter" else base + "_total"
-    family = Metric(base, spec.help, spec.kind)
-    names = spec.labels
-    family.samples = [
-        Sample(sample_name, dict(zip(names, labels, strict=True)), value, None, None)
-        for labels, value in series.items()
-    ]
-    return family
+    def __call__(self) -> bytes:
+        arrived = time.monotonic()
+        with self._lock:
+            if self._finished >= arrived:  # rendered while this scrape waited
+                return self._body
+            body = self._render()
+            self._body, self._finished = body, time.monotonic()
+            return body
 
 
 def _resource() -> Resource:
     return Resource.create({"service.name": "queue-exporter", "service.version": __version__})
 
 
-def _otlp_reader(otlp: OtlpConfig) -> MetricReader:
+def _otlp_reader(otlp: OtlpConfig, read: Callable[[], list[Family]]) -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError as error:  # the extra is optional
@@ -371,5 +248,6 @@ def _otlp_reader(otlp: OtlpConfig) -> MetricReader:
             "OTLP push needs the otlp extra: pip install 'queue-exporter[otlp]'"
         ) from error
     return PeriodicExportingMetricReader(
-        OTLPMetricExporter(), export_interval_millis=int(otlp.interval * 1000)
+        StoreExporter(OTLPMetricExporter(), read, _resource()),
+        export_interval_millis=int(otlp.interval * 1000),
     )

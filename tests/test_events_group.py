@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import generate_latest
-
 from exporter.events import wire
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import StreamConsumer
@@ -106,7 +104,7 @@ def _consumer(redis_url: str, name: str):
 
 
 def _series(telemetry: Telemetry):
-    return parse_exposition(generate_latest(telemetry.registry).decode())
+    return parse_exposition(telemetry.render(False).decode())
 
 
 def _drain(*consumers: StreamConsumer) -> None:

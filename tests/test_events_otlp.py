@@ -1,4 +1,4 @@
-"""Event metrics over OTLP: the per-batch store is mirrored into OTLP-only instruments."""
+"""Event metrics over OTLP: counters and histograms read from the metrics store at each push."""
 
 from __future__ import annotations
 

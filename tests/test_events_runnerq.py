@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from prometheus_client import generate_latest
 
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import StreamConsumer
@@ -222,7 +221,7 @@ def _consumer(redis_url: str) -> tuple[StreamConsumer, Telemetry]:
 
 
 def _totals(telemetry: Telemetry) -> tuple[float, float]:
-    series = parse_exposition(generate_latest(telemetry.registry).decode())
+    series = parse_exposition(telemetry.render(False).decode())
     return (
         value(series, "queue_exporter_events_total", stream=STREAM) or 0,
         value(series, "queue_exporter_events_lost_total", stream=STREAM) or 0,

@@ -9,7 +9,6 @@ import uuid
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import generate_latest
 
 from exporter.events import wire
 from exporter.events.config import EventsSourceConfig
@@ -18,7 +17,8 @@ from exporter.events.metrics import EventMetrics, Tally, apply
 from exporter.events.runnerq import parse_entry
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import OVERFLOW, LimitsConfig, Telemetry
+from exporter.store import OVERFLOW
+from exporter.telemetry import LimitsConfig, Telemetry
 from tests.conftest import parse_exposition, value
 
 NOW = float(int(time.time()))
@@ -176,7 +176,7 @@ def test_the_consumer_survives_arbitrary_entries(redis_client, redis_url, entrie
         while consumer.poll():
             pass
         consumer.close()
-        series = parse_exposition(generate_latest(telemetry.registry).decode())
+        series = parse_exposition(telemetry.render(False).decode())
         expected = len(entries) + (format_ == "runnerq")
         assert value(series, "queue_exporter_events_total", stream=stream) == expected
         assert redis_client.xpending(stream, "queue-exporter")["pending"] == 0
@@ -192,11 +192,13 @@ def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
             job_type = f"type-{batch}-{n}" + ("x" * 500 if n == 0 else "")
             event = wire.Event.of("completed", NOW, queue="q", job_type=job_type, duration=0.1)
             apply(tally, event, "bug")
-        telemetry.cumulative.apply(tally.counts, tally.observations)
-    store = telemetry.cumulative
+        telemetry.store.apply(tally.counts, tally.observations)
+    store = telemetry.store
     assert len(store._counters["queue_jobs_completed_total"]) == 50
-    assert len(store._histograms["queue_job_execution_seconds"]) == 50
-    series = parse_exposition(generate_latest(telemetry.registry).decode())
+    # A histogram series is 18 samples (15 bounds, +Inf, _sum, _count): 50 samples hold the
+    # overflow series and one other.
+    assert len(store._histograms["queue_job_execution_seconds"]) == 2
+    series = parse_exposition(telemetry.render(False).decode())
     overflow = value(series, "queue_jobs_completed_total", job_type=OVERFLOW)
     assert overflow == 20_000 - 49
     refused = value(series, "queue_exporter_series_overflow_total",

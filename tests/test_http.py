@@ -51,6 +51,6 @@ def test_openmetrics_and_gzip(redis_client, redis_url, run_exporter):
     assert body.rstrip().endswith(b"# EOF")
     status, headers, body = _get(app.server.port, "/metrics", **{"Accept-Encoding": "gzip"})
     assert headers.get("Content-Encoding") == "gzip"
-    assert b'queue_depth{priority="",queue="billing"' in gzip.decompress(body)
+    assert b'queue_depth{system="orchestrata",queue="billing",priority=""' in gzip.decompress(body)
     assert "text/plain" in _get(app.server.port, "/metrics")[1]["Content-Type"]
     assert "queue_exporter_build_info" in scrape(app.server.port)

@@ -136,13 +136,13 @@ def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):
 
     runner = SourceRunner(_Source(lose_lease), telemetry, threading.Event(), leader)
     assert runner.run_once()
-    assert telemetry.snapshot_series() == {}
+    assert telemetry.store.snapshot_series() == {}
     status = telemetry.health.snapshot()["fake"]
     assert status.standby and status.up  # standing by, not failing
 
     runner = SourceRunner(_Source(), telemetry, threading.Event(), other)
     assert runner.run_once()
-    assert telemetry.snapshot_series()  # the new leader's cycle is published
+    assert telemetry.store.snapshot_series()  # the new leader's cycle is published
     telemetry.shutdown()
 
 

@@ -113,7 +113,7 @@ def test_exact_values_per_action(attune, postgres_dsn, run_exporter):
     text = scrape(app.server.port)
     assert "# TYPE queue_jobs_enqueued_total counter" in text
     assert (
-        'queue_depth{priority="",queue="slack.post_message",state="pending",system="attune"} 5.0'
+        'queue_depth{system="attune",queue="slack.post_message",priority="",state="pending"} 5\n'
         in text
     )
 

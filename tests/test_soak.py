@@ -10,8 +10,6 @@ from __future__ import annotations
 import gc
 import os
 
-from prometheus_client import generate_latest
-
 from exporter.events.config import EventsSourceConfig
 from exporter.events.consumer import decode_v1
 from exporter.events.metrics import EventMetrics, Tally
@@ -83,7 +81,7 @@ def test_twelve_hours_of_churn_stay_within_bounds():
     start = 1_700_000_000.0
     clock = Clock(start)
     telemetry = Telemetry(HealthBoard(), LimitsConfig(series_idle_timeout=IDLE_TIMEOUT))
-    telemetry.cumulative.clock = clock
+    telemetry.store.clock = clock
     settings = EventsSourceConfig()
     metrics = EventMetrics(telemetry, settings.buckets())
     workers = metrics.worker_registry(timeout=120.0, max_workers=10_000)
@@ -100,9 +98,9 @@ def test_twelve_hours_of_churn_stay_within_bounds():
         metrics.record(STREAM, tally, workers)
         workers.prune(now)
         seen_queues.update(f"queue-{minute // 10 + i}" for i in range(5))
-        counts.append(telemetry.cumulative.series_count())
+        counts.append(telemetry.store.series_count())
         if minute % 60 == 59:  # an hourly scrape renders (and sweeps) everything
-            exposition = generate_latest(telemetry.registry).decode()
+            exposition = telemetry.render(False).decode()
             assert "queue_jobs_enqueued_total" in exposition
             gc.collect()
             rss.append(_rss_bytes())
@@ -115,7 +113,7 @@ def test_twelve_hours_of_churn_stay_within_bounds():
     assert len(seen_queues) > 70
     assert counts[-1] < len(seen_queues) * 4 * 3
 
-    admitted = sum(len(labels) for labels in telemetry.guard._admitted.values())
+    admitted = telemetry.store.guard.admitted_count()
     assert admitted <= plateau  # the guard's slots were released with the series
     assert len(workers._workers) <= 20 * 2
     # RSS: after the first hours, flat within a few MB (allocator noise), not growing per hour.
@@ -128,7 +126,7 @@ def test_expiry_releases_guard_slots_so_new_series_are_admitted():
     telemetry = Telemetry(
         HealthBoard(), LimitsConfig(series_idle_timeout=100.0, max_series_per_metric=3)
     )
-    store = telemetry.cumulative
+    store = telemetry.store
     store.clock = clock
     metric = "queue_jobs_enqueued_total"
     store.apply({(metric, ("s", "a", "t", "p")): 1, (metric, ("s", "b", "t", "p")): 1}, {})
@@ -146,7 +144,7 @@ def test_expiry_releases_guard_slots_so_new_series_are_admitted():
 def test_no_idle_timeout_keeps_every_series():
     clock = Clock(0.0)
     telemetry = Telemetry(HealthBoard(), LimitsConfig(series_idle_timeout=None))
-    store = telemetry.cumulative
+    store = telemetry.store
     store.clock = clock
     store.apply({("queue_jobs_enqueued_total", ("s", "q", "t", "p")): 1}, {})
     clock.now = 10**9

@@ -176,7 +176,7 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
     workload.start(stop)
     cleanup.callback(workload.join)
     cleanup.callback(stop.set)
-    _status_loop(stop, settings.duration, StatusLine(app.telemetry.registry), workload)
+    _status_loop(stop, settings.duration, StatusLine(app.telemetry.render), workload)
 
 
 def exporter_config(

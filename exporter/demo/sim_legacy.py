@@ -25,7 +25,7 @@ TENANTS = 260
 QUEUED_TENANTS = 40  # the tenants with background jobs, each with its list
 BROKEN_TENANTS = 3
 WARM_UP_AFTER = 8.0  # seconds: the app restarts and reads every tenant's configuration
-MAX_SERIES_PER_METRIC = 200  # the demo's cap (the default is 10000)
+MAX_SERIES_PER_METRIC = 2000  # the demo's cap in samples per metric (the default is 10000)
 
 KEY_GROUP = {
     "system": "legacy",

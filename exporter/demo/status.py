@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 
 class StatusLine:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.registry = registry
+    def __init__(self, render: Callable[[bool], bytes]) -> None:
+        self.render_metrics = render
         self._last = (time.monotonic(), 0.0)  # the first line shows the rate since the start
 
     def render(self, elapsed: float, backlog: int) -> str:
         series = 0
         events = 0.0
         queues: set[tuple[str, str]] = set()
-        for family in self.registry.collect():
+        for family in text_string_to_metric_families(self.render_metrics(False).decode()):
             series += len(family.samples)
             for sample in family.samples:
                 if sample.name == "queue_exporter_events_total":

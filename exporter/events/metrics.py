@@ -2,7 +2,7 @@
 
 A batch of events becomes one Tally (counter increments and histogram observations keyed
 by metric and label values); the tally reaches telemetry in one call per batch, so the cost
-per event is a few dict operations, not an SDK call (telemetry_cumulative explains why).
+per event is a few dict operations, not an SDK call (store.py explains why).
 docs/events.md has the table of which event updates which family.
 """
 
@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 
-from exporter.catalog import BY_NAME
+from exporter.catalog import BY_NAME, MetricSpec
 from exporter.events.wire import Event
-from exporter.samples import LabelValues
+from exporter.samples import LabelValues, Series
+from exporter.store import OVERFLOW
 from exporter.telemetry import Telemetry
 
 # Failures after which the job is not retried: its attempts are final.
@@ -249,20 +250,26 @@ class WorkerRegistry:
     def __init__(self, timeout: float, max_workers: int) -> None:
         self.timeout = timeout
         self.max_workers = max_workers
-        self.refused = 0
         self._workers: dict[tuple[str, str, str], Heartbeat] = {}
         self._lock = threading.Lock()
 
-    def record(self, heartbeats: list[Heartbeat]) -> None:
+    def record(self, heartbeats: list[Heartbeat], admit: Callable[[LabelValues], bool]) -> int:
+        """Take the heartbeats of known workers, and of new ones while there is room for
+        them (max_workers) and their queue (`admit`); how many max_workers refused."""
+        refused = 0
         with self._lock:
             workers = self._workers
             for beat in heartbeats:
                 key = (beat.system, beat.queue, beat.worker)
                 known = workers.get(key)
-                if known is None and len(workers) >= self.max_workers:
-                    self.refused += 1
-                elif known is None or beat.ts >= known.ts:  # consumers may deliver out of order
+                if known is None:
+                    if len(workers) >= self.max_workers:
+                        refused += 1
+                    elif admit(key[:2]):
+                        workers[key] = beat
+                elif beat.ts >= known.ts:  # consumers may deliver out of order
                     workers[key] = beat
+        return refused
 
     def prune(self, now: float) -> None:
         oldest = now - self.timeout
@@ -288,14 +295,20 @@ class WorkerRegistry:
 
 # -- the metrics of all streams of one exporter ------------------------------------------------
 
+# The guard's name for the (system, queue) pairs of the three worker gauges: each pair is two
+# series of queue_workers and of queue_worker_slots, one of the utilization ratio.
+WORKER_QUEUES = "queue_workers"
+
 
 class EventMetrics:
     """Registers the event families and self-metrics once; consumers report batches to it."""
 
     def __init__(self, telemetry: Telemetry, buckets: dict[str, tuple[float, ...]]) -> None:
-        self._telemetry = telemetry
+        self._store = telemetry.store
         for name, bounds in buckets.items():
-            telemetry.cumulative.set_buckets(name, bounds)
+            self._store.set_buckets(name, bounds)
+        self._store.guard.set_samples_per_series(WORKER_QUEUES, 2)
+        self._store.add_gauge_reader(self._worker_gauges)
         meter = telemetry.meter
 
         def counter(name: str) -> Counter:
@@ -308,9 +321,6 @@ class EventMetrics:
         self._stream_stats: dict[tuple[str, str], tuple[float | None, float | None]] = {}
         self._lock = threading.Lock()
         for name, callback in (
-            ("queue_workers", self._observe_workers),
-            ("queue_worker_slots", self._observe_slots),
-            ("queue_worker_utilization_ratio", self._observe_utilization),
             ("queue_exporter_stream_lag", self._observe_stream(0)),
             ("queue_exporter_stream_pending", self._observe_stream(1)),
         ):
@@ -326,9 +336,11 @@ class EventMetrics:
 
     def record(self, stream: str, tally: Tally, workers: WorkerRegistry) -> None:
         """One batch: its counters and observations, heartbeats and self-metrics."""
-        self._telemetry.cumulative.apply(tally.counts, tally.observations)
+        self._store.apply(tally.counts, tally.observations)
         if tally.heartbeats:
-            workers.record(tally.heartbeats)
+            refused = workers.record(tally.heartbeats, self._admit_worker_queue)
+            if refused:
+                self._store.guard.refused(WORKER_QUEUES, refused)
         attributes = {"stream": stream}
         if tally.consumed:
             self._events.add(tally.consumed, attributes)
@@ -349,14 +361,39 @@ class EventMetrics:
         with self._lock:
             self._stream_stats[(stream, group)] = (lag, pending)
 
-    # -- observable gauge callbacks ---------------------------------------------------------
+    # -- gauges ------------------------------------------------------------------------------
+
+    def _admit_worker_queue(self, queue: LabelValues) -> bool:
+        """Room for the queue's worker series under the cap (refusals are counted there)."""
+        return self._store.guard.admit(WORKER_QUEUES, queue) != (OVERFLOW, OVERFLOW)
+
+    def _worker_gauges(self) -> list[tuple[MetricSpec, Series]]:
+        """The worker gauges of every stream's live workers, summed per queue."""
+        totals = self._worker_totals()
+        self._store.guard.keep_only(WORKER_QUEUES, set(totals))  # queues left: room freed
+        workers: dict[LabelValues, float] = {}
+        slots: dict[LabelValues, float] = {}
+        utilization: dict[LabelValues, float] = {}
+        for (system, queue), (busy, idle, busy_slots, free_slots) in totals.items():
+            workers[(system, queue, "busy")] = busy
+            workers[(system, queue, "idle")] = idle
+            slots[(system, queue, "busy")] = busy_slots
+            slots[(system, queue, "free")] = free_slots
+            if busy_slots + free_slots > 0:
+                utilization[(system, queue)] = busy_slots / (busy_slots + free_slots)
+        gauges = (
+            ("queue_workers", workers),
+            ("queue_worker_slots", slots),
+            ("queue_worker_utilization_ratio", utilization),
+        )
+        return [(BY_NAME[name], Series((series,))) for name, series in gauges if series]
 
     def _worker_totals(self) -> dict[tuple[str, str], tuple[int, int, int, int]]:
         now = time.time()
         merged: dict[tuple[str, str], tuple[int, int, int, int]] = {}
         with self._lock:
             registries = list(self._registries)
-        clip = self._telemetry.guard.clip
+        clip = self._store.guard.clip
         for registry in registries:
             for key, totals in registry.totals(now).items():
                 system, queue = clip(key)
@@ -365,21 +402,6 @@ class EventMetrics:
                     a + b for a, b in zip(previous, totals, strict=True)
                 )
         return merged
-
-    def _observe_workers(self, _: CallbackOptions) -> Iterator[Observation]:
-        for (system, queue), (busy, idle, _slots, _free) in self._worker_totals().items():
-            yield Observation(busy, {"system": system, "queue": queue, "state": "busy"})
-            yield Observation(idle, {"system": system, "queue": queue, "state": "idle"})
-
-    def _observe_slots(self, _: CallbackOptions) -> Iterator[Observation]:
-        for (system, queue), (_busy, _idle, slots, free) in self._worker_totals().items():
-            yield Observation(slots, {"system": system, "queue": queue, "state": "busy"})
-            yield Observation(free, {"system": system, "queue": queue, "state": "free"})
-
-    def _observe_utilization(self, _: CallbackOptions) -> Iterator[Observation]:
-        for (system, queue), (_busy, _idle, slots, free) in self._worker_totals().items():
-            if slots + free > 0:
-                yield Observation(slots / (slots + free), {"system": system, "queue": queue})
 
     def _observe_stream(self, index: int) -> Callable[[CallbackOptions], Iterator[Observation]]:
         def observe(_: CallbackOptions) -> Iterator[Observation]:

@@ -1,0 +1,367 @@
+"""The one metrics store: every family of the catalog the exporter serves, in one place.
+
+The renderer (exposition.py) and OTLP (otlp.py) both read it through `families()`. What is
+kept here, by how it arrives:
+- sampled snapshots: a source's cycle publishes them whole, replacing what it published
+  before; a failing source withdraws them, so they disappear instead of going stale;
+- event counters and explicit-bucket histograms: updated in bulk, one batch at a time. A
+  batch costs a dict lookup per distinct label set and a bisect per observation; the
+  OpenTelemetry SDK's per-observation `add`/`record` (5-8.5 µs each) held the event consumer
+  at 0.20x of a bare read loop (bench/event_ingest.py, docs/benchmarks.md);
+- event gauges (workers): computed when read, by the readers registered here.
+
+The exporter's own self-metrics are not kept here: they are OpenTelemetry instruments
+(telemetry.py), under names disjoint from these.
+
+Cardinality: a metric holds at most `max_series_per_metric` samples, so that a scrape's size
+is bounded by the cap. A histogram series is as many samples as its buckets plus `_sum` and
+`_count`, so a histogram admits that many times fewer label sets. Label sets beyond the cap
+share one `__overflow__` label set and are counted in queue_exporter_series_overflow_total.
+
+Event series no batch has updated for `idle_timeout` seconds are dropped and leave the
+guard, so job types that come and go do not grow memory without bound. A dropped counter
+that comes back starts again from zero, which rate() and increase() read as a reset.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from exporter.catalog import ALL, BY_NAME, MetricSpec
+from exporter.samples import LabelValues, SampleSet, Series, longest_label
+
+OVERFLOW = "__overflow__"
+
+SeriesKey = tuple[str, LabelValues]
+# Per bucket counts (not cumulative, the last one is +Inf), sum, count.
+HistogramPoint = tuple[list[int], float, int]
+GaugeReader = Callable[[], Iterable[tuple[MetricSpec, Series]]]
+
+
+@dataclass(frozen=True, slots=True)
+class NumberFamily:
+    """A gauge or counter family as read at one moment."""
+
+    spec: MetricSpec
+    series: Series
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramFamily:
+    spec: MetricSpec
+    bounds: tuple[float, ...]
+    series: dict[LabelValues, HistogramPoint]
+
+
+Family = NumberFamily | HistogramFamily
+
+
+class SeriesGuard:
+    """Admits label sets per metric while the metric has room; the rest share the overflow set.
+
+    A metric's room is counted in samples: `limit`, less one for the overflow set, divided by
+    the samples one series of the metric takes (a histogram's buckets, `_sum` and `_count`;
+    two for the worker gauges' busy/idle pair).
+    """
+
+    def __init__(
+        self, limit: int, max_label_length: int, on_overflow: Callable[[str, int], None]
+    ) -> None:
+        self.limit = limit
+        self.max_label_length = max_label_length
+        self._on_overflow = on_overflow
+        self._admitted: dict[str, set[LabelValues]] = {}
+        self._samples_per_series: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def set_samples_per_series(self, metric: str, samples: int) -> None:
+        self._samples_per_series[metric] = samples
+
+    def room(self, metric: str) -> int:
+        """Label sets the metric may hold besides its overflow set."""
+        return max(self.limit // self._samples_per_series.get(metric, 1) - 1, 0)
+
+    def admit(self, metric: str, labels: LabelValues) -> LabelValues:
+        """The labels to record under: these, or the overflow set once the metric is full."""
+        labels = self.clip(labels)
+        admitted = self._admitted.setdefault(metric, set())
+        if labels in admitted:
+            return labels
+        with self._lock:
+            if len(admitted) < self.room(metric):
+                admitted.add(labels)
+                return labels
+        self._on_overflow(metric, 1)
+        return (OVERFLOW,) * len(labels)
+
+    def refused(self, metric: str, count: int) -> None:
+        """Count label sets folded into the overflow set elsewhere (whole snapshots)."""
+        self._on_overflow(metric, count)
+
+    def forget(self, metric: str, labels: LabelValues) -> None:
+        with self._lock:
+            self._admitted.get(metric, set()).discard(labels)
+
+    def keep_only(self, metric: str, present: set[LabelValues]) -> None:
+        """Forget the metric's label sets not in `present` (gauges whose series went away)."""
+        with self._lock:
+            self._admitted.get(metric, set()).intersection_update(present)
+
+    def admitted_count(self) -> int:
+        with self._lock:
+            return sum(len(labels) for labels in self._admitted.values())
+
+    def clip(self, labels: LabelValues) -> LabelValues:
+        cap = self.max_label_length
+        if all(len(value) <= cap for value in labels):
+            return labels
+        return tuple(value[:cap] for value in labels)
+
+
+class _HistogramSeries:
+    __slots__ = ("buckets", "count", "sum")
+
+    def __init__(self, size: int) -> None:
+        self.buckets = [0] * size  # per bucket (not cumulative); the last one is +Inf
+        self.sum = 0.0
+        self.count = 0
+
+
+class MetricStore:
+    def __init__(
+        self,
+        guard: SeriesGuard,
+        idle_timeout: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.guard = guard
+        self.idle_timeout = idle_timeout
+        self.clock = clock  # injectable: the soak test drives hours of churn in seconds
+        self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
+        self._snapshot_lock = threading.Lock()
+        self._lock = threading.Lock()  # counters, histograms and their bookkeeping
+        self._counters: dict[str, dict[LabelValues, float]] = {}
+        self._histograms: dict[str, dict[LabelValues, _HistogramSeries]] = {}
+        self._touched: dict[SeriesKey, float] = {}  # (metric, labels) -> last update
+        self._next_sweep = 0.0
+        self._bounds: dict[str, tuple[float, ...]] = {}
+        self._gauge_readers: list[GaugeReader] = []
+        for spec in ALL:
+            if spec.kind == "histogram":
+                self._set_bounds(spec.name, spec.buckets)
+
+    # -- sampled snapshots -------------------------------------------------------------------
+
+    def publish(self, source: str, samples: SampleSet) -> None:
+        """Replace everything `source` published before with this snapshot."""
+        published = dict(samples.metrics())
+        clip = longest_label(published.values()) > self.guard.max_label_length
+        capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
+        with self._snapshot_lock:
+            self._snapshots[source] = capped
+
+    def withdraw(self, source: str) -> None:
+        """Drop a failing source's series rather than serve them stale."""
+        with self._snapshot_lock:
+            self._snapshots.pop(source, None)
+
+    def _cap(self, source: str, spec: MetricSpec, series: Series, clip: bool) -> Series:
+        if clip:  # rare: most snapshots are published without a copy
+            series = _clipped(spec, series, self.guard.clip)
+        with self._snapshot_lock:
+            used_elsewhere = sum(
+                len(published.get(spec, ()))
+                for name, published in self._snapshots.items()
+                if name != source
+            )
+        room = self.guard.room(spec.name) - used_elsewhere
+        if len(series) <= room + 1:
+            return series
+        values = dict(series.items())
+        kept = {labels: values[labels] for labels in _fair_share(list(values), max(room, 0))}
+        refused = [value for labels, value in values.items() if labels not in kept]
+        overflow_labels = (OVERFLOW,) * len(spec.labels)
+        kept[overflow_labels] = functools.reduce(spec.combined, refused)
+        self.guard.refused(spec.name, len(refused))
+        return Series((kept,))
+
+    def snapshot_series(self) -> dict[MetricSpec, Series]:
+        """All published series merged across sources (sums where two sources meet)."""
+        merged: dict[MetricSpec, Series] = {}
+        with self._snapshot_lock:
+            published = list(self._snapshots.values())
+        for snapshot in published:
+            for spec, series in snapshot.items():
+                earlier = merged.get(spec)
+                merged[spec] = series if earlier is None else earlier.plus(series)
+        return merged
+
+    # -- event counters and histograms -------------------------------------------------------
+
+    def set_buckets(self, metric: str, bounds: Iterable[float]) -> None:
+        """The bucket bounds of a histogram; fixed once it has an observation."""
+        bounds = tuple(sorted(float(bound) for bound in bounds))
+        with self._lock:
+            if self._histograms.get(metric) and self._bounds.get(metric) != bounds:
+                raise ValueError(f"{metric}: buckets cannot change once observed")
+            self._set_bounds(metric, bounds)
+
+    def _set_bounds(self, metric: str, bounds: Iterable[float]) -> None:
+        self._bounds[metric] = tuple(float(bound) for bound in bounds)
+        # Each bound, +Inf, _sum and _count: one sample each.
+        self.guard.set_samples_per_series(metric, len(self._bounds[metric]) + 3)
+
+    def buckets(self, metric: str) -> tuple[float, ...]:
+        return self._bounds[metric]
+
+    def apply(
+        self, counts: dict[SeriesKey, float], observations: dict[SeriesKey, list[float]]
+    ) -> None:
+        """Add one batch: counter increments and histogram observations by metric and labels."""
+        admit = self.guard.admit
+        counters = self._counters
+        now = self.clock()
+        touched = self._touched
+        with self._lock:
+            for (metric, labels), amount in counts.items():
+                series = counters.get(metric)
+                if series is None:
+                    series = counters[metric] = {}
+                if labels in series:  # admitted before: skip the guard (the common case)
+                    series[labels] += amount
+                else:
+                    labels = admit(metric, labels)
+                    series[labels] = series.get(labels, 0.0) + amount
+                touched[(metric, labels)] = now
+            for (metric, labels), values in observations.items():
+                labels = self._observe(metric, labels, values)
+                touched[(metric, labels)] = now
+            self._sweep_when_due(now)
+
+    def _observe(self, metric: str, labels: LabelValues, values: list[float]) -> LabelValues:
+        bounds = self._bounds[metric]
+        series = self._histograms.setdefault(metric, {})
+        state = series.get(labels)
+        if state is None:
+            labels = self.guard.admit(metric, labels)
+            state = series.get(labels)
+            if state is None:
+                state = series[labels] = _HistogramSeries(len(bounds) + 1)
+        buckets = state.buckets
+        for value in values:
+            buckets[bisect_left(bounds, value)] += 1
+        state.sum += sum(values)
+        state.count += len(values)
+        return labels
+
+    def series_count(self) -> int:
+        """Event counter and histogram series held."""
+        with self._lock:
+            return sum(len(series) for series in self._counters.values()) + sum(
+                len(series) for series in self._histograms.values()
+            )
+
+    def expire_idle(self, now: float | None = None) -> int:
+        """Drop the series not updated for idle_timeout; how many were dropped."""
+        with self._lock:
+            return self._expire(self.clock() if now is None else now)
+
+    def _sweep_when_due(self, now: float) -> None:
+        # A sweep walks every series: a few times per timeout is enough, and never per batch.
+        if self.idle_timeout is not None and now >= self._next_sweep:
+            self._next_sweep = now + min(self.idle_timeout / 4, 60.0)
+            self._expire(now)
+
+    def _expire(self, now: float) -> int:
+        if self.idle_timeout is None:
+            return 0
+        oldest = now - self.idle_timeout
+        idle = [key for key, last in self._touched.items() if last < oldest]
+        for key in idle:
+            del self._touched[key]
+            metric, labels = key
+            self._counters.get(metric, {}).pop(labels, None)
+            self._histograms.get(metric, {}).pop(labels, None)
+            self.guard.forget(metric, labels)
+        return len(idle)
+
+    # -- event gauges ------------------------------------------------------------------------
+
+    def add_gauge_reader(self, reader: GaugeReader) -> None:
+        """A reader of gauges computed when read (its label sets admitted by the guard)."""
+        self._gauge_readers.append(reader)
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def families(self) -> list[Family]:
+        """Every family with series, in catalog order; read whole under the locks, so a
+        scrape sees each batch entirely or not at all."""
+        numbers: dict[MetricSpec, list[Series]] = {}
+        for spec, series in self.snapshot_series().items():
+            numbers.setdefault(spec, []).append(series)
+        with self._lock:
+            self._sweep_when_due(self.clock())
+            for name, counted in self._counters.items():
+                if counted:
+                    numbers.setdefault(BY_NAME[name], []).append(Series((dict(counted),)))
+            histograms = {
+                name: {
+                    labels: (list(state.buckets), state.sum, state.count)
+                    for labels, state in series.items()
+                }
+                for name, series in self._histograms.items()
+                if series
+            }
+        for reader in self._gauge_readers:
+            for spec, series in reader():
+                numbers.setdefault(spec, []).append(series)
+        families: list[Family] = []
+        for spec in ALL:
+            if spec in numbers:
+                families.append(NumberFamily(spec, _merged(numbers[spec])))
+            elif spec.name in histograms:
+                bounds = self._bounds[spec.name]
+                families.append(HistogramFamily(spec, bounds, histograms[spec.name]))
+        return families
+
+
+def _merged(feeds: list[Series]) -> Series:
+    """One family fed twice (Attune's sampled totals and the event counters of the same
+    name): one series per label set, the values added up."""
+    merged = feeds[0]
+    for other in feeds[1:]:
+        merged = merged.plus(other)
+    return merged
+
+
+def _clipped(
+    spec: MetricSpec, series: Series, clip: Callable[[LabelValues], LabelValues]
+) -> Series:
+    """The series with long label values cut; series that then meet combine."""
+    cut: dict[LabelValues, float] = {}
+    for labels, value in series.items():
+        labels = clip(labels)
+        earlier = cut.get(labels)
+        cut[labels] = value if earlier is None else spec.combined(earlier, value)
+    return Series((cut,))
+
+
+def _fair_share(label_sets: list[LabelValues], room: int) -> list[LabelValues]:
+    """At most `room` label sets, shared out evenly among the values of the first label (the
+    system, for every sampled metric): one layout with a thousand keys must not push another
+    layout's few queues into the overflow series. A value needing less than its share leaves
+    the rest to the others."""
+    by_first: dict[str, list[LabelValues]] = {}
+    for labels in label_sets:
+        by_first.setdefault(labels[0] if labels else "", []).append(labels)
+    kept: list[LabelValues] = []
+    groups = sorted(by_first.values(), key=len)
+    for position, members in enumerate(groups):
+        share = (room - len(kept)) // (len(groups) - position)
+        kept += members[:share]
+    return kept
