@@ -64,9 +64,9 @@ Family = NumberFamily | HistogramFamily
 class SeriesGuard:
     """Admits label sets per metric while the metric has room; the rest share the overflow set.
 
-    A metric's room is counted in samples: `limit`, less one for the overflow set, divided by
-    the samples one series of the metric takes (a histogram's buckets, `_sum` and `_count`;
-    two for the worker gauges' busy/idle pair).
+    A metric's room is counted in samples: `limit` divided by the samples one series of the
+    metric takes (a histogram's buckets, `_sum` and `_count`; two for the worker gauges'
+    busy/idle pair), less one for the overflow set where refused label sets fold into one.
     """
 
     def __init__(
@@ -77,14 +77,20 @@ class SeriesGuard:
         self._on_overflow = on_overflow
         self._admitted: dict[str, set[LabelValues]] = {}
         self._samples_per_series: dict[str, int] = {}
+        self._dropping: set[str] = set()
         self._lock = threading.Lock()
 
-    def set_samples_per_series(self, metric: str, samples: int) -> None:
+    def set_samples_per_series(self, metric: str, samples: int, folds: bool = True) -> None:
+        """How many samples one series of the metric is; `folds`: whether refused label sets
+        go to an overflow series (which takes room too) or are dropped."""
         self._samples_per_series[metric] = samples
+        if not folds:
+            self._dropping.add(metric)
 
     def room(self, metric: str) -> int:
         """Label sets the metric may hold besides its overflow set."""
-        return max(self.limit // self._samples_per_series.get(metric, 1) - 1, 0)
+        reserved = 0 if metric in self._dropping else 1
+        return max(self.limit // self._samples_per_series.get(metric, 1) - reserved, 0)
 
     def admit(self, metric: str, labels: LabelValues) -> LabelValues:
         """The labels to record under: these, or the overflow set once the metric is full."""

@@ -296,7 +296,8 @@ class WorkerRegistry:
 # -- the metrics of all streams of one exporter ------------------------------------------------
 
 # The guard's name for the (system, queue) pairs of the three worker gauges: each pair is two
-# series of queue_workers and of queue_worker_slots, one of the utilization ratio.
+# series of queue_workers and of queue_worker_slots, one of the utilization ratio. Heartbeats
+# of a queue without room are refused (counted), not folded into an overflow queue.
 WORKER_QUEUES = "queue_workers"
 
 
@@ -307,7 +308,7 @@ class EventMetrics:
         self._store = telemetry.store
         for name, bounds in buckets.items():
             self._store.set_buckets(name, bounds)
-        self._store.guard.set_samples_per_series(WORKER_QUEUES, 2)
+        self._store.guard.set_samples_per_series(WORKER_QUEUES, 2, folds=False)
         self._store.add_gauge_reader(self._worker_gauges)
         meter = telemetry.meter
 
