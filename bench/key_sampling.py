@@ -1,4 +1,4 @@
-"""Key sampling and exposition cost, as ratios against references measured in the same run.
+"""Key sampling cost, as ratios against references measured in the same run.
 
     .venv/bin/python bench/key_sampling.py [--sizes 10000,100000] [--unrelated 100000] [--runs 3]
 
@@ -9,15 +9,13 @@ in a redis-server of the benchmark's own. Timed, median of --runs:
   dead-letter pattern);
 - redis_exporter: a /metrics scrape of Debian's prometheus-redis-exporter --check-keys over the
   same keys (skipped, and said so, when the binary is absent).
-Then the /metrics render of 10k queue series: the exporter's telemetry against a plain
-prometheus_client custom collector serving the same series, with the process's peak RSS.
+The /metrics render has its own benchmark: bench/exposition.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import shutil
 import socket
 import statistics
@@ -31,14 +29,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import redis
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter import config as config_module
 from exporter.health import HealthBoard
-from exporter.samples import SampleSet
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
 from tests.private_redis import PrivateRedis, free_port
@@ -133,36 +128,6 @@ def redis_exporter_scrape(url: str, runs: int) -> float | None:
         process.wait()
 
 
-def exposition(series_count: int, runs: int) -> tuple[float, float]:
-    labels = [("orchestrata", f"recipient-{i}", str(i % 6), "pending") for i in range(series_count)]
-    reference = CollectorRegistry()
-
-    class Reference:
-        def collect(self):  # type: ignore[no-untyped-def]
-            family = GaugeMetricFamily(
-                "queue_depth",
-                "Items in the queue.",
-                labels=["system", "queue", "priority", "state"],
-            )
-            for index, label_values in enumerate(labels):
-                family.add_metric(label_values, float(index))
-            yield family
-
-    reference.register(Reference())
-    telemetry = Telemetry(HealthBoard())
-    samples = SampleSet()
-    from exporter.catalog import BY_NAME
-
-    depth = BY_NAME["queue_depth"]
-    for index, label_values in enumerate(labels):
-        samples.add_labelled(depth, label_values, float(index))
-    telemetry.publish("redis", samples)
-    ours = median_seconds(lambda: telemetry.render(False), runs)
-    theirs = median_seconds(lambda: generate_latest(reference), runs)
-    telemetry.shutdown()
-    return ours, theirs
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
@@ -192,12 +157,6 @@ def main() -> None:
             sampler.close()
 
         client.close()
-    ours, theirs = exposition(10_000, max(args.runs, 5))
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(
-        f"/metrics render of 10k queue series: exporter {ours:.3f}s, prometheus_client "
-        f"collector {theirs:.3f}s, ratio {ours / theirs:.2f}x; peak RSS {rss_mib:.0f} MiB"
-    )
 
 
 if __name__ == "__main__":

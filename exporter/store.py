@@ -305,8 +305,8 @@ class MetricStore:
     # -- reading -----------------------------------------------------------------------------
 
     def families(self) -> list[Family]:
-        """Every family with series, in catalog order; read whole under the locks, so a
-        scrape sees each batch entirely or not at all."""
+        """Every family with series, in catalog order, then those of the configuration; read
+        whole under the locks, so a scrape sees each batch entirely or not at all."""
         numbers: dict[MetricSpec, list[Series]] = {}
         for spec, series in self.snapshot_series().items():
             numbers.setdefault(spec, []).append(series)
@@ -329,10 +329,12 @@ class MetricStore:
         families: list[Family] = []
         for spec in ALL:
             if spec in numbers:
-                families.append(NumberFamily(spec, _merged(numbers[spec])))
+                families.append(NumberFamily(spec, _merged(numbers.pop(spec))))
             elif spec.name in histograms:
                 bounds = self._bounds[spec.name]
                 families.append(HistogramFamily(spec, bounds, histograms[spec.name]))
+        # What is left: the families of SQL collectors, defined by the configuration.
+        families += [NumberFamily(spec, _merged(feeds)) for spec, feeds in numbers.items()]
         return families
 
 

@@ -20,10 +20,8 @@ import yaml
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from exporter import web_config
-from exporter.app import exposition
 from exporter.cli import main
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
@@ -40,6 +38,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
+def _render_nothing(openmetrics: bool) -> bytes:
+    return b"# EOF\n" if openmetrics else b""
+
+
 @pytest.fixture
 def serve(tmp_path: Path):
     """Start a MetricsServer with a web config document; stopped after the test."""
@@ -52,7 +54,7 @@ def serve(tmp_path: Path):
             path.write_text(yaml.safe_dump(document))
         health = HealthBoard()
         health.succeeded("redis", 0.01)
-        server = MetricsServer(host, 0, exposition(CollectorRegistry()), health, path)
+        server = MetricsServer(host, 0, _render_nothing, health, path)
         server.start()
         servers.append(server)
         return server
