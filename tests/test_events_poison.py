@@ -8,7 +8,6 @@ import time
 import uuid
 
 import pytest
-from prometheus_client import generate_latest
 
 from exporter.events import consumer as consumer_module
 from exporter.events import wire
@@ -37,7 +36,7 @@ def _consumer(redis_url: str, stream: dict[str, str], name: str = "sidecar"):
 
 
 def _series(telemetry: Telemetry) -> Series:
-    return parse_exposition(generate_latest(telemetry.registry).decode())
+    return parse_exposition(telemetry.render(False).decode())
 
 
 def _drain(consumer: StreamConsumer) -> None:
