@@ -37,10 +37,12 @@ PRIORITIES = ["low", "normal", "high", "critical"]
 ERROR_TYPES = ["retryable", "non_retryable", "timeout", "other"]
 
 
-def job_events(rng: random.Random, now: float) -> list[dict[str, str]]:
+def job_events(
+    rng: random.Random, now: float, job_types: list[str] = JOB_TYPES
+) -> list[dict[str, str]]:
     labels = {
         "queue": rng.choice(QUEUES),
-        "job_type": rng.choice(JOB_TYPES),
+        "job_type": rng.choice(job_types),
         "priority": rng.choice(PRIORITIES),
     }
     job_id = f"{rng.getrandbits(64):016x}"
@@ -63,13 +65,15 @@ def job_events(rng: random.Random, now: float) -> list[dict[str, str]]:
     ]
 
 
-def preload(client: redis.Redis, stream: str, events: int) -> None:
+def preload(
+    client: redis.Redis, stream: str, events: int, job_types: list[str] = JOB_TYPES
+) -> None:
     rng = random.Random(42)
     now = time.time() - 100
     pipe = client.pipeline(transaction=False)
     written = 0
     while written < events:
-        for entry in job_events(rng, now):
+        for entry in job_events(rng, now, job_types):
             if written == events:
                 break
             pipe.xadd(stream, entry)  # type: ignore[arg-type]
