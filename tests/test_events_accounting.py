@@ -8,7 +8,6 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import generate_latest
 
 from exporter.events import wire
 from exporter.events.config import EventsSourceConfig
@@ -47,7 +46,7 @@ class Reader:
 
     def counts(self) -> tuple[float, float, float]:
         """(consumed, enqueued events applied, lost)"""
-        series = parse_exposition(generate_latest(self.telemetry.registry).decode())
+        series = parse_exposition(self.telemetry.render(False).decode())
         return (
             value(series, "queue_exporter_events_total", stream=STREAM) or 0,
             value(series, "queue_jobs_enqueued_total", system="jobs") or 0,
