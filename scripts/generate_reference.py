@@ -146,6 +146,11 @@ def _setting_rows(model: type[BaseModel], prefix: str) -> list[str]:
             rows.append(f"| `{path}` | {_type_name(field.annotation)} | {shown} | {meaning} |")
         else:
             model_type, is_list = nested
+            if default is None and meaning:  # an optional section: what unset means
+                rows.append(
+                    f"| `{path}` | section | unset | {meaning}; the defaults below apply once "
+                    "the section is set |"
+                )
             rows += _setting_rows(model_type, f"{path}[]." if is_list else f"{path}.")
     return rows
 

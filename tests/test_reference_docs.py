@@ -25,3 +25,13 @@ def test_every_catalog_metric_is_documented():
     page = (ROOT / "docs" / "metrics.md").read_text()
     for spec in catalog.ALL:
         assert f"| `{spec.name}` |" in page
+
+
+def test_optional_sections_say_what_unset_means():
+    """The events Redis defaults to sources.redis's connection, not to the URL default its
+    rows show once the section is set."""
+    page = (ROOT / "docs" / "configuration.md").read_text()
+    assert (
+        "| `sources.events.redis` | section | unset | where the streams live "
+        "(default: sources.redis's connection)" in page
+    )
