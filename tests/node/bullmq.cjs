@@ -46,12 +46,13 @@ async function workUntil(step) {
 
 async function steps() {
   const queues = {};
-  const queue = name => (queues[name] = queues[name] || new Queue(name, { connection, prefix }));
+  const queue = (name, options = {}) =>
+    (queues[name] = queues[name] || new Queue(name, { connection, prefix, ...options }));
   const held = [];
   for (const step of spec.steps) {
     if (step.op === 'add') {
       for (let i = 0; i < (step.count || 1); i += 1) {
-        await queue(step.queue).add(step.name || 'job', step.data || {}, step.opts || {});
+        await queue(step.queue, step.queue_options).add(step.name || 'job', step.data || {}, step.opts || {});
       }
     } else if (step.op === 'pause') {
       await queue(step.queue).pause();

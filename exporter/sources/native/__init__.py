@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict
 
 from exporter.events.metrics import EventMetrics
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
 from exporter.sources.native.framework import NativeSource, Reader, ReaderConfig
 from exporter.sources.native.rq import RqReader, RqReaderConfig
 
@@ -20,6 +21,7 @@ class NativeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rq: RqReaderConfig | None = None
+    bullmq: BullmqReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())
@@ -53,4 +55,6 @@ def build_sources(
 def _reader(settings: ReaderConfig, connection: RedisConnectionConfig) -> Reader:
     if isinstance(settings, RqReaderConfig):
         return RqReader(settings, connection)
+    if isinstance(settings, BullmqReaderConfig):
+        return BullmqReader(settings, connection)
     raise TypeError(f"no reader for {type(settings).__name__}")

@@ -1,0 +1,334 @@
+"""BullMQ's own events as lifecycle signals: each queue's `<prefix>:<queue>:events` stream.
+
+BullMQ writes every transition of a job to its queue's events stream (added, active,
+completed, failed, delayed, waiting, stalled, retries-exhausted, ...; the same in 5.x and
+6.x). The reader follows each stream with plain XREAD from the last id it read, remembered in
+memory: no consumer group, nothing written, so BullMQ and its QueueEvents listeners are not
+disturbed. Times come from the job hash (`timestamp`, `delay`, `processedOn`, `finishedOn`),
+read in one pipelined HMGET per job an event names.
+
+Nothing is lost or counted twice unnoticed:
+- the first read of a stream only takes its position (what happened before the exporter
+  started is not counted); so does a restarted exporter, whose counters start again at zero,
+  which Prometheus reads as a counter reset;
+- XINFO STREAM and XREAD run in one MULTI, so the stream's `entries-added` (Redis 7) and its
+  first entry tell exactly how many entries BullMQ trimmed (`MAXLEN ~ maxLenEvents`, 10,000 by
+  default) before they were read: counted in `queue_exporter_events_lost_total`;
+- a stream deleted or recreated (obliterate, Redis restarted without its data) is read again
+  from its start.
+
+A retried attempt has no `failed` event of its own: BullMQ moves the job to `delayed` (with
+backoff) or back to `waiting` (prev active); with a `failedReason` in the job hash that is a
+retryable failure and a retry, without one a rate-limit push-back.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import Field
+
+from exporter.events.metrics import apply
+from exporter.events.wire import Event
+from exporter.logs import LogLimiter
+from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.sources.key_groups import key_regex, scan_glob
+from exporter.sources.native.framework import ReaderConfig, Signals
+
+log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
+
+_JOB_FIELDS = ("name", "timestamp", "delay", "processedOn", "finishedOn", "atm", "failedReason")
+# Events that need the job hash (for times, the job type or whether a move was a retry).
+_NEEDS_JOB = frozenset({b"active", b"completed", b"failed", b"delayed"})
+_STREAM_GONE = "no such key"
+
+
+class BullmqReaderConfig(ReaderConfig):
+    system: str = Field("bullmq", min_length=1, description="the system label")
+    prefix: str = Field("bull", min_length=1, description="BullMQ's key prefix")
+    max_events: int = Field(
+        10000, ge=1, description="events read per queue and read; the rest at the next read"
+    )
+
+    ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget")
+
+    def acl_read_keys(self) -> list[str]:
+        return [scan_glob(self.prefix) + ":*"]  # meta hashes, events streams, job hashes
+
+
+@dataclass(slots=True)
+class _Position:
+    """Where the reader is in one stream: the last id read and how many entries the stream
+    had had added up to it (its `entries-added` counts every entry ever added)."""
+
+    last_id: bytes
+    added: int
+
+
+@dataclass(slots=True)
+class _Job:
+    job_type: str = ""
+    runnable_at: float | None = None  # created, plus its delay
+    processed_on: float | None = None
+    finished_on: float | None = None
+    attempts: int | None = None
+    failed_reason: bool = False
+
+
+class BullmqReader:
+    def __init__(self, config: BullmqReaderConfig, connection: RedisConnectionConfig) -> None:
+        self.name = "native:bullmq"
+        self.config = config
+        self.connection = connection
+        self._client: redis.Redis | None = None
+        self._positions: dict[str, _Position] = {}
+        self._started = False  # after the first read, a new queue's stream is read in full
+        self._meta = key_regex(f"{config.prefix}:{{value}}:meta")
+
+    def read(self, signals: Signals) -> None:
+        client = self._connect()
+        try:
+            queues = self._queues(client)
+            batches = self._follow(client, queues, signals)
+            self._apply(client, batches, signals)
+            self._started = True
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.close()
+            raise
+
+    def interrupt(self) -> None:
+        sever(self._client)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+        return self._client
+
+    def _events_key(self, queue: str) -> str:
+        return f"{self.config.prefix}:{queue}:events"
+
+    def _queues(self, client: redis.Redis) -> list[str]:
+        """Every queue has a meta hash (the Queue constructor and every add write it)."""
+        pattern = scan_glob(f"{self.config.prefix}:{{_q}}:meta")
+        names = set()
+        for key in client.scan_iter(match=pattern, count=1000):
+            match = self._meta.match(key.decode("utf-8", "replace"))
+            if match:
+                names.add(match.group("value"))
+        return sorted(names)
+
+    # -- following the streams ----------------------------------------------------------------
+
+    def _follow(
+        self, client: redis.Redis, queues: list[str], signals: Signals
+    ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+        """One MULTI of XINFO STREAM + XREAD per queue: the new entries of each stream, the
+        entries trimmed before they were read counted as lost."""
+        pipe = client.pipeline(transaction=True)
+        for queue in queues:
+            position = self._positions.get(queue, _Position(b"0-0", 0))
+            pipe.xinfo_stream(self._events_key(queue))
+            pipe.xread({self._events_key(queue): position.last_id}, count=self.config.max_events)
+        replies = pipe.execute(raise_on_error=False)
+        batches = []
+        for index, queue in enumerate(queues):
+            info, read = replies[2 * index], replies[2 * index + 1]
+            entries = self._new_entries(queue, info, read, signals)
+            if entries:
+                batches.append((queue, entries))
+        for gone in set(self._positions) - set(queues):  # obliterated queues
+            del self._positions[gone]
+        return batches
+
+    def _new_entries(
+        self, queue: str, info: Any, read: Any, signals: Signals
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        if isinstance(info, redis.ResponseError):
+            if _STREAM_GONE not in str(info):  # not a stream: this queue alone is skipped
+                _limited.warning(("stream", queue), "bullmq: queue %s: %s", queue, info)
+                return []
+            info = {"entries-added": 0, "last-generated-id": b"0-0", "length": 0}
+        added = int(info.get("entries-added") or 0)
+        last_generated = _stream_id(info.get("last-generated-id") or b"0-0")
+        position = self._positions.get(queue)
+        if position is None and not self._started:  # the first read: the baseline
+            self._positions[queue] = _Position(info.get("last-generated-id") or b"0-0", added)
+            return []
+        if position is None:  # a queue created since: all its events are new
+            position = self._positions[queue] = _Position(b"0-0", 0)
+        if added < position.added or last_generated < _stream_id(position.last_id):
+            # deleted or recreated since: read the new stream from its start next time
+            self._positions[queue] = _Position(b"0-0", 0)
+            return []
+        signals.tally.lost += self._trimmed(queue, info, position, added)
+        entries = _entries(read)
+        if entries:
+            position.last_id = entries[-1][0]
+        position.added += len(entries)
+        signals.tally.consumed += len(entries)
+        return entries
+
+    def _trimmed(self, queue: str, info: dict[str, Any], position: _Position, added: int) -> int:
+        """Entries added after our position that are gone before we read them: when the
+        stream's first entry lies beyond our position, all it holds is unread, and the rest
+        of what was added since was trimmed (or deleted)."""
+        length = int(info.get("length") or 0)
+        first = info.get("first-entry")
+        first_id = _stream_id(first[0]) if first else None
+        if first_id is not None and first_id <= _stream_id(position.last_id):
+            return 0
+        lost = max(added - position.added - length, 0)
+        position.added += lost
+        if lost:
+            _limited.warning(
+                ("trimmed", queue),
+                "bullmq: queue %s: %d event(s) trimmed from its stream before they were read",
+                queue,
+                lost,
+            )
+        return lost
+
+    # -- events -> lifecycle ------------------------------------------------------------------
+
+    def _apply(
+        self,
+        client: redis.Redis,
+        batches: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]],
+        signals: Signals,
+    ) -> None:
+        wanted = sorted(
+            {
+                (queue, fields[b"jobId"])
+                for queue, entries in batches
+                for _, fields in entries
+                if b"jobId" in fields and _needs_job(fields)
+            }
+        )
+        jobs = self._jobs(client, wanted, signals)
+        for queue, entries in batches:
+            for entry_id, fields in entries:
+                try:
+                    job = jobs.get((queue, fields.get(b"jobId", b""))) or _Job()
+                    self._emit(signals, queue, entry_id, fields, job)
+                except (ValueError, UnicodeDecodeError) as error:  # one bad entry costs itself
+                    signals.tally.refuse("bad_value")
+                    _limited.warning(
+                        ("entry", queue), "bullmq: queue %s: entry unreadable: %r", queue, error
+                    )
+
+    def _jobs(
+        self, client: redis.Redis, wanted: list[tuple[str, bytes]], signals: Signals
+    ) -> dict[tuple[str, bytes], _Job]:
+        if not wanted:
+            return {}
+        pipe = client.pipeline(transaction=False)
+        for queue, job_id in wanted:
+            pipe.hmget(f"{self.config.prefix}:{queue}:".encode() + job_id, _JOB_FIELDS)
+        jobs = {}
+        for key, fields in zip(wanted, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(fields, Exception) or not any(fields):
+                continue  # removed (removeOnComplete) or not a hash: counted without times
+            try:
+                jobs[key] = _job(fields)
+            except ValueError:
+                signals.tally.refuse("bad_number")
+        return jobs
+
+    def _emit(
+        self,
+        signals: Signals,
+        queue: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        job: _Job,
+    ) -> None:
+        system = self.config.system
+        now = _stream_id(entry_id)[0] / 1000.0
+        kind = fields.get(b"event", b"")
+        job_type = job.job_type or fields.get(b"name", b"").decode()
+
+        def event(name: str, ts: float = now, **extra: Any) -> None:
+            labels = {"system": system, "queue": queue, "job_type": job_type}
+            apply(signals.tally, Event.of(name, ts, **labels, **extra), system)
+
+        if kind == b"added":
+            event("enqueued")
+        elif kind == b"active":
+            event("started", enqueued_at=job.runnable_at)
+        elif kind in (b"completed", b"failed"):
+            finished = job.finished_on or now
+            duration = None
+            if job.processed_on is not None:
+                duration = max(finished - job.processed_on, 0.0)
+            extra: dict[str, Any] = {"duration": duration, "attempt": job.attempts}
+            if kind == b"completed":
+                event("completed", finished, enqueued_at=job.runnable_at, **extra)
+            else:
+                event("failed", finished, error_type="non_retryable", **extra)
+        elif kind == b"retries-exhausted":
+            event("max_retries_exceeded")
+        elif kind == b"stalled":
+            event("requeued", reason="stalled")
+        elif kind == b"delayed":
+            due = float(fields.get(b"delay", b"0")) / 1000.0
+            self._moved(event, job, now, delay=max(due - now, 0.0))
+        elif kind == b"waiting" and fields.get(b"prev") == b"active":
+            self._moved(event, job, now, delay=0.0)
+
+    @staticmethod
+    def _moved(event: Any, job: _Job, now: float, delay: float) -> None:
+        """A job put back to delayed or waiting: a retry when its last attempt failed."""
+        if job.failed_reason:
+            duration = None if job.processed_on is None else max(now - job.processed_on, 0.0)
+            event("failed", error_type="retryable", duration=duration)
+            event("retried", delay=delay)
+        elif delay > 0:
+            event("scheduled", delay=delay)
+        else:
+            event("requeued", reason="rate_limited")
+
+
+def _needs_job(fields: dict[bytes, bytes]) -> bool:
+    kind = fields.get(b"event")
+    return kind in _NEEDS_JOB or (kind == b"waiting" and fields.get(b"prev") == b"active")
+
+
+def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The one stream's entries of an XREAD reply: [[key, entries]] (RESP2) or {key: entries}
+    (RESP3); nothing new is an empty reply."""
+    if not reply:
+        return []
+    streams = list(reply.values()) if isinstance(reply, dict) else [entries for _, entries in reply]
+    return list(streams[0])
+
+
+def _job(fields: list[bytes | None]) -> _Job:
+    name, timestamp, delay, processed_on, finished_on, attempts, failed_reason = fields
+    created = _ms(timestamp)
+    return _Job(
+        job_type=(name or b"").decode("utf-8", "replace"),
+        runnable_at=None if created is None else created + (_ms(delay) or 0.0),
+        processed_on=_ms(processed_on),
+        finished_on=_ms(finished_on),
+        attempts=int(attempts) if attempts else None,
+        failed_reason=bool(failed_reason),
+    )
+
+
+def _ms(raw: bytes | None) -> float | None:
+    return float(raw) / 1000.0 if raw else None
+
+
+def _stream_id(raw: bytes | str) -> tuple[int, int]:
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    milliseconds, _, sequence = text.partition("-")
+    return int(milliseconds), int(sequence or 0)

@@ -1,0 +1,144 @@
+"""BullMQ's own events stream read into the lifecycle families, against real BullMQ 5.x and 6.x
+workers: counts equal what the workers did, runtimes land in the right bucket, a restarted
+exporter counts nothing twice, and events trimmed before they were read are counted as lost."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from tests.conftest import REDIS_HOST, REDIS_PORT, Series, scrape_series, value, wait_for
+from tests.real_queues import BULLMQ_MAJORS, BullMQ
+
+STREAM = "native:bullmq"
+
+
+@pytest.fixture(params=BULLMQ_MAJORS, ids=lambda major: f"bullmq{major}")
+def bullmq(request: pytest.FixtureRequest, redis_db: int) -> Iterator[BullMQ]:
+    driver = BullMQ(request.param, redis_db)
+    yield driver
+    driver.stop_all()
+
+
+def _started(run_exporter, redis_url, **native):
+    """An exporter with the bullmq preset whose reader has made its first (baseline) read."""
+    raw = {"presets": ["bullmq"], "sources": {"redis": {"url": redis_url}}}
+    if native:
+        raw["sources"]["native"] = {"bullmq": native}
+    app = run_exporter(raw)
+    wait_for(lambda: app.health.snapshot().get(STREAM) and app.health.snapshot()[STREAM].up)
+    return app
+
+
+def _total(series: Series, name: str, **labels: str) -> float:
+    """The sum over every series of `name` whose labels include `labels`."""
+    wanted = {("system", "bullmq"), *labels.items()}
+    return sum(v for (n, ls), v in series.items() if n == name and wanted <= ls)
+
+
+def _work(bullmq: BullMQ) -> None:
+    """Jobs with known outcomes and runtimes, run by a real worker to the end."""
+    bullmq.steps(
+        {"op": "add", "queue": "jobs", "name": "slow", "count": 4, "data": {"sleep_ms": 700}},
+        {"op": "add", "queue": "jobs", "name": "fast", "count": 3},
+        {"op": "add", "queue": "jobs", "name": "broken", "count": 2, "data": {"fail": "always"}},
+        # fails once, retried at once, then completes
+        {
+            "op": "add",
+            "queue": "jobs",
+            "name": "flaky",
+            "data": {"fail": 1},
+            "opts": {"attempts": 2},
+        },
+        # fails, retried after a backoff, fails for good
+        {
+            "op": "add",
+            "queue": "jobs",
+            "name": "doomed",
+            "data": {"fail": "always"},
+            "opts": {"attempts": 2, "backoff": {"type": "fixed", "delay": 100}},
+        },
+        {"op": "work", "queue": "jobs", "completed": 8, "failed": 5, "options": {"concurrency": 4}},
+    )
+
+
+def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_exporter):
+    app = _started(run_exporter, redis_url)
+    _work(bullmq)
+    truth = bullmq.truth(["jobs"])["queues"]["jobs"]["counts"]
+    assert (truth["completed"], truth["failed"]) == (8, 3)
+
+    def settled() -> Series | None:
+        series = scrape_series(app)
+        done = _total(series, "queue_jobs_completed_total", queue="jobs") == truth["completed"]
+        return series if done and _total(series, "queue_jobs_max_retries_exceeded_total") else None
+
+    series = wait_for(settled, timeout=20)
+    final = _total(series, "queue_jobs_failed_total", queue="jobs", error_type="non_retryable")
+    assert final == truth["failed"]
+    assert _total(series, "queue_jobs_failed_total", error_type="retryable") == 2
+    assert _total(series, "queue_jobs_retried_total", queue="jobs") == 2
+    assert _total(series, "queue_jobs_enqueued_total", queue="jobs") == 11
+    assert _total(series, "queue_jobs_started_total", queue="jobs") == 13  # attempts
+    assert _total(series, "queue_jobs_completed_total", job_type="slow") == 4
+    assert _total(series, "queue_jobs_completed_total", job_type="flaky") == 1
+
+    # the 0.7 s jobs took between 0.5 s and 1 s; the others far less
+    def bucket(job_type: str, le: str) -> float | None:
+        return value(series, "queue_job_execution_seconds_bucket", job_type=job_type, le=le)
+
+    assert (bucket("slow", "0.5"), bucket("slow", "1.0")) == (0, 4)
+    assert bucket("fast", "0.25") == 3
+    assert value(series, "queue_job_wait_seconds_count", job_type="fast") == 3
+    assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
+
+
+def test_a_restarted_exporter_counts_nothing_twice(bullmq, redis_url, run_exporter):
+    first = _started(run_exporter, redis_url)
+    bullmq.steps(
+        {"op": "add", "queue": "jobs", "count": 3}, {"op": "work", "queue": "jobs", "completed": 3}
+    )
+    wait_for(lambda: _total(scrape_series(first), "queue_jobs_completed_total") == 3)
+    first.shutdown()
+
+    second = _started(run_exporter, redis_url)  # starts from the end of the stream
+    bullmq.steps(
+        {"op": "add", "queue": "jobs", "count": 2}, {"op": "work", "queue": "jobs", "completed": 2}
+    )
+    series = wait_for(
+        lambda: (s := scrape_series(second)) and _total(s, "queue_jobs_completed_total") == 2 and s
+    )
+    assert _total(series, "queue_jobs_enqueued_total") == 2
+
+
+def test_events_trimmed_before_they_were_read_are_counted_as_lost(bullmq, redis_url, run_exporter):
+    # a small stream (BullMQ trims it with MAXLEN ~), read every 3 s: most events are gone
+    app = _started(run_exporter, redis_url, interval=3)
+    events = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=int(redis_url.rsplit("/", 1)[1]))
+    small = {"streams": {"events": {"maxLen": 10}}}
+    bullmq.steps({"op": "add", "queue": "burst", "count": 400, "queue_options": small})
+    added = events.xinfo_stream("bull:burst:events")["entries-added"]
+    assert events.xlen("bull:burst:events") < added  # BullMQ did trim
+
+    def accounted() -> Series | None:
+        series = scrape_series(app)
+        read = value(series, "queue_exporter_events_total", stream=STREAM) or 0
+        lost = value(series, "queue_exporter_events_lost_total", stream=STREAM) or 0
+        return series if read + lost == added else None
+
+    series = wait_for(accounted, timeout=20)
+    assert value(series, "queue_exporter_events_lost_total", stream=STREAM) > 0
+    events.close()
+
+
+def test_the_preset_param_turns_the_reader_off(redis_url, run_exporter):
+    app = run_exporter(
+        {
+            "presets": [{"name": "bullmq", "params": {"native": False}}],
+            "sources": {"redis": {"url": redis_url}},
+        }
+    )
+    wait_for(lambda: app.health.snapshot().get("redis") and app.health.snapshot()["redis"].up)
+    assert STREAM not in app.health.snapshot()
