@@ -95,21 +95,31 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
 
 
-def test_a_restarted_exporter_counts_nothing_twice(bullmq, redis_url, run_exporter):
-    first = _started(run_exporter, redis_url)
+def test_a_restarted_exporter_counts_nothing_twice(bullmq, redis_url, serve_process):
+    def exporter():
+        process = serve_process(
+            "--redis-url", redis_url, "--preset", "bullmq", "--sample-interval", "0.3"
+        )
+        process.series_when(lambda s: value(s, "queue_exporter_source_up", source=STREAM) == 1)
+        return process
+
+    def completed(process, count):
+        return process.series_when(
+            lambda s: _total(s, "queue_jobs_completed_total") == count, timeout=20
+        )
+
+    first = exporter()
     bullmq.steps(
         {"op": "add", "queue": "jobs", "count": 3}, {"op": "work", "queue": "jobs", "completed": 3}
     )
-    wait_for(lambda: _total(scrape_series(first), "queue_jobs_completed_total") == 3)
-    first.shutdown()
+    completed(first, 3)
+    first.stop()
 
-    second = _started(run_exporter, redis_url)  # starts from the end of the stream
+    second = exporter()  # starts from the end of the stream: the first three are not its
     bullmq.steps(
         {"op": "add", "queue": "jobs", "count": 2}, {"op": "work", "queue": "jobs", "completed": 2}
     )
-    series = wait_for(
-        lambda: (s := scrape_series(second)) and _total(s, "queue_jobs_completed_total") == 2 and s
-    )
+    series = completed(second, 2)
     assert _total(series, "queue_jobs_enqueued_total") == 2
 
 
