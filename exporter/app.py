@@ -26,11 +26,13 @@ log = logging.getLogger(__name__)
 
 # Seconds shutdown waits for the threads in all. Cycles in progress are interrupted first and
 # every backend call has a deadline, so this is only reached by a thread stuck elsewhere; it is
-# abandoned then (docs/operations.md). With the lease release and the HTTP server's stop the
-# process exits within 5 s, far inside Kubernetes' default 30 s grace period.
-SHUTDOWN_BUDGET = 2.5
+# abandoned then (docs/operations.md). With the lease release, the HTTP server's stop and the
+# last OTLP push the process exits within 5 s, far inside Kubernetes' default 30 s grace period.
+SHUTDOWN_BUDGET = 2.0
 # Seconds releasing the lease may take (connect, then the command) once the threads are done.
 LEASE_RELEASE_TIMEOUT = 0.5
+# Seconds the last OTLP push may take at exit, when OTLP is enabled (abandoned after that).
+OTLP_SHUTDOWN_TIMEOUT = 0.5
 
 
 def build_sources(
@@ -121,7 +123,8 @@ class App:
                 return
             self._shut_down = True
         self.stopping.set()
-        deadline = time.monotonic() + SHUTDOWN_BUDGET
+        started = time.monotonic()
+        deadline = started + SHUTDOWN_BUDGET
         for runner in self.runners:
             runner.interrupt()  # a cycle blocked on a hung backend fails now
         for consumer in self.event_consumers:
@@ -139,7 +142,8 @@ class App:
                 self.leadership.thread.join(timeout=max(deadline - time.monotonic(), 0.1))
             self.leadership.release(timeout=LEASE_RELEASE_TIMEOUT)
         self.server.stop()
-        self.telemetry.shutdown()
+        self.telemetry.shutdown(timeout=OTLP_SHUTDOWN_TIMEOUT)
+        log.info("stopped in %.1fs", time.monotonic() - started)
 
     def run_until_signalled(self) -> None:
         def on_signal(signum: int, _: FrameType | None) -> None:

@@ -210,8 +210,10 @@ class Telemetry:
                 name, callbacks=[callback], description=BY_NAME[name].help
             )
 
-    def shutdown(self) -> None:
-        self.provider.shutdown()
+    def shutdown(self, timeout: float = 30.0) -> None:
+        """Stop, pushing a last OTLP export if enabled, within `timeout` seconds (the SDK
+        abandons the push then: a hung collector must not hold the exit)."""
+        self.provider.shutdown(timeout_millis=timeout * 1000)
 
 
 class SharedRender:

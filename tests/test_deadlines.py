@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -202,11 +203,30 @@ def test_deadlines_default_to_the_interval_and_the_timeouts():
         telemetry.shutdown()
 
 
+@pytest.fixture
+def hung_otlp_collector(monkeypatch):
+    """An OTLP endpoint whose TCP handshake succeeds (the kernel's backlog) but never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        endpoint = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        yield endpoint
+
+
 def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
-    redis_proxy, postgres_proxy, redis_client, redis_db, postgres_dsn, serve_process, tmp_path
+    redis_proxy,
+    postgres_proxy,
+    hung_otlp_collector,
+    redis_client,
+    redis_db,
+    postgres_dsn,
+    serve_process,
+    tmp_path,
 ):
     redis_client.rpush("orchestrata:dlq:billing", "{}")
     config = {
+        "otlp": {"enabled": True, "interval": 60},  # its last push at exit meets a hung collector
         "sample_interval": 1,
         "presets": ["orchestrata", "attune"],
         "sources": {
@@ -246,4 +266,3 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     assert stopped_in < 5, (stopped_in, stderr[-3000:])
     assert "shutting down" in stderr
     assert "could not release the lease" in stderr  # left to expire, within lease_ttl
-    print(stopped_in)
