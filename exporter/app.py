@@ -81,7 +81,9 @@ class App:
             config.sources.events, config.sources.redis, self.telemetry, event_metrics
         )
         host, port = config.host_port
-        status = StatusPage(self.health, lambda: self.telemetry.render(False))
+        status = StatusPage(
+            self.health, lambda: self.telemetry.render(False), self.telemetry.store.snapshot_series
+        )
         self.server = MetricsServer(
             host,
             port,

@@ -1,9 +1,11 @@
 """The live status page at / and the same facts at /status.json.
 
 An operator's first question is "is it looking at the right things?": the page answers it
-from what the exporter serves right now. Sources and key groups come from the HealthBoard;
-queues, streams and the leader from the exposition itself (what Prometheus scrapes), so the
-page cannot disagree with /metrics.
+from what the exporter serves right now. Sources and key groups come from the HealthBoard, the
+top queues from the sampled series in the metrics store, streams, errors and the leader from
+the exporter's own lines of the exposition (what Prometheus scrapes), so the page cannot
+disagree with /metrics. Only those few lines are parsed: parsing a 10k-queue exposition whole
+took 25x its render.
 
 The HTML is complete without JavaScript (server-rendered, every value escaped: queue names
 and keys are data anyone with write access to Redis chose). A small inline script refreshes
@@ -13,6 +15,7 @@ built here, so the columns are defined once.
 
 from __future__ import annotations
 
+import heapq
 import html
 import json
 import time
@@ -24,7 +27,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from exporter import __version__
+from exporter.catalog import BY_NAME, MetricSpec
 from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
+from exporter.samples import Series
 
 TOP_QUEUES = 10
 REFRESH_SECONDS = 5
@@ -40,10 +45,17 @@ class Table:
 
 
 class StatusPage:
-    def __init__(self, health: HealthBoard, exposition: Callable[[], bytes]) -> None:
-        """`exposition` returns what /metrics serves (Prometheus text)."""
+    def __init__(
+        self,
+        health: HealthBoard,
+        exposition: Callable[[], bytes],
+        sampled: Callable[[], dict[MetricSpec, Series]],
+    ) -> None:
+        """`exposition` returns what /metrics serves (Prometheus text), `sampled` the sampled
+        series as published."""
         self.health = health
         self.exposition = exposition
+        self.sampled = sampled
 
     def json(self) -> bytes:
         return json.dumps(self.document()).encode()
@@ -54,7 +66,8 @@ class StatusPage:
     def document(self) -> dict[str, Any]:
         """The facts for scripts, and under "view" the page's warnings and tables."""
         now = time.time()
-        samples = _samples(self.exposition().decode())
+        samples = _own_samples(self.exposition())
+        sampled = self.sampled()
         statuses = self.health.snapshot()
         facts: dict[str, Any] = {
             "version": __version__,
@@ -63,8 +76,8 @@ class StatusPage:
             "leader": _leader(samples),
             "sources": _sources(statuses, samples),
             "key_groups": [asdict(report) for report in self.health.key_groups()],
-            "top_depth": _top(samples, "queue_depth"),
-            "top_oldest_age": _top(samples, "queue_oldest_age_seconds"),
+            "top_depth": _top(sampled, "queue_depth"),
+            "top_oldest_age": _top(sampled, "queue_oldest_age_seconds"),
             "streams": _streams(samples),
             "overflow": _by_label(samples, "queue_exporter_series_overflow_total", "metric"),
         }
@@ -79,8 +92,13 @@ class StatusPage:
 # -- facts from the exposition ------------------------------------------------------------------
 
 
-def _samples(text: str) -> list[Sample]:
-    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+def _own_samples(exposition: bytes) -> list[Sample]:
+    """The samples of the exporter's own families (queue_exporter_*): a few lines of many."""
+    own = b"\n".join(
+        line for line in exposition.splitlines() if line.startswith(b"queue_exporter_")
+    )
+    families = text_string_to_metric_families(own.decode())
+    return [sample for family in families for sample in family.samples]
 
 
 def _named(samples: Iterable[Sample], name: str) -> Iterable[Sample]:
@@ -112,13 +130,13 @@ def _sources(statuses: dict[str, SourceStatus], samples: list[Sample]) -> list[d
     ]
 
 
-def _top(samples: list[Sample], name: str) -> list[dict[str, Any]]:
-    found: list[dict[str, Any]] = [
-        {**{label: sample.labels.get(label, "") for label in _QUEUE_COLUMNS}, "value": sample.value}
-        for sample in _named(samples, name)
+def _top(sampled: dict[MetricSpec, Series], name: str) -> list[dict[str, Any]]:
+    spec = BY_NAME[name]
+    series = sampled.get(spec, Series(()))
+    top = heapq.nlargest(TOP_QUEUES, series.items(), key=lambda item: (item[1], item[0]))
+    return [
+        {**dict(zip(spec.labels, labels, strict=True)), "value": value} for labels, value in top
     ]
-    found.sort(key=lambda entry: -float(entry["value"]))
-    return found[:TOP_QUEUES]
 
 
 def _streams(samples: list[Sample]) -> list[dict[str, Any]]:
@@ -172,6 +190,14 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
             warnings.append(
                 f"key group {report.pattern} ({report.system}, {report.type}): "
                 f"{report.last_warning}"
+            )
+    reported = {stream["stream"] for stream in facts["streams"]}
+    for source in facts["sources"]:
+        stream_key = source["name"].removeprefix("events:")  # consumers are events:<key>
+        if source["name"].startswith("events:") and stream_key not in reported:
+            warnings.append(
+                f"stream {stream_key} has reported no lag yet: does the stream exist? "
+                "(nothing is consumed until a producer writes it)"
             )
     for stream in facts["streams"]:
         if stream["lost"]:

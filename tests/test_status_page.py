@@ -75,6 +75,20 @@ def test_status_json_states_what_was_found(layout, redis_url, run_exporter):
     assert any("'orchestrata:queue:wrong:p1'" in w for w in warnings)
 
 
+def test_a_stream_that_does_not_exist_is_a_warning(redis_client, redis_url, run_exporter):
+    redis_client.xadd("events:present", {"v": "1"})
+    app = run_exporter(redis_url=redis_url, events_stream=["events:present", "events:absent"])
+
+    def both_consumers_reported():
+        status = json.loads(_get(app.server.port, "/status.json")[1])
+        return status if any(s["stream"] == "events:present" for s in status["streams"]) else None
+
+    status = wait_for(both_consumers_reported)
+    warnings = status["view"]["warnings"]
+    assert any(w.startswith("stream events:absent has reported no lag yet") for w in warnings)
+    assert not any("events:present" in w for w in warnings)
+
+
 def test_html_escapes_hostile_names(layout, redis_url, run_exporter):
     app = run_exporter(redis_url=redis_url, preset=["orchestrata"])
     _status(app)
