@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exporter.events import wire
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics, Tally, apply
+from exporter.events.metrics import Tally, apply
 from exporter.events.runnerq import parse_entry
 from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
 from exporter.store import OVERFLOW
 from exporter.telemetry import LimitsConfig, Telemetry
 from tests.conftest import parse_exposition, value
@@ -146,42 +142,6 @@ def test_runnerq_parser_survives_arbitrary_entries(fields):
         parse_entry(fields, NOW)
     except wire.InvalidEvent as error:
         assert error.reason in wire.INVALID_REASONS
-
-
-@settings(
-    max_examples=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-@given(st.lists(st.dictionaries(st.binary(min_size=1, max_size=10), _VALUES, min_size=1,
-                                max_size=8), min_size=1, max_size=30))  # fmt: skip
-def test_the_consumer_survives_arbitrary_entries(redis_client, redis_url, entries):
-    """Whatever lands in the stream is consumed, counted and acknowledged; nothing stalls."""
-    for format_ in ("v1", "runnerq"):
-        stream = f"hostile:{uuid.uuid4().hex}"
-        telemetry = Telemetry(HealthBoard())
-        events = EventsSourceConfig.model_validate(
-            {"streams": [{"key": stream, "format": format_, "start": "0"}], "batch_size": 7}
-        )
-        consumer = StreamConsumer(
-            events.streams[0],
-            events,
-            RedisConnectionConfig.model_validate({"url": redis_url}),
-            EventMetrics(telemetry, events.buckets()),
-        )
-        for fields in entries:
-            redis_client.xadd(stream, fields)
-        if format_ == "runnerq":
-            redis_client.xadd(stream, {"event": json.dumps({"activity_id": "x"})})
-        while consumer.poll():
-            pass
-        consumer.close()
-        series = parse_exposition(telemetry.render(False).decode())
-        expected = len(entries) + (format_ == "runnerq")
-        assert value(series, "queue_exporter_events_total", stream=stream) == expected
-        assert redis_client.xpending(stream, "queue-exporter")["pending"] == 0
-        redis_client.delete(stream)
-        telemetry.shutdown()
 
 
 def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
