@@ -15,7 +15,6 @@ from typing import Any
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import generate_latest
 
 from exporter.events import wire
 from exporter.events.config import EventsSourceConfig
@@ -82,7 +81,7 @@ def _consume(redis_url: str, stream: str, fmt: str) -> Series:
         while consumer.poll():  # raises if anything escapes: the consumer would have stopped
             pass
         consumer.close()
-        return parse_exposition(generate_latest(telemetry.registry).decode())
+        return parse_exposition(telemetry.render(False).decode())
     finally:
         telemetry.shutdown()
 
