@@ -3,8 +3,8 @@
 Each part runs the code serve runs (one Redis key sampler cycle, one query per SQL collector)
 so what it prints is what /metrics would show: per key group the keys matched with a few
 examples and the series they give, per events stream its length, consumer groups and lag,
-per SQL collector its rows and series. A backend that cannot be reached is named and makes
-the command fail; the others are still tried.
+per SQL collector its rows and the series they give. A backend that cannot be reached is
+named and makes the command fail; the others are still tried.
 """
 
 from __future__ import annotations
@@ -135,7 +135,7 @@ def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> list[st
                 echo(f"  {source.name}: FAILED ({reason}: {_first_line(error)})")
                 failures.append(source.name)
                 continue
-            echo(f"  {source.name}: {_series_summary(samples)}")
+            echo(f"  {source.name}: {source.last_rows} row(s); {_series_summary(samples)}")
     finally:
         for source in sources:
             source.close()

@@ -4,8 +4,8 @@ An operator's first question is "is it looking at the right things?": the page a
 from what the exporter serves right now. Sources and key groups come from the HealthBoard, the
 top queues from the sampled series in the metrics store, streams, errors and the leader from
 the exporter's own lines of the exposition (what Prometheus scrapes), so the page cannot
-disagree with /metrics. Only those few lines are parsed: parsing a 10k-queue exposition whole
-took 25x its render.
+disagree with /metrics. Only those few lines are parsed: parsing a large exposition whole
+costs many times its render, and the page refreshes every few seconds.
 
 The HTML is complete without JavaScript (server-rendered, every value escaped: queue names
 and keys are data anyone with write access to Redis chose). A small inline script refreshes

@@ -147,7 +147,7 @@ def test_check_config_connect_shows_what_each_backend_holds(
     assert "WARNING: matched no keys" in out
     assert "stream jobs:events: length 1, groups queue-exporter; group queue-exporter: lag 1" in out
     assert "stream jobs:absent: does not exist yet" in out
-    assert "postgres:backlog: series: queue_depth 2" in out
+    assert "postgres:backlog: 2 row(s); series: queue_depth 2" in out
     assert out.splitlines()[-1] == "OK: 3 sources, 2 key groups, 2 streams, 1 SQL collector"
 
 

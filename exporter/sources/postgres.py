@@ -355,11 +355,13 @@ class PostgresCollectorSource:
         self._connector = connector
         self._converter: tuple[Columns, RowConverter] | None = None
         self._sampling_thread: int | None = None
+        self.last_rows: int | None = None  # rows the last sample read (check-config --connect)
         connector.acquire()
 
     def sample(self) -> SampleSet:
         self._sampling_thread = threading.get_ident()
         rows, columns = self._connector.fetch(self.collector.query, self.statement_timeout)
+        self.last_rows = len(rows)
         samples = SampleSet()
         with gc_paused():  # several label columns: a tuple per row to check they are distinct
             nulls = self._converter_for(columns).convert(rows, samples)
