@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 
 from exporter.config import Config
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import KeyGroup, fill, placeholders, scan_glob
 from exporter.sources.native.framework import ReaderConfig
 
@@ -120,6 +121,11 @@ def acl_rules(config: Config) -> list[str]:
     rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
     rules += [f"~{key}" for key in stream_keys(config)]
+    default_connection = config.sources.redis or RedisConnectionConfig()
+    for reader in _native_readers(config):
+        rules += [
+            f"&{channel}" for channel in reader.acl_channels(reader.redis or default_connection)
+        ]
     rules.append(f"~{OWN_KEYS}")
     rules.append(f"(~{OWN_KEYS} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     return rules

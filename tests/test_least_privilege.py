@@ -102,8 +102,9 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
             (value(series, "queue_exporter_events_total", stream=key) or 0) >= 1 for key in streams
         )
         systems = {dict(labels).get("system") for name, labels in series if name == "queue_depth"}
-        native_read = value(
-            series, "queue_exporter_source_last_success_timestamp_seconds", source="native:rq"
+        native_read = all(
+            value(series, "queue_exporter_source_last_success_timestamp_seconds", source=source)
+            for source in ("native:rq", "native:celery")
         )
         return series if counted and native_read and set(REDIS_PRESETS) <= systems else None
 

@@ -1,4 +1,7 @@
-"""Each preset against its system's real layout, written with the commands that system issues."""
+"""Each preset against its system's real layout, written with the commands that system issues.
+
+RQ, Celery, BullMQ and Sidekiq are tested with the real libraries and workers (test_native_*.py).
+"""
 
 from __future__ import annotations
 
@@ -147,61 +150,3 @@ def test_runnerq(redis_client, redis_url, run_exporter):
     assert critical_age is not None and 40 <= critical_age < 70
     dead_age = value(series, "queue_oldest_age_seconds", queue="default", state="dead_letter")
     assert dead_age is not None and 600 <= dead_age < 630
-
-
-def test_rq(redis_client, redis_url, run_exporter):
-    now = time.time()
-    for offset in (500, 100):
-        layouts.rq_enqueue(redis_client, "default", now - offset)
-    layouts.rq_enqueue(redis_client, "high", now - 5)
-    redis_client.sadd("rq:queues", "rq:queue:empty")  # known queue with no jobs: its key is gone
-    redis_client.zadd("rq:wip:default", {"job-a": now + 180, "job-b": now + 180})
-    redis_client.zadd("rq:failed:default", {"job-c": now + 86400})
-    redis_client.zadd("rq:finished:default", {"job-d": now + 500, "job-e": now + 500})
-    redis_client.zadd("rq:scheduled:default", {"job-f": now - 10, "job-g": now + 600})
-
-    series = _sampled(run_exporter, redis_url, "rq", system="rq", queue="default", state="pending")
-
-    def depth(queue, state):
-        return value(series, "queue_depth", system="rq", queue=queue, state=state)
-
-    assert depth("default", "pending") == 2
-    assert depth("high", "pending") == 1
-    assert depth("empty", "pending") == 0
-    assert depth("default", "active") == 2
-    assert depth("default", "failed") == 1
-    assert depth("default", "completed") == 2
-    assert depth("default", "scheduled") == 2
-    assert value(series, "queue_scheduled_due", system="rq", queue="default") == 1
-    age = value(series, "queue_oldest_age_seconds", system="rq", queue="default")
-    assert age is not None and 500 <= age < 530
-    assert value(series, "queue_oldest_age_seconds", system="rq", queue="empty") is None
-
-
-def test_celery(redis_client, redis_url, run_exporter):
-    for priority in (0, 0, 3, 6, 9, 9):
-        layouts.celery_publish(redis_client, "celery", priority)
-    now = time.time()
-    redis_client.hset("unacked", mapping={"tag-1": "[]", "tag-2": "[]"})
-    redis_client.zadd("unacked_index", {"tag-1": now - 120, "tag-2": now - 30})
-
-    series = _sampled(run_exporter, redis_url, "celery", system="celery", queue="celery")
-    # kombu's four priority lists of one queue are one queue
-    assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 6
-    assert value(series, "queue_depth", system="celery", state="active") == 2
-    age = value(series, "queue_oldest_age_seconds", system="celery", state="active")
-    assert age is not None and 120 <= age < 150
-
-
-def test_celery_queue_list_is_a_param(redis_client, redis_url, run_exporter):
-    layouts.celery_publish(redis_client, "emails", 0)
-    layouts.celery_publish(redis_client, "emails", 6)
-    app = run_exporter(
-        {
-            "presets": [{"name": "celery", "params": {"queues": ["celery", "emails"]}}],
-            "sources": {"redis": {"url": redis_url}},
-        }
-    )
-    series = scrape_when(app, "queue_depth", queue="emails")
-    assert value(series, "queue_depth", system="celery", queue="emails") == 2
-    assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 0

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from exporter.events.metrics import EventMetrics
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
+from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
 from exporter.sources.native.framework import NativeSource, Reader, ReaderConfig
 from exporter.sources.native.rq import RqReader, RqReaderConfig
 
@@ -22,6 +23,7 @@ class NativeConfig(BaseModel):
 
     rq: RqReaderConfig | None = None
     bullmq: BullmqReaderConfig | None = None
+    celery: CeleryReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())
@@ -48,13 +50,16 @@ def build_sources(
     for settings in config.enabled():
         connection = settings.redis or default_connection or RedisConnectionConfig()
         interval = settings.interval or default_interval
-        sources.append(NativeSource(_reader(settings, connection), interval, metrics))
+        reader = _reader(settings, connection, interval)
+        sources.append(NativeSource(reader, interval, metrics))
     return sources
 
 
-def _reader(settings: ReaderConfig, connection: RedisConnectionConfig) -> Reader:
+def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
     if isinstance(settings, RqReaderConfig):
         return RqReader(settings, connection)
     if isinstance(settings, BullmqReaderConfig):
         return BullmqReader(settings, connection)
+    if isinstance(settings, CeleryReaderConfig):
+        return CeleryReader(settings, connection, interval)
     raise TypeError(f"no reader for {type(settings).__name__}")

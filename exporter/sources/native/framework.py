@@ -62,6 +62,10 @@ class ReaderConfig(BaseModel):
     def acl_read_keys(self) -> list[str]:
         return []
 
+    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
+        """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
+        return []
+
 
 @dataclass(slots=True)
 class Signals:
@@ -74,6 +78,14 @@ class Signals:
     def worker(self, system: str, queue: str, worker: str, active: int, capacity: int) -> None:
         """A worker seen alive in this read (busy when active > 0), serving `queue`."""
         self.tally.heartbeats.append(Heartbeat(system, queue, worker, active, capacity, self.now))
+
+
+class ReaderError(Exception):
+    """A read that cannot tell the truth; `reason` is the error counter's label (bounded)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Reader(Protocol):
@@ -116,6 +128,8 @@ class NativeSource:
         return signals.samples
 
     def error_reason(self, error: Exception) -> str:
+        if isinstance(error, ReaderError):
+            return error.reason
         return redis_error_reason(error)
 
     def interrupt(self) -> None:

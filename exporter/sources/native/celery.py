@@ -1,0 +1,333 @@
+"""Celery's event protocol as lifecycle signals, and the tasks its workers hold.
+
+Workers started with `-E` (or `worker_send_task_events = True`) publish task-received,
+-started, -succeeded, -failed, -retried, -rejected and worker heartbeats to the `celeryev`
+fanout exchange. On kombu's Redis transport that is a PUBLISH on `/<db>.celeryev/<routing
+key>` of a kombu message (a JSON envelope, the event JSON in its base64 body). The reader
+subscribes to that pattern: a read, where Celery's own EventReceiver would declare a queue and
+write its binding into the broker. Events published while it is not subscribed are not seen.
+Producers that set `task_send_sent_event` add task-sent, which carries the task's queue;
+without it a task's queue is `default_queue`.
+
+Running tasks are known only from events (with the default early ack a running task is in no
+Redis key): started and not yet ended, per queue, as `queue_depth{state="active"}`. Messages a
+worker prefetched but has not started are in kombu's `unacked` hash, one per delivery, with the
+routing key: they are counted as pending of their queue (a running task of a late-ack worker is
+in that hash too, and counts as active only).
+
+When no event arrives for `events_timeout` (workers heartbeat every 2 s) the read fails with
+reason `no_events`: the reader cannot say what runs, so its series are withdrawn and
+queue_exporter_source_up{source="native:celery"} says so.
+"""
+
+from __future__ import annotations
+
+import binascii
+import json
+import logging
+import time
+from base64 import b64decode
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+from pydantic import Field
+
+from exporter.catalog import BY_NAME
+from exporter.events.metrics import Tally, apply
+from exporter.events.wire import Event
+from exporter.logs import LogLimiter
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.key_groups import scan_glob
+from exporter.sources.native.framework import ReaderConfig, ReaderError, Signals
+
+log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
+
+DEPTH = BY_NAME["queue_depth"]
+# Tasks remembered between their events (queue, name, times) at most; the oldest go first.
+MAX_TASKS = 100_000
+# How long one read drains events at most, as a share of the interval.
+DRAIN_SHARE = 0.5
+WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
+
+
+class CeleryReaderConfig(ReaderConfig):
+    system: str = Field("celery", min_length=1, description="the system label")
+    default_queue: str = Field(
+        "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
+    )
+    events_timeout: float = Field(
+        30.0, gt=0, description="seconds without any event after which the reader reports none"
+    )
+    unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
+    events_channel: str | None = Field(
+        None,
+        description="Pub/Sub pattern Celery's events are published on "
+        "(default: kombu's /<db>.celeryev/*)",
+    )
+
+    ACL_COMMANDS = ("hvals", "psubscribe")
+
+    def acl_read_keys(self) -> list[str]:
+        return [scan_glob(self.unacked_key)]
+
+    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
+        return [self.channel_pattern(connection)]
+
+    def channel_pattern(self, connection: RedisConnectionConfig) -> str:
+        """kombu publishes a fanout exchange's messages on `/<db>.<exchange>/<routing key>`."""
+        if self.events_channel is not None:
+            return self.events_channel
+        database = urlsplit(connection.url.get_secret_value()).path.strip("/") or "0"
+        return f"/{database}.celeryev/*"
+
+
+@dataclass(slots=True)
+class _Task:
+    name: str = ""
+    queue: str = ""
+    enqueued_at: float | None = None
+    started_at: float | None = None
+    worker: str = ""
+
+
+class CeleryReader:
+    def __init__(
+        self, config: CeleryReaderConfig, connection: RedisConnectionConfig, interval: float
+    ) -> None:
+        self.name = "native:celery"
+        self.config = config
+        self.drain_budget = interval * DRAIN_SHARE
+        self.connection = connection
+        self._client: redis.Redis | None = None
+        self._subscription: redis.client.PubSub | None = None
+        self._received: list[dict[str, Any]] = []
+        self._unreadable = 0
+        self._tasks: OrderedDict[str, _Task] = OrderedDict()
+        self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
+        self._last_event = time.monotonic()
+
+    def read(self, signals: Signals) -> None:
+        try:
+            self._drain(self.drain_budget)
+            unacked = self._unacked()
+        except Exception:
+            self.close()
+            raise
+        events, self._received = self._received, []
+        for event in events:
+            self._apply(event, signals.tally)
+        signals.tally.consumed += len(events) + self._unreadable
+        for _ in range(self._unreadable):
+            signals.tally.refuse("bad_value")
+        self._unreadable = 0
+        idle = time.monotonic() - self._last_event
+        if idle > self.config.events_timeout:
+            raise ReaderError(
+                "no_events",
+                f"no Celery event for {idle:.0f} s: are workers started with -E "
+                "(worker_send_task_events)?",
+            )
+        self._report(signals, unacked)
+
+    def close(self) -> None:
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+            # Events published while unsubscribed are lost: what ran then is unknown.
+            for task in self._tasks.values():
+                task.started_at = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # -- reading --------------------------------------------------------------------------------
+
+    def _drain(self, budget: float) -> None:
+        subscription = self._subscribed()
+        deadline = time.monotonic() + budget
+        while time.monotonic() < deadline:
+            message = subscription.get_message(ignore_subscribe_messages=True, timeout=0.05)
+            if message is None:
+                return  # nothing more waiting
+            self._on_message(message["data"])
+
+    def _subscribed(self) -> redis.client.PubSub:
+        if self._subscription is None:
+            subscription = self._redis().pubsub()  # type: ignore[no-untyped-call]
+            subscription.psubscribe(self.config.channel_pattern(self.connection))
+            self._subscription = subscription
+            self._last_event = time.monotonic()
+        return self._subscription
+
+    def _on_message(self, raw: bytes) -> None:
+        """One kombu message: a JSON envelope whose body holds the event (or a batch of them)."""
+        try:
+            body = _kombu_body(raw)
+        except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
+            self._unreadable += 1
+            return
+        for event in body if isinstance(body, list) else [body]:
+            if isinstance(event, dict):
+                self._received.append(event)
+            else:
+                self._unreadable += 1
+        self._last_event = time.monotonic()
+
+    def _redis(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+        return self._client
+
+    def _unacked(self) -> Counter[tuple[str, str]]:
+        """(queue, task id) of each delivered, unacknowledged message."""
+        deliveries: Counter[tuple[str, str]] = Counter()
+        for raw in self._redis().hvals(self.config.unacked_key):
+            try:
+                message, _exchange, routing_key = json.loads(raw)
+                task_id = str(message.get("headers", {}).get("id", ""))
+                deliveries[(str(routing_key), task_id)] += 1
+            except (ValueError, TypeError, AttributeError):
+                _limited.log(logging.WARNING, "unacked", "celery: an unacked entry is not kombu's")
+        return deliveries
+
+    # -- events -> metrics --------------------------------------------------------------------
+
+    def _apply(self, event: dict[str, Any], tally: Tally) -> None:
+        kind = event.get("type")
+        ts = event.get("timestamp")
+        if not isinstance(kind, str) or not isinstance(ts, int | float):
+            tally.refuse("missing_field")
+            return
+        if kind.startswith("worker-"):
+            self._worker_event(kind, event, float(ts))
+            return
+        task_id = event.get("uuid")
+        if not isinstance(task_id, str):
+            tally.refuse("missing_field")
+            return
+        try:
+            self._task_event(kind, task_id, event, float(ts), tally)
+        except Exception:  # one odd event costs itself only
+            log.exception("celery: unexpected error applying %s", kind)
+            tally.refuse("unprocessable")
+
+    def _worker_event(self, kind: str, event: dict[str, Any], ts: float) -> None:
+        hostname = str(event.get("hostname", ""))
+        if kind == "worker-offline":
+            self._workers.pop(hostname, None)
+            self._forget_running(hostname)
+            return
+        active = event.get("active")
+        self._workers[hostname] = (active if isinstance(active, int) else 0, ts)
+
+    def _task_event(
+        self, kind: str, task_id: str, event: dict[str, Any], ts: float, tally: Tally
+    ) -> None:
+        task = self._task(task_id)
+        if isinstance(event.get("name"), str):
+            task.name = event["name"]
+        system = self.config.system
+
+        def emit(name: str, **fields: Any) -> None:
+            labels = {"system": system, "queue": task.queue or self.config.default_queue}
+            apply(tally, Event.of(name, ts, job_type=task.name, **labels, **fields), system)
+
+        if kind == "task-sent":
+            task.queue = str(event.get("queue") or event.get("routing_key") or "")
+            task.enqueued_at = ts
+            emit("enqueued")
+        elif kind == "task-received":
+            if task.enqueued_at is None or event.get("retries"):  # a retry is enqueued anew
+                task.enqueued_at = ts
+            emit("dequeued")
+        elif kind == "task-started":
+            task.started_at, task.worker = ts, str(event.get("hostname", ""))
+            emit("started", enqueued_at=task.enqueued_at)
+        elif kind == "task-succeeded":
+            runtime = event.get("runtime")
+            duration = float(runtime) if isinstance(runtime, int | float) else self._ran(task, ts)
+            emit("completed", duration=duration, enqueued_at=task.enqueued_at)
+            self._tasks.pop(task_id, None)
+        elif kind == "task-failed":
+            error_type = _error_type(str(event.get("exception", "")))
+            emit("failed", error_type=error_type, duration=self._ran(task, ts))
+            if error_type == "timeout":
+                emit("timed_out")
+            self._tasks.pop(task_id, None)
+        elif kind == "task-retried":
+            emit("failed", error_type="retryable", duration=self._ran(task, ts))
+            emit("retried")
+            task.started_at = None
+        elif kind == "task-rejected":
+            if event.get("requeue"):
+                emit("requeued", reason="rejected")
+            else:
+                emit("failed", error_type="other")
+            self._tasks.pop(task_id, None)
+        elif kind in ("task-revoked", "task-cancelled"):
+            self._tasks.pop(task_id, None)
+
+    def _task(self, task_id: str) -> _Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            task = self._tasks[task_id] = _Task()
+            if len(self._tasks) > MAX_TASKS:
+                self._tasks.popitem(last=False)
+        return task
+
+    @staticmethod
+    def _ran(task: _Task, ended: float) -> float | None:
+        if task.started_at is None or task.started_at > ended:
+            return None
+        return ended - task.started_at
+
+    def _forget_running(self, hostname: str) -> None:
+        for task in self._tasks.values():
+            if task.worker == hostname:
+                task.started_at = None
+
+    # -- what is held now -----------------------------------------------------------------------
+
+    def _report(self, signals: Signals, unacked: Counter[tuple[str, str]]) -> None:
+        system = self.config.system
+        horizon = signals.now - self.config.events_timeout
+        for hostname, (active, beat) in list(self._workers.items()):
+            if beat < horizon:  # gone without a worker-offline (killed)
+                del self._workers[hostname]
+                self._forget_running(hostname)
+            else:
+                signals.worker(system, WORKER_QUEUE, hostname, active, max(active, 1))
+        running: Counter[str] = Counter()
+        running_ids = set()
+        for task_id, task in self._tasks.items():
+            if task.started_at is not None:
+                running[task.queue or self.config.default_queue] += 1
+                running_ids.add(task_id)
+        for queue, count in running.items():
+            signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
+        for (queue, task_id), count in unacked.items():
+            if task_id not in running_ids:
+                signals.samples.add_labelled(DEPTH, (system, queue, "", "pending"), count)
+
+
+def _kombu_body(raw: bytes) -> Any:
+    envelope = json.loads(raw)
+    body = envelope["body"]
+    if envelope.get("properties", {}).get("body_encoding") == "base64":
+        body = b64decode(body)
+    return json.loads(body)
+
+
+def _error_type(exception: str) -> str:
+    name = exception.split("(", 1)[0].rsplit(".", 1)[-1]
+    if name in ("TimeLimitExceeded", "SoftTimeLimitExceeded"):
+        return "timeout"
+    if name == "NotRegistered":
+        return "handler_not_found"
+    if name == "WorkerLostError":
+        return "other"
+    return "non_retryable"  # task-failed is final: a retried attempt sends task-retried

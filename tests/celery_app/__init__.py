@@ -1,0 +1,45 @@
+"""A Celery application for the tests: real tasks on kombu's Redis transport.
+
+The broker comes from QE_CELERY_BROKER; QE_CELERY_SEP and QE_CELERY_STEPS (comma-separated),
+when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options.
+Workers are started with `celery -A tests.celery_app worker`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from celery import Celery
+
+app = Celery("qe_tests", broker=os.environ.get("QE_CELERY_BROKER", "redis://127.0.0.1:6379/0"))
+transport_options: dict[str, object] = {}
+if os.environ.get("QE_CELERY_STEPS"):
+    transport_options["priority_steps"] = [int(s) for s in os.environ["QE_CELERY_STEPS"].split(",")]
+if os.environ.get("QE_CELERY_SEP"):
+    transport_options["sep"] = os.environ["QE_CELERY_SEP"]
+app.conf.update(
+    broker_transport_options=transport_options,
+    broker_connection_retry_on_startup=True,
+    task_default_priority=0,
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+)
+
+
+@app.task(name="tests.sleep_for")
+def sleep_for(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@app.task(name="tests.fail_after")
+def fail_after(seconds: float) -> None:
+    time.sleep(seconds)
+    raise RuntimeError("failing on purpose")
+
+
+@app.task(name="tests.retry_once", bind=True, max_retries=1, default_retry_delay=0)
+def retry_once(self, seconds: float) -> None:  # type: ignore[no-untyped-def]
+    time.sleep(seconds)
+    raise self.retry(exc=RuntimeError("retrying on purpose"))

@@ -1,0 +1,71 @@
+"""Publish Celery tasks and read Celery's own counts (QE_CELERY_BROKER, QE_CELERY_SEP).
+
+    python -m tests.celery_app.driver publish PLAN_JSON
+    python -m tests.celery_app.driver truth QUEUE...
+
+A plan is a list of {"task": "sleep_for"|"fail_after"|"retry_once", "seconds", optional
+"queue", "priority", "soft_time_limit", "countdown"}. `truth` prints, per queue, the message
+count kombu reports (`queue_declare(passive=True)`, all priority lists), and the tasks the
+workers say they run and hold prefetched (`inspect().active()`, `.reserved()`), by queue.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+
+from amqp.exceptions import ChannelError
+
+from tests.celery_app import app
+
+
+def publish(plan: list[dict]) -> list[str]:
+    app.conf.task_send_sent_event = True  # the task's queue, for the exporter's labels
+    ids = []
+    for step in plan:
+        task = app.tasks[f"tests.{step['task']}"]
+        options = {
+            k: step[k] for k in ("queue", "priority", "soft_time_limit", "countdown") if k in step
+        }
+        ids.append(task.apply_async((step["seconds"],), **options).id)
+    return ids
+
+
+def truth(queues: list[str]) -> dict:
+    waiting = {}
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        for queue in queues:
+            try:
+                waiting[queue] = channel.queue_declare(queue=queue, passive=True).message_count
+            except ChannelError:  # no worker nor producer declared it yet: nothing in it
+                waiting[queue] = 0
+    inspect = app.control.inspect(timeout=2.0)
+
+    def by_queue(reply: dict | None) -> dict:
+        counts: Counter[str] = Counter()
+        for tasks in (reply or {}).values():
+            for task in tasks:
+                counts[task["delivery_info"]["routing_key"]] += 1
+        return dict(counts)
+
+    return {
+        "waiting": waiting,
+        "active": by_queue(inspect.active()),
+        "reserved": by_queue(inspect.reserved()),
+    }
+
+
+def main() -> None:
+    command, *args = sys.argv[1:]
+    if command == "publish":
+        print(json.dumps(publish(json.loads(args[0]))))
+    elif command == "truth":
+        print(json.dumps(truth(args)))
+    else:
+        raise SystemExit(f"unknown command {command}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""The celery preset against real Celery: tasks published by Celery on kombu's Redis transport,
+run by real `celery worker -E` processes; the truth is kombu's own message counts and what the
+workers say they run and hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Series, scrape_series, value, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+CELERY = ROOT / ".venv/bin/celery"
+SLEEP = 0.3  # seconds each completing task sleeps: lands in the 0.5 bucket, not the 0.25 one
+
+
+def _env(redis_url: str, sep: str | None, steps: list[int] | None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url}
+    if sep is not None:
+        env["QE_CELERY_SEP"] = sep
+    if steps is not None:
+        env["QE_CELERY_STEPS"] = ",".join(map(str, steps))
+    return env
+
+
+def _driver(env: dict[str, str], *args: str) -> object:
+    done = subprocess.run(
+        [str(ROOT / ".venv/bin/python"), "-m", "tests.celery_app.driver", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def _worker(env: dict[str, str], queues: str, concurrency: int) -> subprocess.Popen[bytes]:
+    args = [CELERY, "-A", "tests.celery_app", "worker", "-E", "-Q", queues]
+    args += ["-c", str(concurrency), "--loglevel=warning", "-n", f"{queues}@%h"]
+    return subprocess.Popen(
+        args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+
+
+def _stop(worker: subprocess.Popen[bytes]) -> None:
+    if worker.poll() is None:
+        worker.send_signal(signal.SIGQUIT)  # a worker ignores SIGTERM while a task runs
+        try:
+            worker.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()
+
+
+def _sum(series: Series, name: str, **labels: str) -> float:
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
+
+
+PLAN = [
+    *({"task": "sleep_for", "seconds": SLEEP} for _ in range(4)),
+    *({"task": "fail_after", "seconds": 0} for _ in range(2)),
+    {"task": "retry_once", "seconds": 0.1},  # one retryable attempt, then a final failure
+    {"task": "sleep_for", "seconds": 5, "soft_time_limit": 1},  # a timeout
+]
+
+
+@pytest.mark.parametrize(
+    ("sep", "steps"),
+    [(None, None), (":", list(range(10)))],
+    ids=["default-sep-and-steps", "colon-sep-ten-steps"],
+)
+def test_celery_with_real_workers(sep, steps, redis_url, run_exporter):
+    if not CELERY.exists():
+        pytest.fail("celery is in the dev extra: scripts/setup.sh installs it")
+    env = _env(redis_url, sep, steps)
+    params: dict[str, object] = {"queues": ["celery", "emails", "slow"]}
+    if sep is not None:
+        params["sep"] = sep
+    if steps is not None:
+        params["priority_steps"] = [str(step) for step in steps if step]
+    app = run_exporter({"presets": [{"name": "celery", "params": params}]}, redis_url=redis_url)
+    # subscribed to the events before any worker or task exists
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
+
+    # a queue nobody serves: every priority list counts, with either separator
+    _driver(
+        env,
+        "publish",
+        json.dumps(
+            [
+                {"task": "sleep_for", "seconds": 0, "queue": "emails", "priority": priority}
+                for priority in range(10)
+            ]
+        ),
+    )
+    worker = _worker(env, "celery", 2)
+    slow = None
+    try:
+        _driver(env, "publish", json.dumps(PLAN))
+
+        def finished() -> Series | None:
+            series = scrape_series(app)
+            done = _sum(series, "queue_jobs_completed_total", system="celery", queue="celery")
+            failed = _sum(series, "queue_jobs_failed_total", system="celery", queue="celery")
+            return series if done == 4 and failed == 5 else None
+
+        series = wait_for(finished, timeout=60)
+
+        def failed(error_type: str) -> float:
+            return _sum(series, "queue_jobs_failed_total", queue="celery", error_type=error_type)
+
+        assert failed("non_retryable") == 3
+        assert failed("retryable") == 1
+        assert failed("timeout") == 1
+        assert _sum(series, "queue_jobs_retried_total", queue="celery") == 1
+        assert _sum(series, "queue_jobs_started_total", queue="celery") == 9  # 8 tasks, 1 retry
+        bucket = {"queue": "celery", "job_type": "tests.sleep_for"}
+        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
+        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
+        assert _sum(series, "queue_job_wait_seconds_count", **bucket) == 5
+        assert _sum(series, "queue_workers", system="celery") == 1  # busy or idle by now
+
+        # running and prefetched: one worker slot, three long tasks on their own queue
+        slow = _worker(env, "slow", 1)
+        _driver(
+            env,
+            "publish",
+            # long enough that what the workers hold stays put while both sides are read
+            json.dumps([{"task": "sleep_for", "seconds": 30, "queue": "slow"} for _ in range(3)]),
+        )
+
+        def held() -> tuple[dict, Series] | None:
+            truth = _driver(env, "truth", "celery", "emails", "slow")
+            assert isinstance(truth, dict)
+            # one running and one prefetched (kombu's unacked hash), the third waiting
+            if truth["active"].get("slow") != 1 or truth["reserved"].get("slow") != 1:
+                return None
+            series = scrape_series(app)
+            expected = {
+                (queue, "pending"): waiting + truth["reserved"].get(queue, 0)
+                for queue, waiting in truth["waiting"].items()
+            }
+            expected[("slow", "active")] = truth["active"]["slow"]
+            depths = {
+                key: _sum(series, "queue_depth", system="celery", queue=key[0], state=key[1])
+                for key in expected
+            }
+            busy = value(series, "queue_workers", system="celery", state="busy")
+            return (truth, series) if depths == expected and busy == 1 else None
+
+        truth, series = wait_for(held, timeout=30)
+        assert truth["waiting"]["emails"] == 10
+        assert value(series, "queue_workers", system="celery", state="idle") == 1
+    finally:
+        _stop(worker)
+        if slow is not None:
+            _stop(slow)
+
+
+def test_no_events_is_reported(redis_url, run_exporter):
+    app = run_exporter(
+        {"presets": ["celery"], "sources": {"native": {"celery": {"events_timeout": 1}}}},
+        redis_url=redis_url,
+    )
+    series = wait_for(
+        lambda: (
+            s
+            if value(
+                s := scrape_series(app),
+                "queue_exporter_source_errors_total",
+                source="native:celery",
+                reason="no_events",
+            )
+            else None
+        )
+    )
+    assert value(series, "queue_exporter_source_up", source="native:celery") == 0
