@@ -1,6 +1,7 @@
 """Each preset against its system's real layout, written with the commands that system issues.
 
-RQ, Celery, BullMQ and Sidekiq are tested with the real libraries and workers (test_native_*.py).
+RQ, Celery, BullMQ and Sidekiq are tested with the real libraries and workers: test_native_rq.py,
+test_native_celery.py, test_preset_bullmq.py, test_preset_sidekiq.py.
 """
 
 from __future__ import annotations

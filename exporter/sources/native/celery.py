@@ -39,7 +39,7 @@ from exporter.catalog import BY_NAME
 from exporter.events.metrics import Tally, apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.key_groups import scan_glob
 from exporter.sources.native.framework import ReaderConfig, ReaderError, Signals
 
@@ -132,6 +132,9 @@ class CeleryReader:
                 "(worker_send_task_events)?",
             )
         self._report(signals, unacked)
+
+    def interrupt(self) -> None:
+        sever(self._client)  # the subscription's connection is one of the pool's
 
     def close(self) -> None:
         if self._subscription is not None:
