@@ -115,7 +115,7 @@ def serve_and_collect(
         wait_for(lambda: _reachable(port), timeout=30)
         good = _auth(BASIC_AUTH_SECRET)
         wait_for(lambda: until(parse_exposition(_get(port, "/metrics", good)[1])), timeout=30)
-        for path in ("/metrics", "/readyz", "/"):
+        for path in ("/metrics", "/readyz", "/", "/status.json"):
             for headers in (good, _auth(WRONG_BASIC_AUTH), None):
                 status, body = _get(port, path, headers)
                 outputs.append((f"{path} ({status})", body))
