@@ -16,6 +16,7 @@ from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
 from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
 from exporter.sources.native.framework import NativeSource, Reader, ReaderConfig
 from exporter.sources.native.rq import RqReader, RqReaderConfig
+from exporter.sources.native.sidekiq import SidekiqReader, SidekiqReaderConfig
 
 
 class NativeConfig(BaseModel):
@@ -24,6 +25,7 @@ class NativeConfig(BaseModel):
     rq: RqReaderConfig | None = None
     bullmq: BullmqReaderConfig | None = None
     celery: CeleryReaderConfig | None = None
+    sidekiq: SidekiqReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())
@@ -62,4 +64,6 @@ def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval:
         return BullmqReader(settings, connection)
     if isinstance(settings, CeleryReaderConfig):
         return CeleryReader(settings, connection, interval)
+    if isinstance(settings, SidekiqReaderConfig):
+        return SidekiqReader(settings, connection)
     raise TypeError(f"no reader for {type(settings).__name__}")

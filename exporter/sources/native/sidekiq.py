@@ -1,0 +1,122 @@
+"""Sidekiq's own counters and process records as lifecycle signals.
+
+Sidekiq keeps, in Redis, what its Web UI shows: `stat:processed` and `stat:failed` (every
+job a process ran, and those that raised, flushed by each process's heartbeat every 5 s), and
+the `processes` set of live process identities, each a hash with `busy` (threads working),
+`beat` and `info` (JSON: `concurrency`, `queues`), expiring 60 s after the process stops
+beating. The reader turns the two counters into increments (the first read is the baseline,
+a counter that went down after `Sidekiq::Stats#reset` counts from zero) and each live process
+into a worker of every queue it serves. Per-queue latency is the preset's key group
+(`queue_oldest_age_seconds`), and jobs being worked on its work-hash group.
+
+Sidekiq 6 records no runtime per job in Redis (7.1's metrics do), so this reader feeds no
+execution-time histogram; the counters carry no queue, so they are served under `queue="all"`
+and a failure's class is unknown (`error_type="other"`: retried or dead alike).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import redis
+from pydantic import Field
+
+from exporter.events.wire import ERROR_TYPES
+from exporter.logs import LogLimiter
+from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.sources.key_groups import scan_glob
+from exporter.sources.native.framework import CounterDeltas, ReaderConfig, Signals
+
+log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
+
+ALL_QUEUES = "all"
+FAILURE_CLASS = "other"
+assert FAILURE_CLASS in ERROR_TYPES
+
+
+class SidekiqReaderConfig(ReaderConfig):
+    system: str = Field("sidekiq", min_length=1, description="the system label")
+    namespace: str = Field("", description="key prefix (redis-namespace), as the preset's")
+
+    ACL_COMMANDS = ("mget", "smembers", "hmget")
+
+    def acl_read_keys(self) -> list[str]:
+        # process hashes are named by identity (hostname:pid:nonce): any key of the namespace
+        return [scan_glob(self.namespace) + "*"]
+
+
+class SidekiqReader:
+    def __init__(self, config: SidekiqReaderConfig, connection: RedisConnectionConfig) -> None:
+        self.name = "native:sidekiq"
+        self.config = config
+        self.connection = connection
+        self._client: redis.Redis | None = None
+        self._totals = CounterDeltas()
+
+    def read(self, signals: Signals) -> None:
+        client = self._connect()
+        try:
+            self._counters(client, signals)
+            self._processes(client, signals)
+        except (redis.ConnectionError, redis.TimeoutError):
+            self.close()
+            raise
+
+    def interrupt(self) -> None:
+        sever(self._client)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+        return self._client
+
+    def _counters(self, client: redis.Redis, signals: Signals) -> None:
+        namespace = self.config.namespace
+        raw = client.mget(f"{namespace}stat:processed", f"{namespace}stat:failed")
+        try:
+            processed, failed = (float(value) if value else 0.0 for value in raw)
+        except ValueError:  # counted and named; the next good read counts what this one missed
+            signals.tally.refuse("bad_number")
+            _limited.warning("stat", "sidekiq: stat:processed / stat:failed is not a number")
+            return
+        deltas = self._totals.update({"processed": processed, "failed": failed})
+        new_failed = deltas.get("failed", 0.0)
+        # processed counts every job run, failed or not
+        new_completed = max(deltas.get("processed", 0.0) - new_failed, 0.0)
+        queue = (self.config.system, ALL_QUEUES, "", "")
+        if new_completed:
+            signals.tally.count("queue_jobs_completed_total", queue, new_completed)
+        if new_failed:
+            signals.tally.count("queue_jobs_failed_total", (*queue, FAILURE_CLASS), new_failed)
+        signals.tally.consumed += int(new_completed + new_failed)
+
+    def _processes(self, client: redis.Redis, signals: Signals) -> None:
+        namespace = self.config.namespace
+        members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
+        identities = sorted(members)
+        pipe = client.pipeline(transaction=False)
+        for identity in identities:
+            pipe.hmget(namespace.encode() + identity, ("info", "busy"))
+        for identity, reply in zip(identities, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, Exception) or reply[0] is None:
+                continue  # stopped beating (the hash expired) or not a hash
+            name = identity.decode("utf-8", "replace")
+            try:
+                info = json.loads(reply[0])
+                busy, concurrency = int(reply[1] or 0), int(info["concurrency"])
+                queues = [str(queue) for queue in info["queues"]]
+            except (ValueError, KeyError, TypeError) as error:  # one bad process costs itself
+                signals.tally.refuse("bad_value")
+                _limited.warning(
+                    ("process", name), "sidekiq: process %s unreadable: %r", name, error
+                )
+                continue
+            for queue in queues:
+                signals.worker(self.config.system, queue, name, busy, concurrency)
