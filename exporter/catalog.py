@@ -17,7 +17,6 @@ SYSTEM_QUEUE = ("system", "queue")
 JOB_LABELS = ("system", "queue", "job_type", "priority")
 
 STATES = ("pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed")
-ERROR_TYPES = ("retryable", "non_retryable", "timeout", "handler_not_found", "other")
 
 
 @dataclass(frozen=True)
