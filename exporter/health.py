@@ -70,6 +70,7 @@ class HealthBoard:
             status.up = status.standby = False
             status.last_duration = duration
             status.last_error = error
+            self._key_groups.pop(source, None)  # withdrawn like its series, never stale
 
     def standby(self, source: str) -> None:
         """Another replica samples this source: ready, and no last error of ours to show."""
@@ -77,6 +78,7 @@ class HealthBoard:
             status = self._sources.setdefault(source, SourceStatus())
             status.up = status.standby = True
             status.last_error = None
+            self._key_groups.pop(source, None)  # the leader reports them
 
     def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
         """Replace what `source` reported about its key groups with its latest cycle's."""

@@ -6,7 +6,8 @@ import logging
 
 import pytest
 
-from tests.conftest import scrape_when, value, wait_for
+from tests.conftest import scrape_series, scrape_when, value, wait_for
+from tests.private_redis import PrivateRedis
 
 TYPO = "job:{queue}:p{priority}"  # the keys are jobs:..., one letter short
 RIGHT = "jobs:{queue}:p{priority}"
@@ -128,3 +129,25 @@ def test_a_stream_that_does_not_exist_is_named(redis_client, redis_url, run_expo
     assert report.errors == {"stream_missing": 1}
     assert (report.keys_matched, report.queues) == (2, 1)
     assert any("'events:absent'" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_source_withdraws_its_key_group_facts(tmp_path, run_exporter):
+    server = PrivateRedis(tmp_path).start()
+    try:
+        server.client().rpush("jobs:email:p1", "a")
+        groups = [_group(RIGHT)]
+        app = run_exporter({"sources": {"redis": {"url": server.url, "key_groups": groups}}})
+        scrape_when(app, "queue_exporter_keys_matched", pattern=RIGHT)
+        server.stop()
+
+        def down():
+            series = scrape_series(app)
+            return (
+                series if value(series, "queue_exporter_source_up", source="redis") == 0 else None
+            )
+
+        series = wait_for(down)
+        assert value(series, "queue_exporter_keys_matched", pattern=RIGHT) is None  # not stale
+        assert app.health.key_groups() == []
+    finally:
+        server.stop()
