@@ -21,9 +21,11 @@ from exporter.sources.native.framework import ReaderConfig
 # sends on connect and whose refusal it ignores (docs/security.md).
 CONNECTION_COMMANDS = ("ping", "select")
 # The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py);
-# LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items.
+# LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
+# reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads).
 SAMPLER_COMMANDS = (
     "scan",
+    "eval_ro",
     "smembers",
     "llen",
     "lindex",

@@ -6,12 +6,16 @@ the round trips. Here commands are packed by hiredis into one buffer, sent on a 
 connection, and the replies are parsed by a hiredis Reader of our own straight from the socket.
 Replies come as the server sends them (RESP2 or RESP3 shapes differ; callers accept both), and
 an error reply becomes a ResponseError in its place, not an exception.
+
+Reads whose replies may be arbitrarily large (queue items) can travel as one `bounded_reads`
+command: Redis runs them and sends back only the replies under a size limit.
 """
 
 from __future__ import annotations
 
+import itertools
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import hiredis
@@ -19,6 +23,31 @@ import redis
 
 Args = tuple[Any, ...]
 _READ_SIZE = 65536
+
+# KEYS[i] is read i's key; ARGV[1] the limit in bytes, then per read its command, the number
+# of its other arguments and those arguments. A reply whose strings add up to more than the
+# limit comes back as that size, an integer. Declared no-writes: Redis refuses any write in it,
+# and runs it on read-only replicas and while out of memory.
+_BOUNDED_READS = """#!lua flags=no-writes
+local limit = tonumber(ARGV[1])
+local function size(reply)
+  if type(reply) == 'string' then return #reply end
+  if type(reply) ~= 'table' or reply.err then return 0 end
+  local total = 0
+  for _, part in ipairs(reply) do total = total + size(part) end
+  return total
+end
+local replies, at = {}, 2
+for i, key in ipairs(KEYS) do
+  local count = tonumber(ARGV[at + 1])
+  local reply = redis.pcall(ARGV[at], key, unpack(ARGV, at + 2, at + 1 + count))
+  local bytes = size(reply)
+  if bytes > limit then reply = bytes end
+  replies[i] = reply
+  at = at + 2 + count
+end
+return replies
+"""
 
 
 def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
@@ -57,3 +86,23 @@ def _read_replies(sock: socket.socket, count: int) -> list[Any]:
             raise redis.ConnectionError("connection closed while reading pipelined replies")
         reader.feed(data)
     return replies
+
+
+def script_read(command: str, *arguments: Any) -> Args:
+    """A read in the form bounded_reads takes, its key apart: the command, the number of
+    arguments that follow the key, and those arguments."""
+    return (command, len(arguments), *arguments)
+
+
+def bounded_reads(keys: Sequence[Any], reads: Iterable[Args], limit: int) -> Args:
+    """One command that runs each read (from script_read) on its key inside Redis. Its reply is
+    theirs in order, with the size (an integer) in place of any reply over `limit` bytes: a
+    huge item is measured where it lies and never sent, nor held in this process.
+
+    One script per round keeps one round trip per round: a script per read cost twice the
+    reads' own time (bench/key_sampling.py). EVAL rather than EVALSHA: its text is small next
+    to a round's commands, and there is no script cache to reload after a restart. EVAL_RO
+    (Redis 7) declares the keys read-only, as the sampler's ACL grants them.
+    """
+    reads_flat = itertools.chain.from_iterable(reads)
+    return ("EVAL_RO", _BOUNDED_READS, len(keys), *keys, limit, *reads_flat)

@@ -29,7 +29,7 @@ from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
-from exporter.redis_pipeline import round_trip
+from exporter.redis_pipeline import bounded_reads, round_trip, script_read
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import (
@@ -64,6 +64,7 @@ REASON_WORDS = {
     "item_not_utf8": "the head item names a hash but is not UTF-8",
     "item_too_deep": "the head item is nested too deep to read",
     "item_unreadable": "reading the head item failed",
+    "item_too_large": "the head item is larger than max_item_bytes, its time is not read",
     "stream_missing": "the stream does not exist",
     "stream_group_missing": "the stream has no such consumer group",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
@@ -77,6 +78,13 @@ class RedisSourceConfig(RedisConnectionConfig):
     )
     scan_count: int = Field(1000, ge=10, description="SCAN COUNT hint")
     pipeline_size: int = Field(1000, ge=1, description="commands per pipelined round trip")
+    max_item_bytes: int = Field(
+        256 * 1024,
+        ge=64,
+        description="largest head item (or hash field, stream entry) read for its time; a "
+        "larger one never leaves Redis: its queue keeps the depth, skips the age and counts "
+        "reason item_too_large",
+    )
     cycle_timeout: float | None = Field(
         None,
         gt=0,
@@ -153,6 +161,12 @@ class GroupTally:
             example_keys=tuple(_text(key) for key in self.example_keys),
             example_series=tuple(itertools.islice(self.series, EXAMPLES)),
         )
+
+
+# Marks a read whose reply is one queue item (a head item, the hash field it names, a stream
+# entry): its arguments are (ITEM_READ, key, script_read(...)). Item reads travel in one
+# bounded_reads per round, so an item over max_item_bytes stays in Redis.
+ITEM_READ = object()
 
 
 OnReply = Callable[[Any], "Command | None"]
@@ -317,8 +331,23 @@ class RedisKeySampler:
         or key is counted and named, and the rest of the cycle goes on. Only the round trip
         itself (the backend) can fail the cycle.
         """
-        replies = round_trip(client, [args for args, _, _ in commands])
-        for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
+        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
+        if reads:
+            keys = [key for _, key, _ in reads]
+            read_args = [read for _, _, read in reads]
+            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
+        replies = round_trip(client, direct)
+        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
+        direct_replies = iter(replies)
+        for args, on_reply, tally in commands:
+            if args[0] is not ITEM_READ:
+                reply = next(direct_replies)
+            else:
+                reply = next(read_replies)
+                if type(reply) is int:  # its size: over the limit, left in Redis
+                    tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
+                    continue
             if isinstance(reply, redis.ResponseError):
                 tally.failed(_key_of(args), _response_reason(reply))
                 continue
@@ -392,11 +421,11 @@ class _Cycle:
             if group.oldest is not None and group.type in ("list", "zset"):
                 index = 0 if group.oldest.end == "head" else -1
                 read = (
-                    ("LINDEX", key, index)
+                    script_read("LINDEX", index)
                     if group.type == "list"
-                    else ("ZRANGE", key, index, index, "WITHSCORES")
+                    else script_read("ZRANGE", index, index, "WITHSCORES")
                 )
-                yield read, self._head_time(tally, labels, captured), tally
+                yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
             limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
             count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
@@ -415,12 +444,13 @@ class _Cycle:
             yield ("ZCOUNT", key, low, high), self._depth(tally, band_labels), tally
             if group.oldest is None:
                 continue
-            if group.oldest.end == "tail":
-                read: tuple[Any, ...] = ("ZREVRANGEBYSCORE", key, high, low)
-            else:
-                read = ("ZRANGEBYSCORE", key, low, high)
+            command, start, end = (
+                ("ZREVRANGEBYSCORE", high, low)
+                if group.oldest.end == "tail"
+                else ("ZRANGEBYSCORE", low, high)
+            )
             yield (
-                (*read, "LIMIT", 0, 1, "WITHSCORES"),
+                (ITEM_READ, key, script_read(command, start, end, "LIMIT", 0, 1, "WITHSCORES")),
                 self._head_time(tally, band_labels, captured),
                 tally,
             )
@@ -510,11 +540,11 @@ class _Cycle:
         yield ("XLEN", key), self._depth(tally, labels), tally
         if group.oldest is not None:
             first = (
-                ("XRANGE", key, "-", "+")
+                script_read("XRANGE", "-", "+", "COUNT", 1)
                 if group.oldest.end == "head"
-                else ("XREVRANGE", key, "+", "-")
+                else script_read("XREVRANGE", "+", "-", "COUNT", 1)
             )
-            yield (*first, "COUNT", 1), self._stream_head(labels), tally
+            yield (ITEM_READ, key, first), self._stream_head(labels), tally
 
     # -- reply handlers --------------------------------------------------------------------
 
@@ -550,7 +580,8 @@ class _Cycle:
             item, score = head
             if oldest.time_in == "hash":
                 hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                return ("HGET", hash_key, oldest.field), self._hash_time(oldest, labels), tally
+                read = (ITEM_READ, hash_key, script_read("HGET", oldest.field))
+                return read, self._hash_time(oldest, labels), tally
             self._age(labels, _item_time(oldest, item, score))
             return None
 
@@ -589,7 +620,8 @@ class _Cycle:
                 return None
             # The oldest undelivered entry is the first after the group's last delivered id.
             after = b"(" + info.get(b"last-delivered-id", b"0-0")
-            return ("XRANGE", key, after, "+", "COUNT", 1), self._stream_head(labels), tally
+            read = (ITEM_READ, key, script_read("XRANGE", after, "+", "COUNT", 1))
+            return read, self._stream_head(labels), tally
 
         return on_groups
 
@@ -623,6 +655,11 @@ def _json_field(item: bytes, field: str) -> str | None:
         return None
     value = document.get(field) if isinstance(document, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _each(reply: Any, count: int) -> Iterator[Any]:
+    """The replies of a bounded_reads; if the whole command failed, its error for each read."""
+    return iter(reply) if isinstance(reply, list) else itertools.repeat(reply, count)
 
 
 def _as_map(reply: Any) -> dict[bytes, Any]:

@@ -1,0 +1,163 @@
+"""A head item over max_item_bytes keeps its queue's depth, skips its age, and never leaves Redis.
+
+Found on main before the limit: a 64 MB item at the head of one queue was read whole every
+cycle (64 MB over the network each time, and held in the sidecar while it was parsed).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from exporter.health import HealthBoard
+from exporter.sources.redis_keys import RedisKeySampler, RedisSourceConfig
+from exporter.telemetry import Telemetry
+from tests.conftest import scrape, value
+from tests.layouts import iso
+from tests.private_redis import PrivateRedis
+
+LIMIT = 4096
+MIB = 1024 * 1024
+
+
+def _item(seconds_ago: float, size: int, field: str = "t") -> bytes:
+    """A JSON item with its time in `field`, padded to `size` bytes."""
+    head = json.dumps({field: iso(time.time() - seconds_ago), "pad": ""}).encode()
+    return head[:-2] + b"x" * (size - len(head)) + b'"}'
+
+
+def _write_list(client: redis.Redis, key: str, item: bytes) -> None:
+    client.rpush(key, item, b"{}")
+
+
+def _write_zset(client: redis.Redis, key: str, item: bytes) -> None:
+    client.zadd(key, {item: 1, b"{}": 2})
+
+
+def _write_hash(client: redis.Redis, key: str, item: bytes) -> None:
+    """The hash field the item names is what is large: epoch seconds padded with zeros."""
+    job = key.rsplit(":", 1)[1]
+    client.rpush(key, job, "later")
+    client.hset(f"job:{job}", "t", f"{time.time() - 60:.3f}".zfill(len(item)))
+
+
+def _write_stream(client: redis.Redis, key: str, item: bytes) -> None:
+    client.xadd(key, {"body": item}, id=f"{int((time.time() - 60) * 1000)}-0")
+    client.xadd(key, {"body": "{}"})
+
+
+FORMS: dict[str, tuple[dict[str, Any], Any]] = {
+    "list head json": (
+        {"type": "list", "oldest": {"time_in": "json", "field": "t"}},
+        _write_list,
+    ),
+    "zset head member json": (
+        {"type": "zset", "oldest": {"time_in": "json", "field": "t"}},
+        _write_zset,
+    ),
+    "zset priority band": (
+        {
+            "type": "zset",
+            "oldest": {"time_in": "json", "field": "t"},
+            "priority_bands": {"width": 10, "names": {0: "normal"}},
+        },
+        _write_zset,
+    ),
+    "hash field the item names": (
+        {"type": "list", "oldest": {"time_in": "hash", "hash_key": "job:{item}", "field": "t"}},
+        _write_hash,
+    ),
+    "stream head entry": (
+        {"type": "stream", "oldest": {"time_in": "stream_id"}},
+        _write_stream,
+    ),
+}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
+def test_an_item_over_the_limit_skips_only_its_age(redis_client, redis_url, form):
+    group, write = FORMS[form]
+    write(redis_client, "q:big", _item(60, 2 * LIMIT))
+    write(redis_client, "q:small", _item(60, LIMIT // 2))
+    key_group = {"system": "app", "pattern": "q:{queue}", "state": "pending", **group}
+    config = RedisSourceConfig(url=redis_url, max_item_bytes=LIMIT, key_groups=[key_group])
+    telemetry = Telemetry(HealthBoard())
+    sampler = RedisKeySampler(config, telemetry, 15.0)
+    try:
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+        telemetry.shutdown()
+
+    series = {(spec.name, labels[1]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    assert series[("queue_depth", "big")] == series[("queue_depth", "small")] == 2
+    assert ("queue_oldest_age_seconds", "big") not in series
+    assert series[("queue_oldest_age_seconds", "small")] >= 60
+    (report,) = telemetry.health.key_groups()
+    assert report.errors == {"item_too_large": 1}
+    assert report.last_warning is not None and "larger than max_item_bytes" in report.last_warning
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path):
+    server = PrivateRedis(tmp_path).start()
+    yield server
+    server.stop()
+
+
+def _memory_kib(pid: int) -> dict[str, int]:
+    """VmRSS (now) and VmHWM (peak) of a process, in KiB."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "VmHWM"):
+            fields[name] = int(rest.split()[0])
+    return fields
+
+
+def test_a_64_mib_head_item_is_never_read_whole(private_redis, serve_process):
+    client = private_redis.client()
+    big, small = _item(60, 64 * MIB, "queued_at"), _item(90, 200, "queued_at")
+    client.rpush("orchestrata:queue:big:p1", big, small)
+    client.rpush("orchestrata:queue:small:p1", small)
+    del big
+    # Redis copies the item once per cycle to measure it (~0.1-0.5 s for 64 MiB): an interval
+    # that leaves the cycle room.
+    exporter = serve_process(
+        "--redis-url", private_redis.url, "--preset", "orchestrata", "--sample-interval", "1"
+    )
+
+    def too_large_at_least(cycles: int):
+        def counted(series):
+            total = sum(
+                v
+                for (name, labels), v in series.items()
+                if name == "queue_exporter_source_errors_total"
+                and ("reason", "item_too_large") in labels
+            )
+            return total >= cycles and value(series, "queue_depth", queue="big") is not None
+
+        return counted
+
+    exporter.series_when(too_large_at_least(2), timeout=60)
+    first = _memory_kib(exporter.process.pid)
+    sent_before = client.info("stats")["total_net_output_bytes"]
+    series = exporter.series_when(too_large_at_least(8), timeout=60)
+    sent = client.info("stats")["total_net_output_bytes"] - sent_before
+    last = _memory_kib(exporter.process.pid)
+
+    assert sent < 8 * MIB  # six cycles of the item read whole would have sent 384 MiB
+    assert last["VmRSS"] < 1.25 * first["VmRSS"]  # flat across the cycles ...
+    assert last["VmHWM"] < first["VmRSS"] + 32 * 1024  # ... and never held half of the item
+    assert value(series, "queue_depth", queue="big") == 2  # the depth is kept
+    assert value(series, "queue_oldest_age_seconds", queue="big") is None  # the age skipped
+    small_age = value(series, "queue_oldest_age_seconds", queue="small")
+    assert small_age is not None and small_age >= 90
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
+    assert json.loads(scrape(exporter.port, "/readyz"))["ready"] is True
+    client.close()
