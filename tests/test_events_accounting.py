@@ -4,6 +4,7 @@ older copy, and trimming past unread entries."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -79,14 +80,20 @@ def test_a_destroyed_group_is_recreated_where_it_stood(redis_client, redis_url):
     assert redis_client.xinfo_groups(STREAM)[0]["lag"] == 0
 
 
-def test_a_group_destroyed_while_its_stream_is_trimmed_counts_the_gap(redis_client, redis_url):
+def test_a_group_destroyed_while_its_stream_is_trimmed_counts_the_gap(
+    redis_client, redis_url, caplog
+):
     reader = Reader(redis_url)
     _write(redis_client, 100)
     assert reader.consumer.poll() == 30
     redis_client.xgroup_destroy(STREAM, GROUP)
     redis_client.xtrim(STREAM, maxlen=20, approximate=False)  # 50 of the 70 unread go
-    reader.drain()
+    with caplog.at_level(logging.WARNING):
+        reader.drain()
     assert reader.counts() == (50, 50, 50)
+    assert f"events:{STREAM}: 50 entries lost before the group applied them [trimmed]" in [
+        record.getMessage() for record in caplog.records
+    ]
 
 
 @pytest.fixture
@@ -111,7 +118,7 @@ def _run(reader: Reader) -> threading.Event:
     return stop
 
 
-def test_a_redis_restarted_empty_counts_what_it_lost(private_redis):
+def test_a_redis_restarted_empty_counts_what_it_lost(private_redis, caplog):
     client = private_redis.client()
     reader = Reader(private_redis.url)
     _write(client, 100)
@@ -121,10 +128,13 @@ def test_a_redis_restarted_empty_counts_what_it_lost(private_redis):
     _write(client, 40)  # the producer writes a new stream
     stop = _run(reader)  # the consumer finds its connection broken, reconnects
     try:
-        wait_for(lambda: reader.counts() == (70, 70, 70))
+        with caplog.at_level(logging.WARNING):
+            wait_for(lambda: reader.counts() == (70, 70, 70))
     finally:
         stop.set()
         reader.consumer.thread.join(10)
+    named = f"events:{STREAM}: 70 entries lost before the group applied them [data_lost]"
+    assert named in [record.getMessage() for record in caplog.records]
     assert client.xinfo_groups(STREAM)[0]["lag"] == 0
     assert client.xpending(STREAM, GROUP)["pending"] == 0
 

@@ -17,7 +17,7 @@ from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.telemetry import Telemetry
-from tests.conftest import Series, parse_exposition, value
+from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
 from tests.test_events_runnerq import RunnerQ
 
 RUNNERQ_STREAM = "default:events_stream"
@@ -106,19 +106,36 @@ def test_an_activity_key_that_is_not_a_hash_costs_only_its_event(
     ]
 
 
-def test_a_restart_under_the_same_name_recovers_a_batch_left_pending(redis_client, redis_url):
-    """The batch a crashed incarnation read (poison included) is applied and acked at start."""
+def test_a_restart_under_the_same_name_recovers_a_batch_left_pending(
+    redis_client, redis_url, run_exporter
+):
+    """The batch a crashed incarnation read (poison included) is applied and acked when the
+    exporter starts again under the same consumer name, and it is ready."""
     _, _, good = _runnerq_batch(redis_client, "string")
     redis_client.xgroup_create(RUNNERQ_STREAM, GROUP, id="0")
     redis_client.xreadgroup(GROUP, "sidecar", {RUNNERQ_STREAM: ">"}, count=1000)
     assert _pending(redis_client, RUNNERQ_STREAM) == good + 1
 
-    consumer, telemetry = _consumer(
-        redis_url, {"key": RUNNERQ_STREAM, "format": "runnerq", "system": "runnerq"}
+    stream = {"key": RUNNERQ_STREAM, "format": "runnerq", "system": "runnerq"}
+    app = run_exporter(
+        {
+            "sources": {
+                "redis": {"url": redis_url},
+                "events": {"streams": [stream], "consumer": "sidecar"},
+            }
+        }
     )
-    _drain(consumer)
-    assert _runnerq_counts(telemetry) == (good + 1, good, 1)
-    assert _pending(redis_client, RUNNERQ_STREAM) == 0
+    series = wait_for(
+        lambda: (
+            (s := scrape_series(app))
+            and value(s, "queue_exporter_events_total", stream=RUNNERQ_STREAM) == good + 1
+            and s
+        )
+    )
+    assert value(series, "queue_jobs_enqueued_total", job_type="send_email") == good
+    assert value(series, "queue_exporter_events_invalid_total", reason="unreadable_activity") == 1
+    assert app.health.ready()
+    wait_for(lambda: _pending(redis_client, RUNNERQ_STREAM) == 0)  # acked with the next read
 
 
 def test_a_runnerq_entry_that_broke_the_enrichment_pipeline(redis_client, redis_url):

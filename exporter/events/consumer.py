@@ -39,6 +39,9 @@ log = logging.getLogger(__name__)
 # A stream that does not exist is said once per stream every few minutes: a typo in its key
 # would otherwise look like a quiet system.
 _missing_streams = LogLimiter(log)
+# Lost entries are counted in queue_exporter_events_lost_total; this says where and why, once
+# per stream and reason every few minutes.
+_gaps = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
@@ -220,6 +223,8 @@ class StreamConsumer:
             # A restored copy brings back entries pending under this name that were applied:
             # the recovery acks them (and applies only what this consumer never saw).
             self._recovered = False
+        if lost:
+            self._gap(int(lost), "data_lost" if status == 2 else "trimmed")
         if isinstance(reply, Exception):
             raise reply
         entries: list[Entry] = reply[0][1] if reply else []
@@ -241,6 +246,7 @@ class StreamConsumer:
             if fields:
                 present.append((entry_id, fields))
             else:  # pending, then deleted from the stream before anyone applied it
+                self._gap(1, "deleted_pending")
                 lost += 1
         now = time.time()
         with gc_paused():
@@ -298,6 +304,15 @@ class StreamConsumer:
                 entries, self.stream.system, now, self.settings.max_future, tally, self._refusals
             )
 
+    def _gap(self, count: int, reason: str) -> None:
+        _gaps.warning(
+            (self.name, reason),
+            "%s: %d entries lost before the group applied them [%s]",
+            self.name,
+            count,
+            reason,
+        )
+
     def _recover_own_pending(self, client: redis.Redis) -> int:
         """Entries delivered to this consumer name and never applied: before a restart, or in
         a read whose reply a broken connection lost. Acks go first: what was applied is no
@@ -349,7 +364,8 @@ class StreamConsumer:
                 break  # places it again
             cursor, entries = reply[0], reply[1]
             deleted = reply[2] if len(reply) > 2 else []
-            # claimed, but trimmed before anyone applied them: lost
+            if deleted:  # claimed, but trimmed before anyone applied them: lost
+                self._gap(len(deleted), "deleted_pending")
             self._apply(client, entries, lost=len(deleted))
             self._acks = [entry_id for entry_id, _ in entries]
             if entries:
