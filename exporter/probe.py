@@ -22,6 +22,7 @@ from exporter.logs import redact
 from exporter.redis_connection import redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
+from exporter.sources.base import DeadlineExceeded, sample_within_deadline
 from exporter.sources.redis_keys import REASON_WORDS, RedisKeySampler
 from exporter.telemetry import Telemetry
 
@@ -48,9 +49,10 @@ def _key_groups(config: Config, telemetry: Telemetry, echo: Echo) -> list[str]:
     target = redis_config.masked_url()
     sampler = RedisKeySampler(redis_config, telemetry, config.sample_interval)
     try:
-        samples = sampler.sample()
+        samples = sample_within_deadline(sampler)
     except Exception as error:
-        echo(f"redis keys at {target}: FAILED ({redis_error_reason(error)}: {_first_line(error)})")
+        reason = "timeout" if isinstance(error, DeadlineExceeded) else redis_error_reason(error)
+        echo(f"redis keys at {target}: FAILED ({reason}: {_first_line(error)})")
         return [f"redis keys at {target}"]
     finally:
         sampler.close()
@@ -129,9 +131,13 @@ def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> list[st
     try:
         for source in sources:
             try:
-                samples = source.sample()
+                samples = sample_within_deadline(source)
             except Exception as error:
-                reason = postgres.error_reason(error)
+                reason = (
+                    "timeout"
+                    if isinstance(error, DeadlineExceeded)
+                    else postgres.error_reason(error)
+                )
                 echo(f"  {source.name}: FAILED ({reason}: {_first_line(error)})")
                 failures.append(source.name)
                 continue

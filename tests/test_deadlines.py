@@ -13,6 +13,8 @@ import json
 import logging
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -268,3 +270,24 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     assert stopped_in < 5, (stopped_in, stderr[-3000:])
     assert "shutting down" in stderr
     assert "could not release the lease" in stderr  # left to expire, within lease_ttl
+
+
+def test_check_config_connect_gives_up_on_a_frozen_redis_at_the_cycle_deadline(
+    redis_proxy, redis_db, tmp_path
+):
+    url = f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}"
+    config = {"sources": {"redis": {"url": url, "cycle_timeout": 0.5, "key_groups": [KEY_GROUP]}}}
+    config_file = tmp_path / "queue-exporter.yaml"
+    config_file.write_text(yaml.safe_dump(config))
+    redis_proxy.freeze()
+    result = subprocess.run(
+        [sys.executable, "-m", "exporter", "check-config", str(config_file), "--connect"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    # Cut off at the cycle's deadline, not at the 5 s socket timeout of each command.
+    assert f"redis keys at {url}: FAILED (timeout: no answer within its 0.5s deadline)" in (
+        result.stdout
+    )

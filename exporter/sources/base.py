@@ -53,6 +53,24 @@ class Source(Protocol):
     def close(self) -> None: ...
 
 
+class DeadlineExceeded(TimeoutError):
+    """A cycle ran past its source's deadline and was cut off."""
+
+
+def sample_within_deadline(source: Source) -> SampleSet:
+    """One cycle under the source's deadline: past it, the backend calls it is blocked in are
+    severed (source.interrupt) and DeadlineExceeded is raised."""
+    watchdog = Watchdog(source.deadline, source.interrupt)
+    try:
+        with watchdog:
+            return source.sample()
+    except Exception as error:
+        if watchdog.fired:
+            message = f"no answer within its {source.deadline:g}s deadline"
+            raise DeadlineExceeded(message) from error
+        raise
+
+
 class SourceRunner:
     """Runs one source; with a Leadership, only while this replica leads (leader.py)."""
 
@@ -84,17 +102,14 @@ class SourceRunner:
         name = self.source.name
         token = self.leadership.token() if self.leadership is not None else None
         started = time.monotonic()
-        watchdog = Watchdog(self.source.deadline, self.source.interrupt)
         try:
-            with watchdog:
-                samples = self.source.sample()
+            samples = sample_within_deadline(self.source)
         except Exception as error:
             if self.stop.is_set():  # interrupted by the shutdown: not a failure of the backend
                 log.debug("source %s: cycle interrupted by shutdown", name)
                 return False
-            if watchdog.fired:
-                why = f"no answer within its {watchdog.seconds:g}s deadline"
-                self._failed("timeout", time.monotonic() - started, why)
+            if isinstance(error, DeadlineExceeded):
+                self._failed("timeout", time.monotonic() - started, str(error))
             else:
                 reason = self.source.error_reason(error)
                 self._failed(reason, time.monotonic() - started, _describe(error))
