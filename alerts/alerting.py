@@ -244,8 +244,10 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "series, so every queue alert on them is blind.",
             "Exporter dashboard: *Sources up* and *Source errors by reason*; the exporter's "
             "logs and `/readyz`.",
-            "Fix the connection (URL, credentials, network policy, TLS); the source recovers "
-            "within one sample interval once the backend answers.",
+            "Fix the connection (URL, credentials, network policy, TLS); reason `timeout` is "
+            "a backend that accepted the connection but did not answer within the deadline (a "
+            "hung server or proxy, or a cycle that needs a longer `cycle_timeout`). The source "
+            "recovers within one sample interval once the backend answers.",
         ),
         AlertRule(
             "QueueExporterKeyGroupUnmatched",
