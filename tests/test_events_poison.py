@@ -134,7 +134,7 @@ def test_a_restart_under_the_same_name_recovers_a_batch_left_pending(
     )
     assert value(series, "queue_jobs_enqueued_total", job_type="send_email") == good
     assert value(series, "queue_exporter_events_invalid_total", reason="unreadable_activity") == 1
-    assert app.health.ready()
+    wait_for(app.health.ready)
     wait_for(lambda: _pending(redis_client, RUNNERQ_STREAM) == 0)  # acked with the next read
 
 
