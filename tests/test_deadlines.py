@@ -88,7 +88,7 @@ def _timeouts(series, source):
 def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     redis_proxy, redis_client, redis_db, run_exporter, caplog
 ):
-    interval = 1.0
+    interval = 2.0
     redis_client.rpush("jobs:emails", "a", "b")
     url = f"redis://127.0.0.1:{redis_proxy.port}/{redis_db}"
     # socket_timeout stays at its 5 s default: the whole-cycle deadline is what notices.
@@ -108,7 +108,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     assert value(series, "queue_depth", **depth) is None  # withdrawn, not served stale
     assert _timeouts(series, "redis") >= 1
     assert not _ready(app)
-    assert "no answer within its 0.5s deadline" in caplog.text
+    assert "no answer within its 1s deadline" in caplog.text
     # Every cycle keeps failing and is counted, but the outage is logged once.
     _series_when(app, lambda s: (_timeouts(s, "redis") or 0) >= 3, timeout=20)
     assert caplog.text.count("source redis failed (timeout)") == 1
@@ -124,7 +124,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
 def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
     postgres_proxy, postgres_dsn, run_exporter, caplog
 ):
-    interval = 2.0
+    interval = 2.5
     via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=postgres_proxy.port)
     postgres = {
         "dsn": via_proxy,
