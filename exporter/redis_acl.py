@@ -22,10 +22,12 @@ from exporter.sources.native.framework import ReaderConfig
 CONNECTION_COMMANDS = ("ping", "select")
 # The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py);
 # LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
-# reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads).
+# reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads), which
+# measures a head found too large with MEMORY USAGE instead of copying it again.
 SAMPLER_COMMANDS = (
     "scan",
     "eval_ro",
+    "memory|usage",
     "smembers",
     "llen",
     "lindex",

@@ -23,13 +23,22 @@ import redis
 
 Args = tuple[Any, ...]
 _READ_SIZE = 65536
+PROBE = "~"
 
 # KEYS[i] is read i's key; ARGV[1] the limit in bytes, then per read its command, the number
 # of its other arguments and those arguments. A reply whose strings add up to more than the
-# limit comes back as that size, an integer. Declared no-writes: Redis refuses any write in it,
-# and runs it on read-only replicas and while out of memory.
+# limit comes back as that size, an integer. A command marked with PROBE (LINDEX 0, ZRANGE 0 0)
+# first divides MEMORY USAGE ... SAMPLES 1 (which samples a list's first node, a zset's lowest
+# member) by the length: a lower bound of the head's size, known without copying the head.
+# Declared no-writes: Redis refuses any write in it, and runs it on read-only replicas and while
+# out of memory.
 _BOUNDED_READS = """#!lua flags=no-writes
 local limit = tonumber(ARGV[1])
+local function head_lower_bound(key, command)
+  local length = redis.pcall(command == 'LINDEX' and 'LLEN' or 'ZCARD', key)
+  if type(length) ~= 'number' or length == 0 then return 0 end
+  return math.floor((redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 1) or 0) / length)
+end
 local function size(reply)
   if type(reply) == 'string' then return #reply end
   if type(reply) ~= 'table' or reply.err then return 0 end
@@ -39,10 +48,17 @@ local function size(reply)
 end
 local replies, at = {}, 2
 for i, key in ipairs(KEYS) do
-  local count = tonumber(ARGV[at + 1])
-  local reply = redis.pcall(ARGV[at], key, unpack(ARGV, at + 2, at + 1 + count))
-  local bytes = size(reply)
-  if bytes > limit then reply = bytes end
+  local command, count, reply = ARGV[at], tonumber(ARGV[at + 1]), nil
+  if string.sub(command, 1, 1) == '~' then
+    command = string.sub(command, 2)
+    local bound = head_lower_bound(key, command)
+    if bound > 2 * limit then reply = bound end  -- twice: allocator rounding inflates it
+  end
+  if reply == nil then
+    reply = redis.pcall(command, key, unpack(ARGV, at + 2, at + 1 + count))
+    local bytes = size(reply)
+    if bytes > limit then reply = bytes end
+  end
   replies[i] = reply
   at = at + 2 + count
 end
@@ -92,6 +108,14 @@ def script_read(command: str, *arguments: Any) -> Args:
     """A read in the form bounded_reads takes, its key apart: the command, the number of
     arguments that follow the key, and those arguments."""
     return (command, len(arguments), *arguments)
+
+
+def probe_first(read: Args) -> Args:
+    """`read` (a script_read of LINDEX 0 or ZRANGE 0 0) with a look at a lower bound of the
+    head's size first: a head already known to be too large is not copied again to measure it.
+    It costs two more commands inside the script, so only heads found too large get it."""
+    command, *rest = read
+    return (PROBE + command, *rest)
 
 
 def bounded_reads(keys: Sequence[Any], reads: Iterable[Args], limit: int) -> Args:

@@ -29,7 +29,7 @@ from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
-from exporter.redis_pipeline import bounded_reads, round_trip, script_read
+from exporter.redis_pipeline import bounded_reads, probe_first, round_trip, script_read
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import (
@@ -204,6 +204,10 @@ class RedisKeySampler:
         self._client: redis.Redis | None = None
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
         self._warnings = LogLimiter(log)
+        # Keys whose head was too large last cycle, and this cycle: their head is probed first
+        # (probe_first), so a stuck huge item is not copied inside Redis every cycle.
+        self._large_heads: set[bytes] = set()
+        self._large_heads_now: set[bytes] = set()
         self._reported_once = False
         # values_from_keys patterns scanned this cycle: BullMQ's groups share one SCAN of meta keys
         self._values_found: dict[str, list[str]] = {}
@@ -213,7 +217,8 @@ class RedisKeySampler:
     def sample(self) -> SampleSet:
         client = self._connect()
         self._values_found = {}
-        cycle = _Cycle(time.time(), SampleSet())
+        cycle = _Cycle(time.time(), SampleSet(), self._large_heads)
+        self._large_heads_now = set()
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # one round of commands at a time, however large the keyspace.
         follow_ups = _Rounds(self, client, None)
@@ -233,6 +238,7 @@ class RedisKeySampler:
                     rounds.extend(cycle.commands_for_key(tally, key, captured))
             rounds.flush()
             follow_ups.flush()
+        self._large_heads = self._large_heads_now
         self._report(tallies)
         return cycle.samples
 
@@ -346,6 +352,7 @@ class RedisKeySampler:
             else:
                 reply = next(read_replies)
                 if type(reply) is int:  # its size: over the limit, left in Redis
+                    self._large_heads_now.add(args[1])
                     tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
                     continue
             if isinstance(reply, redis.ResponseError):
@@ -393,9 +400,10 @@ class _Rounds:
 class _Cycle:
     """One sample cycle: turns each key into commands whose replies fill `samples`."""
 
-    def __init__(self, now: float, samples: SampleSet) -> None:
+    def __init__(self, now: float, samples: SampleSet, large_heads: set[bytes]) -> None:
         self.now = now
         self.samples = samples
+        self.large_heads = large_heads
 
     def commands_for_key(
         self, tally: GroupTally, key: bytes, captured: dict[str, str]
@@ -425,6 +433,8 @@ class _Cycle:
                     if group.type == "list"
                     else script_read("ZRANGE", index, index, "WITHSCORES")
                 )
+                if index == 0 and key in self.large_heads:
+                    read = probe_first(read)
                 yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
             limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
@@ -580,7 +590,7 @@ class _Cycle:
             item, score = head
             if oldest.time_in == "hash":
                 hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                read = (ITEM_READ, hash_key, script_read("HGET", oldest.field))
+                read = (ITEM_READ, hash_key.encode(), script_read("HGET", oldest.field))
                 return read, self._hash_time(oldest, labels), tally
             self._age(labels, _item_time(oldest, item, score))
             return None
