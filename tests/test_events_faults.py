@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 
 from exporter.app import SHUTDOWN_BUDGET, App
@@ -146,3 +147,28 @@ def test_shutdown_stops_a_consumer_whose_read_hangs(redis_client, redis_db):
 
 def _consumed(app) -> float | None:
     return value(scrape_series(app), "queue_exporter_events_total", stream=STREAM)
+
+
+def test_sigterm_ends_serve_within_5s_while_the_events_redis_is_frozen(
+    redis_client, redis_db, serve_process
+):
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    try:
+        serve = serve_process(
+            "--redis-url", f"redis://127.0.0.1:{proxy.port}/{redis_db}", "--events-stream", STREAM
+        )
+        serve.series_when(
+            lambda s: value(s, "queue_exporter_source_up", source=f"events:{STREAM}") == 1
+        )
+        _write(redis_client, 3)
+        serve.series_when(lambda s: value(s, "queue_exporter_events_total", stream=STREAM) == 3)
+        proxy.freeze()
+        time.sleep(0.5)  # the consumer's next read is sent and hangs
+        started = time.monotonic()
+        serve.process.send_signal(signal.SIGTERM)
+        _, stderr = serve.process.communicate(timeout=30)
+        stopped_in = time.monotonic() - started
+        assert serve.process.returncode == 0, stderr[-2000:]
+        assert stopped_in < 5, (stopped_in, stderr[-2000:])
+    finally:
+        proxy.cut()
