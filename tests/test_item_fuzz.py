@@ -6,7 +6,8 @@ stream entry id, a consumer group's first unread entry), arbitrary JSON (deep ne
 integers, odd floats, any string) or bytes that are no JSON at all are put at the head of one
 queue, beside a healthy queue of another system. Whatever is there: the cycle never raises,
 the other system's queue keeps its depth and age, the hostile queue keeps its depth, and its
-age is either served (finite, not negative) or skipped with the error counted on its group.
+age is either served (finite, not negative) or skipped with the error counted on its group
+(`max_item_bytes` is drawn too: tiny, so most heads are over it, or the default).
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ items = st.one_of(
 )
 formats = st.sampled_from(["auto", "iso", "epoch_s", "epoch_ms"])
 divisors = st.sampled_from([1.0, 1000.0, 4096.0, 1e-300])
+item_limits = st.sampled_from([64, 256 * 1024])  # max_item_bytes: tiny, or the default
 
 
 # -- the forms ---------------------------------------------------------------------------------
@@ -195,9 +197,9 @@ def _series(samples: Any) -> dict[tuple[str, tuple[str, ...]], float]:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-@given(hostile=hostile_writes, fmt=formats, divisor=divisors)
+@given(hostile=hostile_writes, fmt=formats, divisor=divisors, limit=item_limits)
 def test_a_hostile_head_fails_only_its_own_age(
-    redis_client, redis_url, form, hostile, fmt, divisor
+    redis_client, redis_url, form, hostile, fmt, divisor, limit
 ):
     client: redis.Redis = redis_client
     client.delete(HOSTILE, CONTROL, *client.keys(b"h:*"))
@@ -205,7 +207,8 @@ def test_a_hostile_head_fails_only_its_own_age(
     write(client, form, hostile)
     control = {"system": "control", "pattern": CONTROL_PATTERN, "type": "list", "state": "pending"}
     control["oldest"] = {"time_in": "json", "field": "t", "format": "iso"}
-    config = RedisSourceConfig(url=redis_url, key_groups=[form.group(fmt, divisor), control])
+    groups = [form.group(fmt, divisor), control]
+    config = RedisSourceConfig(url=redis_url, key_groups=groups, max_item_bytes=limit)
     telemetry = Telemetry(HealthBoard())
     sampler = RedisKeySampler(config, telemetry, 15.0)
     try:
