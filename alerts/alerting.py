@@ -261,13 +261,17 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "empty queues.",
             "The exporter reaches Redis but finds no key of the group's pattern: a typo in the "
             "pattern or preset params, the wrong Redis database or prefix, or a system that has "
-            "not created its queues yet. Its queue alerts cannot fire.",
+            "not created its queues yet. Its queue alerts cannot fire. In layouts that scan for "
+            "their keys (Orchestrata, Runner-Q, custom patterns) it also means every queue of "
+            "the group stayed empty, since Redis deletes an empty list or zset.",
             "The exporter's status page (`/`) lists each key group with the keys it matched and "
             "the warning it logged; `queue-exporter check-config --connect` shows the keys a "
             "pattern finds; compare with `redis-cli --scan --pattern '<glob>'` on the database "
             "the URL names.",
             "Fix the pattern, preset params or the URL's database. A queue system that is not "
-            "deployed yet needs no action (or drop its preset).",
+            "deployed yet, or a group whose queues are idle by design (a dead-letter list that "
+            "stays empty), needs no action: drop the preset or its group, or silence the alert "
+            "for that pattern.",
         ),
         AlertRule(
             "QueueExporterEventsLagging",

@@ -83,8 +83,8 @@ def _key_group_lines(
         yield f'    queue_depth{{system="{system}", {shown}}} {depths.get(labels, 0):g}{age_text}'
     for reason, count in sorted(report.errors.items()):
         yield f"    {count} error(s) {reason}: {REASON_WORDS.get(reason, reason)}"
-    if report.keys_matched == 0:
-        yield "    WARNING: matched no keys (check the pattern against your keys)"
+    if report.last_warning is not None:
+        yield f"    WARNING: {report.last_warning}"
 
 
 def _streams(config: Config, echo: Echo) -> list[str]:

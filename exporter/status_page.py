@@ -34,6 +34,8 @@ from exporter.samples import Series
 TOP_QUEUES = 10
 REFRESH_SECONDS = 5
 _QUEUE_COLUMNS = ["system", "queue", "priority", "state"]
+# Kept history, not work waiting: left out of the top queues (they are still on /metrics).
+_HISTORY_STATES = ("completed", "failed")
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,9 @@ def _sources(statuses: dict[str, SourceStatus], samples: list[Sample]) -> list[d
 def _top(sampled: dict[MetricSpec, Series], name: str) -> list[dict[str, Any]]:
     spec = BY_NAME[name]
     series = sampled.get(spec, Series(()))
-    top = heapq.nlargest(TOP_QUEUES, series.items(), key=lambda item: (item[1], item[0]))
+    state = spec.labels.index("state")
+    waiting = (item for item in series.items() if item[0][state] not in _HISTORY_STATES)
+    top = heapq.nlargest(TOP_QUEUES, waiting, key=lambda item: (item[1], item[0]))
     return [
         {**dict(zip(spec.labels, labels, strict=True)), "value": value} for labels, value in top
     ]

@@ -180,7 +180,8 @@ def test_serve_logs_what_it_looks_at_and_what_it_found(redis_client, redis_url, 
         "key group 'orchestrata:queue:{queue}:p{priority}' (system orchestrata, list): "
         "1 key(s) matched, 1 queue(s), 1 series",
         "WARNING exporter.sources.redis_keys: key group 'orchestrata:dlq:{queue}' "
-        "(system orchestrata, list): matched no keys [no_keys]",
+        "(system orchestrata, list): matched no keys: a typo in the pattern or the wrong "
+        "database, or every queue of it is empty (Redis deletes empty keys) [no_keys]",
         "events stream 'nowhere' (group queue-exporter) does not exist",
     ):
         assert line in log, log

@@ -14,6 +14,11 @@ import bcrypt
 import pytest
 import yaml
 
+from exporter.catalog import BY_NAME
+from exporter.health import HealthBoard
+from exporter.samples import SampleSet
+from exporter.status_page import StatusPage
+from exporter.telemetry import Telemetry
 from tests.chromium import Chromium
 from tests.conftest import wait_for
 from tests.layouts import iso
@@ -87,6 +92,23 @@ def test_a_stream_that_does_not_exist_is_a_warning(redis_client, redis_url, run_
     warnings = status["view"]["warnings"]
     assert any(w.startswith("stream events:absent has reported no lag yet") for w in warnings)
     assert not any("events:present" in w for w in warnings)
+
+
+def test_the_top_queues_are_work_waiting_not_history():
+    telemetry = Telemetry(HealthBoard())
+    samples = SampleSet()
+    depth = BY_NAME["queue_depth"]
+    samples.add_labelled(depth, ("rq", "default", "", "completed"), 5000)
+    samples.add_labelled(depth, ("rq", "default", "", "failed"), 300)
+    samples.add_labelled(depth, ("rq", "default", "", "pending"), 7)
+    samples.add_labelled(depth, ("rq", "reports", "", "scheduled"), 3)
+    telemetry.publish("redis", samples)
+    page = StatusPage(
+        telemetry.health, lambda: telemetry.render(False), telemetry.store.snapshot_series
+    )
+    top = [(q["queue"], q["state"], q["value"]) for q in page.document()["top_depth"]]
+    assert top == [("default", "pending", 7), ("reports", "scheduled", 3)]
+    telemetry.shutdown()
 
 
 def test_html_escapes_hostile_names(layout, redis_url, run_exporter):

@@ -54,6 +54,14 @@ _DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN
 # How many matched keys and series a KeyGroupReport names as examples.
 EXAMPLES = 5
 
+# A group that finds nothing, in plain words: scanned keys vanish when their queue empties
+# (Redis deletes an empty list or zset), keys built from values do not.
+_NO_KEYS = (
+    "matched no keys: a typo in the pattern or the wrong database, or every queue of it is "
+    "empty (Redis deletes empty keys)"
+)
+_NO_KEYS_ENUMERATED = "matched no keys: the values or set that name its queues are empty"
+
 # What each error reason means, for the log and the status page.
 REASON_WORDS = {
     "wrong_type": "holds another Redis type than the group's",
@@ -256,7 +264,7 @@ class RedisKeySampler:
         """Put the cycle's findings on the HealthBoard; the first cycle's also in the log."""
         for tally in tallies:
             if tally.keys == 0:
-                tally.warn("no_keys", "matched no keys")
+                tally.warn("no_keys", _NO_KEYS_ENUMERATED if tally.group.enumerated else _NO_KEYS)
         level = logging.DEBUG if self._reported_once else logging.INFO
         self._reported_once = True
         for tally in tallies:
