@@ -18,7 +18,7 @@ from exporter.health import HealthBoard
 from exporter.sources.redis_keys import RedisKeySampler, RedisSourceConfig
 from exporter.telemetry import Telemetry
 from tests.conftest import scrape, value
-from tests.layouts import iso
+from tests.layouts import iso, runnerq_activity, runnerq_enqueue
 from tests.private_redis import PrivateRedis
 
 LIMIT = 4096
@@ -135,10 +135,19 @@ def test_a_64_mib_head_item_is_never_read_whole(private_redis, serve_process):
     client.rpush("orchestrata:queue:big:p1", big, small)
     client.rpush("orchestrata:queue:small:p1", small)
     del big
+    now = time.time()
+    runnerq_enqueue(client, "default", runnerq_activity("send", "Normal", now - 30), now)
     # Redis copies the item once per cycle to measure it (~0.1-0.5 s for 64 MiB): an interval
     # that leaves the cycle room.
     exporter = serve_process(
-        "--redis-url", private_redis.url, "--preset", "orchestrata", "--sample-interval", "1"
+        "--redis-url",
+        private_redis.url,
+        "--preset",
+        "orchestrata",
+        "--preset",
+        "runnerq",
+        "--sample-interval",
+        "1",
     )
 
     def too_large_at_least(cycles: int):
@@ -171,6 +180,8 @@ def test_a_64_mib_head_item_is_never_read_whole(private_redis, serve_process):
     assert value(series, "queue_oldest_age_seconds", queue="big") is None  # the age skipped
     small_age = value(series, "queue_oldest_age_seconds", queue="small")
     assert small_age is not None and small_age >= 90
+    other_system = value(series, "queue_oldest_age_seconds", system="runnerq", priority="normal")
+    assert other_system is not None and other_system >= 30
     assert value(series, "queue_exporter_source_up", source="redis") == 1
     assert json.loads(scrape(exporter.port, "/readyz"))["ready"] is True
     client.close()
