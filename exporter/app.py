@@ -91,6 +91,7 @@ class App:
             self.health,
             config.web_config_file,
             config.http,
+            count_auth_failure=self.telemetry.count_auth_failure,
             pages={
                 "/": lambda: ("text/html; charset=utf-8", status.html()),
                 "/status.json": lambda: ("application/json", status.json()),

@@ -146,6 +146,14 @@ SELF: tuple[MetricSpec, ...] = (
         "the keys built from their values).",
     ),
     _self(
+        "queue_exporter_http_auth_failures_total",
+        "counter",
+        ("reason",),
+        "Refused logins to the HTTP endpoint, by reason: missing, malformed, unknown_user, "
+        "wrong_password, rate_limited (the client used up its failed logins), "
+        "client_certificate (no allowed SAN).",
+    ),
+    _self(
         "queue_exporter_series_overflow_total",
         "counter",
         ("metric",),

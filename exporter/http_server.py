@@ -22,7 +22,9 @@ import contextlib
 import gzip
 import json
 import logging
+import os
 import threading
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +32,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.netutil import bind_sockets
@@ -39,18 +41,23 @@ from tornado.web import Application, RequestHandler
 from exporter import __version__
 from exporter.health import HealthBoard
 from exporter.web_config import (
+    FailureLimiter,
     LoadedWebConfig,
     WebConfigWatcher,
     client_san_allowed,
     describe,
     exposure_warning,
+    parse_basic_auth,
 )
 
 log = logging.getLogger(__name__)
 
 BACKLOG = 1024  # connections the kernel queues before accept (stdlib http.server: 5)
 SCRAPE_THREADS = 2  # renders at once: more would only share the same cores and the GIL
-AUTH_THREADS = 4  # bcrypt checks at once (bcrypt releases the GIL)
+AUTH_THREADS = 2  # bcrypt checks at once (bcrypt releases the GIL), at a lower CPU priority
+# Checks queued or running at most: guessers from many addresses cannot queue up seconds of
+# bcrypt ahead of a real login; beyond it, logins are refused unchecked (rate_limited).
+MAX_PENDING_CHECKS = 4 * AUTH_THREADS
 GZIP_LEVEL = 1  # the cheapest level: about 10x smaller already, at a fraction of the render
 UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 
@@ -58,6 +65,8 @@ UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 Render = Callable[[bool], bytes]
 # A page: its content type and body, built per request (exporter/status_page.py).
 Page = Callable[[], tuple[str, bytes]]
+# Counts a refused login by its reason (web_config.AUTH_FAILURE_REASONS).
+CountAuthFailure = Callable[[str], None]
 _T = TypeVar("_T")
 
 
@@ -85,6 +94,7 @@ class MetricsServer:
         web_config_file: Path | None = None,
         settings: HttpConfig | None = None,
         pages: Mapping[str, Page] | None = None,
+        count_auth_failure: CountAuthFailure = lambda reason: None,
     ) -> None:
         """Raises WebConfigError for a web config file that does not load (before binding).
         `pages` are served by path behind the same TLS and auth as /metrics."""
@@ -94,8 +104,13 @@ class MetricsServer:
         self.render = render
         self.pages = dict(pages or {})
         self.health = health
+        self.count_auth_failure = count_auth_failure
+        self.auth_failures = FailureLimiter()
+        self.pending_checks = 0  # bcrypt checks queued or running (read on the loop only)
         self.scrape_pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix="scrape")
-        self.auth_pool = ThreadPoolExecutor(AUTH_THREADS, thread_name_prefix="auth")
+        self.auth_pool = ThreadPoolExecutor(
+            AUTH_THREADS, thread_name_prefix="auth", initializer=_yield_cpu
+        )
         self._sockets = bind_sockets(port, address=host, backlog=BACKLOG)
         self._thread = threading.Thread(target=self._serve, name="http", daemon=True)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,7 +164,7 @@ class MetricsServer:
             idle_connection_timeout=self.settings.request_timeout,
             body_timeout=self.settings.request_timeout,
             max_body_size=64 * 1024,  # GET only: nothing worth a larger body
-            web=self.web,
+            front=self,
             max_connections=self.settings.max_connections,
             handshake_timeout=self.settings.request_timeout,
         )
@@ -167,13 +182,14 @@ class _Server(HTTPServer):
     def initialize(  # type: ignore[override]  # Tornado's Configurable passes our own arguments
         self,
         *args: Any,
-        web: WebConfigWatcher | None,
+        front: MetricsServer,
         max_connections: int,
         handshake_timeout: float,
         **kwargs: Any,
     ) -> None:
         super().initialize(*args, **kwargs)
-        self.web = web
+        self.front = front
+        self.web = front.web
         self.max_connections = max_connections
         self.handshake_timeout = handshake_timeout
         self.open_connections = 0
@@ -195,9 +211,6 @@ class _Server(HTTPServer):
     async def _serve_tls(self, stream: IOStream, address: tuple[Any, ...]) -> None:
         assert self.web is not None
         loaded = self.web.current()
-        if loaded is None or loaded.ssl_context is None:
-            self._dropped(stream)
-            return
         try:
             # A cancelled start_tls (the timeout) closes the new stream and its socket.
             tls = await asyncio.wait_for(
@@ -210,6 +223,7 @@ class _Server(HTTPServer):
             return
         if not client_san_allowed(loaded.tls, tls.socket.getpeercert()):
             log.debug("client certificate of %s has no allowed SAN", address[0])
+            self.front.count_auth_failure("client_certificate")
             self._dropped(tls)
             return
         super().handle_stream(tls, address)
@@ -240,24 +254,26 @@ class _Handler(RequestHandler):
         path = self.request.path
         web = self.front.web
         loaded = web.current() if web is not None else None
-        if web is not None:
-            if loaded is None:  # fail closed: the file on disk is broken
-                await self._send(500, b"web config does not load\n")
-                return
+        if loaded is not None:
             for name, value in loaded.config.http_server_config.headers.items():
                 if value:  # "unset if blank", as in the toolkit
                     self.set_header(name, value)
-            if not web.allow_request():
+            if web is not None and not web.allow_request():
                 await self._send(429, b"too many requests\n")
                 return
         if path == "/healthz":
             await self._send(200, b"ok\n")
             return
-        authorized = await self._authorized(loaded, path)
-        if path == "/readyz":
-            await self._readyz(detailed=authorized)
+        if path == "/readyz":  # details for a client with credentials, the status for anyone
+            has_credentials = "Authorization" in self.request.headers
+            await self._readyz(detailed=has_credentials and await self._refusal(loaded) is None)
             return
-        if not authorized:
+        refusal = await self._refusal(loaded, path)
+        if refusal == "rate_limited":
+            self.set_header("Retry-After", str(round(FailureLimiter.TARPIT)))
+            await self._send(429, b"too many failed logins\n")
+            return
+        if refusal is not None:
             self.set_header("WWW-Authenticate", UNAUTHORIZED_HEADER)
             await self._send(401, b"unauthorized\n")
             return
@@ -304,17 +320,54 @@ class _Handler(RequestHandler):
         content_type, body = await self.front.run_blocking(self.front.scrape_pool, page)
         await self._send(200, body, content_type)
 
-    async def _authorized(self, loaded: LoadedWebConfig | None, path: str) -> bool:
+    async def _refusal(self, loaded: LoadedWebConfig | None, path: str = "") -> str | None:
+        """None when the request may go on, else why not (web_config.AUTH_FAILURE_REASONS)."""
         web = self.front.web
         users = loaded.config.basic_auth_users if loaded is not None else {}
         if web is None or loaded is None or not users:
-            return True
+            return None
         if path in loaded.config.auth_excluded_paths:
-            return True
+            return None
+        reason = await self._check_credentials(web, users)
+        if reason is not None:
+            self.front.count_auth_failure(reason)
+        return reason
+
+    async def _check_credentials(
+        self, web: WebConfigWatcher, users: dict[str, SecretStr]
+    ) -> str | None:
         header = self.request.headers.get("Authorization")
-        return await self.front.run_blocking(
-            self.front.auth_pool, lambda: web.authenticator.check(users, header)
-        )
+        if header is None:
+            return "missing"
+        credentials = parse_basic_auth(header)
+        if credentials is None:
+            return "malformed"
+        authenticator = web.authenticator
+        if authenticator.remembered(users, credentials):
+            return None
+        client = self.request.remote_ip or ""
+        front = self.front
+        if front.pending_checks >= MAX_PENDING_CHECKS or not front.auth_failures.take(client):
+            # Held a while, so that a connection guessing in a loop costs a request a second.
+            await asyncio.sleep(FailureLimiter.TARPIT)
+            return "rate_limited"
+        started = time.monotonic()
+        front.pending_checks += 1
+        try:
+            reason, floor = await front.run_blocking(
+                front.auth_pool,
+                lambda: (
+                    authenticator.verify(users, credentials),
+                    authenticator.failure_floor(users),
+                ),
+            )
+        finally:
+            front.pending_checks -= 1
+        if reason is None:
+            front.auth_failures.give_back(client)
+        else:  # a refusal takes as long whoever the user: times tell no user names
+            await asyncio.sleep(started + floor - time.monotonic())
+        return reason
 
     async def _send(self, code: int, body: bytes, content_type: str | None = None) -> None:
         """Answer, and cut the connection if the client does not take the answer in time."""
@@ -328,6 +381,13 @@ class _Handler(RequestHandler):
             self.request.connection.close()  # type: ignore[union-attr]
         except StreamClosedError:
             pass  # the client left
+
+
+def _yield_cpu() -> None:
+    """Lowers the calling thread's CPU priority (on Linux nice is per thread), so that a flood
+    of password guesses keeps bcrypt busy without starving the loop and the samplers."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, 0, 10)
 
 
 def _wants_openmetrics(accept: str) -> bool:

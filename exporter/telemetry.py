@@ -113,6 +113,10 @@ class Telemetry:
             "queue_exporter_series_overflow_total",
             description=BY_NAME["queue_exporter_series_overflow_total"].help,
         )
+        self._auth_failures = self.meter.create_counter(
+            "queue_exporter_http_auth_failures_total",
+            description=BY_NAME["queue_exporter_http_auth_failures_total"].help,
+        )
         self._source_errors = self.meter.create_counter(
             "queue_exporter_source_errors_total",
             description=BY_NAME["queue_exporter_source_errors_total"].help,
@@ -157,6 +161,9 @@ class Telemetry:
         return b"".join([own, *chunks, _EOF if openmetrics else b""])
 
     # -- self-metrics --------------------------------------------------------------------------
+
+    def count_auth_failure(self, reason: str) -> None:
+        self._auth_failures.add(1, {"reason": reason})
 
     def count_error(
         self, source: str, reason: str, count: int = 1, system: str = "", pattern: str = ""

@@ -7,8 +7,8 @@ error; docs/security.md lists each case.
 
 Like the toolkit, the file is watched: a changed file (or changed certificate, key or CA file)
 is loaded again for the next connection, so rotated certificates and passwords take effect
-without a restart. A file that no longer loads makes every request fail with 500 until it is
-fixed (fail closed), and turning TLS on or off needs a restart.
+without a restart. A change that does not load, or would turn protection off, is refused with
+an error in the log and the last good config stays in force (as in Prometheus).
 
 Every error is a WebConfigError naming the file and the setting; none quotes a secret.
 """
@@ -27,6 +27,7 @@ import ssl
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -444,54 +445,137 @@ def _normal_san(value: str) -> str:
 
 # -- basic auth -------------------------------------------------------------------------------
 
-# bcrypt of a random password: an unknown user costs as much as a known one, so response
-# times do not tell which user names exist.
-_DECOY_HASH = b"$2b$10$q5KP667INJzYX1ixHczJxOrKRMS1YvQGwvjk1QsU51JEOlRDbiS7i"
+# Why a request's credentials were refused: the reason label of
+# queue_exporter_http_auth_failures_total (client_certificate: a verified certificate without
+# an allowed SAN; rate_limited: the client used up its failures, see FailureLimiter).
+AUTH_FAILURE_REASONS = (
+    "missing",
+    "malformed",
+    "unknown_user",
+    "wrong_password",
+    "rate_limited",
+    "client_certificate",
+)
+_HASH_COST = re.compile(r"^\$2[abxy]?\$(\d\d)\$")
 
 
 class BasicAuthenticator:
-    """Checks Authorization headers against bcrypt hashes, remembering recent successes.
+    """Checks basic auth credentials against bcrypt hashes, in a time that names no user.
 
     bcrypt costs tens to hundreds of milliseconds per check on purpose, and Prometheus sends
     the same credentials every scrape: a success is remembered for CACHE_SECONDS under an
     HMAC (with a key of this process's own) of user, hash and password, so neither the
-    password nor a plain hash of it is held. Failures are not remembered. Checks run one at
-    a time so a flood of wrong passwords takes one core, not the sampler's.
+    password nor a plain hash of it is held, and a remembered login costs no bcrypt at all.
+
+    A wrong password for a cost-4 user would be refused in 2 ms and one for a cost-12 user in
+    240 ms, and an unknown user in yet another time: response times would tell which users
+    exist. So an unknown user is checked against a decoy hash at the highest cost configured,
+    and every refusal is answered no sooner than `failure_floor` (1.5 times what a check at
+    that cost took here), whoever the user.
     """
 
     CACHE_SECONDS = 60.0
     CACHE_SIZE = 256
+    FLOOR_MARGIN = 1.5
 
     def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._bcrypt_lock = threading.Lock()
+        self._decoys: dict[int, tuple[bytes, float]] = {}  # cost -> (hash, seconds to make it)
 
-    def check(self, users: dict[str, SecretStr], header: str | None) -> bool:
-        credentials = parse_basic_auth(header)
-        if credentials is None:
-            return False
-        user, password = credentials
-        hashed = users.get(user)
-        hashed_bytes = hashed.get_secret_value().encode() if hashed is not None else _DECOY_HASH
-        digest = hmac.new(self._key, b"\0".join((user.encode(), hashed_bytes, password)), "sha256")
-        cache_key = digest.digest()
+    def remembered(self, users: dict[str, SecretStr], credentials: tuple[str, bytes]) -> bool:
+        """True when these credentials were verified within CACHE_SECONDS (no bcrypt)."""
         now = time.monotonic()
         with self._lock:
-            if self._verified.get(cache_key, 0.0) > now:
-                return True
-        with self._bcrypt_lock:
-            matches = _bcrypt_matches(password, hashed_bytes)
-        if not (matches and hashed is not None):
-            return False
+            return self._verified.get(self._cache_key(users, credentials), 0.0) > now
+
+    def verify(self, users: dict[str, SecretStr], credentials: tuple[str, bytes]) -> str | None:
+        """None when the credentials are right, else the reason (blocks for a bcrypt check)."""
+        user, password = credentials
+        hashed = users.get(user)
+        if hashed is None:
+            _bcrypt_matches(password, self._decoy(users)[0])
+            return "unknown_user"
+        if not _bcrypt_matches(password, hashed.get_secret_value().encode()):
+            return "wrong_password"
+        now = time.monotonic()
         with self._lock:
             if len(self._verified) >= self.CACHE_SIZE:
                 self._verified = {k: t for k, t in self._verified.items() if t > now}
                 if len(self._verified) >= self.CACHE_SIZE:
                     self._verified.clear()
-            self._verified[cache_key] = now + self.CACHE_SECONDS
+            self._verified[self._cache_key(users, credentials)] = now + self.CACHE_SECONDS
+        return None
+
+    def failure_floor(self, users: dict[str, SecretStr]) -> float:
+        """Seconds a refused check takes at least (blocks to measure bcrypt the first time)."""
+        return self._decoy(users)[1] * self.FLOOR_MARGIN
+
+    def _decoy(self, users: dict[str, SecretStr]) -> tuple[bytes, float]:
+        cost = max((_cost(hashed) for hashed in users.values()), default=10)
+        with self._lock:
+            decoy = self._decoys.get(cost)
+        if decoy is None:
+            started = time.perf_counter()
+            hashed = bcrypt.hashpw(secrets.token_urlsafe(16).encode(), bcrypt.gensalt(cost))
+            decoy = (hashed, time.perf_counter() - started)  # hashing costs what a check does
+            with self._lock:
+                decoy = self._decoys.setdefault(cost, decoy)
+        return decoy
+
+    def _cache_key(self, users: dict[str, SecretStr], credentials: tuple[str, bytes]) -> bytes:
+        user, password = credentials
+        hashed = users.get(user)
+        hashed_bytes = hashed.get_secret_value().encode() if hashed is not None else b""
+        parts = (user.encode(), hashed_bytes, password)
+        return hmac.new(self._key, b"\0".join(parts), "sha256").digest()
+
+
+def _cost(hashed: SecretStr) -> int:
+    match = _HASH_COST.match(hashed.get_secret_value())
+    return int(match.group(1)) if match else 10
+
+
+class FailureLimiter:
+    """Failed logins per client address: BURST at once, then one per 1/RATE seconds.
+
+    A check spends one of the client's tokens before bcrypt runs (a success gives it back),
+    so even many concurrent guesses cannot run more checks than the client has tokens. A
+    client without one is refused without a check (429) until it earns another: a password
+    guesser gets RATE guesses a second and takes no CPU from anyone else, while a client
+    whose login is remembered is never asked. At most MAX_CLIENTS addresses are tracked (the
+    least recently seen is forgotten first). Used from the server's event loop only.
+    """
+
+    BURST = 10
+    RATE = 1.0  # tokens a second earned back
+    TARPIT = 1.0  # seconds a refusal without a check is held before it is answered
+    MAX_CLIENTS = 10_000
+
+    def __init__(self) -> None:
+        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
+
+    def take(self, client: str) -> bool:
+        """Spend a token of `client` for a check; False (and nothing spent) when it has none."""
+        tokens = self._tokens(client)
+        if tokens < 1:
+            return False
+        self._set(client, tokens - 1)
         return True
+
+    def give_back(self, client: str) -> None:
+        self._set(client, self._tokens(client) + 1)
+
+    def _set(self, client: str, tokens: float) -> None:
+        self._clients[client] = (min(tokens, float(self.BURST)), time.monotonic())
+        self._clients.move_to_end(client)
+        while len(self._clients) > self.MAX_CLIENTS:
+            self._clients.popitem(last=False)
+
+    def _tokens(self, client: str) -> float:
+        tokens, when = self._clients.get(client, (float(self.BURST), 0.0))
+        return min(float(self.BURST), tokens + (time.monotonic() - when) * self.RATE)
 
 
 def parse_basic_auth(header: str | None) -> tuple[str, bytes] | None:
@@ -539,7 +623,14 @@ class TokenBucket:
 
 
 class WebConfigWatcher:
-    """The current web config, loaded again when its file or a file it names changes."""
+    """The current web config, loaded again when its file or a file it names changes.
+
+    As in Prometheus, a change that cannot be applied leaves the last good config in force and
+    is logged as an error: a file that cannot be read or parsed (an empty one is taken for a
+    write in progress), and a change that takes protection away (basic auth or TLS off, client
+    certificates no longer verified), which needs a restart, as turning TLS on does. So
+    emptying or corrupting the file never opens /metrics.
+    """
 
     CHECK_SECONDS = 1.0  # at most one stat() round per second, however often scrapes come
 
@@ -548,22 +639,21 @@ class WebConfigWatcher:
         self.authenticator = BasicAuthenticator()
         self._loaded = load(path)
         self.tls_enabled = self._loaded.ssl_context is not None
-        self._problem: str | None = None
         self._stamps = _stamps(self._loaded.watched_files())
         self._next_check = time.monotonic() + self.CHECK_SECONDS
         self._rate_limit = self._loaded.config.rate_limit
         self._limiter = _limiter(self._rate_limit)
         self._lock = threading.Lock()
 
-    def current(self) -> LoadedWebConfig | None:
-        """The config to serve with; None while the file on disk does not load (fail closed)."""
+    def current(self) -> LoadedWebConfig:
+        """The config to serve with: the file's, or the last good one while it cannot be used."""
         now = time.monotonic()
         if now >= self._next_check:
             with self._lock:
                 if now >= self._next_check:
                     self._next_check = now + self.CHECK_SECONDS
                     self._reload_if_changed()
-        return None if self._problem is not None else self._loaded
+        return self._loaded
 
     def allow_request(self) -> bool:
         limiter = self._limiter
@@ -573,22 +663,40 @@ class WebConfigWatcher:
         stamps = _stamps(self._loaded.watched_files())
         if stamps == self._stamps:
             return
+        self._stamps = stamps  # one error per change, not one per check
         try:
-            loaded = load(self.path)
-            if (loaded.ssl_context is not None) != self.tls_enabled:
-                raise WebConfigError(f"{self.path}: turning TLS on or off needs a restart")
+            loaded = self._replacement()
         except WebConfigError as error:
-            if str(error) != self._problem:
-                log.error("web config no longer loads, refusing requests: %s", error)
-            self._problem = str(error)
-            self._stamps = stamps
+            log.error("web config change not applied, still serving the last good one: %s", error)
             return
-        self._loaded, self._problem = loaded, None
+        self._loaded = loaded
         self._stamps = _stamps(loaded.watched_files())
         if loaded.config.rate_limit != self._rate_limit:
             self._rate_limit = loaded.config.rate_limit
             self._limiter = _limiter(self._rate_limit)
         log.info("web config reloaded from %s", self.path)
+
+    def _replacement(self) -> LoadedWebConfig:
+        text = _read_text(self.path)
+        if not text.strip():
+            raise WebConfigError(f"{self.path}: the file is empty (a write in progress?)")
+        loaded = LoadedWebConfig(self.path, parse(text, self.path))
+        weakening = _weakening(self._loaded, loaded)
+        if weakening is not None:
+            raise WebConfigError(f"{self.path}: {weakening} needs a restart")
+        return loaded
+
+
+def _weakening(old: LoadedWebConfig, new: LoadedWebConfig) -> str | None:
+    """What of the old config's protection the new one would turn off (or TLS on), if any."""
+    if (old.ssl_context is None) != (new.ssl_context is None):
+        return "turning TLS on or off"
+    if old.config.basic_auth_users and not new.config.basic_auth_users:
+        return "turning basic auth off"
+    verifying = VERIFYING_CLIENT_AUTH
+    if old.tls.client_auth_type in verifying and new.tls.client_auth_type not in verifying:
+        return "no longer requiring verified client certificates"
+    return None
 
 
 def _limiter(config: RateLimitConfig) -> TokenBucket | None:

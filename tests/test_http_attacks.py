@@ -7,6 +7,8 @@ they print are the ones in docs/security.md (run with -s to see them).
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import http.client
 import json
 import random
@@ -17,13 +19,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import bcrypt
 import pytest
 import redis
 import yaml
 
 from exporter.health import HealthBoard
-from exporter.http_server import SCRAPE_THREADS, HttpConfig, MetricsServer, Render
-from tests.conftest import ServeProcess, wait_for
+from exporter.http_server import (
+    MAX_PENDING_CHECKS,
+    SCRAPE_THREADS,
+    HttpConfig,
+    MetricsServer,
+    Render,
+)
+from exporter.web_config import FailureLimiter
+from tests.conftest import ServeProcess, parse_exposition, wait_for
 
 QUEUES = 50  # x 3 priorities: a scrape renders a few hundred series
 SLOW_SOCKETS = 500
@@ -240,3 +250,165 @@ def _status_or_none(port: int) -> tuple[int, float] | None:
         return timed_get(port, "/healthz", timeout=5)
     except (OSError, http.client.HTTPException):
         return None
+
+
+# -- basic auth -------------------------------------------------------------------------------
+
+PASSWORD = b"correct horse battery staple"
+ATTACKERS = 100
+
+
+def auth_header(user: str, password: bytes) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(user.encode() + b":" + password).decode()}
+
+
+def timed_login(
+    port: int, user: str, password: bytes, source: str = "127.0.0.1", timeout: float = 30
+) -> tuple[int, float]:
+    started = time.perf_counter()
+    connection = http.client.HTTPConnection(
+        "127.0.0.1", port, timeout=timeout, source_address=(source, 0)
+    )
+    try:
+        connection.request("GET", "/metrics", headers=auth_header(user, password))
+        response = connection.getresponse()
+        response.read()
+        return response.status, time.perf_counter() - started
+    finally:
+        connection.close()
+
+
+@pytest.fixture(scope="module")
+def hashes() -> dict[str, str]:
+    """A cheap user and a costly one, as an operator might mix them."""
+    return {
+        "cheap": bcrypt.hashpw(PASSWORD, bcrypt.gensalt(4)).decode(),
+        "costly": bcrypt.hashpw(PASSWORD, bcrypt.gensalt(12)).decode(),
+    }
+
+
+@pytest.fixture
+def guarded(tmp_path, hashes):
+    """A MetricsServer behind basic auth for the `hashes` users; the reasons it counted."""
+    servers: list[MetricsServer] = []
+    counted: list[str] = []
+
+    def start() -> MetricsServer:
+        path = tmp_path / "web.yml"
+        path.write_text(yaml.safe_dump({"basic_auth_users": hashes}))
+        server = MetricsServer(
+            "127.0.0.1", 0, lambda _: b"up 1\n", HealthBoard(), path, None, counted.append
+        )
+        server.start()
+        servers.append(server)
+        return server
+
+    yield start, counted
+    for server in servers:
+        server.stop()
+
+
+def test_a_wrong_password_takes_as_long_whoever_the_user(guarded, monkeypatch):
+    monkeypatch.setattr(FailureLimiter, "BURST", 1000)  # this attacker may guess at will
+    start, counted = guarded
+    server = start()
+    times: dict[str, list[float]] = {"nobody": [], "cheap": [], "costly": []}
+    for _ in range(7):  # interleaved: a change of machine load hits every user alike
+        for user, seconds in times.items():
+            status, elapsed = timed_login(server.port, user, b"wrong")
+            assert status == 401
+            seconds.append(elapsed)
+    medians = {user: statistics.median(seconds) for user, seconds in times.items()}
+    print(
+        "\nwrong-password medians: "
+        + ", ".join(f"{u} {m * 1000:.0f} ms" for u, m in medians.items())
+    )
+    assert max(medians.values()) <= 1.2 * min(medians.values())
+    assert set(counted) == {"unknown_user", "wrong_password"}
+    assert counted.count("unknown_user") == 7
+
+
+def test_a_flood_of_wrong_passwords_does_not_delay_a_remembered_login(guarded):
+    """100 attacker connections, each from an address of its own (so the per-client limit
+    lets every one of them through to bcrypt), guess the costly user's password."""
+    start, _ = guarded
+    server = start()
+    assert timed_login(server.port, "costly", PASSWORD)[0] == 200  # verified once, remembered
+    idle = statistics.median(timed_login(server.port, "costly", PASSWORD)[1] for _ in range(20))
+    stop = threading.Event()
+    refused: list[int] = []
+
+    def attacker(source: str) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):  # queued behind the others: the attacker gives up
+                refused.append(timed_login(server.port, "costly", b"guess", source, timeout=5)[0])
+
+    attackers = [
+        threading.Thread(target=attacker, args=(f"127.0.1.{n}",)) for n in range(1, ATTACKERS + 1)
+    ]
+    for thread in attackers:
+        thread.start()
+    time.sleep(1.0)  # the bcrypt pool is busy and its queue long
+    try:
+        during = [timed_login(server.port, "costly", PASSWORD) for _ in range(20)]
+    finally:
+        stop.set()
+        for thread in attackers:
+            thread.join()
+    median = statistics.median(seconds for _, seconds in during)
+    print(
+        f"\nremembered login: idle median {idle * 1000:.1f} ms, under {ATTACKERS} attacker "
+        f"connections {median * 1000:.1f} ms ({median / idle:.1f}x); "
+        f"guesses refused: {refused.count(401)} after a bcrypt check, {refused.count(429)} "
+        f"unchecked (more than {MAX_PENDING_CHECKS} checks pending)"
+    )
+    assert {status for status, _ in during} == {200}
+    assert set(refused) <= {401, 429} and refused.count(401) > 0
+    assert median <= 3 * idle
+
+
+def test_failed_logins_are_counted_and_limited_per_client(
+    run_exporter, redis_url, tmp_path, hashes, monkeypatch
+):
+    monkeypatch.setattr(FailureLimiter, "RATE", 0.001)  # no token earned back during the test
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump({"basic_auth_users": hashes}))
+    app = run_exporter(redis_url=redis_url, preset=["orchestrata"], web_config=str(path))
+    port = app.server.port
+    assert timed_login(port, "cheap", PASSWORD)[0] == 200
+    assert timed_get(port)[0] == 401  # no credentials
+    bad = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    bad.request("GET", "/metrics", headers={"Authorization": "Basic !!!"})
+    assert bad.getresponse().status == 401
+    bad.close()
+    assert timed_login(port, "nobody", PASSWORD)[0] == 401
+    guesses = [timed_login(port, "cheap", b"guess")[0] for _ in range(FailureLimiter.BURST + 5)]
+    # The burst's tokens were spent (one on the unknown user): the rest come back 429 at once.
+    assert guesses.count(401) == FailureLimiter.BURST - 1
+    assert guesses.count(429) == 6
+    assert timed_login(port, "cheap", PASSWORD)[0] == 200  # a remembered login still passes
+    assert (
+        timed_login(port, "cheap", b"guess", source="127.0.0.2")[0] == 401
+    )  # others are not limited
+    assert timed_get(port, "/readyz")[0] == 200  # probes without credentials count nothing
+    text = wait_for(lambda: _metrics_text(port))
+    failures = {
+        dict(labels)["reason"]: value
+        for (name, labels), value in parse_exposition(text).items()
+        if name == "queue_exporter_http_auth_failures_total"
+    }
+    assert failures == {
+        "missing": 1,
+        "malformed": 1,
+        "unknown_user": 1,
+        "wrong_password": FailureLimiter.BURST,
+        "rate_limited": 6,
+    }
+
+
+def _metrics_text(port: int) -> str:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("GET", "/metrics", headers=auth_header("cheap", PASSWORD))
+    body = connection.getresponse().read().decode()
+    connection.close()
+    return body

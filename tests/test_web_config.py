@@ -250,9 +250,7 @@ def test_tls_with_basic_auth_as_the_toolkit_sample(serve, pki):
 # -- reloading --------------------------------------------------------------------------------
 
 
-def test_a_changed_file_applies_without_restart_and_a_broken_one_fails_closed(
-    serve, tmp_path, monkeypatch
-):
+def test_a_changed_file_applies_without_restart(serve, tmp_path, monkeypatch):
     monkeypatch.setattr(web_config.WebConfigWatcher, "CHECK_SECONDS", 0.0)
     server = serve({"basic_auth_users": {"prometheus": HASH}})
     assert get(server, "/metrics", _auth("prometheus", PASSWORD))[0] == 200
@@ -262,9 +260,57 @@ def test_a_changed_file_applies_without_restart_and_a_broken_one_fails_closed(
     )
     wait_for(lambda: get(server, "/metrics", _auth("prometheus", PASSWORD))[0] == 401)
     assert get(server, "/metrics", _auth("prometheus", "rotated"))[0] == 200
-    (tmp_path / "web.yml").write_text("basic_auth_users: [")
-    wait_for(lambda: get(server, "/metrics", _auth("prometheus", "rotated"))[0] == 500)
-    assert get(server, "/healthz")[0] == 500  # nothing is served from a broken file
+
+
+UNUSABLE_CHANGES = [
+    ("", "the file is empty"),
+    ("basic_auth_users: [", "not valid YAML"),
+    ("\x00\xff garbage: {", "not valid YAML"),
+    ("- a list\n", "top level must be a mapping"),
+    ("basic_auth_users: {}\n", "turning basic auth off needs a restart"),
+    ("http_server_config: {headers: {X-Frame-Options: deny}}\n", "turning basic auth off"),
+    ("basic_auth_users: {prometheus: plaintext}\n", "not a bcrypt hash"),
+]
+
+
+@pytest.mark.parametrize(("text", "logged"), UNUSABLE_CHANGES)
+def test_a_change_that_cannot_apply_keeps_the_last_good_config(
+    serve, tmp_path, monkeypatch, caplog, text, logged
+):
+    monkeypatch.setattr(web_config.WebConfigWatcher, "CHECK_SECONDS", 0.0)
+    server = serve({"basic_auth_users": {"prometheus": HASH}})
+    (tmp_path / "web.yml").write_text(text)
+    wait_for(lambda: get(server, "/healthz") and logged in caplog.text)  # a request reloads
+    assert "still serving the last good one" in caplog.text
+    assert get(server, "/metrics")[0] == 401  # never opened by a broken or weaker file
+    assert get(server, "/metrics", _auth("prometheus", PASSWORD))[0] == 200
+    assert get(server, "/healthz")[0] == 200
+    # Fixed again: applied again.
+    rotated = bcrypt.hashpw(b"rotated", bcrypt.gensalt(4)).decode()
+    (tmp_path / "web.yml").write_text(yaml.safe_dump({"basic_auth_users": {"alice": rotated}}))
+    wait_for(lambda: get(server, "/metrics", _auth("alice", "rotated"))[0] == 200)
+
+
+def test_tls_stays_on_when_the_file_would_turn_it_off(serve, pki, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(web_config.WebConfigWatcher, "CHECK_SECONDS", 0.0)
+    verified = _tls(
+        pki, client_auth_type="RequireAndVerifyClientCert", client_ca_file=str(pki.path("ca.crt"))
+    )
+    server = serve(verified)
+    context = client_context(pki, "client")
+    assert get(server, "/metrics", context=context)[0] == 200
+    for weaker, logged in (
+        ({"basic_auth_users": {"prometheus": HASH}}, "turning TLS on or off"),
+        (_tls(pki), "no longer requiring verified client certificates"),
+    ):
+        caplog.clear()
+        (tmp_path / "web.yml").write_text(yaml.safe_dump(weaker))
+        wait_for(
+            lambda logged=logged: get(server, "/metrics", context=context) and logged in caplog.text
+        )
+        assert get(server, "/metrics", context=context)[0] == 200
+        with pytest.raises((ssl.SSLError, OSError, http.client.HTTPException)):
+            get(server, "/metrics", context=client_context(pki))  # still no certificate, no entry
 
 
 # -- start-up ---------------------------------------------------------------------------------
