@@ -297,7 +297,12 @@ def guarded(tmp_path, hashes):
         path = tmp_path / "web.yml"
         path.write_text(yaml.safe_dump({"basic_auth_users": hashes}))
         server = MetricsServer(
-            "127.0.0.1", 0, lambda _: b"up 1\n", HealthBoard(), path, None, counted.append
+            "127.0.0.1",
+            0,
+            lambda _: b"up 1\n",
+            HealthBoard(),
+            path,
+            count_auth_failure=counted.append,
         )
         server.start()
         servers.append(server)
