@@ -27,6 +27,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from exporter.app import build_sources
 from exporter.config import from_dict
 from exporter.health import HealthBoard
+from exporter.samples import SampleSet
+from exporter.sources.base import SourceRunner
 from exporter.sources.postgres import PostgresSourceConfig
 from exporter.telemetry import Telemetry
 from exporter.watchdog import Watchdog
@@ -291,3 +293,36 @@ def test_check_config_connect_gives_up_on_a_frozen_redis_at_the_cycle_deadline(
     assert f"redis keys at {url}: FAILED (timeout: no answer within its 0.5s deadline)" in (
         result.stdout
     )
+
+
+class _UninterruptibleSource:
+    """A cycle stuck past its deadline in a call that cannot be interrupted; it ends on its own."""
+
+    name = "stuck"
+    interval = 0.1
+    deadline = 0.1
+
+    def sample(self) -> SampleSet:
+        time.sleep(0.3)
+        raise OSError("its own socket timeout, at last")
+
+    def interrupt(self) -> None:
+        raise RuntimeError("cannot interrupt this")
+
+    def error_reason(self, error: Exception) -> str:
+        return "connection"
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_interrupt_that_raises_fails_only_its_cycle(caplog):
+    telemetry = Telemetry(HealthBoard())
+    runner = SourceRunner(_UninterruptibleSource(), telemetry, threading.Event())
+    try:
+        assert not runner.run_once()  # failed, as a timeout: its deadline passed
+        assert telemetry.health.snapshot()["stuck"].last_error == "timeout"
+        runner.interrupt()  # what shutdown calls: logged, not raised
+        assert caplog.text.count("source stuck: interrupting its cycle failed") == 2
+    finally:
+        telemetry.shutdown()

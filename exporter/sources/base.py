@@ -60,7 +60,7 @@ class DeadlineExceeded(TimeoutError):
 def sample_within_deadline(source: Source) -> SampleSet:
     """One cycle under the source's deadline: past it, the backend calls it is blocked in are
     severed (source.interrupt) and DeadlineExceeded is raised."""
-    watchdog = Watchdog(source.deadline, source.interrupt)
+    watchdog = Watchdog(source.deadline, lambda: interrupt(source))
     try:
         with watchdog:
             return source.sample()
@@ -69,6 +69,14 @@ def sample_within_deadline(source: Source) -> SampleSet:
             message = f"no answer within its {source.deadline:g}s deadline"
             raise DeadlineExceeded(message) from error
         raise
+
+
+def interrupt(source: Source) -> None:
+    """source.interrupt(), whose failure is logged: it must not end a shutdown or a watchdog."""
+    try:
+        source.interrupt()
+    except Exception as error:
+        log.warning("source %s: interrupting its cycle failed: %s", source.name, _describe(error))
 
 
 class SourceRunner:
@@ -130,7 +138,7 @@ class SourceRunner:
 
     def interrupt(self) -> None:
         """Shutdown: the cycle in progress, if any, fails now instead of waiting its deadline."""
-        self.source.interrupt()
+        interrupt(self.source)
 
     def _failed(self, reason: str, duration: float, why: str) -> None:
         """Withdraw the source's series (never served stale), mark it down, count and log why."""
