@@ -23,7 +23,7 @@ import redis
 
 Args = tuple[Any, ...]
 _READ_SIZE = 65536
-PROBE = "~"
+PROBE = "~"  # put before a command by probe_first; the script looks for it
 
 # KEYS[i] is read i's key; ARGV[1] the limit in bytes, then per read its command, the number
 # of its other arguments and those arguments. A reply whose strings add up to more than the
@@ -37,7 +37,9 @@ local limit = tonumber(ARGV[1])
 local function head_lower_bound(key, command)
   local length = redis.pcall(command == 'LINDEX' and 'LLEN' or 'ZCARD', key)
   if type(length) ~= 'number' or length == 0 then return 0 end
-  return math.floor((redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 1) or 0) / length)
+  local usage = redis.pcall('MEMORY', 'USAGE', key, 'SAMPLES', 1)
+  if type(usage) ~= 'number' then return 0 end  -- not granted: the head is read and measured
+  return math.floor(usage / length)
 end
 local function size(reply)
   if type(reply) == 'string' then return #reply end
