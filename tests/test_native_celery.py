@@ -125,6 +125,9 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter):
         assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
         assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
         assert _sum(series, "queue_job_wait_seconds_count", **bucket) == 5
+        # attempts of the jobs that ended for good (a timeout may be retried: not final)
+        assert _sum(series, "queue_job_attempts_count", queue="celery") == 7
+        assert _sum(series, "queue_job_attempts_sum", queue="celery") == 8  # one took two
         assert _sum(series, "queue_workers", system="celery") == 1  # busy or idle by now
 
         # running and prefetched: one worker slot, three long tasks on their own queue

@@ -56,6 +56,9 @@ WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
 
 class CeleryReaderConfig(ReaderConfig):
     system: str = Field("celery", min_length=1, description="the system label")
+    queues: list[str] = Field(
+        default_factory=list, description="queues whose active depth reads 0 when none runs"
+    )
     default_queue: str = Field(
         "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
     )
@@ -92,6 +95,7 @@ class _Task:
     enqueued_at: float | None = None
     started_at: float | None = None
     worker: str = ""
+    retries: int = 0
 
 
 class CeleryReader:
@@ -244,7 +248,9 @@ class CeleryReader:
             task.enqueued_at = ts
             emit("enqueued")
         elif kind == "task-received":
-            if task.enqueued_at is None or event.get("retries"):  # a retry is enqueued anew
+            retries = event.get("retries")
+            task.retries = retries if isinstance(retries, int) else 0
+            if task.enqueued_at is None or task.retries:  # a retry is enqueued anew
                 task.enqueued_at = ts
             emit("dequeued")
         elif kind == "task-started":
@@ -253,11 +259,13 @@ class CeleryReader:
         elif kind == "task-succeeded":
             runtime = event.get("runtime")
             duration = float(runtime) if isinstance(runtime, int | float) else self._ran(task, ts)
-            emit("completed", duration=duration, enqueued_at=task.enqueued_at)
+            attempt = task.retries + 1
+            emit("completed", duration=duration, enqueued_at=task.enqueued_at, attempt=attempt)
             self._tasks.pop(task_id, None)
         elif kind == "task-failed":
             error_type = _error_type(str(event.get("exception", "")))
-            emit("failed", error_type=error_type, duration=self._ran(task, ts))
+            duration, attempt = self._ran(task, ts), task.retries + 1
+            emit("failed", error_type=error_type, duration=duration, attempt=attempt)
             if error_type == "timeout":
                 emit("timed_out")
             self._tasks.pop(task_id, None)
@@ -304,7 +312,7 @@ class CeleryReader:
                 self._forget_running(hostname)
             else:
                 signals.worker(system, WORKER_QUEUE, hostname, active, max(active, 1))
-        running: Counter[str] = Counter()
+        running: Counter[str] = Counter({queue: 0 for queue in self.config.queues})
         running_ids = set()
         for task_id, task in self._tasks.items():
             if task.started_at is not None:
