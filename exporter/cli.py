@@ -17,6 +17,7 @@ from exporter import config as config_module
 from exporter.demo import command as demo_command
 from exporter.events import emit_command
 from exporter.logs import configure as configure_logging
+from exporter.logs import register_model_secrets
 from exporter.web_config import WebConfigError
 from exporter.web_config import load as load_web_config
 
@@ -198,7 +199,9 @@ def list_presets() -> None:
 
 def _load_or_exit(config_file: Path | None, overrides: dict[str, Any]) -> config_module.Config:
     try:
-        return config_module.load(config_file, overrides)
+        config = config_module.load(config_file, overrides)
     except config_module.ConfigError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)
+    register_model_secrets(config)  # masked in every log line from now on
+    return config

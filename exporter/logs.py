@@ -1,8 +1,14 @@
-"""Logging in text or JSON lines, to stderr, with passwords masked in every line.
+"""Logging in text or JSON lines, to stderr, with secrets masked in every line: the one home
+of secret masking.
 
-Secrets are kept out of messages where they arise (SecretStr settings, masked URLs and DSNs),
-but libraries quote connection strings in some of their own errors (libpq quotes a whole URI
-it cannot parse). So every formatted line, from any logger, also passes through `redact`.
+Secrets are kept out of messages where they arise (SecretStr settings, `mask_connection_string`
+for URLs and DSNs), but libraries quote what they cannot parse: libpq quotes a password with a
+bad %-escape, or the words after a password written with a space. So every line, from any
+logger, exception text and traceback included, passes through `scrub`: the passwords of any
+URL or key=value string in it are masked, and so is every secret value the exporter has read
+(`register_secret`, `register_connection_secrets`, `register_model_secrets`: the settings at
+start-up, password and DSN files at each read). Uncaught exceptions and warnings are logged
+through the same handler.
 """
 
 from __future__ import annotations
@@ -14,28 +20,132 @@ import sys
 import threading
 import time
 from collections.abc import Hashable
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+from pydantic import BaseModel, SecretStr
+
+MASK = "****"
+MIN_SECRET_LENGTH = 4  # shorter values would mask ordinary words all over the log
 
 # scheme://user:PASSWORD@host and password=VALUE (keyword DSNs, ?password= in URLs)
 _URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/?#@\"']*:)[^\s@\"']*@")
 _KEYWORD_PASSWORD = re.compile(
     r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'?|[^\s&\"',;]+)", re.IGNORECASE
 )
+# password=... in a key=value DSN up to the next key=: what an operator meant as the password
+# when it has a space and no quotes (libpq then reads its second word as a key and quotes it).
+_KEYWORD_PASSWORD_SPAN = re.compile(
+    r"\bpassword\s*=\s*('(?:[^'\\]|\\.)*'|.*?)(?=\s+[A-Za-z_]+\s*=|\s*$)", re.IGNORECASE
+)
+
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+_secrets_longest_first: list[str] = []
 
 
 def redact(text: str) -> str:
     """`text` with the passwords of any URLs and key=value strings in it replaced by ****."""
-    return _KEYWORD_PASSWORD.sub(r"\1****", _URL_PASSWORD.sub(r"\1****@", text))
+    return _KEYWORD_PASSWORD.sub(rf"\1{MASK}", _URL_PASSWORD.sub(rf"\1{MASK}@", text))
+
+
+def scrub(text: str) -> str:
+    """`redact(text)`, then every registered secret in it replaced by ****."""
+    text = redact(text)
+    for secret in _secrets_longest_first:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text
+
+
+def mask_connection_string(dsn: str) -> str:
+    """A URL or key=value DSN with its password (user:password@, ?password=, password=...)
+    replaced by ****; everything else as written, for messages that name a backend."""
+    if "://" not in dsn:
+        return _KEYWORD_PASSWORD.sub(rf"\1{MASK}", dsn)
+    try:
+        parts = urlsplit(dsn)
+    except ValueError:  # unparsable (an unclosed [): mask what the patterns find
+        return redact(dsn)
+    netloc = parts.netloc
+    userinfo, at, hosts = netloc.rpartition("@")
+    if at and ":" in userinfo:  # hosts taken as written: a bad port must not make this raise
+        netloc = f"{userinfo.split(':', 1)[0]}:{MASK}@{hosts}"
+    query = parts.query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if any(key == "password" for key, _ in pairs):  # redis-py and libpq read ?password= too
+        query = urlencode([(k, MASK if k == "password" else v) for k, v in pairs], safe="*")
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
+
+
+def register_secret(value: str | None) -> None:
+    """Mask `value` in every log line from now on, as written, percent-decoded and as JSON
+    escapes it, and each of its words (a log line may quote one)."""
+    if not value:
+        return
+    forms = {value, value.strip(), unquote(value), json.dumps(value)[1:-1]}
+    forms.update(value.split())
+    new = {form for form in forms if len(form) >= MIN_SECRET_LENGTH} - _secrets
+    if not new:
+        return
+    global _secrets_longest_first
+    with _secrets_lock:
+        _secrets.update(new)
+        _secrets_longest_first = sorted(_secrets, key=len, reverse=True)
+
+
+def register_connection_secrets(dsn: str | None) -> None:
+    """Register the passwords in a URL (user:password@, ?password=) or key=value DSN."""
+    if not dsn:
+        return
+    _, separator, rest = dsn.partition("://")
+    if separator:  # split by hand: urlsplit refuses some of what libpq would quote back
+        end = min((at for at in map(rest.find, "/?#") if at >= 0), default=len(rest))
+        authority, after = rest[:end], rest[end:]
+        userinfo, at, _ = authority.rpartition("@")
+        if at and ":" in userinfo:
+            register_secret(userinfo.split(":", 1)[1])
+        query = after.partition("?")[2].partition("#")[0]
+        for key, value in parse_qsl(query, keep_blank_values=True):
+            if key == "password":
+                register_secret(value)
+    for match in _KEYWORD_PASSWORD_SPAN.finditer(dsn):
+        written = match.group(1)
+        register_secret(written)
+        if written.startswith("'"):  # quoted: libpq reads it without quotes and escapes
+            register_secret(re.sub(r"\\(.)", r"\1", written.strip("'")))
+
+
+def register_model_secrets(model: BaseModel) -> None:
+    """Register every SecretStr setting in `model` (nested models, lists and dicts included),
+    and the passwords in those that are URLs or DSNs."""
+    for value in _values(model):
+        if isinstance(value, SecretStr):
+            secret = value.get_secret_value()
+            register_secret(secret)
+            register_connection_secrets(secret)
+
+
+def _values(node: Any) -> list[Any]:
+    if isinstance(node, BaseModel):
+        return [v for name in type(node).model_fields for v in _values(getattr(node, name))]
+    if isinstance(node, list | tuple):
+        return [v for item in node for v in _values(item)]
+    if isinstance(node, dict):
+        return [v for item in node.values() for v in _values(item)]
+    return [node]
 
 
 class RedactingFormatter(logging.Formatter):
-    """Formats with `inner`, then masks passwords in the whole line (traceback included)."""
+    """Formats with `inner`, then scrubs the whole line (exception text and traceback included)."""
 
     def __init__(self, inner: logging.Formatter) -> None:
         super().__init__()
         self.inner = inner
 
     def format(self, record: logging.LogRecord) -> str:
-        return redact(self.inner.format(record))
+        return scrub(self.inner.format(record))
 
 
 class JsonFormatter(logging.Formatter):
@@ -62,6 +172,18 @@ def configure(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # Python would print these to stderr itself, past the scrubbing.
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught
+    threading.excepthook = lambda args: _log_uncaught(
+        args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback
+    )
+
+
+def _log_uncaught(
+    kind: type[BaseException], error: BaseException, traceback: TracebackType | None
+) -> None:
+    logging.getLogger("exporter").critical("uncaught exception", exc_info=(kind, error, traceback))
 
 
 class LogLimiter:

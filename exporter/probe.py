@@ -18,7 +18,7 @@ from exporter.catalog import BY_NAME
 from exporter.config import Config
 from exporter.health import HealthBoard, KeyGroupReport
 from exporter.inventory import events_redis
-from exporter.logs import redact
+from exporter.logs import scrub
 from exporter.redis_connection import redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
@@ -163,5 +163,5 @@ def _text(value: Any) -> str:
 
 
 def _first_line(error: BaseException) -> str:
-    text = redact(str(error)).strip().splitlines()
+    text = scrub(str(error)).strip().splitlines()
     return text[0][:300] if text else type(error).__name__

@@ -8,12 +8,14 @@ take a minute. A caller that fails retries on its own schedule (the next cycle, 
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+
+from exporter.logs import mask_connection_string, register_secret
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
@@ -50,11 +52,13 @@ class RedisConnectionConfig(BaseModel):
 
     def resolved_password(self) -> str | None:
         if self.password_file is not None:
-            return self.password_file.read_text().strip()
+            password = self.password_file.read_text().strip()
+            register_secret(password)  # read anew at each connect: a rotated one too
+            return password
         return self.password.get_secret_value() if self.password else None
 
     def masked_url(self) -> str:
-        return mask_url(self.url.get_secret_value())
+        return mask_connection_string(self.url.get_secret_value())
 
     def connect(self) -> redis.Redis:
         """A client whose replies are bytes: decoding is left to the few values that need it."""
@@ -87,21 +91,6 @@ def sever(client: redis.Redis | None) -> None:
     call opens a new connection."""
     if client is not None:
         client.connection_pool.disconnect(inuse_connections=True)
-
-
-def mask_url(url: str) -> str:
-    """The URL with any password (user:password@ and ?password=) replaced by ****."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    userinfo, at, host = netloc.rpartition("@")
-    if at and ":" in userinfo:  # host taken as written: a bad port must not make this raise
-        netloc = f"{userinfo.split(':', 1)[0]}:****@{host}"
-    query = parts.query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    if any(key == "password" for key, _ in pairs):  # redis-py reads ?password= as well
-        masked = [(key, "****" if key == "password" else value) for key, value in pairs]
-        query = urlencode(masked, safe="*")
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 def redis_error_reason(error: Exception) -> str:

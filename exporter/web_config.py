@@ -44,6 +44,8 @@ from pydantic import (
     model_validator,
 )
 
+from exporter.logs import register_model_secrets
+
 log = logging.getLogger(__name__)
 
 
@@ -267,6 +269,7 @@ class LoadedWebConfig:
     def __init__(self, path: Path, config: WebConfig) -> None:
         self.path = path
         self.config = config
+        register_model_secrets(config)  # hashes and an inline key: never in a log line
         self.ssl_context = build_ssl_context(config.tls_server_config, path)
 
     @property

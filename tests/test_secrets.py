@@ -10,6 +10,7 @@ configurations are searched for them.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import signal
 import subprocess
@@ -320,3 +321,82 @@ def test_yaml_errors_quote_no_line(tmp_path):
     assert result.exit_code == 1
     assert "not valid YAML" in result.output
     assert_no_secret(result.output, "the YAML error")
+
+
+# Every form a PostgreSQL secret can be written in, each read where libpq quotes what it cannot
+# parse: a URI with a bad %-escape (libpq quotes the password), a key=value DSN whose password
+# has a space and no quotes (libpq quotes its second word), one with quotes and escapes, and a
+# password file.
+PLANTED_FORMS = {
+    "uri_bad_escape": (
+        {"dsn_file": f"postgresql://qe:Pbad%zz-{MARKER}-x@127.0.0.1:5432/postgres"},
+        "invalid percent-encoded token",
+    ),
+    "keyword_space": (
+        {"dsn_file": f"host=127.0.0.1 user=qe password=Pkw {MARKER}-tail dbname=postgres"},
+        "in connection info string",
+    ),
+    "keyword_quoted": (
+        {"dsn": f"host=127.0.0.1 user=qe_nobody password='Pq {MARKER} \\'x' dbname=postgres"},
+        "qe_nobody",
+    ),
+    "password_file": ({"password_file": f"Ppf-{MARKER}-planted"}, "qe_nobody"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PLANTED_FORMS))
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_no_form_of_a_planted_secret_reaches_any_output(
+    tmp_path, web_config_file, form, log_format
+):
+    settings, still_said = PLANTED_FORMS[form]
+    postgres: dict[str, Any] = {"connect_timeout": 1, "collectors": [COLLECTOR]}
+    for name, value in settings.items():
+        if name.endswith("_file"):
+            path = tmp_path / name
+            path.write_text(value + "\n")
+            value = str(path)
+        postgres[name] = value
+    if "password_file" in settings:
+        postgres.update(host="127.0.0.1", user="qe_nobody", dbname="postgres")
+    password_file = tmp_path / "redis-password"
+    password_file.write_text(f"Rfile-{MARKER}-x\n")  # the wrong one: refused
+    config = {
+        "web_config_file": str(web_config_file),
+        "sources": {
+            "postgres": postgres,
+            "events": {
+                "streams": ["qe:events"],
+                "redis": {
+                    "url": f"redis://127.0.0.1:{free_port()}/0",
+                    "password_file": str(password_file),
+                },
+            },
+        },
+    }
+    outputs = serve_and_collect(
+        tmp_path,
+        config,
+        lambda series: _errors(series, "postgres:") > 0,
+        extra_args=("--log-format", log_format),
+    )
+    for where, text in outputs:
+        assert_no_secret(text, where)
+    assert still_said in dict(outputs)["stderr"]  # the failure itself is still named
+
+
+def test_registered_secrets_leave_tracebacks_and_json_lines():
+    from exporter.logs import JsonFormatter, RedactingFormatter, register_secret
+
+    secret = f'Pj"son\\{MARKER}'
+    register_secret(secret)
+    try:
+        raise RuntimeError(f"the driver says: {secret}")
+    except RuntimeError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, "f", 1, "failed: %s", (secret,), sys.exc_info()
+        )
+    for inner in (JsonFormatter(), logging.Formatter("%(message)s")):
+        line = RedactingFormatter(inner).format(record)
+        assert "Traceback" in line or '"exc"' in line
+        assert_no_secret(line, type(inner).__name__)

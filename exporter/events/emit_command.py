@@ -6,7 +6,8 @@ import click
 import redis
 
 from exporter.events import wire
-from exporter.redis_connection import DEFAULT_REDIS_URL, mask_url
+from exporter.logs import mask_connection_string
+from exporter.redis_connection import DEFAULT_REDIS_URL
 
 
 @click.command("emit")
@@ -51,7 +52,7 @@ def emit(redis_url: str, stream: str, maxlen: int, repeat: int, fields: tuple[st
             pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
         ids = pipe.execute()
     except redis.RedisError as error:
-        raise click.ClickException(f"{mask_url(redis_url)}: {error}") from None
+        raise click.ClickException(f"{mask_connection_string(redis_url)}: {error}") from None
     finally:
         client.close()
     for entry_id in ids:

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.logs import LogLimiter, redact
+from exporter.logs import LogLimiter, scrub
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
 from exporter.watchdog import Watchdog
@@ -190,6 +190,6 @@ class SourceRunner:
 
 
 def _describe(error: Exception) -> str:
-    # redact: driver errors may quote a connection string (libpq quotes a URI it cannot parse)
-    text = redact(str(error)).splitlines()[0] if str(error) else ""
+    # scrub: driver errors may quote a connection string (libpq quotes a URI it cannot parse)
+    text = scrub(str(error)).splitlines()[0] if str(error) else ""
     return f"{type(error).__name__}: {text[:300]}"

@@ -29,7 +29,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import errors
@@ -38,6 +37,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from exporter.gc_pause import gc_paused
+from exporter.logs import mask_connection_string, register_connection_secrets, register_secret
 from exporter.samples import SampleSet
 from exporter.sources.sql_collectors import (
     QueryShapeError,
@@ -119,7 +119,9 @@ class PostgresSourceConfig(BaseModel):
 
     def conninfo(self) -> str:
         if self.dsn_file is not None:
-            return _read_secret(self.dsn_file, "dsn_file")
+            dsn = _read_secret(self.dsn_file, "dsn_file")
+            register_connection_secrets(dsn)  # libpq may quote it back in an error
+            return dsn
         return self.dsn.get_secret_value() if self.dsn is not None else ""
 
     def connect_kwargs(self) -> dict[str, Any]:
@@ -136,12 +138,13 @@ class PostgresSourceConfig(BaseModel):
                 kwargs[name] = str(getattr(self, name))
         if self.password_file is not None:
             kwargs["password"] = _read_secret(self.password_file, "password_file")
+            register_secret(kwargs["password"])
         elif self.password is not None:
             kwargs["password"] = self.password.get_secret_value()
         return kwargs
 
     def masked_dsn(self) -> str | None:
-        return mask_dsn(self.dsn.get_secret_value()) if self.dsn is not None else None
+        return mask_connection_string(self.dsn.get_secret_value()) if self.dsn else None
 
 
 def _read_secret(path: Path, setting: str) -> str:
@@ -150,28 +153,6 @@ def _read_secret(path: Path, setting: str) -> str:
     except OSError as error:
         # Raised inside the pool's connect: an OperationalError is retried like a refusal.
         raise psycopg.OperationalError(f"cannot read {setting} {path}: {error.strerror}") from None
-
-
-_KEYWORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
-
-
-def mask_dsn(dsn: str) -> str:
-    """The DSN with any password (URL userinfo, ?password=, password=...) replaced by ****."""
-    if "://" not in dsn:
-        return _KEYWORD_PASSWORD.sub(r"\1****", dsn)
-    parts = urlsplit(dsn)
-    netloc = parts.netloc
-    if "@" in netloc:
-        userinfo, _, hosts = netloc.rpartition("@")
-        if ":" in userinfo:
-            netloc = f"{userinfo.split(':', 1)[0]}:****@{hosts}"
-    query = parts.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        query = urlencode(
-            [(key, "****" if key == "password" else value) for key, value in pairs], safe="*"
-        )
-    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class DatabaseUnavailable(Exception):
