@@ -191,6 +191,8 @@ class RqReader:
             changes += [(queue, "left", job_id) for job_id in left]
         if not changes:
             return
+        # queue_exporter_events_total{stream="native:rq"}: the job records that changed
+        signals.tally.consumed += len({(queue, job_id) for queue, _, job_id in changes})
         jobs = self._jobs(client, sorted({job_id for _, _, job_id in changes}), signals)
         for queue, what, job_id in changes:
             # A job deleted since (a result_ttl shorter than the interval) still counts, untyped.
