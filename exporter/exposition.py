@@ -41,7 +41,7 @@ def render(families: Iterable[Family], openmetrics: bool) -> list[bytes]:
         spec = family.spec
         out.append(_header(spec.name, spec.help, spec.kind, openmetrics))
         if isinstance(family, NumberFamily):
-            _write_numbers(out, family.spec.name, family.spec.labels, family.series)
+            _write_numbers(out, spec.name, spec.labels, family.series)
         else:
             _write_histogram(out, family)
     return out

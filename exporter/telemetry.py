@@ -106,6 +106,8 @@ class Telemetry:
             )
         ]
         if otlp is not None and otlp.enabled:
+            # Reads the store at each push; the store itself is made below, once the provider
+            # has the overflow counter its guard counts into.
             readers.append(_otlp_reader(otlp, lambda: self.store.families()))
         self.provider = MeterProvider(metric_readers=readers, resource=_resource())
         self.meter = self.provider.get_meter("queue-exporter", __version__)
