@@ -118,23 +118,25 @@ def _run(reader: Reader) -> threading.Event:
     return stop
 
 
-def test_a_redis_restarted_empty_counts_what_it_lost(private_redis, caplog):
+@pytest.mark.parametrize("trimmed", [0, 60], ids=["new-stream-whole", "new-stream-trimmed"])
+def test_a_redis_restarted_empty_counts_what_it_lost(private_redis, caplog, trimmed):
     client = private_redis.client()
     reader = Reader(private_redis.url)
     _write(client, 100)
     assert reader.consumer.poll() == 30  # 70 entries still unread when Redis goes
     _restart(private_redis, wipe=True)
     client = private_redis.client()
-    _write(client, 40)  # the producer writes a new stream
+    _write(client, 40 + trimmed)  # the producer writes a new stream (say, its buffer) ...
+    client.xtrim(STREAM, maxlen=40, approximate=False)  # ... trimmed before the group exists
     stop = _run(reader)  # the consumer finds its connection broken, reconnects
     try:
         with caplog.at_level(logging.WARNING):
-            wait_for(lambda: reader.counts() == (70, 70, 70))
+            wait_for(lambda: reader.counts() == (70, 70, 70 + trimmed))
     finally:
         stop.set()
         reader.consumer.thread.join(10)
-    named = f"events:{STREAM}: 70 entries lost before the group applied them [data_lost]"
-    assert named in [record.getMessage() for record in caplog.records]
+    named = f"events:{STREAM}: {70 + trimmed} entries lost before the group applied them"
+    assert f"{named} [data_lost]" in [record.getMessage() for record in caplog.records]
     assert client.xinfo_groups(STREAM)[0]["lag"] == 0
     assert client.xpending(STREAM, GROUP)["pending"] == 0
 

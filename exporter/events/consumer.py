@@ -39,9 +39,6 @@ log = logging.getLogger(__name__)
 # A stream that does not exist is said once per stream every few minutes: a typo in its key
 # would otherwise look like a quiet system.
 _missing_streams = LogLimiter(log)
-# Lost entries are counted in queue_exporter_events_lost_total; this says where and why, once
-# per stream and reason every few minutes.
-_gaps = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
@@ -85,6 +82,9 @@ class StreamConsumer:
         self._next_stats = 0.0
         self._block_ms = min(settings.block_ms, int(connection.socket_timeout * 800))
         self._refusals = Refusals(stream.key)
+        # Lost entries are counted in queue_exporter_events_lost_total; this names the stream
+        # and the cause, once per cause every few minutes.
+        self._gaps = LogLimiter(log)
         self._runnerq = (
             RunnerQDecoder(
                 stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
@@ -206,7 +206,7 @@ class StreamConsumer:
         check, reply = replies[-2], replies[-1]
         if isinstance(check, Exception):
             raise check
-        status, lost, last, added, read = check
+        status, lost, last, added, read, newest = check
         if status == 1:  # the stream does not exist (yet, or it expired with its group)
             _missing_streams.warning(
                 self.name,
@@ -234,6 +234,7 @@ class StreamConsumer:
             entries[-1][0].decode() if entries else _text(last),
             int(added),
             int(read) + len(entries) if int(read) >= 0 else -1,
+            _text(newest),
         )
         self._acks = [entry_id for entry_id, _ in entries]
         return len(entries)
@@ -305,8 +306,8 @@ class StreamConsumer:
             )
 
     def _gap(self, count: int, reason: str) -> None:
-        _gaps.warning(
-            (self.name, reason),
+        self._gaps.warning(
+            reason,
             "%s: %d entries lost before the group applied them [%s]",
             self.name,
             count,
