@@ -105,7 +105,22 @@ def build() -> dashboard.Dashboard:
                     f"max by (system, pattern) (queue_exporter_keys_matched{{{TARGET}}})",
                     "{{system}} {{pattern}}",
                 ),
-                width=24,
+                width=12,
+            )
+        )
+        .with_panel(
+            panel(
+                "timeseries",
+                "Read errors by key group",
+                "Keys and items a key group could not read per second, by reason (wrong type, "
+                "item not JSON, time missing, ...); the exporter's log and status page name the "
+                "keys.",
+                "ops",
+                Query(
+                    f'sum by (system, pattern, reason) (rate(queue_exporter_source_errors_total{{{TARGET},pattern!=""}}[{RATE}]))',
+                    "{{system}} {{pattern}} {{reason}}",
+                ),
+                width=12,
             )
         )
         .with_row(dashboard.Row("Events"))
