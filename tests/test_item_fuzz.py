@@ -57,6 +57,8 @@ def documents(draw: st.DrawFn) -> bytes:
     if draw(st.booleans()):
         body: Any = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=3))
         body["t"] = draw(st.one_of(times, json_values))
+        if draw(st.booleans()):  # the field split_by reads a label from
+            body["q"] = draw(st.one_of(st.text(max_size=8), json_values))
     else:
         body = draw(json_values)
     return json.dumps(body).encode()  # NaN and Infinity as Python writes them
@@ -125,6 +127,18 @@ FORMS = [
         "zset",
         {"end": "tail", "time_in": "json", "field": "t", "json_after": ":"},
         {"priority_bands": {"width": 1e6, "names": {0: "low", 1: "high"}}},
+    ),
+    Form(
+        "zset split by a JSON field, head",
+        "zset",
+        {"end": "head", "time_in": "json", "field": "t"},
+        {"split_by": {"label": "priority", "field": "q"}},
+    ),
+    Form(
+        "list split by a JSON field, tail",
+        "list",
+        {"end": "tail", "time_in": "json", "field": "t"},
+        {"split_by": {"label": "priority", "field": "q"}},
     ),
     Form("stream head id", "stream", {"end": "head", "time_in": "stream_id"}),
     Form("stream tail id", "stream", {"end": "tail", "time_in": "stream_id"}),
@@ -236,6 +250,8 @@ def test_a_hostile_head_fails_only_its_own_age(
         assert report.errors == {"stream_group_missing": 1}
         return
     assert hostile_series["queue_depth"], "the hostile queue keeps its depth"
+    if form.extra is not None and "split_by" in form.extra:
+        assert sum(hostile_series["queue_depth"]) == 1  # under the label read, or __unread__
     ages = hostile_series["queue_oldest_age_seconds"]
     for age in ages:
         assert math.isfinite(age) and age >= 0

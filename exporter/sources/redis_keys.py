@@ -666,10 +666,11 @@ def _listed_items(reply: Any, scored: bool) -> list[tuple[bytes, float | None]]:
 
 
 def _json_field(item: bytes, field: str) -> str | None:
-    """A field of the item's JSON as a label value; None when there is none to read."""
+    """A field of the item's JSON as a label value; None when there is none to read (not JSON,
+    nested past the recursion limit, no such string field): the item counts as __unread__."""
     try:
         document = json.loads(item)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     value = document.get(field) if isinstance(document, dict) else None
     return value if isinstance(value, str) and value else None
