@@ -90,11 +90,11 @@ class SidekiqReader:
         new_failed = deltas.get("failed", 0.0)
         # processed counts every job run, failed or not
         new_completed = max(deltas.get("processed", 0.0) - new_failed, 0.0)
+        # counted even when 0: the series exist from the first read, so the first jobs show
+        # as an increase (a series born at its value has no rate)
         queue = (self.config.system, ALL_QUEUES, "", "")
-        if new_completed:
-            signals.tally.count("queue_jobs_completed_total", queue, new_completed)
-        if new_failed:
-            signals.tally.count("queue_jobs_failed_total", (*queue, FAILURE_CLASS), new_failed)
+        signals.tally.count("queue_jobs_completed_total", queue, new_completed)
+        signals.tally.count("queue_jobs_failed_total", (*queue, FAILURE_CLASS), new_failed)
         signals.tally.consumed += int(new_completed + new_failed)
 
     def _processes(self, client: redis.Redis, signals: Signals) -> None:
