@@ -4,7 +4,8 @@ Celery: messages on the events channel that are not kombu's, or events missing w
 need, are refused by reason while a real event (sent by Celery's own EventDispatcher) is
 applied. RQ: registry members whose job hash is gone, of another type or unreadable still
 count as what the registry says, the unreadable one also as invalid. Redis restarts: both
-readers come back by themselves.
+readers come back by themselves. A reader that stood by while another replica led does not
+count again what that replica counted.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import time
 
 from celery import Celery
 
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
+from exporter.sources.native.framework import Signals
+from exporter.sources.native.rq import RqReader, RqReaderConfig
 from tests.conftest import Series, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
 
@@ -124,3 +129,43 @@ def test_readers_come_back_after_a_redis_restart(tmp_path, run_exporter):
         )
     finally:
         server.stop()
+
+
+def test_a_reader_left_standing_by_does_not_count_what_the_leader_counted(redis_client, redis_url):
+    """Reads resume after more than three intervals (another replica led): RQ starts from a
+    new baseline, Celery drops the events buffered meanwhile; then both count again."""
+    connection = RedisConnectionConfig(url=redis_url)
+    rq = RqReader(RqReaderConfig(), connection, interval=0.1)
+    celery = CeleryReader(CeleryReaderConfig(), connection, interval=0.1)
+    redis_client.sadd("rq:queues", "rq:queue:default")
+    try:
+        for reader in (rq, celery):
+            reader.read(Signals())  # the baseline, and the subscription
+        redis_client.zadd("rq:finished:default", {"while-away": 1})
+        _heartbeat(redis_url, "away@test")
+        time.sleep(0.5)
+        away_rq, away_celery = Signals(), Signals()
+        rq.read(away_rq)
+        celery.read(away_celery)
+        assert away_rq.tally.counts == {} and away_celery.tally.heartbeats == []
+
+        redis_client.zadd("rq:finished:default", {"while-leading": 1})
+        _heartbeat(redis_url, "here@test")
+        time.sleep(0.05)
+        leading_rq, leading_celery = Signals(), Signals()
+        rq.read(leading_rq)
+        celery.read(leading_celery)
+        completed = ("queue_jobs_completed_total", ("rq", "default", "", ""))
+        assert leading_rq.tally.counts[completed] == 1
+        assert [beat.worker for beat in leading_celery.tally.heartbeats] == ["here@test"]
+    finally:
+        rq.close()
+        celery.close()
+
+
+def _heartbeat(redis_url: str, hostname: str) -> None:
+    celery = Celery(broker=redis_url)
+    with celery.connection_for_write() as connection:
+        dispatcher = celery.events.Dispatcher(connection, hostname=hostname)
+        dispatcher.send("worker-heartbeat", active=0, freq=2.0)
+        dispatcher.close()

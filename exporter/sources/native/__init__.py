@@ -59,7 +59,7 @@ def build_sources(
 
 def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
     if isinstance(settings, RqReaderConfig):
-        return RqReader(settings, connection)
+        return RqReader(settings, connection, interval)
     if isinstance(settings, BullmqReaderConfig):
         return BullmqReader(settings, connection)
     if isinstance(settings, CeleryReaderConfig):

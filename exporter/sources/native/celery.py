@@ -41,7 +41,7 @@ from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import ReaderConfig, ReaderError, Signals
+from exporter.sources.native.framework import ReaderConfig, ReaderError, ReadGap, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -105,6 +105,7 @@ class CeleryReader:
         self.name = "native:celery"
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
+        self._gap = ReadGap(interval)
         self.connection = connection
         self._client: redis.Redis | None = None
         self._subscription: redis.client.PubSub | None = None
@@ -115,6 +116,8 @@ class CeleryReader:
         self._last_event = time.monotonic()
 
     def read(self, signals: Signals) -> None:
+        if self._gap.passed():  # events buffered meanwhile were the leading replica's to count
+            self.close()
         try:
             self._drain(self.drain_budget)
             unacked = self._unacked()

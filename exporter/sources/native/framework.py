@@ -39,6 +39,8 @@ from exporter.samples import SampleSet
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
 WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
+# A reader not asked to read for this many intervals stood by while another replica led.
+GAP_INTERVALS = 3.0
 
 
 class ReaderConfig(BaseModel):
@@ -137,6 +139,25 @@ class NativeSource:
 
     def close(self) -> None:
         self.reader.close()
+
+
+class ReadGap:
+    """Tells a reader it was not asked to read for a while: another replica led meanwhile
+    (leader.py), so what changed in between was counted there and must not be again.
+
+    Failed reads count as asked (the runner retries within an interval), so an outage of the
+    backend is not a gap: what happened during it is still counted once it is back.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.longest = interval * GAP_INTERVALS
+        self._last: float | None = None
+
+    def passed(self) -> bool:
+        """Call at the start of each read: True when the previous one is long past."""
+        now, last = time.monotonic(), self._last
+        self._last = now
+        return last is not None and now - last > self.longest
 
 
 class CounterDeltas:
