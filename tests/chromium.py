@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -21,26 +22,29 @@ from tests.tools import require
 
 class Chromium:
     def __init__(self, profile: Path) -> None:
-        to_chromium_read, self._write = os.pipe()
-        self._read, from_chromium_write = os.pipe()
+        commands_read, self._write = _high_pipe()
+        self._read, replies_write = _high_pipe()
+        browser = [
+            require("chromium"),
+            "--headless",
+            "--no-sandbox",  # tests may run as root (CI containers)
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-pipe",
+            "about:blank",
+        ]
+        # bash moves the pipe ends to fds 3 and 4 and execs Chromium: no preexec_fn, which
+        # is unsafe in a process with threads (the exporter under test runs in this one).
+        moved = f"{shlex.join(browser)} 3<&{commands_read} 4>&{replies_write}"
         self.process = subprocess.Popen(
-            [
-                require("chromium"),
-                "--headless",
-                "--no-sandbox",  # tests may run as root (CI containers)
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                f"--user-data-dir={profile}",
-                "--remote-debugging-pipe",
-                "about:blank",
-            ],
-            pass_fds=(3, 4),  # where _as_fds_3_and_4 puts the pipe ends, in the child
-            preexec_fn=lambda: _as_fds_3_and_4(to_chromium_read, from_chromium_write),
+            ["bash", "-c", f"exec {moved}"],  # dash takes one-digit fds only
+            pass_fds=(commands_read, replies_write),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        os.close(to_chromium_read)
-        os.close(from_chromium_write)
+        os.close(commands_read)
+        os.close(replies_write)
         self._buffer = b""
         self._next_id = 0
         self._events: list[dict[str, Any]] = []
@@ -118,12 +122,10 @@ class Chromium:
         return decoded
 
 
-def _as_fds_3_and_4(commands: int, replies: int) -> None:
-    """In the child, before exec: the pipe ends to fds 3 and 4, where Chromium looks for them
-    (first above 10, so that moving one cannot overwrite the other)."""
-    commands, replies = (
-        fcntl.fcntl(commands, fcntl.F_DUPFD, 10),
-        fcntl.fcntl(replies, fcntl.F_DUPFD, 10),
-    )
-    os.dup2(commands, 3)
-    os.dup2(replies, 4)
+def _high_pipe() -> tuple[int, int]:
+    """A pipe whose ends are above 10: moving them to 3 and 4 cannot overwrite each other."""
+    ends = os.pipe()
+    high = tuple(fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, 10) for end in ends)
+    for end in ends:
+        os.close(end)
+    return high[0], high[1]
