@@ -23,11 +23,13 @@ import redis
 
 Args = tuple[Any, ...]
 _READ_SIZE = 65536
-PROBE = "~"  # put before a command by probe_first; the script looks for it
+# Marks put before a command by probe_first and bound_each; the script looks for them.
+PROBE, EACH = "~", "*"
 
 # KEYS[i] is read i's key; ARGV[1] the limit in bytes, then per read its command, the number
 # of its other arguments and those arguments. A reply whose strings add up to more than the
-# limit comes back as that size, an integer. A command marked with PROBE (LINDEX 0, ZRANGE 0 0)
+# limit comes back as that size, an integer; for a command marked with EACH (a read of many
+# items), each item over the limit does. A command marked with PROBE (LINDEX 0, ZRANGE 0 0)
 # first divides MEMORY USAGE ... SAMPLES 1 (which samples a list's first node, a zset's lowest
 # member) by the length: a lower bound of the head's size, known without copying the head.
 # Declared no-writes: Redis refuses any write in it, and runs it on read-only replicas and while
@@ -51,15 +53,22 @@ end
 local replies, at = {}, 2
 for i, key in ipairs(KEYS) do
   local command, count, reply = ARGV[at], tonumber(ARGV[at + 1]), nil
-  if string.sub(command, 1, 1) == '~' then
-    command = string.sub(command, 2)
+  local mark = string.sub(command, 1, 1)
+  if mark == '~' or mark == '*' then command = string.sub(command, 2) end
+  if mark == '~' then
     local bound = head_lower_bound(key, command)
     if bound > 2 * limit then reply = bound end  -- twice: allocator rounding inflates it
   end
   if reply == nil then
     reply = redis.pcall(command, key, unpack(ARGV, at + 2, at + 1 + count))
-    local bytes = size(reply)
-    if bytes > limit then reply = bytes end
+    if mark == '*' and type(reply) == 'table' and not reply.err then
+      for j, item in ipairs(reply) do
+        if type(item) == 'string' and #item > limit then reply[j] = #item end
+      end
+    else
+      local bytes = size(reply)
+      if bytes > limit then reply = bytes end
+    end
   end
   replies[i] = reply
   at = at + 2 + count
@@ -118,6 +127,13 @@ def probe_first(read: Args) -> Args:
     It costs two more commands inside the script, so only heads found too large get it."""
     command, *rest = read
     return (PROBE + command, *rest)
+
+
+def bound_each(read: Args) -> Args:
+    """`read` (a script_read of a command that returns many items: LRANGE, ZRANGE, HVALS) with
+    each item over the limit replaced by its size, rather than the whole reply."""
+    command, *rest = read
+    return (EACH + command, *rest)
 
 
 def bounded_reads(keys: Sequence[Any], reads: Iterable[Args], limit: int) -> Args:

@@ -104,6 +104,50 @@ def test_an_item_over_the_limit_skips_only_its_age(redis_client, redis_url, form
     assert report.last_warning is not None and "larger than max_item_bytes" in report.last_warning
 
 
+def _labelled(label: str, seconds_ago: float, size: int) -> bytes:
+    """A JSON item with its time in `t` and its label in `q`, padded to `size` bytes."""
+    return _item(seconds_ago, size).replace(b'{"t"', b'{"q": "' + label.encode() + b'", "t"', 1)
+
+
+@pytest.mark.parametrize("key_type", ["list", "zset", "hash"])
+def test_an_item_over_the_limit_in_a_key_split_by_label_fails_only_itself(
+    redis_client, redis_url, key_type
+):
+    items = [_labelled("a", 90, 2 * LIMIT), _labelled("a", 60, 200), _labelled("b", 30, 200)]
+    if key_type == "list":
+        redis_client.rpush("split", *items)
+    elif key_type == "zset":
+        redis_client.zadd("split", {item: index for index, item in enumerate(items)})
+    else:
+        redis_client.hset("split", mapping={str(index): item for index, item in enumerate(items)})
+    key_group = {
+        "system": "app",
+        "pattern": "split",
+        "type": key_type,
+        "state": "pending",
+        "split_by": {"label": "priority", "field": "q"},
+    }
+    if key_type != "hash":
+        key_group["oldest"] = {"end": "head", "time_in": "json", "field": "t"}
+    config = RedisSourceConfig(url=redis_url, max_item_bytes=LIMIT, key_groups=[key_group])
+    telemetry = Telemetry(HealthBoard())
+    sampler = RedisKeySampler(config, telemetry, 15.0)
+    try:
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+        telemetry.shutdown()
+
+    series = {(spec.name, labels[2]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    depths = {label: v for (name, label), v in series.items() if name == "queue_depth"}
+    assert depths == {"__unread__": 1, "a": 1, "b": 1}  # the big one counts, unread
+    if key_type != "hash":
+        assert series[("queue_oldest_age_seconds", "a")] >= 60  # the next one is read
+        assert ("queue_oldest_age_seconds", "__unread__") not in series
+    (report,) = telemetry.health.key_groups()
+    assert report.errors == {"item_too_large": 1}
+
+
 @pytest.fixture
 def private_redis(tmp_path: Path):
     server = PrivateRedis(tmp_path).start()

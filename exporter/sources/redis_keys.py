@@ -29,7 +29,13 @@ from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
-from exporter.redis_pipeline import bounded_reads, probe_first, round_trip, script_read
+from exporter.redis_pipeline import (
+    bound_each,
+    bounded_reads,
+    probe_first,
+    round_trip,
+    script_read,
+)
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import (
@@ -487,11 +493,12 @@ class _Cycle:
         yield (_DEPTH_COMMAND[group.type], key), on_depth, tally
         last = split.max_items - 1
         read = {
-            "list": ("LRANGE", key, 0, last),
-            "zset": ("ZRANGE", key, 0, last, "WITHSCORES"),
-            "hash": ("HVALS", key),
+            "list": script_read("LRANGE", 0, last),
+            "zset": script_read("ZRANGE", 0, last, "WITHSCORES"),
+            "hash": script_read("HVALS"),
         }[group.type]
-        yield read, self._split_items(tally, key, labels, depth), tally
+        items = (ITEM_READ, key, bound_each(read))
+        yield items, self._split_items(tally, key, labels, depth), tally
 
     def _split_items(
         self, tally: GroupTally, key: bytes, labels: Labels, depth: list[int]
@@ -507,10 +514,14 @@ class _Cycle:
 
         def on_items(reply: Any) -> None:
             items = _listed_items(reply, scored=group.type == "zset")
-            heads: dict[str, tuple[bytes, float | None]] = {}
-            unreadable = 0
+            heads: dict[str, tuple[bytes | int, float | None]] = {}
+            unreadable = too_large = 0
             for item, score in items:
-                value = _json_field(item, split.field)
+                if isinstance(item, int):  # its size: over max_item_bytes, left in Redis
+                    too_large += 1
+                    value: str | None = UNREAD
+                else:
+                    value = _json_field(item, split.field)
                 if value is None:
                     unreadable += 1
                     value = UNREAD
@@ -529,6 +540,8 @@ class _Cycle:
                 tally.failed(key, "items_unread", f"{unread} beyond max_items")
             if unreadable:
                 tally.failed(key, "label_unreadable", f"{unreadable} item(s)")
+            if too_large:
+                tally.failed(key, "item_too_large", f"{too_large} item(s)")
             if group.oldest is not None:
                 self._split_ages(tally, key, labels, heads)
 
@@ -539,12 +552,16 @@ class _Cycle:
         tally: GroupTally,
         key: bytes,
         labels: Labels,
-        heads: dict[str, tuple[bytes, float | None]],
+        heads: dict[str, tuple[bytes | int, float | None]],
     ) -> None:
         """The age of each label value's head item; one that cannot be read fails alone."""
         oldest, split = tally.group.oldest, tally.group.split_by
         assert oldest is not None and split is not None
         for value, (item, score) in heads.items():
+            if isinstance(item, int):  # too large to read (counted): only a score tells its time
+                if oldest.time_in != "score":
+                    continue
+                item = b""
             try:
                 self._age(labels._replace(**{split.label: value}), _item_time(oldest, item, score))
             except Exception as error:  # hostile data may raise anything
@@ -655,9 +672,10 @@ def _head_item(reply: Any) -> tuple[bytes, float | None] | None:
     return member, float(score)
 
 
-def _listed_items(reply: Any, scored: bool) -> list[tuple[bytes, float | None]]:
+def _listed_items(reply: Any, scored: bool) -> list[tuple[bytes | int, float | None]]:
     """(item, score) pairs of LRANGE / HVALS, or of ZRANGE ... WITHSCORES: a flat
-    [member, score, ...] list in RESP2, [[member, score], ...] in RESP3."""
+    [member, score, ...] list in RESP2, [[member, score], ...] in RESP3. An item over
+    max_item_bytes is its size (bound_each)."""
     if not scored:
         return [(item, None) for item in reply]
     if reply and isinstance(reply[0], list):
