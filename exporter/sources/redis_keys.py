@@ -95,9 +95,9 @@ class RedisSourceConfig(RedisConnectionConfig):
     max_item_bytes: int = Field(
         256 * 1024,
         ge=64,
-        description="largest head item (or hash field, stream entry) read for its time; a "
-        "larger one never leaves Redis: its queue keeps the depth, skips the age and counts "
-        "reason item_too_large",
+        description="largest item read (a head item, the hash field it names, a stream entry, "
+        "an item of a key split by a label); a larger one never leaves Redis: its queue keeps "
+        "the depth, skips the age and counts reason item_too_large (split: under __unread__)",
     )
     cycle_timeout: float | None = Field(
         None,
