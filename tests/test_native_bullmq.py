@@ -4,6 +4,8 @@ exporter counts nothing twice, and events trimmed before they were read are coun
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -152,3 +154,27 @@ def test_the_preset_param_turns_the_reader_off(redis_url, run_exporter):
     )
     wait_for(lambda: app.health.snapshot().get("redis") and app.health.snapshot()["redis"].up)
     assert STREAM not in app.health.snapshot()
+
+
+def test_a_worker_killed_under_its_job_stalls_it_then_fails_it(bullmq, redis_url, run_exporter):
+    app = _started(run_exporter, redis_url)
+    # a short lock, checked often, and no stall allowed: the second stall check fails the job
+    stalls = {"lockDuration": 1000, "stalledInterval": 500, "maxStalledCount": 0}
+    bullmq.steps({"op": "add", "queue": "fragile", "data": {"sleep_ms": 600_000}})
+    doomed = bullmq.worker("fragile", **stalls)
+    wait_for(lambda: bullmq.truth(["fragile"])["queues"]["fragile"]["counts"]["active"] == 1)
+    os.kill(doomed.pid, signal.SIGKILL)
+    bullmq.worker("fragile", **stalls)
+    wait_for(lambda: bullmq.truth(["fragile"])["queues"]["fragile"]["counts"]["failed"] == 1)
+
+    def counted() -> Series | None:
+        series = scrape_series(app)
+        return series if _total(series, "queue_jobs_failed_total", queue="fragile") else None
+
+    series = wait_for(counted, timeout=20)
+    assert _total(series, "queue_jobs_failed_total", error_type="other") == 1
+    assert _total(series, "queue_jobs_failed_total") == 1  # the move back was no retry
+    assert _total(series, "queue_jobs_retried_total") == 0
+    assert _total(series, "queue_jobs_requeued_total", reason="stalled") == 1
+    assert _total(series, "queue_jobs_requeued_total", reason="rate_limited") == 0
+    assert _total(series, "queue_jobs_started_total", queue="fragile") == 2  # two attempts

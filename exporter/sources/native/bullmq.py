@@ -19,7 +19,9 @@ Nothing is lost or counted twice unnoticed:
 
 A retried attempt has no `failed` event of its own: BullMQ moves the job to `delayed` (with
 backoff) or back to `waiting` (prev active); with a `failedReason` in the job hash that is a
-retryable failure and a retry, without one a rate-limit push-back.
+retryable failure and a retry, without one a rate-limit push-back. A stalled job (its lock
+expired: the worker died or blocked) is moved back to `waiting` and `stalled` follows, one
+requeue; failed for stalling too often, it is a failure of class `other`.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ _JOB_FIELDS = ("name", "timestamp", "delay", "processedOn", "finishedOn", "atm",
 # Events that need the job hash (for times, the job type or whether a move was a retry).
 _NEEDS_JOB = frozenset({b"active", b"completed", b"failed", b"delayed"})
 _STREAM_GONE = "no such key"
+# The failedReason of a job failed for stalling too often (its worker died or blocked).
+_STALLED = b"job stalled more than allowable limit"
 
 
 class BullmqReaderConfig(ReaderConfig):
@@ -215,7 +219,9 @@ class BullmqReader:
         )
         jobs = self._jobs(client, wanted, signals)
         for queue, entries in batches:
-            for entry_id, fields in entries:
+            for index, (entry_id, fields) in enumerate(entries):
+                if _stall_move(fields, entries[index + 1 : index + 2]):
+                    continue  # counted by the `stalled` entry that follows
                 try:
                     job = jobs.get((queue, fields.get(b"jobId", b""))) or _Job()
                     self._emit(signals, queue, entry_id, fields, job)
@@ -273,7 +279,9 @@ class BullmqReader:
             if kind == b"completed":
                 event("completed", finished, enqueued_at=job.runnable_at, **extra)
             else:
-                event("failed", finished, error_type="non_retryable", **extra)
+                reason = fields.get(b"failedReason", b"")
+                error_type = "other" if reason.startswith(_STALLED) else "non_retryable"
+                event("failed", finished, error_type=error_type, **extra)
         elif kind == b"retries-exhausted":
             event("max_retries_exceeded")
         elif kind == b"stalled":
@@ -295,6 +303,15 @@ class BullmqReader:
             event("scheduled", delay=delay)
         else:
             event("requeued", reason="rate_limited")
+
+
+def _stall_move(fields: dict[bytes, bytes], following: list[Any]) -> bool:
+    """A stalled job is moved back to wait (`waiting`, prev active) and then `stalled` is
+    written for it, in one script: the pair is one requeue."""
+    if fields.get(b"event") != b"waiting" or fields.get(b"prev") != b"active" or not following:
+        return False
+    after = following[0][1]
+    return bool(after.get(b"event") == b"stalled" and after.get(b"jobId") == fields.get(b"jobId"))
 
 
 def _needs_job(fields: dict[bytes, bytes]) -> bool:
