@@ -59,39 +59,3 @@ def celery_publish(client: redis.Redis, queue: str, priority: int = 0) -> None:
     }
     key = f"{queue}{KOMBU_SEP}{priority}" if priority else queue
     client.lpush(key, json.dumps(body))
-
-
-# -- BullMQ -------------------------------------------------------------------------------------
-
-
-def bullmq_add(client: redis.Redis, queue: str, job_id: int, timestamp_ms: int) -> None:
-    """A waiting job as BullMQ 5/6 write it; the preset tests drive the real library
-    (tests/test_preset_bullmq.py), this is for tests about something else (ACLs, faults)."""
-    client.hset(f"bull:{queue}:meta", "opts.maxLenEvents", 10000)  # every queue has its meta
-    client.hset(
-        f"bull:{queue}:{job_id}",
-        mapping={"name": "send", "data": "{}", "timestamp": timestamp_ms, "opts": "{}"},
-    )
-    client.lpush(f"bull:{queue}:wait", str(job_id))
-
-
-def bullmq_delay(client: redis.Redis, queue: str, job_id: int, due_ms: int, counter: int) -> None:
-    client.zadd(f"bull:{queue}:delayed", {str(job_id): due_ms * 0x1000 + (counter & 0xFFF)})
-
-
-# -- Sidekiq ------------------------------------------------------------------------------------
-
-
-def sidekiq_push(client: redis.Redis, queue: str, enqueued_at: float, millis: bool) -> None:
-    stamp: float | int = int(enqueued_at * 1000) if millis else enqueued_at
-    job = {
-        "class": "HardWorker",
-        "args": [1],
-        "jid": uuid.uuid4().hex[:24],
-        "queue": queue,
-        "created_at": stamp,
-        "enqueued_at": stamp,
-        "retry": True,
-    }
-    client.sadd("queues", queue)
-    client.lpush(f"queue:{queue}", json.dumps(job))

@@ -84,7 +84,7 @@ class Driver:
 
 
 class BullMQ(Driver):
-    def __init__(self, major: int, db: int) -> None:
+    def __init__(self, major: int, db: int, port: int = REDIS_PORT) -> None:
         node = shutil.which("node")
         install = TESTS / "node" / f"bullmq{major}"
         if node is None:
@@ -92,7 +92,7 @@ class BullMQ(Driver):
         if not (install / "node_modules" / "bullmq").is_dir():
             _missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)}")
         super().__init__([str(node), str(TESTS / "node" / "bullmq.cjs"), str(install)], {})
-        self.connection = {"host": REDIS_HOST, "port": REDIS_PORT, "db": db}
+        self.connection = {"host": REDIS_HOST, "port": port, "db": db}
 
     def steps(self, *steps: dict[str, Any]) -> None:
         assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"
@@ -114,12 +114,12 @@ class BullMQ(Driver):
 
 
 class Sidekiq(Driver):
-    def __init__(self, db: int) -> None:
+    def __init__(self, db: int, port: int = REDIS_PORT) -> None:
         ruby, sidekiq = shutil.which("ruby"), shutil.which("sidekiq")
         if ruby is None or sidekiq is None:
             _missing("ruby and sidekiq (Debian package ruby-sidekiq)")
         assert ruby is not None and sidekiq is not None
-        env = {"REDIS_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{db}"}
+        env = {"REDIS_URL": f"redis://{REDIS_HOST}:{port}/{db}"}
         super().__init__([ruby, str(TESTS / "ruby" / "sidekiq_driver.rb")], env)
         self.sidekiq = sidekiq
         self.logs: list[IO[str]] = []

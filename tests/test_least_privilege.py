@@ -29,6 +29,7 @@ from tests import layouts
 from tests.attune_db import Attune
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
+from tests.real_queues import BullMQ, Sidekiq
 
 PASSWORD = "least-privilege-pw"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "security.md"
@@ -43,7 +44,8 @@ def acl_redis(tmp_path):
 
 
 def _seed(client: redis.Redis, now: float) -> None:
-    """Queue keys of every Redis preset, written as the systems write them."""
+    """Queue keys of every Redis preset, written as the systems write them (BullMQ and Sidekiq
+    by the libraries themselves)."""
     client.rpush("orchestrata:queue:billing:p3", json.dumps({"queued_at": layouts.iso(now - 60)}))
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
@@ -52,9 +54,11 @@ def _seed(client: redis.Redis, now: float) -> None:
     layouts.rq_enqueue(client, "default", now - 50)
     layouts.celery_publish(client, "celery")
     layouts.celery_publish(client, "celery", priority=3)
-    layouts.bullmq_add(client, "mail", 1, int((now - 20) * 1000))
-    layouts.bullmq_delay(client, "mail", 2, int((now + 60) * 1000), 1)
-    layouts.sidekiq_push(client, "default", now - 40, millis=False)
+    port = client.connection_pool.connection_kwargs["port"]
+    BullMQ(6, db=0, port=port).steps(
+        {"op": "add", "queue": "mail"}, {"op": "add", "queue": "mail", "opts": {"delay": 60_000}}
+    )
+    Sidekiq(db=0, port=port).push({"queue": "default"}, {"queue": "default", "in": 600})
     client.set("secrets:not-a-queue", "nobody's business")
     return None
 
