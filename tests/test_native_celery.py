@@ -185,3 +185,45 @@ def test_no_events_is_reported(redis_url, run_exporter):
         )
     )
     assert value(series, "queue_exporter_source_up", source="native:celery") == 0
+
+
+def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
+    """Under late ack a running task's message stays in kombu's unacked hash beside the one
+    held for its countdown: active, pending and scheduled each count a task once, as the
+    worker reports."""
+    env = {**_env(redis_url, None, None), "QE_CELERY_ACKS_LATE": "1"}
+    app = run_exporter(
+        {"presets": [{"name": "celery", "params": {"queues": ["late"]}}]}, redis_url=redis_url
+    )
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
+    worker = _worker(env, "late", 1)
+    try:
+        # first the countdown task, which the worker takes and holds, then three long ones
+        countdown = {"task": "sleep_for", "seconds": 0, "queue": "late", "countdown": 3600}
+        _driver(env, "publish", json.dumps([countdown]))
+        wait_for(lambda: _driver(env, "truth", "late")["scheduled"].get("late") == 1)  # type: ignore[index]
+        plan = [{"task": "sleep_for", "seconds": 30, "queue": "late"} for _ in range(3)]
+        _driver(env, "publish", json.dumps(plan))
+
+        def held() -> dict | None:
+            truth = _driver(env, "truth", "late")
+            assert isinstance(truth, dict)
+            held = {key: truth[key].get("late", 0) for key in ("active", "reserved", "scheduled")}
+            if held["active"] != 1 or held["scheduled"] != 1:
+                return None
+            series = scrape_series(app)
+            expected = {
+                "active": 1,
+                "pending": truth["waiting"]["late"] + held["reserved"],
+                "scheduled": 1,
+            }
+            depths = {
+                state: _sum(series, "queue_depth", system="celery", queue="late", state=state)
+                for state in expected
+            }
+            return truth if depths == expected else None
+
+        truth = wait_for(held, timeout=40)
+        assert truth["waiting"]["late"] + truth["reserved"].get("late", 0) == 2
+    finally:
+        _stop(worker)

@@ -1,7 +1,8 @@
 """A Celery application for the tests: real tasks on kombu's Redis transport.
 
 The broker comes from QE_CELERY_BROKER; QE_CELERY_SEP and QE_CELERY_STEPS (comma-separated),
-when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options.
+when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options;
+QE_CELERY_ACKS_LATE set makes tasks acknowledged when they end (`task_acks_late`).
 Workers are started with `celery -A tests.celery_app worker`.
 """
 
@@ -24,6 +25,7 @@ app.conf.update(
     task_default_priority=0,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
+    task_acks_late=bool(os.environ.get("QE_CELERY_ACKS_LATE")),
 )
 
 

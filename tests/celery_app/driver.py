@@ -6,7 +6,8 @@
 A plan is a list of {"task": "sleep_for"|"fail_after"|"retry_once", "seconds", optional
 "queue", "priority", "soft_time_limit", "countdown"}. `truth` prints, per queue, the message
 count kombu reports (`queue_declare(passive=True)`, all priority lists), and the tasks the
-workers say they run and hold prefetched (`inspect().active()`, `.reserved()`), by queue.
+workers say they run, hold prefetched and hold until their ETA (`inspect().active()`,
+`.reserved()`, `.scheduled()`), by queue.
 """
 
 from __future__ import annotations
@@ -54,6 +55,12 @@ def truth(queues: list[str]) -> dict:
         "waiting": waiting,
         "active": by_queue(inspect.active()),
         "reserved": by_queue(inspect.reserved()),
+        "scheduled": by_queue(
+            {
+                name: [task["request"] for task in tasks]
+                for name, tasks in (inspect.scheduled() or {}).items()
+            }
+        ),
     }
 
 

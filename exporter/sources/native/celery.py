@@ -12,8 +12,9 @@ without it a task's queue is `default_queue`.
 Running tasks are known only from events (with the default early ack a running task is in no
 Redis key): started and not yet ended, per queue, as `queue_depth{state="active"}`. Messages a
 worker prefetched but has not started are in kombu's `unacked` hash, one per delivery, with the
-routing key: they are counted as pending of their queue (a running task of a late-ack worker is
-in that hash too, and counts as active only).
+routing key: they are counted as pending of their queue, or scheduled while their ETA
+(countdown) is ahead (a running task of a late-ack worker is in that hash too, and counts as
+active only).
 
 When no event arrives for `events_timeout` (workers heartbeat every 2 s) the read fails with
 reason `no_events`: the reader cannot say what runs, so its series are withdrawn and
@@ -40,6 +41,7 @@ from exporter.events.metrics import Tally, apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.sources.item_time import parse_time
 from exporter.sources.key_groups import scan_glob
 from exporter.sources.native.framework import ReaderConfig, ReaderError, ReadGap, Signals
 
@@ -120,7 +122,7 @@ class CeleryReader:
             self.close()
         try:
             self._drain(self.drain_budget)
-            unacked = self._unacked()
+            unacked = self._unacked(signals.now)
         except Exception:
             self.close()
             raise
@@ -192,15 +194,20 @@ class CeleryReader:
             self._client = self.connection.connect()
         return self._client
 
-    def _unacked(self) -> Counter[tuple[str, str]]:
-        """(queue, task id) of each delivered, unacknowledged message."""
-        deliveries: Counter[tuple[str, str]] = Counter()
+    def _unacked(self, now: float) -> Counter[tuple[str, str, str]]:
+        """(queue, task id, state) of each delivered, unacknowledged message: pending, or
+        scheduled while its ETA (countdown) is ahead: the worker holds it until then."""
+        deliveries: Counter[tuple[str, str, str]] = Counter()
         for raw in self._redis().hvals(self.config.unacked_key):
             try:
                 message, _exchange, routing_key = json.loads(raw)
-                task_id = str(message.get("headers", {}).get("id", ""))
-                deliveries[(str(routing_key), task_id)] += 1
-            except (ValueError, TypeError, AttributeError):
+                headers = message.get("headers") or {}
+                eta = headers.get("eta")
+                later = isinstance(eta, str) and parse_time(eta, "iso") > now
+                state = "scheduled" if later else "pending"
+                deliveries[(str(routing_key), str(headers.get("id", "")), state)] += 1
+            except (ValueError, TypeError, AttributeError):  # TimeParseError is a ValueError
+                self._unreadable += 1
                 _limited.log(logging.WARNING, "unacked", "celery: an unacked entry is not kombu's")
         return deliveries
 
@@ -306,7 +313,7 @@ class CeleryReader:
 
     # -- what is held now -----------------------------------------------------------------------
 
-    def _report(self, signals: Signals, unacked: Counter[tuple[str, str]]) -> None:
+    def _report(self, signals: Signals, unacked: Counter[tuple[str, str, str]]) -> None:
         system = self.config.system
         horizon = signals.now - self.config.events_timeout
         for hostname, (active, beat) in list(self._workers.items()):
@@ -323,9 +330,9 @@ class CeleryReader:
                 running_ids.add(task_id)
         for queue, count in running.items():
             signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
-        for (queue, task_id), count in unacked.items():
+        for (queue, task_id, state), count in unacked.items():
             if task_id not in running_ids:
-                signals.samples.add_labelled(DEPTH, (system, queue, "", "pending"), count)
+                signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)
 
 
 def _kombu_body(raw: bytes) -> Any:
