@@ -77,7 +77,8 @@ class PostgresSourceConfig(BaseModel):
     connect_timeout: float = Field(
         5.0,
         gt=0,
-        description="seconds to open a connection, and that a run waits for one before it fails",
+        description="seconds a run waits for a pooled connection before it fails, and that "
+        "opening one may take (libpq counts whole seconds, at least 2)",
     )
     pool_size: int = Field(2, ge=1, le=16, description="connections at most, shared by collectors")
     sample_interval: float | None = Field(
