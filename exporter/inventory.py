@@ -44,24 +44,17 @@ class Inventory:
         return not self.sources
 
     def verdict(self) -> str:
-        """One line: "OK: 2 sources, 7 key groups, 1 stream, 3 SQL collectors"."""
-        return (
-            "OK: "
-            + ", ".join(
-                _count(len(items), noun)
-                for items, noun in (
-                    (self.sources, "source"),
-                    (self.key_groups, "key group"),
-                    (self.streams, "stream"),
-                    (self.sql_collectors, "SQL collector"),
-                )
-            )
-            + (
-                f", {_count(len(self.native_readers), 'native reader')}"
-                if self.native_readers
-                else ""
-            )
-        )
+        """One line: "OK: 2 sources, 7 key groups, 1 stream, 3 SQL collectors" (and the native
+        readers, when there are any)."""
+        counts = [
+            _count(len(self.sources), "source"),
+            _count(len(self.key_groups), "key group"),
+            _count(len(self.streams), "stream"),
+            _count(len(self.sql_collectors), "SQL collector"),
+        ]
+        if self.native_readers:
+            counts.append(_count(len(self.native_readers), "native reader"))
+        return "OK: " + ", ".join(counts)
 
     def lines(self) -> list[str]:
         """The report, one fact a line, for the log and check-config."""

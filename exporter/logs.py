@@ -117,24 +117,35 @@ def register_connection_secrets(dsn: str | None) -> None:
             register_secret(re.sub(r"\\(.)", r"\1", written.strip("'")))
 
 
+# Settings holding a URL or DSN: only their passwords are secret. The rest names the backend,
+# which the startup report and errors must show ("source redis keys: redis://redis:6379/0").
+CONNECTION_STRING_SETTINGS = ("url", "dsn")
+
+
 def register_model_secrets(model: BaseModel) -> None:
-    """Register every SecretStr setting in `model` (nested models, lists and dicts included),
-    and the passwords in those that are URLs or DSNs."""
-    for value in _values(model):
+    """Register every SecretStr setting in `model` (nested models, lists and dicts included):
+    a URL or DSN setting by its passwords, any other whole (and the passwords in it)."""
+    for name, value in _settings(model, ""):
         if isinstance(value, SecretStr):
             secret = value.get_secret_value()
-            register_secret(secret)
+            if name not in CONNECTION_STRING_SETTINGS:
+                register_secret(secret)
             register_connection_secrets(secret)
 
 
-def _values(node: Any) -> list[Any]:
+def _settings(node: Any, name: str) -> list[tuple[str, Any]]:
+    """(setting name, value) of every leaf; items of a list or dict carry the setting's name."""
     if isinstance(node, BaseModel):
-        return [v for name in type(node).model_fields for v in _values(getattr(node, name))]
+        return [
+            leaf
+            for field in type(node).model_fields
+            for leaf in _settings(getattr(node, field), field)
+        ]
     if isinstance(node, list | tuple):
-        return [v for item in node for v in _values(item)]
+        return [leaf for item in node for leaf in _settings(item, name)]
     if isinstance(node, dict):
-        return [v for item in node.values() for v in _values(item)]
-    return [node]
+        return [leaf for item in node.values() for leaf in _settings(item, name)]
+    return [(name, node)]
 
 
 class RedactingFormatter(logging.Formatter):

@@ -192,3 +192,14 @@ def test_native_readers_are_sources_too():
     assert result.returncode == 0, result.stderr
     assert "# source native rq: redis://rq-redis:6379/1 (its own records)" in result.stdout
     assert result.stdout.splitlines()[-1].endswith(", 0 SQL collectors, 1 native reader")
+
+
+def test_the_startup_report_masks_only_the_password(serve_process):
+    url = f"redis://app:s3cr3t-pw@127.0.0.1:{free_port()}/3"  # nothing listens: it is only named
+    exporter = serve_process("--redis-url", url, "--preset", "orchestrata")
+    exporter.series_when(lambda series: series)  # serving: the report is written
+    exporter.process.send_signal(signal.SIGTERM)
+    exporter.process.wait(timeout=15)
+    _, log = exporter.process.communicate()
+    assert "s3cr3t-pw" not in log
+    assert f"source redis keys: {url.replace('s3cr3t-pw', '****')} (2 key groups)" in log
