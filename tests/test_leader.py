@@ -65,14 +65,15 @@ def test_two_processes_with_one_identity_do_not_share_the_lease(redis_url):
 
 
 def test_a_dead_leaders_lease_expires_and_is_taken_over(redis_url):
-    ttl, attempts_every = 1.0, 0.05
+    ttl, attempts_every = 2.0, 0.05
     dead, follower = _leadership(redis_url, ttl=ttl), _leadership(redis_url, ttl=ttl)
     renewed_at = time.monotonic()
     assert dead.renew()
     assert not follower.renew()
     wait_for(follower.renew, timeout=10, interval=attempts_every)
-    # Within the lease's TTL of the last renewal, give or take the follower's next attempt.
-    assert time.monotonic() - renewed_at < ttl + 4 * attempts_every
+    # Within the lease's TTL of the last renewal: a quarter of it is room for the follower's
+    # next attempt and a busy machine.
+    assert time.monotonic() - renewed_at < 1.25 * ttl
     assert follower.token() == 2
 
 
