@@ -37,6 +37,12 @@ def _scaled_object(values: dict[str, Any] | None = None) -> dict[str, Any]:
     return scaled
 
 
+def test_strict_lint_is_clean():
+    report = helm.lint(str(EXAMPLE), {}, strict=True, kube_version="v1.30.0")
+    problems = [message for message in report["messages"] if message["severity"] >= 2]
+    assert report["errors"] == [] and problems == [], report
+
+
 def test_the_scaled_object_has_what_kedas_crd_requires():
     scaled = _scaled_object()
     assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
