@@ -27,9 +27,10 @@ from typing import Any, cast
 from prometheus_client.utils import floatToGoString
 
 from exporter.samples import Series, flat_rows
-from exporter.store import Family, HistogramFamily, HistogramPoint, NumberFamily
+from exporter.store import Family, HistogramFamily, NumberFamily
 
 CHUNK = 2048  # lines joined at a time
+_LABELS = "\x00"  # where a histogram template takes a series' labels (never in a name or bound)
 _last = itemgetter(-1)
 _go_float = cast(Callable[[float], str], floatToGoString)  # Go's spelling, as Prometheus writes
 
@@ -72,37 +73,31 @@ def _write_numbers(
 
 def _write_histogram(out: list[bytes], family: HistogramFamily) -> None:
     spec = family.spec
-    name = spec.name
     labels_format = ",".join(f'{label}="%s"' for label in spec.labels)
     label_sets = list(family.series)
     label_texts = [labels_format % labels for labels in label_sets]
     if not _plain("".join(label_texts), 2 * len(spec.labels) * len(label_sets), 0):
         label_texts = [labels_format % tuple(map(escape, labels)) for labels in label_sets]
-    bucket_ends = [f'le="{_go_float(bound)}"}} ' for bound in family.bounds]
-    bucket_ends.append('le="+Inf"} ')
-    joiner = "," if spec.labels else ""
+    template = _histogram_template(spec.name, family.bounds, bool(spec.labels))
+    per_chunk = max(CHUNK // (len(family.bounds) + 3), 1)
     lines: list[str] = []
-    for labels, point in zip(label_texts, family.series.values(), strict=True):
-        lines.append(_histogram_lines(name, labels, joiner, bucket_ends, point))
-        if len(lines) >= CHUNK // len(bucket_ends):
+    for labels, (buckets, total, count) in zip(label_texts, family.series.values(), strict=True):
+        series = template.replace(_LABELS, labels.replace("%", "%%"))
+        lines.append(series % (*accumulate(buckets), count, number(total)))
+        if len(lines) >= per_chunk:
             out.append("".join(lines).encode("utf-8", "replace"))
             lines.clear()
     out.append("".join(lines).encode("utf-8", "replace"))
 
 
-def _histogram_lines(
-    name: str, labels: str, joiner: str, bucket_ends: Sequence[str], point: HistogramPoint
-) -> str:
-    buckets, total, count = point
-    head = f"{name}_bucket{{{labels}{joiner}"
-    braced = f"{{{labels}}}" if labels else ""
-    return (
-        "".join(
-            f"{head}{end}{cumulative}\n"
-            for end, cumulative in zip(bucket_ends, accumulate(buckets), strict=True)
-        )
-        + f"{name}_count{braced} {count}\n{name}_sum{braced} {number(total)}\n"
-    )
+def _histogram_template(name: str, bounds: Sequence[float], labelled: bool) -> str:
+    """The lines of one series of the histogram, its labels still to be put in place of
+    _LABELS: `%d` per cumulative bucket count (+Inf last), then `%d` the count, `%s` the sum.
+    Writing a series is then one replace and one format, whatever its number of buckets."""
+    les = [_go_float(bound) for bound in bounds] + ["+Inf"]
+    labels, joiner, braced = (_LABELS, ",", "{" + _LABELS + "}") if labelled else ("", "", "")
+    buckets = "".join(f'{name}_bucket{{{labels}{joiner}le="{le}"}} %d\n' for le in les)
+    return buckets + f"{name}_count{braced} %d\n{name}_sum{braced} %s\n"
 
 
 def _line_format(name: str, label_names: tuple[str, ...]) -> str:
