@@ -3,7 +3,6 @@ their code issues (queue-layouts.md cites the source of each)."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import UTC, datetime
 
@@ -44,18 +43,3 @@ def rq_enqueue(client: redis.Redis, queue: str, enqueued_at: float) -> str:
     client.sadd("rq:queues", f"rq:queue:{queue}")
     client.rpush(f"rq:queue:{queue}", job_id)
     return job_id
-
-
-# -- Celery on kombu's Redis transport ----------------------------------------------------------
-
-KOMBU_SEP = "\x06\x16"
-
-
-def celery_publish(client: redis.Redis, queue: str, priority: int = 0) -> None:
-    body = {
-        "body": "e30=",
-        "headers": {"task": "tasks.add", "id": str(uuid.uuid4())},
-        "properties": {"priority": priority, "delivery_tag": str(uuid.uuid4())},
-    }
-    key = f"{queue}{KOMBU_SEP}{priority}" if priority else queue
-    client.lpush(key, json.dumps(body))

@@ -19,7 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 import redis
+from celery import Celery
 from click.testing import CliRunner
+from rq import Queue
 
 from exporter import config as config_module
 from exporter import redis_acl
@@ -44,17 +46,18 @@ def acl_redis(tmp_path):
 
 
 def _seed(client: redis.Redis, now: float) -> None:
-    """Queue keys of every Redis preset, written as the systems write them (BullMQ and Sidekiq
-    by the libraries themselves)."""
+    """Queue keys of every Redis preset, written as the systems write them (RQ, Celery, BullMQ
+    and Sidekiq by the libraries themselves)."""
     client.rpush("orchestrata:queue:billing:p3", json.dumps({"queued_at": layouts.iso(now - 60)}))
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
     layouts.runnerq_enqueue(client, "default", activity, now)
     client.hset(f"activity:{activity['id']}", mapping=runnerq_hash(activity, "Pending"))
-    layouts.rq_enqueue(client, "default", now - 50)
-    layouts.celery_publish(client, "celery")
-    layouts.celery_publish(client, "celery", priority=3)
     port = client.connection_pool.connection_kwargs["port"]
+    Queue("default", connection=client).enqueue("tests.rq_app.jobs.sleep_for", 0)
+    celery = Celery(broker=f"redis://127.0.0.1:{port}/0")
+    for priority in (0, 3):  # the bare list and the "\x06\x163" one
+        celery.send_task("tests.sleep_for", args=(0,), queue="celery", priority=priority)
     BullMQ(6, db=0, port=port).steps(
         {"op": "add", "queue": "mail"}, {"op": "add", "queue": "mail", "opts": {"delay": 60_000}}
     )
