@@ -138,9 +138,16 @@ class GroupTally:
         self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
         self.errors: Counter[str] = Counter()
         self.last_warning: str | None = None
+        self._failed: set[tuple[bytes, str]] = set()
 
     def failed(self, key: bytes, reason: str, detail: str = "") -> None:
-        """Count and name a key the group could not read (rate-limited per group and reason)."""
+        """Count and name a key the group could not read (rate-limited per group and reason).
+
+        Once per key and reason in a cycle: a zset in a list group fails both its LLEN and its
+        LINDEX, and that is one key of the wrong type."""
+        if (key, reason) in self._failed:
+            return
+        self._failed.add((key, reason))
         self.errors[reason] += 1
         group = self.group
         self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
