@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 # abandoned then (docs/operations.md). With the lease release, the HTTP server's stop and the
 # last OTLP push the process exits within 5 s, far inside Kubernetes' default 30 s grace period.
 SHUTDOWN_BUDGET = 2.0
+# Seconds an event consumer has to finish its read and ack it before a hung read is cut off:
+# a healthy read takes milliseconds, an idle XREAD BLOCK at most block_ms (1 s by default).
+CONSUMER_GRACE = 1.0
 # Seconds releasing the lease may take (connect, then the command) once the threads are done.
 LEASE_RELEASE_TIMEOUT = 0.5
 # Seconds the last OTLP push may take at exit, when OTLP is enabled (abandoned after that).
@@ -130,8 +133,7 @@ class App:
         deadline = started + SHUTDOWN_BUDGET
         for runner in self.runners:
             runner.interrupt()  # a cycle blocked on a hung backend fails now
-        for consumer in self.event_consumers:
-            consumer.interrupt()  # so does a read blocked on a hung Redis
+        self._stop_consumers(started + CONSUMER_GRACE)
         threads = [runner.thread for runner in self.runners]
         # Consumers stop reading and ack what they applied; what a consumer could not ack stays
         # pending in the group, where another replica claims it after claim_idle.
@@ -147,6 +149,16 @@ class App:
         self.server.stop()
         self.telemetry.shutdown(timeout=OTLP_SHUTDOWN_TIMEOUT)
         log.info("stopped in %.1fs", time.monotonic() - started)
+
+    def _stop_consumers(self, grace_end: float) -> None:
+        """Let each consumer finish the read in progress and ack it (a read cut off would leave
+        its entries pending for another replica to apply again); one still reading at
+        `grace_end` waits on a hung Redis, and its read is cut off."""
+        for consumer in self.event_consumers:
+            if consumer.thread is not None and consumer.thread.ident is not None:
+                consumer.thread.join(timeout=max(grace_end - time.monotonic(), 0.0))
+        for consumer in self.event_consumers:
+            consumer.interrupt()
 
     def run_until_signalled(self) -> None:
         def on_signal(signum: int, _: FrameType | None) -> None:

@@ -130,9 +130,10 @@ class StreamConsumer:
             self.close()
 
     def interrupt(self) -> None:
-        """From another thread, at shutdown: a read blocked on a hung Redis fails now instead
-        of at its deadline. Nothing is lost: an interrupted read was not applied, so its
-        entries stay pending for this consumer name (re-read at its restart) or a replica."""
+        """From another thread, at shutdown, once the consumer had its chance to finish: a read
+        blocked on a hung Redis fails now instead of at its deadline. An interrupted read was
+        not applied: its entries stay pending for this consumer name (re-read at its restart)
+        or for another replica (claimed after claim_idle)."""
         sever(self._client)
 
     def poll(self) -> int:
