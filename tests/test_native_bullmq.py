@@ -10,7 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
+from exporter.sources.native.framework import Signals
 from tests.conftest import REDIS_HOST, REDIS_PORT, Series, scrape_series, value, wait_for
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 
@@ -178,3 +183,65 @@ def test_a_worker_killed_under_its_job_stalls_it_then_fails_it(bullmq, redis_url
     assert _total(series, "queue_jobs_requeued_total", reason="stalled") == 1
     assert _total(series, "queue_jobs_requeued_total", reason="rate_limited") == 0
     assert _total(series, "queue_jobs_started_total", queue="fragile") == 2  # two attempts
+
+
+_BULLMQ_EVENTS = [
+    b"added", b"active", b"completed", b"failed", b"delayed", b"waiting", b"stalled",
+    b"retries-exhausted", b"progress", b"removed", b"drained", b"paused", b"resumed",
+]  # fmt: skip
+_HOSTILE = st.one_of(
+    st.binary(max_size=30),
+    st.sampled_from([b"", b"nan", b"-1", b"1e400", b"9" * 40, b"\xff\xfe", b"active", b"1"]),
+)
+_ENTRY = st.builds(
+    lambda kind, rest: {b"event": kind, **rest},
+    st.one_of(st.sampled_from(_BULLMQ_EVENTS), st.binary(max_size=10)),
+    st.dictionaries(
+        st.sampled_from([b"jobId", b"prev", b"delay", b"name", b"failedReason", b"x"]),
+        _HOSTILE,
+        max_size=5,
+    ),
+)
+_JOB_HASH = st.dictionaries(
+    st.sampled_from([b"name", b"timestamp", b"delay", b"processedOn", b"finishedOn", b"atm"]),
+    _HOSTILE,
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(entries=st.lists(_ENTRY, min_size=1, max_size=12), job=_JOB_HASH)
+def test_hostile_entries_cost_only_themselves(redis_client, redis_url, entries, job):
+    """Any fields in BullMQ's stream and its job hash: the read never fails, every entry is
+    read once, and a valid completion written after them counts."""
+    redis_client.flushdb()
+    redis_client.hset("bull:q:meta", "opts.maxLenEvents", 10000)
+    if job:
+        redis_client.hset("bull:q:1", mapping=job)
+    connection = RedisConnectionConfig(url=redis_url)
+    reader = BullmqReader(BullmqReaderConfig(), connection)
+    try:
+        reader.read(Signals())  # the baseline
+        for fields in entries:
+            redis_client.xadd("bull:q:events", fields)
+        redis_client.xadd(
+            "bull:q:events", {"event": "completed", "jobId": "none", "prev": "active"}
+        )
+        signals = Signals()
+        reader.read(signals)
+        assert signals.tally.consumed == len(entries) + 1
+        completed = sum(
+            count
+            for (metric, _), count in signals.tally.counts.items()
+            if metric == "queue_jobs_completed_total"
+        )
+        assert completed >= 1
+        again = Signals()
+        reader.read(again)  # nothing is read twice
+        assert again.tally.consumed == 0
+    finally:
+        reader.close()

@@ -27,7 +27,7 @@ requeue; failed for stalling too often, it is a failure of class `other`.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -95,14 +95,18 @@ class BullmqReader:
 
     def read(self, signals: Signals) -> None:
         client = self._connect()
+        # Positions move on only when the whole read succeeded: a read that fails applies
+        # nothing (framework.py), so the next one reads the same entries again.
+        positions = {queue: replace(position) for queue, position in self._positions.items()}
         try:
             queues = self._queues(client)
-            batches = self._follow(client, queues, signals)
+            batches = self._follow(client, queues, positions, signals)
             self._apply(client, batches, signals)
-            self._started = True
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
+        self._positions = {queue: positions[queue] for queue in queues if queue in positions}
+        self._started = True
 
     def interrupt(self) -> None:
         sever(self._client)
@@ -133,28 +137,35 @@ class BullmqReader:
     # -- following the streams ----------------------------------------------------------------
 
     def _follow(
-        self, client: redis.Redis, queues: list[str], signals: Signals
+        self,
+        client: redis.Redis,
+        queues: list[str],
+        positions: dict[str, _Position],
+        signals: Signals,
     ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
         """One MULTI of XINFO STREAM + XREAD per queue: the new entries of each stream, the
         entries trimmed before they were read counted as lost."""
         pipe = client.pipeline(transaction=True)
         for queue in queues:
-            position = self._positions.get(queue, _Position(b"0-0", 0))
+            position = positions.get(queue, _Position(b"0-0", 0))
             pipe.xinfo_stream(self._events_key(queue))
             pipe.xread({self._events_key(queue): position.last_id}, count=self.config.max_events)
         replies = pipe.execute(raise_on_error=False)
         batches = []
         for index, queue in enumerate(queues):
             info, read = replies[2 * index], replies[2 * index + 1]
-            entries = self._new_entries(queue, info, read, signals)
+            entries = self._new_entries(queue, info, read, positions, signals)
             if entries:
                 batches.append((queue, entries))
-        for gone in set(self._positions) - set(queues):  # obliterated queues
-            del self._positions[gone]
         return batches
 
     def _new_entries(
-        self, queue: str, info: Any, read: Any, signals: Signals
+        self,
+        queue: str,
+        info: Any,
+        read: Any,
+        positions: dict[str, _Position],
+        signals: Signals,
     ) -> list[tuple[bytes, dict[bytes, bytes]]]:
         if isinstance(info, redis.ResponseError):
             if _STREAM_GONE not in str(info):  # not a stream: this queue alone is skipped
@@ -163,15 +174,15 @@ class BullmqReader:
             info = {"entries-added": 0, "last-generated-id": b"0-0", "length": 0}
         added = int(info.get("entries-added") or 0)
         last_generated = _stream_id(info.get("last-generated-id") or b"0-0")
-        position = self._positions.get(queue)
+        position = positions.get(queue)
         if position is None and not self._started:  # the first read: the baseline
-            self._positions[queue] = _Position(info.get("last-generated-id") or b"0-0", added)
+            positions[queue] = _Position(info.get("last-generated-id") or b"0-0", added)
             return []
         if position is None:  # a queue created since: all its events are new
-            position = self._positions[queue] = _Position(b"0-0", 0)
+            position = positions[queue] = _Position(b"0-0", 0)
         if added < position.added or last_generated < _stream_id(position.last_id):
             # deleted or recreated since: read the new stream from its start next time
-            self._positions[queue] = _Position(b"0-0", 0)
+            positions[queue] = _Position(b"0-0", 0)
             return []
         signals.tally.lost += self._trimmed(queue, info, position, added)
         entries = _entries(read)
@@ -225,8 +236,9 @@ class BullmqReader:
                 try:
                     job = jobs.get((queue, fields.get(b"jobId", b""))) or _Job()
                     self._emit(signals, queue, entry_id, fields, job)
-                except (ValueError, UnicodeDecodeError) as error:  # one bad entry costs itself
-                    signals.tally.refuse("bad_value")
+                except Exception as error:  # whatever one entry raises costs it alone
+                    reason = "bad_value" if isinstance(error, ValueError) else "unprocessable"
+                    signals.tally.refuse(reason)
                     _limited.warning(
                         ("entry", queue), "bullmq: queue %s: entry unreadable: %r", queue, error
                     )
