@@ -88,6 +88,11 @@ PLAN = [
     {"queue": "default", "call": "sleep_for", "seconds": 0.1, "after": 7},  # deferred
     {"queue": "default", "call": "sleep_for", "seconds": 0.1, "cancel": True},
     *({"queue": "other", "call": "sleep_for", "seconds": 0.1} for _ in range(2)),
+    # RQ 3: one of three may run at a time, the other two wait in the rate limit's zset
+    *(
+        {"queue": "limited", "call": "sleep_for", "seconds": 0.1, "rate_limit": ["lim", 1]}
+        for _ in range(3)
+    ),
 ]
 STATE_OF_REGISTRY = {
     "queued": "pending",
@@ -97,6 +102,7 @@ STATE_OF_REGISTRY = {
     "canceled": "failed",
     "deferred": "scheduled",
     "scheduled": "scheduled",
+    "rate_limited": "pending",
 }
 
 
@@ -111,8 +117,10 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         worker.wait(timeout=120)
 
         # depth per queue and state equals RQ's own counts
-        truth = _driver(rq_python, redis_url, "truth", "default", "other", "idle")
+        truth = _driver(rq_python, redis_url, "truth", "default", "other", "idle", "limited")
         assert isinstance(truth, dict)
+        if truth["version"].startswith("3."):
+            assert truth["queues"]["limited"]["rate_limited"] == 2
         expected: dict[tuple[str, str], float] = {}
         for queue, counts in truth["queues"].items():
             for registry, count in counts.items():

@@ -5,7 +5,7 @@
 
 A plan is a list of {"queue", "call": "sleep_for"|"fail_after", "seconds", optional
 "timeout", "retries", "in" (seconds: scheduled), "after" (index of a job it depends on),
-"cancel": true}. `truth` prints, per queue, Queue.count and each registry's count.
+"cancel": true, "rate_limit": [key, concurrency] (RQ 3)}. `truth` prints, per queue, Queue.count and each registry's count.
 """
 
 from __future__ import annotations
@@ -28,6 +28,12 @@ from rq.registry import (
 
 from tests.rq_app import jobs
 
+try:  # RQ 3
+    from rq.job import Job
+    from rq.rate_limit import RateLimit, RateLimitRegistry
+except ImportError:
+    RateLimit = RateLimitRegistry = None  # type: ignore[assignment,misc]
+
 
 def enqueue(connection: Redis, plan: list[dict]) -> list[str]:
     made = []
@@ -39,6 +45,8 @@ def enqueue(connection: Redis, plan: list[dict]) -> list[str]:
             options["job_timeout"] = step["timeout"]
         if "retries" in step:
             options["retry"] = Retry(max=step["retries"])
+        if "rate_limit" in step and RateLimit is not None:  # RQ 3: at most N at a time
+            options["rate_limit"] = RateLimit(*step["rate_limit"])
         if "after" in step:
             options["depends_on"] = made[step["after"]]
         if "in" in step:
@@ -69,6 +77,12 @@ def truth(connection: Redis, names: list[str]) -> dict:
         for state, registry in registries.items():
             entry[state] = registry(name, connection=connection).count
         counts[name] = entry
+    if RateLimitRegistry is not None:  # jobs held back by a rate limit, by their queue
+        for registry in RateLimitRegistry.all(connection):
+            for job_id in registry.get_rate_limited_job_ids():
+                origin = Job.fetch(job_id, connection=connection).origin
+                if origin in counts:
+                    counts[origin]["rate_limited"] = counts[origin].get("rate_limited", 0) + 1
     return {"version": rq.__version__, "queues": counts}
 
 
