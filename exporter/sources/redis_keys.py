@@ -358,24 +358,12 @@ class RedisKeySampler:
         or key is counted and named, and the rest of the cycle goes on. Only the round trip
         itself (the backend) can fail the cycle.
         """
-        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
-        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-        if reads:
-            keys = [key for _, key, _ in reads]
-            read_args = [read for _, _, read in reads]
-            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
-        replies = round_trip(client, direct)
-        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
-        direct_replies = iter(replies)
-        for args, on_reply, tally in commands:
-            if args[0] is not ITEM_READ:
-                reply = next(direct_replies)
-            else:
-                reply = next(read_replies)
-                if type(reply) is int:  # its size: over the limit, left in Redis
-                    self._large_heads_now.add(args[1])
-                    tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
-                    continue
+        replies = self._replies(client, commands)
+        for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
+            if args[0] is ITEM_READ and type(reply) is int:  # its size: left in Redis
+                self._large_heads_now.add(args[1])
+                tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
+                continue
             if isinstance(reply, redis.ResponseError):
                 tally.failed(_key_of(args), _response_reason(reply))
                 continue
@@ -388,6 +376,23 @@ class RedisKeySampler:
                 continue
             if follow_up is not None:
                 yield follow_up
+
+    def _replies(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
+        """The replies to `commands`, in their order, from one round trip in which the item
+        reads travel together as one bounded_reads (an item over max_item_bytes: its size)."""
+        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
+        if reads:
+            keys = [key for _, key, _ in reads]
+            read_args = [read for _, _, read in reads]
+            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
+        replies = round_trip(client, direct)
+        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
+        direct_replies = iter(replies)
+        return [
+            next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
+            for args, _, _ in commands
+        ]
 
 
 class _Rounds:
