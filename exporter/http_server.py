@@ -102,6 +102,7 @@ class MetricsServer:
         self.web = WebConfigWatcher(web_config_file) if web_config_file is not None else None
         self.settings = settings or HttpConfig()
         self.render = render
+        self.compress = SharedCompression()
         self.pages = dict(pages or {})
         self.health = health
         self.count_auth_failure = count_auth_failure
@@ -291,10 +292,11 @@ class _Handler(RequestHandler):
     async def _metrics(self) -> None:
         openmetrics = _wants_openmetrics(self.request.headers.get("Accept", ""))
         gzipped = "gzip" in self.request.headers.get("Accept-Encoding", "")
-        render = self.front.render
+        render, compress = self.front.render, self.front.compress
         try:
             body = await self.front.run_blocking(
-                self.front.scrape_pool, lambda: _exposition(render, openmetrics, gzipped)
+                self.front.scrape_pool,
+                lambda: compress(render(openmetrics)) if gzipped else render(openmetrics),
             )
         except Exception:
             log.exception("rendering /metrics failed")
@@ -397,9 +399,34 @@ def _wants_openmetrics(accept: str) -> bool:
     )
 
 
-def _exposition(render: Render, openmetrics: bool, gzipped: bool) -> bytes:
-    body = render(openmetrics)
-    return gzip.compress(body, GZIP_LEVEL) if gzipped else body
+class SharedCompression:
+    """gzip of a body, shared by the scrapes answered with that same body.
+
+    Concurrent scrapes share one render (Telemetry.render hands each the same bytes object),
+    so they can share its compression as well: fifty scrapes of a large exposition cost one
+    gzip, not fifty. The body is let go when no scrape is using it any more.
+    """
+
+    def __init__(self) -> None:
+        self._compress_lock = threading.Lock()
+        self._count_lock = threading.Lock()
+        self._users = 0
+        self._body: bytes | None = None
+        self._compressed = b""
+
+    def __call__(self, body: bytes) -> bytes:
+        with self._count_lock:
+            self._users += 1
+        try:
+            with self._compress_lock:
+                if body is not self._body:
+                    self._body, self._compressed = body, gzip.compress(body, GZIP_LEVEL)
+                return self._compressed
+        finally:
+            with self._count_lock:
+                self._users -= 1
+                if not self._users:
+                    self._body, self._compressed = None, b""
 
 
 def _log_request(handler: RequestHandler) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import gzip
 import http.client
 import json
 import random
@@ -24,13 +25,16 @@ import pytest
 import redis
 import yaml
 
+from exporter import http_server
 from exporter.health import HealthBoard
 from exporter.http_server import (
+    GZIP_LEVEL,
     MAX_PENDING_CHECKS,
     SCRAPE_THREADS,
     HttpConfig,
     MetricsServer,
     Render,
+    SharedCompression,
 )
 from exporter.web_config import FailureLimiter
 from tests.conftest import ServeProcess, parse_exposition, wait_for
@@ -417,3 +421,49 @@ def _metrics_text(port: int) -> str:
     body = connection.getresponse().read().decode()
     connection.close()
     return body
+
+
+def test_scrapes_answered_with_one_render_share_its_compression(monkeypatch):
+    calls: list[int] = []
+    real_compress = gzip.compress
+
+    def slow_compress(data: bytes, level: int) -> bytes:
+        calls.append(level)
+        time.sleep(0.2)  # long enough for the other scrapes to arrive meanwhile
+        return real_compress(data, level)
+
+    monkeypatch.setattr(http_server.gzip, "compress", slow_compress)
+    compress = SharedCompression()
+    body = b"queue_depth 1\n" * 100_000  # one render's body, handed to three scrapes
+    barrier = threading.Barrier(3)
+    results: list[bytes] = []
+
+    def scrape() -> None:
+        barrier.wait()
+        results.append(compress(body))
+
+    scrapes = [threading.Thread(target=scrape) for _ in range(3)]
+    for thread in scrapes:
+        thread.start()
+    for thread in scrapes:
+        thread.join()
+    assert calls == [GZIP_LEVEL]
+    assert all(gzip.decompress(result) == body for result in results)
+    assert gzip.decompress(compress(b"other")) == b"other"  # another render: compressed anew
+    assert len(calls) == 2
+
+
+def test_a_client_that_does_not_take_its_response_is_cut(front_door):
+    body = b"x" * (64 * 2**20)  # far more than the sockets' buffers hold
+    server = front_door(lambda _: body, request_timeout=1.0)
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: exporter\r\n\r\n")
+    time.sleep(3.0)  # reads nothing for three request timeouts
+    received = 0
+    sock.settimeout(10)
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(1 << 20):
+            received += len(chunk)
+    sock.close()
+    assert received < len(body)  # the server gave up on it
+    assert timed_get(server.port, "/healthz")[0] == 200
