@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -85,7 +86,8 @@ PLAN = [
     {"queue": "default", "call": "fail_after", "seconds": 1.0, "retries": 1},
     {"queue": "default", "call": "sleep_for", "seconds": 5, "timeout": 1},
     {"queue": "default", "call": "sleep_for", "seconds": 0.1, "in": 3600},  # scheduled
-    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "after": 7},  # deferred
+    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "in": -60},  # due: no scheduler
+    {"queue": "default", "call": "sleep_for", "seconds": 0.1, "after": 7},  # deferred on 7
     {"queue": "default", "call": "sleep_for", "seconds": 0.1, "cancel": True},
     *({"queue": "other", "call": "sleep_for", "seconds": 0.1} for _ in range(2)),
     # RQ 3: one of three may run at a time, the other two wait in the rate limit's zset
@@ -154,7 +156,21 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
         assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
         assert _sum(series, "queue_job_wait_seconds_count", **bucket) >= 4
-        assert value(series, "queue_scheduled_due", system="rq", queue="default") == 0
+        # due counts, the head's age and the set of queues equal RQ's own
+        for queue in truth["all_queues"]:  # "idle" has no job: RQ does not know it either
+            due = value(series, "queue_scheduled_due", system="rq", queue=queue)
+            assert due == truth["due"][queue], queue
+        assert truth["due"]["default"] == 1
+        for queue, enqueued_at in truth["oldest_enqueued_at"].items():
+            age = value(series, "queue_oldest_age_seconds", system="rq", queue=queue)
+            if enqueued_at is None:
+                assert age is None, queue
+            else:  # sampled up to a couple of intervals before this scrape
+                assert age is not None and 0 <= time.time() - enqueued_at - age < 5, queue
+        queues = {
+            dict(ls)["queue"] for n, ls in series if n == "queue_depth" and ("system", "rq") in ls
+        }
+        assert queues == set(truth["all_queues"])
 
         # a worker that stays: idle on its queue; stopped, it leaves queue_workers
         assert value(series, "queue_workers", system="rq", queue="idle", state="idle") == 1

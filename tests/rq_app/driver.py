@@ -5,14 +5,15 @@
 
 A plan is a list of {"queue", "call": "sleep_for"|"fail_after", "seconds", optional
 "timeout", "retries", "in" (seconds: scheduled), "after" (index of a job it depends on),
-"cancel": true, "rate_limit": [key, concurrency] (RQ 3)}. `truth` prints, per queue, Queue.count and each registry's count.
+"cancel": true, "rate_limit": [key, concurrency] (RQ 3)}. `truth` prints, per queue, Queue.count and each registry's count, the scheduled jobs already
+due, the head job's enqueue time, and the names of all queues (Queue.all).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from datetime import timedelta
+from datetime import UTC, timedelta
 
 import rq
 from redis import Redis
@@ -83,7 +84,21 @@ def truth(connection: Redis, names: list[str]) -> dict:
                 origin = Job.fetch(job_id, connection=connection).origin
                 if origin in counts:
                     counts[origin]["rate_limited"] = counts[origin].get("rate_limited", 0) + 1
-    return {"version": rq.__version__, "queues": counts}
+    due, oldest = {}, {}
+    for name in names:
+        queue = Queue(name, connection=connection)
+        due[name] = len(ScheduledJobRegistry(name, connection=connection).get_jobs_to_schedule())
+        head = queue.jobs[:1]
+        oldest[name] = (
+            head[0].enqueued_at.replace(tzinfo=UTC).timestamp() if head else None
+        )
+    return {
+        "version": rq.__version__,
+        "queues": counts,
+        "due": due,
+        "oldest_enqueued_at": oldest,
+        "all_queues": sorted(queue.name for queue in Queue.all(connection=connection)),
+    }
 
 
 def main() -> None:
