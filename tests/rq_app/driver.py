@@ -89,9 +89,7 @@ def truth(connection: Redis, names: list[str]) -> dict:
         queue = Queue(name, connection=connection)
         due[name] = len(ScheduledJobRegistry(name, connection=connection).get_jobs_to_schedule())
         head = queue.jobs[:1]
-        oldest[name] = (
-            head[0].enqueued_at.replace(tzinfo=UTC).timestamp() if head else None
-        )
+        oldest[name] = head[0].enqueued_at.replace(tzinfo=UTC).timestamp() if head else None
     return {
         "version": rq.__version__,
         "queues": counts,
