@@ -229,3 +229,34 @@ def test_a_64_mib_head_item_is_never_read_whole(private_redis, serve_process):
     assert value(series, "queue_exporter_source_up", source="redis") == 1
     assert json.loads(scrape(exporter.port, "/readyz"))["ready"] is True
     client.close()
+
+
+def test_a_refused_bounded_read_costs_the_ages_only(private_redis):
+    """A Redis user that may not run the bounded script (an ACL from before it, say): every
+    queue keeps its depth, the ages are skipped and counted, and the source stays up."""
+    admin = private_redis.client()
+    admin.rpush("jobs:a", _item(60, 200), _item(30, 200))
+    admin.rpush("jobs:b", _item(60, 200))
+    rules = ["-@all", "+ping", "+select", "+scan", "+llen", "+lindex", "%R~jobs:*"]
+    admin.execute_command("ACL", "SETUSER", "sampler", "reset", "on", ">pw", *rules)
+    url = private_redis.url.replace("redis://", "redis://sampler:pw@")
+    key_group = {
+        "system": "app",
+        "pattern": "jobs:{queue}",
+        "type": "list",
+        "state": "pending",
+        "oldest": {"time_in": "json", "field": "t"},
+    }
+    telemetry = Telemetry(HealthBoard())
+    sampler = RedisKeySampler(RedisSourceConfig(url=url, key_groups=[key_group]), telemetry, 15.0)
+    try:
+        samples = sampler.sample()
+    finally:
+        sampler.close()
+        telemetry.shutdown()
+        admin.close()
+
+    series = {(spec.name, labels[1]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    assert series == {("queue_depth", "a"): 2, ("queue_depth", "b"): 1}
+    (report,) = telemetry.health.key_groups()
+    assert report.errors == {"response_error": 2}
