@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 
 from exporter.catalog import BY_NAME, MetricSpec
-from exporter.events.wire import Event
+from exporter.events.wire import Event, InvalidEvent
 from exporter.samples import LabelValues, Series
 from exporter.store import OVERFLOW
 from exporter.telemetry import Telemetry
@@ -189,14 +189,19 @@ def _dequeue_result(result: str) -> Handler:
 
 
 def _backend_op(tally: Tally, event: Event, queue: LabelValues) -> None:
-    assert event.duration is not None  # wire.parse requires it
-    tally.observe("queue_backend_operation_seconds", (*queue, event.operation), event.duration)
+    duration = _duration(event)
+    tally.observe("queue_backend_operation_seconds", (*queue, event.operation), duration)
+
+
+def _duration(event: Event) -> float:
+    if event.duration is None:  # wire.parse refuses such events
+        raise InvalidEvent("missing_field", f"{event.name} needs duration")
+    return event.duration
 
 
 def _cycle(kind: str, moved: str) -> Handler:
     def handle(tally: Tally, event: Event, queue: LabelValues) -> None:
-        assert event.duration is not None  # wire.parse requires it
-        tally.observe(f"queue_{kind}_cycle_seconds", queue, event.duration)
+        tally.observe(f"queue_{kind}_cycle_seconds", queue, _duration(event))
         tally.count(f"queue_{kind}_{moved}_total", queue, float(event.count or 0))
         if not event.ok:
             tally.count(f"queue_{kind}_errors_total", queue)
@@ -205,7 +210,8 @@ def _cycle(kind: str, moved: str) -> Handler:
 
 
 def _heartbeat(tally: Tally, event: Event, queue: LabelValues) -> None:
-    assert event.active is not None and event.capacity is not None  # wire.parse requires them
+    if event.active is None or event.capacity is None:  # wire.parse refuses such events
+        raise InvalidEvent("missing_field", "worker_heartbeat needs active and capacity")
     tally.heartbeats.append(
         Heartbeat(queue[0], queue[1], event.worker, event.active, event.capacity, event.ts)
     )

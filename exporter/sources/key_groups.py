@@ -9,7 +9,7 @@ lists of key groups; operators write their own in the same form.
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,7 +18,8 @@ from exporter.sources.item_time import TimeFormat
 
 KeyType = Literal["list", "zset", "set", "hash", "stream"]
 State = Literal["pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed"]
-assert set(STATES) == set(State.__args__)  # type: ignore[attr-defined]
+if set(STATES) != set(get_args(State)):
+    raise RuntimeError(f"key_groups.State {get_args(State)} differ from catalog.STATES {STATES}")
 
 LABEL_PLACEHOLDERS = ("queue", "priority")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")

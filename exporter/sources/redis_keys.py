@@ -209,8 +209,11 @@ class Labels(NamedTuple):
         return self if spec.labels == QUEUE_LABELS else (self.system, self.queue)
 
 
-assert Labels._fields == QUEUE_LABELS
-assert all(spec.labels in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH))
+# Labels doubles as the series key, and for_metric() knows only these two label sets.
+if Labels._fields != QUEUE_LABELS:
+    raise RuntimeError(f"redis_keys.Labels {Labels._fields} differ from catalog {QUEUE_LABELS}")
+if any(spec.labels not in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH)):
+    raise RuntimeError("redis_keys: a sampled family has labels for_metric() cannot build")
 
 
 class RedisKeySampler:

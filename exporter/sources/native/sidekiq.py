@@ -33,7 +33,8 @@ _limited = LogLimiter(log)
 
 ALL_QUEUES = "all"
 FAILURE_CLASS = "other"
-assert FAILURE_CLASS in ERROR_TYPES
+if FAILURE_CLASS not in ERROR_TYPES:
+    raise RuntimeError(f"sidekiq reader: failure class {FAILURE_CLASS!r} is not in wire.ERROR_TYPES")
 
 
 class SidekiqReaderConfig(ReaderConfig):
