@@ -163,3 +163,19 @@ def test_a_redis_restored_from_an_older_copy_applies_nothing_twice(private_redis
         reader.consumer.thread.join(10)
     assert client.xpending(STREAM, GROUP)["pending"] == 0
     assert client.xinfo_groups(STREAM)[0]["lag"] == 0
+
+
+def test_pending_entries_trimmed_before_a_restart_applies_them_count_as_lost(
+    redis_client, redis_url, caplog
+):
+    _write(redis_client, 100)
+    redis_client.xgroup_create(STREAM, GROUP, id="0")
+    redis_client.xreadgroup(GROUP, "sidecar", {STREAM: ">"}, count=30)  # then it crashed
+    redis_client.xtrim(STREAM, maxlen=80, approximate=False)  # 20 of its 30 pending go
+    reader = Reader(redis_url)  # its successor, same consumer name
+    with caplog.at_level(logging.WARNING):
+        reader.drain()
+    assert reader.counts() == (80, 80, 20)
+    assert redis_client.xpending(STREAM, GROUP)["pending"] == 0
+    named = f"events:{STREAM}: 20 entries lost before the group applied them [deleted_pending]"
+    assert named in [record.getMessage() for record in caplog.records]

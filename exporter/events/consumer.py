@@ -3,13 +3,15 @@
 Each read is one transaction: XACK of the previous batch (applied by then), the group
 position check (group_position.py: creates the group when missing, never behind what was
 applied, and counts entries lost to trimming or to a Redis that lost data), and XREADGROUP.
-When nothing is waiting, XREAD BLOCK on the group's last-delivered id waits for
-new entries without consuming them.
+When nothing is waiting, XREAD BLOCK on the group's last-delivered id waits for new entries
+without consuming them.
 
-Entries left pending by a consumer that died are claimed with XAUTOCLAIM once they have
-been idle for `claim_idle`; this consumer's own pending entries (a restart under the same
-pod name, or a connection broken mid-read) are re-read first. Metrics live in memory, so an entry applied but not acked
-before a crash is lost with the rest of that process's counts: re-applying it is right.
+Entries left pending by a consumer that died are claimed with XAUTOCLAIM once they have been
+idle for `claim_idle`; this consumer's own pending entries (a restart under the same pod name,
+or a connection broken mid-read) are re-read first. Metrics live in memory, so an entry
+applied but not acked before a crash is lost with the rest of that process's counts:
+re-applying it is right. An entry costs only itself, whatever it holds: refused, counted,
+named and acknowledged (refusals.py), never a reason to read the batch again.
 """
 
 from __future__ import annotations
@@ -243,13 +245,10 @@ class StreamConsumer:
     def _apply(self, client: redis.Redis, entries: list[Entry], lost: int = 0) -> None:
         """Decode and record a batch. Never raises for what an entry holds: once applied, the
         batch is acknowledged; only a lost connection leaves it pending, to be read again."""
-        present: list[tuple[bytes, dict[bytes, bytes]]] = []
-        for entry_id, fields in entries:
-            if fields:
-                present.append((entry_id, fields))
-            else:  # pending, then deleted from the stream before anyone applied it
-                self._gap(1, "deleted_pending")
-                lost += 1
+        present = [(entry_id, fields) for entry_id, fields in entries if fields]
+        if len(present) < len(entries):  # pending, then deleted before anyone applied them
+            self._gap(len(entries) - len(present), "deleted_pending")
+            lost += len(entries) - len(present)
         now = time.time()
         with gc_paused():
             tally = Tally(lost=lost)
