@@ -1,13 +1,17 @@
-"""The panels and queries of the generated dashboards, with Grafana's variables filled in."""
+"""The panels and queries of the generated dashboards, with Grafana's variables filled in, and
+which of them a set of real systems leaves without data."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from alerts.config import RulesConfig
+from alerts.recording import recording_rules
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
 # What Grafana substitutes: every variable at "All", the rate interval a short window that
@@ -45,3 +49,45 @@ def panel_queries() -> list[PanelQuery]:
         for panel in panels(document)
         for target in panel["targets"]
     ]
+
+
+# Part of a query or recorded series -> the systems that cannot feed it, and why.
+NotFed = Mapping[str, tuple[frozenset[str], str]]
+
+
+def expected_systems(expr: str, systems: tuple[str, ...], not_fed: NotFed) -> set[str]:
+    """The systems that must appear in the query's result."""
+    expected = set(systems)
+    for part, (unfed, _reason) in not_fed.items():
+        if part in expr:
+            expected -= unfed
+    return expected
+
+
+def short_of_data(
+    query: Callable[[str], list[dict[str, Any]]],
+    rules: RulesConfig,
+    systems: tuple[str, ...],
+    not_fed: NotFed,
+) -> list[str]:
+    """Every panel query (but the exporter's own dashboard) and recording rule whose result,
+    by system, lacks one of `systems` that can feed it."""
+    named = [
+        (f"{q.dashboard}: {q.panel}", q.expr)
+        for q in panel_queries()
+        if q.dashboard != "queue-exporter-self.json"  # the exporter's own, not a system's
+    ]
+    named += [
+        (f"recording rule {rule.record}", rule.record)
+        for rule in recording_rules(rules)
+        if "queue_exporter" not in rule.record
+    ]
+    short = []
+    for where, expr in named:
+        found = {item["metric"].get("system") for item in query(expr)}
+        if None in found:
+            continue  # aggregated over systems: not attributable
+        expected = expected_systems(expr, systems, not_fed)
+        if not expected <= found:
+            short.append(f"{where} has {sorted(found)}, not {sorted(expected)}: {expr}")
+    return short

@@ -36,7 +36,6 @@ from exporter.demo.workload import Workload
 from tests.conftest import parse_exposition, scrape, wait_for
 from tests.dashboard_queries import panel_queries
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue
-from tests.real_queues import BullMQ, Sidekiq
 from tests.tools import require, run
 
 SCRAPE_JOB = "queue-exporter"
@@ -48,8 +47,6 @@ WORKLOAD_THREADS = ("demo-workload", "event-emitter")
 # The workload's rarest incidents (a reaper that fails, leases requeued after a worker died)
 # happen within ~15-25s of its start; on two busy cores allow much more.
 DATA_TIMEOUT = 120
-
-SYSTEMS = ("bullmq", "sidekiq")  # run by their real libraries' workers
 
 # Panel title or recorded series -> why it cannot have data here. Empty: the workload feeds
 # every source and every event family.
@@ -346,88 +343,3 @@ def test_the_exposition_passes_promtool_check_metrics(
     assert result.returncode == 0 and not (result.stdout + result.stderr).strip(), (
         result.stdout + result.stderr
     )
-
-
-def test_real_bullmq_and_sidekiq_workers_through_prometheus(
-    redis_db: int,
-    redis_url: str,
-    run_exporter: Callable[..., App],
-    prometheus_for: Callable[[list[App]], Prometheus],
-) -> None:
-    """Real BullMQ 6 and Sidekiq workers, the presets with their native readers, a real
-    Prometheus: the recording rules the dashboards read carry both systems' throughput,
-    failures, runtimes, backlog and workers, and the totals equal what the libraries say."""
-    bullmq, sidekiq = BullMQ(6, redis_db), Sidekiq(redis_db)
-    try:
-        app = run_exporter(redis_url=redis_url, preset=["bullmq", "sidekiq"])
-        readers = [f"native:{system}" for system in SYSTEMS]
-        wait_for(lambda: all(app.health.snapshot()[name].up for name in readers))
-        prometheus = prometheus_for([app])
-        wait_for(lambda: prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1'), timeout=60)
-        # jobs of ~0.15 s, two at a time, and failures for good among them: early and late, so
-        # that the failure counters grow while Prometheus watches (a series born at its final
-        # value shows no rate)
-        slow, doomed = {"sleep_ms": 150}, {"fail": "always"}
-        bullmq.steps(
-            *(
-                {"op": "add", "queue": "mail", "count": count, "data": data}
-                for count, data in ((3, doomed), (30, slow), (3, doomed), (30, slow))
-            )
-        )
-        bullmq_worker = bullmq.worker("mail", concurrency=2)
-        # Sidekiq flushes its counters every 5 s: enough work for several flushes
-        sidekiq.push(
-            *(
-                {"queue": "default", "count": count, "class": job, "args": args}
-                for count, job, args in (
-                    (3, "DoomedJob", [0, "always"]),
-                    (80, "PlannedJob", [150]),
-                    (3, "DoomedJob", [0, "always"]),
-                    (40, "PlannedJob", [150]),
-                )
-            )
-        )
-        sidekiq.worker(["default"], concurrency=2)
-
-        def rule(record: str, system: str, queue: str) -> float | None:
-            """The highest value a recorded series had: rates fall back to 0 once drained."""
-            series = f'{record}{{system="{system}", queue="{queue}"}}'
-            result = prometheus.query(f"max_over_time({series}[10m])")
-            return max(float(item["value"][1]) for item in result) if result else None
-
-        for system, queue in (("bullmq", "mail"), ("sidekiq", "all")):
-            for record in ("queue:queue_jobs_completed:rate30s", "queue:queue_jobs_failed:rate30s"):
-                wait_for(lambda r=record, s=system, q=queue: rule(r, s, q), timeout=90)
-        wait_for(lambda: rule("queue:queue_workers:sum", "sidekiq", "default") == 1, timeout=30)
-        assert rule("queue:queue_backlog:sum", "bullmq", "mail") is not None
-        p50 = wait_for(
-            lambda: rule(
-                "queue_job_type:queue_job_execution_seconds:histogram_quantile", "bullmq", "mail"
-            ),
-            timeout=30,
-        )
-        assert 0.1 <= p50 <= 0.25  # the 0.15 s jobs, as the 0.1-0.25 s bucket holds them
-
-        # once drained, the totals Prometheus holds are what the libraries counted
-        def bullmq_drained() -> dict[str, int] | None:
-            counts = bullmq.truth(["mail"])["queues"]["mail"]["counts"]
-            return counts if counts["completed"] + counts["failed"] == 66 else None
-
-        counts = wait_for(bullmq_drained, timeout=90)
-        stats = wait_for(lambda: (t := sidekiq.truth()) and t["processed"] == 126 and t, timeout=90)
-
-        def total(metric: str, system: str) -> float:
-            result = prometheus.query(f'sum(max_over_time({metric}{{system="{system}"}}[10m]))')
-            return float(result[0]["value"][1]) if result else 0.0
-
-        expected = {
-            ("queue_jobs_completed_total", "bullmq"): counts["completed"],
-            ("queue_jobs_failed_total", "bullmq"): counts["failed"],
-            ("queue_jobs_completed_total", "sidekiq"): stats["processed"] - stats["failed"],
-            ("queue_jobs_failed_total", "sidekiq"): stats["failed"],
-        }
-        wait_for(lambda: all(total(*key) == want for key, want in expected.items()), timeout=30)
-        bullmq.stop(bullmq_worker)
-    finally:
-        bullmq.stop_all()
-        sidekiq.stop_all()

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from alerts.recording import recording_rules
 from tests.conftest import wait_for
-from tests.dashboard_queries import panel_queries
+from tests.dashboard_queries import NotFed, short_of_data
 from tests.test_native_celery import _stop as stop_celery
 from tests.test_native_rq import _stop as stop_rq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
@@ -28,7 +27,7 @@ BOTH = frozenset(SYSTEMS)
 # Part of a query or recorded series -> the systems that cannot feed it, and why. The rest of
 # the families (depth, started/completed/failed/retried/timed-out jobs, execution, wait and
 # total times, workers) must show both.
-NOT_FED: dict[str, tuple[frozenset[str], str]] = {
+NOT_FED: NotFed = {
     "max_depth": (BOTH, "no depth limit"),
     "capacity_used": (BOTH, "no depth limit"),
     "leases_expired": (BOTH, "no leases"),
@@ -53,15 +52,6 @@ NOT_FED: dict[str, tuple[frozenset[str], str]] = {
     "scheduled_due": (frozenset({"celery"}), "Celery's ETA tasks wait inside the workers"),
     "oldest_age": (frozenset({"celery"}), "kombu's envelope records no enqueue time"),
 }
-
-
-def _expected(expr: str) -> set[str]:
-    """The systems that must appear in the query's result."""
-    expected = set(SYSTEMS)
-    for part, (systems, _reason) in NOT_FED.items():
-        if part in expr:
-            expected -= systems
-    return expected
 
 
 @pytest.fixture
@@ -116,29 +106,6 @@ def _produce(redis_url: str) -> None:
         )
 
 
-def _short_of_data(prometheus: Prometheus) -> list[str]:
-    named = [
-        (f"{q.dashboard}: {q.panel}", q.expr)
-        for q in panel_queries()
-        if q.dashboard != "queue-exporter-self.json"  # the exporter's own, not a system's
-    ]
-    named += [
-        (f"recording rule {rule.record}", rule.record)
-        for rule in recording_rules(FAST_RULES)
-        if "queue_exporter" not in rule.record
-    ]
-    short = []
-    for where, expr in named:
-        result = prometheus.query(expr)
-        systems = {item["metric"].get("system") for item in result}
-        if None in systems:
-            continue  # aggregated over systems: not attributable
-        expected = _expected(expr)
-        if not expected <= systems:
-            short.append(f"{where} has {sorted(systems)}, not {sorted(expected)}: {expr}")
-    return short
-
-
 def test_rq_and_celery_dashboards_have_data(redis_url, run_exporter, workers, tmp_path):
     app = run_exporter({"presets": ["rq", "celery"], "sample_interval": 0.5}, redis_url=redis_url)
     wait_for(lambda: all(app.health.snapshot()[f"native:{s}"].up for s in SYSTEMS), timeout=30)
@@ -150,7 +117,7 @@ def test_rq_and_celery_dashboards_have_data(redis_url, run_exporter, workers, tm
         short: list[str] = []
 
         def every_query_has_both() -> bool:
-            short[:] = _short_of_data(prometheus)
+            short[:] = short_of_data(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
             return not short
 
         try:
