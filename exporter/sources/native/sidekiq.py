@@ -34,7 +34,9 @@ _limited = LogLimiter(log)
 ALL_QUEUES = "all"
 FAILURE_CLASS = "other"
 if FAILURE_CLASS not in ERROR_TYPES:
-    raise RuntimeError(f"sidekiq reader: failure class {FAILURE_CLASS!r} is not in wire.ERROR_TYPES")
+    raise RuntimeError(
+        f"sidekiq reader: failure class {FAILURE_CLASS!r} is not in wire.ERROR_TYPES"
+    )
 
 
 class SidekiqReaderConfig(ReaderConfig):
