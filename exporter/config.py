@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
 from exporter.http_server import HttpConfig
 from exporter.leader import LeaderElectionConfig
+from exporter.models import StrictModel
 from exporter.sources.native import NativeConfig
 from exporter.sources.postgres import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisSourceConfig
@@ -31,10 +32,6 @@ _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
 
 class ConfigError(Exception):
     """Invalid configuration; the message lists every problem with its path."""
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class PresetRef(StrictModel):

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.netutil import bind_sockets
@@ -40,6 +40,7 @@ from tornado.web import Application, RequestHandler
 
 from exporter import __version__
 from exporter.health import HealthBoard
+from exporter.models import StrictModel
 from exporter.web_config import (
     FailureLimiter,
     LoadedWebConfig,
@@ -70,9 +71,7 @@ CountAuthFailure = Callable[[str], None]
 _T = TypeVar("_T")
 
 
-class HttpConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class HttpConfig(StrictModel):
     request_timeout: float = Field(
         10.0,
         gt=0,

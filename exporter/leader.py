@@ -28,9 +28,10 @@ from collections.abc import Callable, Iterator
 
 import redis
 from opentelemetry.metrics import CallbackOptions, Observation
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from exporter.catalog import BY_NAME
+from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.telemetry import Telemetry
 
@@ -68,9 +69,7 @@ return 0
 """
 
 
-class LeaderElectionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class LeaderElectionConfig(StrictModel):
     enabled: bool = Field(
         False, description="sample on one elected replica at a time (events stay shared)"
     )

@@ -11,18 +11,17 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from exporter.logs import mask_connection_string, register_secret
+from exporter.models import StrictModel
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
-class RedisConnectionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class RedisConnectionConfig(StrictModel):
     url: SecretStr = Field(
         SecretStr(DEFAULT_REDIS_URL),
         description="redis://, rediss:// or unix:// URL; a password in it is masked everywhere",

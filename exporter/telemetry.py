@@ -37,12 +37,13 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as _untyped_text
 from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from exporter import __version__, exposition
 from exporter.catalog import BY_NAME
 from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
+from exporter.models import StrictModel
 from exporter.otlp import StoreExporter
 from exporter.samples import SampleSet
 from exporter.store import Family, MetricStore, SeriesGuard
@@ -56,9 +57,7 @@ _write_text = cast(_Writer, _untyped_text)
 _write_openmetrics = cast(_Writer, _untyped_openmetrics)
 
 
-class LimitsConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class LimitsConfig(StrictModel):
     max_series_per_metric: int = Field(
         10_000,
         ge=2,
@@ -73,9 +72,7 @@ class LimitsConfig(BaseModel):
     )
 
 
-class OtlpConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class OtlpConfig(StrictModel):
     enabled: bool = Field(
         False, description="also push every metric over OTLP/HTTP (OTEL_EXPORTER_OTLP_* apply)"
     )

@@ -35,8 +35,6 @@ import bcrypt
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     SecretStr,
     ValidationError,
@@ -45,6 +43,7 @@ from pydantic import (
 )
 
 from exporter.logs import register_model_secrets
+from exporter.models import StrictModel
 
 log = logging.getLogger(__name__)
 
@@ -120,11 +119,7 @@ def _bcrypt_hash(hashed: SecretStr) -> SecretStr:
 BcryptHash = Annotated[SecretStr, AfterValidator(_bcrypt_hash)]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TlsServerConfig(_Strict):
+class TlsServerConfig(StrictModel):
     cert: str | None = Field(None, description="inline PEM certificate (instead of cert_file)")
     key: SecretStr | None = Field(None, description="inline PEM key (instead of key_file)")
     client_ca: str | None = Field(None, description="inline PEM CA for client certificates")
@@ -199,7 +194,7 @@ class TlsServerConfig(_Strict):
         return [p for p in (self.cert_file, self.key_file, self.client_ca_file) if p is not None]
 
 
-class HttpServerConfig(_Strict):
+class HttpServerConfig(StrictModel):
     http2: bool = Field(True, description="accepted for compatibility: this server speaks HTTP/1.1")
     headers: dict[str, str] = Field(default_factory=dict)
 
@@ -217,7 +212,7 @@ class HttpServerConfig(_Strict):
         return headers
 
 
-class RateLimitConfig(_Strict):
+class RateLimitConfig(StrictModel):
     interval: float = Field(0.0, ge=0, description="seconds between requests (Go duration: 1s)")
     burst: int = Field(0, ge=0)
 
@@ -233,7 +228,7 @@ class RateLimitConfig(_Strict):
         return self
 
 
-class WebConfig(_Strict):
+class WebConfig(StrictModel):
     tls_server_config: TlsServerConfig = Field(default_factory=TlsServerConfig)
     http_server_config: HttpServerConfig = Field(default_factory=HttpServerConfig)
     basic_auth_users: dict[str, BcryptHash] = Field(

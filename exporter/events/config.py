@@ -7,17 +7,16 @@ import os
 import socket
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from exporter.catalog import BY_NAME
+from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
 
 RUNNERQ_SUFFIX = ":events_stream"
 
 
-class StreamConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class StreamConfig(StrictModel):
     key: str = Field(min_length=1, description="the stream's Redis key")
     system: str = Field(
         "custom", min_length=1, description="system label of events that carry none"
@@ -46,9 +45,7 @@ class StreamConfig(BaseModel):
         return self.key.removesuffix(RUNNERQ_SUFFIX)
 
 
-class EventsSourceConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class EventsSourceConfig(StrictModel):
     streams: list[StreamConfig] = Field(default_factory=list)
     redis: RedisConnectionConfig | None = Field(
         None, description="where the streams live (default: sources.redis's connection)"

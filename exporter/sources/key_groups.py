@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from exporter.catalog import STATES
+from exporter.models import StrictModel
 from exporter.sources.item_time import TimeFormat
 
 KeyType = Literal["list", "zset", "set", "hash", "stream"]
@@ -24,10 +25,6 @@ if set(STATES) != set(get_args(State)):
 LABEL_PLACEHOLDERS = ("queue", "priority")
 _PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
-
-
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class OldestItem(StrictModel):

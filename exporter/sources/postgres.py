@@ -34,10 +34,11 @@ import psycopg
 from psycopg import errors
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool, PoolTimeout
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from exporter.gc_pause import gc_paused
 from exporter.logs import mask_connection_string, register_connection_secrets, register_secret
+from exporter.models import StrictModel
 from exporter.samples import SampleSet
 from exporter.sources.sql_collectors import (
     QueryShapeError,
@@ -52,9 +53,7 @@ Columns = tuple[tuple[str, int], ...]
 _T = TypeVar("_T")
 
 
-class PostgresSourceConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class PostgresSourceConfig(StrictModel):
     dsn: SecretStr | None = Field(
         None,
         description="postgresql:// URL or key=value string; a password in it is masked "

@@ -19,9 +19,10 @@ from itertools import compress, repeat
 from operator import is_not
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from exporter.catalog import BY_NAME, MetricSpec
+from exporter.models import StrictModel
 from exporter.samples import SampleSet, SeriesColumns
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -40,9 +41,7 @@ class QueryShapeError(Exception):
     """The query's result does not have the columns the collector's config names."""
 
 
-class SqlValue(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SqlValue(StrictModel):
     column: str = Field(description="result column holding the value")
     metric: str = Field(description="metric name: a built-in one (queue_depth, ...) or your own")
     type: Literal["gauge", "counter"] | None = Field(
@@ -71,9 +70,7 @@ class SqlValue(BaseModel):
         return _check_label_names(labels)
 
 
-class SqlCollector(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class SqlCollector(StrictModel):
     name: str = Field(description="the source is named postgres:<name>")
     query: str = Field(description="one read-only statement")
     labels: list[str] = Field(

@@ -8,9 +8,8 @@ docs/presets.md says how to add one.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from exporter.events.metrics import EventMetrics
+from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
 from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
@@ -19,9 +18,7 @@ from exporter.sources.native.rq import RqReader, RqReaderConfig
 from exporter.sources.native.sidekiq import SidekiqReader, SidekiqReaderConfig
 
 
-class NativeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
+class NativeConfig(StrictModel):
     rq: RqReaderConfig | None = None
     bullmq: BullmqReaderConfig | None = None
     celery: CeleryReaderConfig | None = None

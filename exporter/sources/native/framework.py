@@ -29,9 +29,10 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
+from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.samples import SampleSet
 
@@ -43,10 +44,8 @@ MAX_WORKERS = 10_000
 GAP_INTERVALS = 3.0
 
 
-class ReaderConfig(BaseModel):
+class ReaderConfig(StrictModel):
     """Settings every native reader has; a reader's own config adds its fields."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(True, description="read the system's own signals (off: depth only)")
     system: str = Field(min_length=1, description="the system label of what it reports")
