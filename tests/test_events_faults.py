@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import time
 
@@ -77,6 +78,7 @@ def test_a_frozen_events_redis_is_noticed_and_read_again_once_it_answers(
     can tell): the stream's source goes down within two deadlines, says why, and is read again
     by itself, with what was written meanwhile, once the proxy forwards again."""
     deadline = 1.0  # socket_timeout
+    caplog.set_level(logging.INFO, logger="exporter.events.consumer")
     proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
     config = {
         "listen_address": "127.0.0.1:0",
@@ -110,6 +112,9 @@ def test_a_frozen_events_redis_is_noticed_and_read_again_once_it_answers(
         proxy.thaw()
         wait_for(lambda: _consumed(app) == 12, timeout=2 * (deadline + consumer_module.MAX_RETRY))
         assert app.health.snapshot()[source].up
+        messages = [record.getMessage() for record in caplog.records]
+        assert f"{source} is back: reading again" in messages
+        assert sum(f"{source} failed (timeout)" in m for m in messages) == 1  # once per outage
     finally:
         app.shutdown()
         proxy.cut()

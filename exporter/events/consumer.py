@@ -87,6 +87,10 @@ class StreamConsumer:
         # Lost entries are counted in queue_exporter_events_lost_total; this names the stream
         # and the cause, once per cause every few minutes.
         self._gaps = LogLimiter(log)
+        # The first failure of each outage is logged at once, its repeats once per period.
+        self._failure_log = LogLimiter(log)
+        self._failing = False
+        self._outages = 0
         self._runnerq = (
             RunnerQDecoder(
                 stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
@@ -124,6 +128,9 @@ class StreamConsumer:
                     retry = min(retry * 2, MAX_RETRY)
                     continue
                 retry = FIRST_RETRY
+                if self._failing:
+                    self._failing = False
+                    log.info("%s is back: reading again", self.name)
                 if self.health is not None:
                     self.health.succeeded(self.name, time.monotonic() - started)
                 if not got:
@@ -400,7 +407,11 @@ class StreamConsumer:
 
     def _failed(self, error: Exception, duration: float) -> None:
         reason = redis_error_reason(error)
-        log.warning(
+        if not self._failing:
+            self._failing = True
+            self._outages += 1
+        self._failure_log.warning(
+            (reason, self._outages),
             "%s failed (%s): %s",
             self.name,
             reason,
@@ -419,7 +430,7 @@ class StreamConsumer:
                 self._client = None
         if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
-            # the next read goes through the gap script again, which recreates the group.
+            # the next read goes through the position check again, which recreates the group.
             self._group_ready = False
 
 
