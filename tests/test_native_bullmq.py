@@ -68,6 +68,16 @@ def _work(bullmq: BullMQ) -> None:
             "opts": {"attempts": 2, "backoff": {"type": "fixed", "delay": 100}},
         },
         {"op": "work", "queue": "jobs", "completed": 8, "failed": 5, "options": {"concurrency": 4}},
+        # removed when they complete: their name and start come from the stream alone
+        {
+            "op": "add",
+            "queue": "tidy",
+            "name": "tidy",
+            "count": 2,
+            "data": {"sleep_ms": 700},
+            "opts": {"removeOnComplete": True},
+        },
+        {"op": "work", "queue": "tidy", "completed": 2},
     )
 
 
@@ -80,6 +90,7 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     def settled() -> Series | None:
         series = scrape_series(app)
         done = _total(series, "queue_jobs_completed_total", queue="jobs") == truth["completed"]
+        done = done and _total(series, "queue_jobs_completed_total", queue="tidy") == 2
         return series if done and _total(series, "queue_jobs_max_retries_exceeded_total") else None
 
     series = wait_for(settled, timeout=20)
@@ -98,6 +109,8 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
 
     assert (bucket("slow", "0.5"), bucket("slow", "1.0")) == (0, 4)
     assert bucket("fast", "0.25") == 3
+    assert _total(series, "queue_jobs_completed_total", queue="tidy", job_type="tidy") == 2
+    assert (bucket("tidy", "0.5"), bucket("tidy", "1.0")) == (0, 2)
     assert value(series, "queue_job_wait_seconds_count", job_type="fast") == 3
     assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
 

@@ -5,7 +5,8 @@ completed, failed, delayed, waiting, stalled, retries-exhausted, ...; the same i
 6.x). The reader follows each stream with plain XREAD from the last id it read, remembered in
 memory: no consumer group, nothing written, so BullMQ and its QueueEvents listeners are not
 disturbed. Times come from the job hash (`timestamp`, `delay`, `processedOn`, `finishedOn`),
-read in one pipelined HMGET per job an event names.
+read in one pipelined HMGET per job an event names; for a job removed when it finished
+(`removeOnComplete`), its name and start are what its `added` and `active` entries said.
 
 Nothing is lost or counted twice unnoticed:
 - the first read of a stream only takes its position (what happened before the exporter
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 from pydantic import Field
@@ -47,6 +48,9 @@ _JOB_FIELDS = ("name", "timestamp", "delay", "processedOn", "finishedOn", "atm",
 # Events that need the job hash (for times, the job type or whether a move was a retry).
 _NEEDS_JOB = frozenset({b"active", b"completed", b"failed", b"delayed"})
 _STREAM_GONE = "no such key"
+# Jobs whose name and start the reader remembers from the stream, per kind (~100 bytes each).
+MAX_REMEMBERED = 50_000
+_T = TypeVar("_T")
 # The failedReason of a job failed for stalling too often (its worker died or blocked).
 _STALLED = b"job stalled more than allowable limit"
 
@@ -91,6 +95,11 @@ class BullmqReader:
         self._client: redis.Redis | None = None
         self._positions: dict[str, _Position] = {}
         self._started = False  # after the first read, a new queue's stream is read in full
+        # What the stream itself said about jobs not finished yet (name when added, start when
+        # active), for a job whose hash is gone when it finishes: removeOnComplete and
+        # removeOnFail delete it in the script that writes `completed` / `failed`.
+        self._names: dict[tuple[str, bytes], str] = {}
+        self._starts: dict[tuple[str, bytes], float] = {}
         self._meta = key_regex(f"{config.prefix}:{{value}}:meta")
 
     def read(self, signals: Signals) -> None:
@@ -272,7 +281,13 @@ class BullmqReader:
         system = self.config.system
         now = _stream_id(entry_id)[0] / 1000.0
         kind = fields.get(b"event", b"")
-        job_type = job.job_type or fields.get(b"name", b"").decode()
+        seen = (queue, fields.get(b"jobId", b""))
+        if kind == b"added":
+            _remember(self._names, seen, fields.get(b"name", b"").decode())
+        elif kind == b"active":
+            _remember(self._starts, seen, now)
+        job_type = job.job_type or self._names.get(seen, "")
+        started = job.processed_on if job.processed_on is not None else self._starts.get(seen)
 
         def event(name: str, ts: float = now, **extra: Any) -> None:
             labels = {"system": system, "queue": queue, "job_type": job_type}
@@ -284,10 +299,10 @@ class BullmqReader:
             event("started", enqueued_at=job.runnable_at)
         elif kind in (b"completed", b"failed"):
             finished = job.finished_on or now
-            duration = None
-            if job.processed_on is not None:
-                duration = max(finished - job.processed_on, 0.0)
+            duration = None if started is None else max(finished - started, 0.0)
             extra: dict[str, Any] = {"duration": duration, "attempt": job.attempts}
+            self._names.pop(seen, None)
+            self._starts.pop(seen, None)
             if kind == b"completed":
                 event("completed", finished, enqueued_at=job.runnable_at, **extra)
             else:
@@ -300,21 +315,30 @@ class BullmqReader:
             event("requeued", reason="stalled")
         elif kind == b"delayed":
             due = float(fields.get(b"delay", b"0")) / 1000.0
-            self._moved(event, job, now, delay=max(due - now, 0.0))
+            self._moved(event, job, started, now, delay=max(due - now, 0.0))
         elif kind == b"waiting" and fields.get(b"prev") == b"active":
-            self._moved(event, job, now, delay=0.0)
+            self._moved(event, job, started, now, delay=0.0)
 
     @staticmethod
-    def _moved(event: Any, job: _Job, now: float, delay: float) -> None:
+    def _moved(event: Any, job: _Job, started: float | None, now: float, delay: float) -> None:
         """A job put back to delayed or waiting: a retry when its last attempt failed."""
         if job.failed_reason:
-            duration = None if job.processed_on is None else max(now - job.processed_on, 0.0)
+            duration = None if started is None else max(now - started, 0.0)
             event("failed", error_type="retryable", duration=duration)
             event("retried", delay=delay)
         elif delay > 0:
             event("scheduled", delay=delay)
         else:
             event("requeued", reason="rate_limited")
+
+
+def _remember(memory: dict[tuple[str, bytes], _T], key: tuple[str, bytes], value: _T) -> None:
+    """Keep at most MAX_REMEMBERED jobs: the longest remembered (never seen finishing, or
+    started before the exporter) are forgotten first."""
+    memory.pop(key, None)
+    memory[key] = value
+    if len(memory) > MAX_REMEMBERED:
+        del memory[next(iter(memory))]
 
 
 def _stall_move(fields: dict[bytes, bytes], following: list[Any]) -> bool:
