@@ -18,7 +18,7 @@ from exporter.http_server import MetricsServer
 from exporter.leader import Leadership, lease_connection, register_leader_gauge
 from exporter.sources import native, postgres
 from exporter.sources.base import Source, SourceRunner
-from exporter.sources.redis_keys import RedisKeySampler
+from exporter.sources.redis_keys import redis_samplers
 from exporter.status_page import StatusPage
 from exporter.telemetry import Telemetry
 
@@ -41,17 +41,19 @@ OTLP_SHUTDOWN_TIMEOUT = 0.5
 def build_sources(
     config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
 ) -> list[Source]:
-    sources: list[Source] = []
-    redis_config = config.sources.redis
-    if redis_config is not None and redis_config.key_groups:
-        sources.append(RedisKeySampler(redis_config, telemetry, config.sample_interval))
+    sources: list[Source] = list(
+        redis_samplers(config.sources.redis, telemetry, config.sample_interval)
+    )
     postgres_config = config.sources.postgres
     if postgres_config is not None and postgres_config.collectors:
         sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
     if event_metrics is not None:
         sources.extend(
             native.build_sources(
-                config.sources.native, redis_config, event_metrics, config.sample_interval
+                config.sources.native,
+                config.sources.default_redis(),
+                event_metrics,
+                config.sample_interval,
             )
         )
     return sources
@@ -81,7 +83,7 @@ class App:
             for source in build_sources(config, self.telemetry, event_metrics)
         ]
         self.event_consumers = build_consumers(
-            config.sources.events, config.sources.redis, self.telemetry, event_metrics
+            config.sources.events, config.sources.default_redis(), self.telemetry, event_metrics
         )
         host, port = config.host_port
         status = StatusPage(
@@ -178,6 +180,6 @@ def _leadership(config: Config) -> Leadership | None:
         return None
     events = config.sources.events
     connection = lease_connection(
-        election, config.sources.redis, events.redis if events is not None else None
+        election, config.sources.default_redis(), events.redis if events is not None else None
     )
     return Leadership(election, connection)

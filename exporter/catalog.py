@@ -5,7 +5,7 @@ The names and label sets are the outward contract (docs/metrics.md is generated 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
@@ -34,6 +34,10 @@ class MetricSpec:
 
     def combined(self, earlier: float, value: float) -> float:
         return earlier + value if self.combine == "sum" else max(earlier, value)
+
+    def with_label(self, label: str) -> MetricSpec:
+        """The family with one more label, last (redis_source, with several Redis sources)."""
+        return replace(self, labels=(*self.labels, label))
 
 
 def _sampled(

@@ -47,7 +47,11 @@ _CONFIG_OPTIONS = (
         help="YAML configuration file.",
     ),
     click.option(
-        "--redis-url", envvar=_env("redis_url"), help="Redis URL (redis://, rediss://, unix://)."
+        "--redis-url",
+        multiple=True,
+        envvar=_env("redis_url"),
+        help="Redis URL (redis://, rediss://, unix://); repeatable: one Redis source each, "
+        "named redis1, redis2... in the redis_source label.",
     ),
     click.option(
         "--postgres-dsn",

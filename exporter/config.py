@@ -11,10 +11,10 @@ import difflib
 import functools
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
@@ -39,11 +39,54 @@ class PresetRef(StrictModel):
     params: dict[str, Any] = Field(default_factory=dict)
 
 
+def _redis_form(value: Any) -> str:
+    return "RedisSources" if isinstance(value, list) else "RedisSource"
+
+
+# One Redis (a mapping) or several (a list of mappings, each named). The tags keep pydantic
+# from reporting a mapping's errors twice (once per form); _error_path leaves them out.
+RedisSources = Annotated[
+    Annotated[RedisSourceConfig, Tag("RedisSource")]
+    | Annotated[list[RedisSourceConfig], Tag("RedisSources")],
+    Discriminator(_redis_form),
+]
+
+
 class SourcesConfig(StrictModel):
-    redis: RedisSourceConfig | None = None
+    redis: RedisSources | None = Field(
+        None,
+        description="one Redis (a mapping), or several (a list, each with its own name; their "
+        "series then carry a redis_source label)",
+    )
     events: EventsSourceConfig | None = None
     postgres: PostgresSourceConfig | None = None
     native: NativeConfig | None = None
+
+    @field_validator("redis")
+    @classmethod
+    def _named_when_several(
+        cls, value: RedisSourceConfig | list[RedisSourceConfig] | None
+    ) -> RedisSourceConfig | list[RedisSourceConfig] | None:
+        if not isinstance(value, list):
+            return value
+        names = [source.name for source in value]
+        if None in names:
+            raise ValueError(f"each Redis of the list needs a name (entry {names.index(None)})")
+        duplicated = sorted({name for name in names if name and names.count(name) > 1})
+        if duplicated:
+            raise ValueError(f"Redis name listed twice: {', '.join(duplicated)}")
+        return value
+
+    def redis_list(self) -> list[RedisSourceConfig]:
+        """Every Redis source, whichever form configured them."""
+        if self.redis is None:
+            return []
+        return self.redis if isinstance(self.redis, list) else [self.redis]
+
+    def default_redis(self) -> RedisSourceConfig | None:
+        """The connection events, native readers and the lease use when they name none: the
+        one Redis, or the first of several."""
+        return next(iter(self.redis_list()), None)
 
 
 class Config(StrictModel):
@@ -97,6 +140,11 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
     for name, value in (overrides or {}).items():
         if value is None or value == ():
             continue
+        if name == "redis_url" and isinstance(value, tuple) and len(value) > 1:
+            _set_redis_urls(raw, value)
+            continue
+        if name == "redis_url" and isinstance(value, tuple):
+            value = value[0]
         set_path(raw, OVERRIDE_PATHS[name], list(value) if isinstance(value, tuple) else value)
     return from_dict(raw, f" in {path}" if path else "")
 
@@ -135,7 +183,10 @@ def effective_yaml(config: Config) -> str:
     """The configuration as it will run, secrets masked."""
     document = config.model_dump(mode="json", exclude_none=True)
     redis = config.sources.redis
-    if redis is not None:
+    if isinstance(redis, list):
+        for index, source in enumerate(redis):
+            document["sources"]["redis"][index]["url"] = source.masked_url()
+    elif redis is not None:
         document["sources"]["redis"]["url"] = redis.masked_url()
     postgres = config.sources.postgres
     if postgres is not None and postgres.dsn is not None:
@@ -143,6 +194,10 @@ def effective_yaml(config: Config) -> str:
     events = config.sources.events
     if events is not None and events.redis is not None:
         document["sources"]["events"]["redis"]["url"] = events.redis.masked_url()
+    for index, stream in enumerate(events.streams if events is not None else []):
+        if stream.redis is not None:
+            stream_redis = document["sources"]["events"]["streams"][index]["redis"]
+            stream_redis["url"] = stream.redis.masked_url()
     native = config.sources.native
     for name, reader in native.enabled_by_name().items() if native is not None else ():
         if reader.redis is not None:
@@ -173,6 +228,19 @@ def _read_file(path: Path) -> dict[str, Any]:
     return document
 
 
+def _set_redis_urls(raw: dict[str, Any], urls: tuple[str, ...]) -> None:
+    """`--redis-url` given more than once: one Redis source per URL, named redis1, redis2...,
+    each sampling the key groups the file gives (one Redis of the file's, or its first)."""
+    sources = raw.setdefault("sources", {})
+    given = sources.get("redis") or {}
+    template = given[0] if isinstance(given, list) and given else given
+    template = template if isinstance(template, dict) else {}
+    sources["redis"] = [
+        {**template, "name": f"redis{number}", "url": url}
+        for number, url in enumerate(urls, start=1)
+    ]
+
+
 def set_path(raw: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
     node = raw
     for key in path[:-1]:
@@ -196,12 +264,50 @@ def _expand_presets(raw: dict[str, Any], where: str) -> dict[str, Any]:
                 f"invalid configuration{where}:\n  presets[{index}].params: not a mapping"
             )
         try:
-            raw = presets.merge(raw, presets.expand(str(name), params or {}))
+            raw = _merge_preset(raw, presets.expand(str(name), params or {}))
         except presets.PresetError as error:
             raise ConfigError(
                 f"invalid configuration{where}:\n  presets[{index}]: {error}"
             ) from None
+    return _expand_source_presets(raw, where)
+
+
+def _merge_preset(raw: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
+    """A top-level preset: with several Redis sources, its key groups go to each of them."""
+    several = raw.get("sources", {}).get("redis") if isinstance(raw.get("sources"), dict) else None
+    if not isinstance(several, list):
+        return presets.merge(raw, fragment)
+    redis_part = fragment.get("sources", {}).pop("redis", None)
+    raw = presets.merge(raw, fragment)
+    if redis_part is not None:
+        raw["sources"]["redis"] = [
+            presets.merge(entry, redis_part) if isinstance(entry, dict) else entry
+            for entry in several
+        ]
     return raw
+
+
+def _expand_source_presets(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """Each listed Redis's own presets: their key groups, for that Redis alone."""
+    sources = raw.get("sources")
+    several = sources.get("redis") if isinstance(sources, dict) else None
+    if not isinstance(sources, dict) or not isinstance(several, list):
+        return raw
+    expanded = []
+    for position, entry in enumerate(several):
+        refs = entry.get("presets") if isinstance(entry, dict) else None
+        for index, ref in enumerate(refs if isinstance(refs, list) else []):
+            name, params = (
+                (ref, {}) if isinstance(ref, str) else (ref.get("name"), ref.get("params"))
+            )
+            try:
+                fragment = presets.expand(str(name), params if isinstance(params, dict) else {})
+            except presets.PresetError as error:
+                place = f"sources.redis[{position}].presets[{index}]"
+                raise ConfigError(f"invalid configuration{where}:\n  {place}: {error}") from None
+            entry = presets.merge(entry, fragment.get("sources", {}).get("redis", {}))
+        expanded.append(entry)
+    return {**raw, "sources": {**sources, "redis": expanded}}
 
 
 def _error_path(location: tuple[int | str, ...]) -> str:

@@ -69,12 +69,13 @@ class Inventory:
 
 def take(config: Config) -> Inventory:
     sources: list[SourceTarget] = []
-    redis = config.sources.redis
-    groups = redis.key_groups if redis is not None else []
-    if redis is not None and groups:
-        sources.append(
-            SourceTarget("redis keys", redis.masked_url(), _count(len(groups), "key group"))
-        )
+    several = isinstance(config.sources.redis, list)
+    groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
+    for redis in config.sources.redis_list():
+        if redis.key_groups:
+            kind = f"redis keys {redis.name}" if several else "redis keys"
+            what = _count(len(redis.key_groups), "key group")
+            sources.append(SourceTarget(kind, redis.masked_url(), what))
     postgres = config.sources.postgres
     collectors = postgres.collectors if postgres is not None else []
     if postgres is not None and collectors:
@@ -88,7 +89,7 @@ def take(config: Config) -> Inventory:
     native = config.sources.native
     readers = native.enabled_by_name() if native is not None else {}
     for name, reader in readers.items():
-        connection = reader.redis or config.sources.redis or RedisConnectionConfig()
+        connection = reader.redis or config.sources.default_redis() or RedisConnectionConfig()
         sources.append(SourceTarget(f"native {name}", connection.masked_url(), "its own records"))
     return Inventory(
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
@@ -105,7 +106,7 @@ def events_redis(config: Config) -> RedisConnectionConfig:
     events = config.sources.events
     if events is not None and events.redis is not None:
         return events.redis
-    return config.sources.redis or RedisConnectionConfig()
+    return config.sources.default_redis() or RedisConnectionConfig()
 
 
 def _count(number: int, noun: str) -> str:

@@ -16,14 +16,15 @@ import redis
 
 from exporter.catalog import BY_NAME
 from exporter.config import Config
+from exporter.events.config import StreamConfig
 from exporter.health import HealthBoard, KeyGroupReport
 from exporter.inventory import events_redis
 from exporter.logs import scrub
-from exporter.redis_connection import redis_error_reason
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
 from exporter.sources.base import DeadlineExceeded, sample_within_deadline
-from exporter.sources.redis_keys import REASON_WORDS, RedisKeySampler
+from exporter.sources.redis_keys import REASON_WORDS, RedisKeySampler, redis_samplers
 from exporter.telemetry import Telemetry
 
 Echo = Callable[[str], None]
@@ -43,11 +44,14 @@ def probe(config: Config, echo: Echo) -> list[str]:
 
 
 def _key_groups(config: Config, telemetry: Telemetry, echo: Echo) -> list[str]:
-    redis_config = config.sources.redis
-    if redis_config is None or not redis_config.key_groups:
-        return []
-    target = redis_config.masked_url()
-    sampler = RedisKeySampler(redis_config, telemetry, config.sample_interval)
+    failures = []
+    for sampler in redis_samplers(config.sources.redis, telemetry, config.sample_interval):
+        failures += _sampler_key_groups(sampler, telemetry, echo)
+    return failures
+
+
+def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Echo) -> list[str]:
+    target = sampler.config.masked_url()
     try:
         samples = sample_within_deadline(sampler)
     except Exception as error:
@@ -60,6 +64,8 @@ def _key_groups(config: Config, telemetry: Telemetry, echo: Echo) -> list[str]:
     depths = _values(samples, "queue_depth")
     ages = _values(samples, "queue_oldest_age_seconds")
     for report in telemetry.health.key_groups():
+        if report.source != sampler.name:
+            continue
         for line in _key_group_lines(report, depths, ages):
             echo(f"  {line}")
     return []
@@ -91,12 +97,23 @@ def _streams(config: Config, echo: Echo) -> list[str]:
     events = config.sources.events
     if events is None or not events.streams:
         return []
-    connection = events_redis(config)
+    shared = events_redis(config)
+    with_shared = [stream for stream in events.streams if stream.redis is None]
+    failures = _streams_at(shared, with_shared, echo) if with_shared else []
+    for stream in events.streams:
+        if stream.redis is not None:  # a stream on a Redis of its own
+            failures += _streams_at(stream.redis, [stream], echo)
+    return failures
+
+
+def _streams_at(
+    connection: RedisConnectionConfig, streams: list[StreamConfig], echo: Echo
+) -> list[str]:
     target = connection.masked_url()
     client = connection.connect()
     try:
         echo(f"events streams at {target}:")
-        for stream in events.streams:
+        for stream in streams:
             echo(f"  {_stream_line(client, stream.key, stream.group)}")
     except redis.RedisError as error:
         echo(f"events at {target}: FAILED ({redis_error_reason(error)}: {_first_line(error)})")
@@ -154,8 +171,12 @@ def _series_summary(samples: SampleSet) -> str:
 
 
 def _values(samples: SampleSet, name: str) -> dict[LabelValues, float]:
-    spec = BY_NAME[name]
-    return next((dict(series.items()) for s, series in samples.metrics() if s == spec), {})
+    # labels[:width]: the queue labels, without the redis_source of several Redis sources
+    width = len(BY_NAME[name].labels)
+    for spec, series in samples.metrics():
+        if spec.name == name:
+            return {labels[:width]: value for labels, value in series.items()}
+    return {}
 
 
 def _text(value: Any) -> str:

@@ -77,8 +77,8 @@ RUNNERQ_ACTIVITY_KEYS = "activity:*"
 def read_key_patterns(config: Config) -> list[str]:
     """Glob patterns of every key the sampler and the Runner-Q decoder read."""
     patterns: list[str] = []
-    redis = config.sources.redis
-    for group in redis.key_groups if redis is not None else []:
+    groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
+    for group in groups:
         patterns += _group_keys(group)
         patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
         patterns += [scan_glob(keys) for keys in group.values_from_keys.values()]
@@ -125,7 +125,7 @@ def acl_rules(config: Config) -> list[str]:
     rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
     rules += [f"~{key}" for key in stream_keys(config)]
-    default_connection = config.sources.redis or RedisConnectionConfig()
+    default_connection = config.sources.default_redis() or RedisConnectionConfig()
     for reader in _native_readers(config):
         rules += [
             f"&{channel}" for channel in reader.acl_channels(reader.redis or default_connection)

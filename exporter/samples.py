@@ -77,6 +77,17 @@ class Series:
         return Series((total,))
 
 
+def padded(series: Series, width: int) -> Series:
+    """The series with empty label values added, last, up to `width` labels: a family some
+    feeds give one more label than others (redis_source) is written with it on every line,
+    empty (the same as absent, to Prometheus) where a feed has none."""
+    missing = width - len(next(iter(series.items()), ((),))[0])
+    if missing <= 0 or not len(series):
+        return series
+    blanks = ("",) * missing
+    return Series(({(*labels, *blanks): value for labels, value in series.items()},))
+
+
 def flat_rows(part: SeriesPart) -> Iterator[tuple[Any, ...]]:
     """One flat tuple per series of the part, label values then value (what a writer formats
     in one go, with no tuple of label values made per series for columns)."""
@@ -133,6 +144,14 @@ class SampleSet:
             return
         for label_values, value in block.items():
             self.add_labelled(spec, label_values, value)
+
+    def with_label(self, label: str, value: str) -> SampleSet:
+        """The same samples with one more label, last, of one value for all of them."""
+        labelled = SampleSet()
+        for spec, series in self.metrics():
+            table = {(*labels, value): number for labels, number in series.items()}
+            labelled._tables[spec.with_label(label)] = table
+        return labelled
 
     def metrics(self) -> Iterator[tuple[MetricSpec, Series]]:
         for spec, table in self._tables.items():

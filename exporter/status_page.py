@@ -133,7 +133,8 @@ def _sources(statuses: dict[str, SourceStatus], samples: list[Sample]) -> list[d
 
 
 def _top(sampled: dict[MetricSpec, Series], name: str) -> list[dict[str, Any]]:
-    spec = BY_NAME[name]
+    # With several Redis sources the family carries redis_source too: found by its name.
+    spec = next((spec for spec in sampled if spec.name == name), BY_NAME[name])
     series = sampled.get(spec, Series(()))
     state = spec.labels.index("state")
     waiting = (item for item in series.items() if item[0][state] not in _HISTORY_STATES)

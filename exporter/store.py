@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from exporter.catalog import ALL, BY_NAME, MetricSpec
-from exporter.samples import LabelValues, SampleSet, Series, longest_label
+from exporter.samples import LabelValues, SampleSet, Series, longest_label, padded
 
 OVERFLOW = "__overflow__"
 
@@ -205,7 +205,7 @@ class MetricStore:
             for spec, series in snapshot.items():
                 earlier = merged.get(spec)
                 merged[spec] = series if earlier is None else earlier.plus(series)
-        return merged
+        return _one_spec_per_name(merged)
 
     # -- event counters and histograms -------------------------------------------------------
 
@@ -326,8 +326,14 @@ class MetricStore:
         for reader in self._gauge_readers:
             for spec, series in reader():
                 numbers.setdefault(spec, []).append(series)
+        widened = _widened_specs(numbers)
+        for spec, wide in widened.items():
+            if spec in numbers:
+                feeds = [padded(series, len(wide.labels)) for series in numbers.pop(spec)]
+                numbers.setdefault(wide, []).extend(feeds)
         families: list[Family] = []
         for spec in ALL:
+            spec = widened.get(spec, spec)
             if spec in numbers:
                 families.append(NumberFamily(spec, _merged(numbers.pop(spec))))
             elif spec.name in histograms:
@@ -336,6 +342,34 @@ class MetricStore:
         # What is left: the families of SQL collectors, defined by the configuration.
         families += [NumberFamily(spec, _merged(feeds)) for spec, feeds in numbers.items()]
         return families
+
+
+def _widened_specs(specs: Iterable[MetricSpec]) -> dict[MetricSpec, MetricSpec]:
+    """Each family also fed with more labels (redis_source): its widest form, by the others."""
+    widest: dict[str, MetricSpec] = {}
+    for spec in specs:
+        narrower = widest.get(spec.name) or BY_NAME.get(spec.name, spec)
+        if len(spec.labels) > len(narrower.labels):
+            widest[spec.name] = spec
+    return {
+        spec: widest[spec.name]
+        for spec in [*specs, *ALL]
+        if spec.name in widest and spec != widest[spec.name]
+    }
+
+
+def _one_spec_per_name(merged: dict[MetricSpec, Series]) -> dict[MetricSpec, Series]:
+    """Feeds of a family with and without redis_source, as one family with it."""
+    widened = _widened_specs(list(merged))
+    if not widened:
+        return merged
+    unified: dict[MetricSpec, Series] = {}
+    for spec, series in merged.items():
+        wide = widened.get(spec, spec)
+        series = padded(series, len(wide.labels))
+        earlier = unified.get(wide)
+        unified[wide] = series if earlier is None else earlier.plus(series)
+    return unified
 
 
 def _merged(feeds: list[Series]) -> Series:

@@ -156,8 +156,11 @@ def _setting_rows(model: type[BaseModel], prefix: str) -> list[str]:
 
 
 def _nested_model(annotation: object) -> tuple[type[BaseModel], bool] | None:
-    """The model a field holds (directly, optionally, or as a list of them)."""
+    """The model a field holds (directly, optionally, or as a list of them). One model or a
+    list of it (sources.redis) is shown by the one model's settings."""
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _nested_model(typing.get_args(annotation)[0])
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation, False
     if origin is list:
@@ -168,6 +171,10 @@ def _nested_model(annotation: object) -> tuple[type[BaseModel], bool] | None:
         members = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
         if len(members) == 1:
             return _nested_model(members[0])
+        found = {_nested_model(member) for member in members}
+        models = {model for model, _ in found if model is not None} if None not in found else ()
+        if len(models) == 1:
+            return models.pop(), False
     return None
 
 

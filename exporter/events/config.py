@@ -31,6 +31,10 @@ class StreamConfig(StrictModel):
     start: Literal["$", "0"] = Field(
         "$", description="where a new group starts: $ (new events only) or 0 (all retained)"
     )
+    redis: RedisConnectionConfig | None = Field(
+        None,
+        description="where this stream lives, when not with the others (default: events.redis)",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -473,7 +473,12 @@ def build_consumers(
     metrics = metrics or EventMetrics(telemetry, settings.buckets())
     return [
         StreamConsumer(
-            stream, settings, connection, metrics, telemetry.health, telemetry.count_error
+            stream,
+            settings,
+            stream.redis or connection,
+            metrics,
+            telemetry.health,
+            telemetry.count_error,
         )
         for stream in settings.streams
     ]

@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 MAX_DEPTH = BY_NAME["queue_max_depth"]
+# The label naming the Redis a series comes from, when there are several.
+SOURCE_LABEL = "redis_source"
 # The label value of items split_by could not attribute: beyond max_items, or with no value.
 UNREAD = "__unread__"
 
@@ -87,6 +89,17 @@ REASON_WORDS = {
 
 
 class RedisSourceConfig(RedisConnectionConfig):
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="this Redis's name (required when sources.redis is a list): its "
+        "redis_source label value, and its source name redis:<name>",
+    )
+    presets: list[str | dict[str, Any]] = Field(
+        default_factory=list,
+        description="list form: presets whose key groups only this Redis samples (names, or "
+        "{name, params}); the top-level presets apply to every Redis",
+    )
     sample_interval: float | None = Field(
         None, gt=0, description="seconds between key samples (default: the global interval)"
     )
@@ -216,11 +229,34 @@ if any(spec.labels not in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDES
     raise RuntimeError("redis_keys: a sampled family has labels for_metric() cannot build")
 
 
+def redis_samplers(
+    redis: RedisSourceConfig | list[RedisSourceConfig] | None,
+    telemetry: Telemetry,
+    default_interval: float,
+) -> list[RedisKeySampler]:
+    """A key sampler per Redis with key groups. Several Redis sources are each named
+    redis:<name> and their series carry redis_source="<name>"; one alone is plain "redis",
+    its series as they always were."""
+    if not isinstance(redis, list):
+        one = [redis] if redis is not None and redis.key_groups else []
+        return [RedisKeySampler(config, telemetry, default_interval) for config in one]
+    return [
+        RedisKeySampler(config, telemetry, default_interval, source_label=config.name)
+        for config in redis
+        if config.key_groups
+    ]
+
+
 class RedisKeySampler:
     def __init__(
-        self, config: RedisSourceConfig, telemetry: Telemetry, default_interval: float
+        self,
+        config: RedisSourceConfig,
+        telemetry: Telemetry,
+        default_interval: float,
+        source_label: str | None = None,
     ) -> None:
-        self.name = "redis"
+        self.name = "redis" if source_label is None else f"redis:{source_label}"
+        self.source_label = source_label
         self.config = config
         self.interval = config.sample_interval or default_interval
         self.deadline = config.cycle_timeout or self.interval
@@ -264,6 +300,8 @@ class RedisKeySampler:
             follow_ups.flush()
         self._large_heads = self._large_heads_now
         self._report(tallies)
+        if self.source_label is not None:
+            return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
         return cycle.samples
 
     def error_reason(self, error: Exception) -> str:
