@@ -17,6 +17,18 @@ SYSTEM_QUEUE = ("system", "queue")
 JOB_LABELS = ("system", "queue", "job_type", "priority")
 
 STATES = ("pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed")
+# Why the HTTP endpoint refused a login (queue_exporter_http_auth_failures_total): no or an
+# unreadable Authorization header, an unknown user, a wrong password, the client out of
+# failed logins (or too many checks pending), a verified client certificate without an
+# allowed SAN.
+AUTH_FAILURE_REASONS = (
+    "missing",
+    "malformed",
+    "unknown_user",
+    "wrong_password",
+    "rate_limited",
+    "client_certificate",
+)
 
 
 @dataclass(frozen=True)
@@ -153,9 +165,7 @@ SELF: tuple[MetricSpec, ...] = (
         "queue_exporter_http_auth_failures_total",
         "counter",
         ("reason",),
-        "Refused logins to the HTTP endpoint, by reason: missing, malformed, unknown_user, "
-        "wrong_password, rate_limited (the client used up its failed logins), "
-        "client_certificate (no allowed SAN).",
+        "Refused logins to the HTTP endpoint, by reason: " + ", ".join(AUTH_FAILURE_REASONS) + ".",
     ),
     _self(
         "queue_exporter_series_overflow_total",

@@ -66,7 +66,7 @@ UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 Render = Callable[[bool], bytes]
 # A page: its content type and body, built per request (exporter/status_page.py).
 Page = Callable[[], tuple[str, bytes]]
-# Counts a refused login by its reason (web_config.AUTH_FAILURE_REASONS).
+# Counts a refused login by its reason (catalog.AUTH_FAILURE_REASONS).
 CountAuthFailure = Callable[[str], None]
 _T = TypeVar("_T")
 
@@ -322,7 +322,7 @@ class _Handler(RequestHandler):
         await self._send(200, body, content_type)
 
     async def _refusal(self, loaded: LoadedWebConfig | None, path: str = "") -> str | None:
-        """None when the request may go on, else why not (web_config.AUTH_FAILURE_REASONS)."""
+        """None when the request may go on, else why not (catalog.AUTH_FAILURE_REASONS)."""
         web = self.front.web
         users = loaded.config.basic_auth_users if loaded is not None else {}
         if web is None or loaded is None or not users:

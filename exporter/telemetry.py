@@ -40,7 +40,7 @@ from prometheus_client.openmetrics.exposition import generate_latest as _untyped
 from pydantic import Field
 
 from exporter import __version__, exposition
-from exporter.catalog import BY_NAME
+from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
 from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
 from exporter.models import StrictModel
@@ -116,6 +116,8 @@ class Telemetry:
             "queue_exporter_http_auth_failures_total",
             description=BY_NAME["queue_exporter_http_auth_failures_total"].help,
         )
+        for reason in AUTH_FAILURE_REASONS:  # 0 from the start: rate() sees the first failure
+            self._auth_failures.add(0, {"reason": reason})
         self._source_errors = self.meter.create_counter(
             "queue_exporter_source_errors_total",
             description=BY_NAME["queue_exporter_source_errors_total"].help,

@@ -443,17 +443,6 @@ def _normal_san(value: str) -> str:
 
 # -- basic auth -------------------------------------------------------------------------------
 
-# Why a request's credentials were refused: the reason label of
-# queue_exporter_http_auth_failures_total (client_certificate: a verified certificate without
-# an allowed SAN; rate_limited: the client used up its failures, see FailureLimiter).
-AUTH_FAILURE_REASONS = (
-    "missing",
-    "malformed",
-    "unknown_user",
-    "wrong_password",
-    "rate_limited",
-    "client_certificate",
-)
 _HASH_COST = re.compile(r"^\$2[abxy]?\$(\d\d)\$")
 
 

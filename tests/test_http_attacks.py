@@ -412,6 +412,7 @@ def test_failed_logins_are_counted_and_limited_per_client(
         "unknown_user": 1,
         "wrong_password": FailureLimiter.BURST,
         "rate_limited": 6,
+        "client_certificate": 0,  # every reason is there from the start
     }
 
 
