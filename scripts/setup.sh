@@ -13,6 +13,7 @@ command -v node >/dev/null || missing+=(nodejs)
 command -v npm >/dev/null || missing+=(npm)
 command -v sidekiq >/dev/null || missing+=(ruby-sidekiq)
 command -v chromium >/dev/null || missing+=(chromium) # tests/test_status_page.py
+command -v ss >/dev/null || missing+=(iproute2) # tests/test_http_attacks.py: the listen backlog
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${missing[*]} (of ${DEBIAN_TOOLS[*]})"
   export DEBIAN_FRONTEND=noninteractive

@@ -28,6 +28,7 @@ import yaml
 from exporter import http_server
 from exporter.health import HealthBoard
 from exporter.http_server import (
+    BACKLOG,
     GZIP_LEVEL,
     MAX_PENDING_CHECKS,
     SCRAPE_THREADS,
@@ -38,6 +39,7 @@ from exporter.http_server import (
 )
 from exporter.web_config import FailureLimiter
 from tests.conftest import ServeProcess, parse_exposition, wait_for
+from tests.tools import require, run
 
 QUEUES = 50  # x 3 priorities: a scrape renders a few hundred series
 SLOW_SOCKETS = 500
@@ -468,3 +470,12 @@ def test_a_client_that_does_not_take_its_response_is_cut(front_door):
     sock.close()
     assert received < len(body)  # the server gave up on it
     assert timed_get(server.port, "/healthz")[0] == 200
+
+
+def test_the_listen_backlog_is_a_real_one(front_door):
+    server = front_door(lambda _: b"")
+    listing = run(require("ss"), "-ltnH", f"sport = :{server.port}").stdout.split()
+    backlog = int(listing[2])  # a listening socket's Send-Q: its backlog, as the kernel took it
+    with open("/proc/sys/net/core/somaxconn") as somaxconn:
+        assert backlog == min(BACKLOG, int(somaxconn.read()))
+    assert backlog >= 128  # stdlib http.server: 5
