@@ -40,6 +40,7 @@ from tornado.web import Application, RequestHandler
 
 from exporter import __version__
 from exporter.health import HealthBoard
+from exporter.logs import LogLimiter
 from exporter.models import StrictModel
 from exporter.web_config import (
     FailureLimiter,
@@ -193,11 +194,17 @@ class _Server(HTTPServer):
         self.max_connections = max_connections
         self.handshake_timeout = handshake_timeout
         self.open_connections = 0
+        self.refusals = LogLimiter(log, period=60.0)
         self._handshakes: set[asyncio.Task[None]] = set()
 
     def handle_stream(self, stream: IOStream, address: tuple[Any, ...]) -> None:
         if self.open_connections >= self.max_connections:
-            log.debug("refused a connection from %s: %d open", address[0], self.open_connections)
+            self.refusals.warning(
+                "max_connections",
+                "refused a connection from %s: %d open, http.max_connections",
+                address[0],
+                self.open_connections,
+            )
             stream.close()
             return
         self.open_connections += 1
@@ -224,13 +231,10 @@ class _Server(HTTPServer):
         if not client_san_allowed(loaded.tls, tls.socket.getpeercert()):
             log.debug("client certificate of %s has no allowed SAN", address[0])
             self.front.count_auth_failure("client_certificate")
-            self._dropped(tls)
+            tls.close()
+            self.open_connections -= 1
             return
         super().handle_stream(tls, address)
-
-    def _dropped(self, stream: IOStream) -> None:
-        stream.close()
-        self.open_connections -= 1
 
     def on_close(self, server_conn: object) -> None:
         self.open_connections -= 1

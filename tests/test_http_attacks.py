@@ -239,10 +239,11 @@ def test_health_answers_while_every_scrape_thread_is_busy(front_door):
             scrape.join()
 
 
-def test_connections_beyond_the_bound_are_closed_on_arrival(front_door):
+def test_connections_beyond_the_bound_are_closed_on_arrival(front_door, caplog):
     server = front_door(lambda _: b"", max_connections=20)
     held = slow_sockets(server.port, 20)
     wait_for(lambda: is_cut(socket.create_connection(("127.0.0.1", server.port))))
+    assert "20 open, http.max_connections" in caplog.text  # named in the log
     for sock in held[:5]:
         sock.close()
     status, _ = wait_for(lambda: _status_or_none(server.port))
