@@ -77,7 +77,14 @@ def _work(bullmq: BullMQ) -> None:
             "data": {"sleep_ms": 700},
             "opts": {"removeOnComplete": True},
         },
-        {"op": "work", "queue": "tidy", "completed": 2},
+        {
+            "op": "add",
+            "queue": "tidy",
+            "name": "brief",
+            "count": 5,
+            "opts": {"removeOnComplete": True},
+        },
+        {"op": "work", "queue": "tidy", "completed": 7},
     )
 
 
@@ -90,7 +97,7 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     def settled() -> Series | None:
         series = scrape_series(app)
         done = _total(series, "queue_jobs_completed_total", queue="jobs") == truth["completed"]
-        done = done and _total(series, "queue_jobs_completed_total", queue="tidy") == 2
+        done = done and _total(series, "queue_jobs_completed_total", queue="tidy") == 7
         return series if done and _total(series, "queue_jobs_max_retries_exceeded_total") else None
 
     series = wait_for(settled, timeout=20)
@@ -111,6 +118,10 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     assert bucket("fast", "0.25") == 3
     assert _total(series, "queue_jobs_completed_total", queue="tidy", job_type="tidy") == 2
     assert (bucket("tidy", "0.5"), bucket("tidy", "1.0")) == (0, 2)
+    # gone before the reader got to them, most of them: times from their own entries
+    assert value(series, "queue_job_wait_seconds_count", job_type="tidy") == 2
+    assert value(series, "queue_job_wait_seconds_count", job_type="brief") == 5
+    assert value(series, "queue_job_execution_seconds_count", job_type="brief") == 5
     assert value(series, "queue_job_wait_seconds_count", job_type="fast") == 3
     assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
 

@@ -95,10 +95,12 @@ class BullmqReader:
         self._client: redis.Redis | None = None
         self._positions: dict[str, _Position] = {}
         self._started = False  # after the first read, a new queue's stream is read in full
-        # What the stream itself said about jobs not finished yet (name when added, start when
-        # active), for a job whose hash is gone when it finishes: removeOnComplete and
-        # removeOnFail delete it in the script that writes `completed` / `failed`.
+        # What the stream itself said about jobs not finished yet (name when added, when it
+        # could run: added or due, start when active), for a job whose hash is gone when the
+        # reader gets to it: removeOnComplete and removeOnFail delete it in the script that
+        # writes `completed` / `failed`.
         self._names: dict[tuple[str, bytes], str] = {}
+        self._runnable: dict[tuple[str, bytes], float] = {}
         self._starts: dict[tuple[str, bytes], float] = {}
         self._meta = key_regex(f"{config.prefix}:{{value}}:meta")
 
@@ -284,10 +286,12 @@ class BullmqReader:
         seen = (queue, fields.get(b"jobId", b""))
         if kind == b"added":
             _remember(self._names, seen, fields.get(b"name", b"").decode())
+            _remember(self._runnable, seen, now)
         elif kind == b"active":
             _remember(self._starts, seen, now)
         job_type = job.job_type or self._names.get(seen, "")
         started = job.processed_on if job.processed_on is not None else self._starts.get(seen)
+        runnable = job.runnable_at if job.runnable_at is not None else self._runnable.get(seen)
 
         def event(name: str, ts: float = now, **extra: Any) -> None:
             labels = {"system": system, "queue": queue, "job_type": job_type}
@@ -296,15 +300,15 @@ class BullmqReader:
         if kind == b"added":
             event("enqueued")
         elif kind == b"active":
-            event("started", enqueued_at=job.runnable_at)
+            event("started", enqueued_at=runnable)
         elif kind in (b"completed", b"failed"):
             finished = job.finished_on or now
             duration = None if started is None else max(finished - started, 0.0)
             extra: dict[str, Any] = {"duration": duration, "attempt": job.attempts}
-            self._names.pop(seen, None)
-            self._starts.pop(seen, None)
+            for memory in (self._names, self._starts, self._runnable):
+                memory.pop(seen, None)
             if kind == b"completed":
-                event("completed", finished, enqueued_at=job.runnable_at, **extra)
+                event("completed", finished, enqueued_at=runnable, **extra)
             else:
                 reason = fields.get(b"failedReason", b"")
                 error_type = "other" if reason.startswith(_STALLED) else "non_retryable"
@@ -315,6 +319,7 @@ class BullmqReader:
             event("requeued", reason="stalled")
         elif kind == b"delayed":
             due = float(fields.get(b"delay", b"0")) / 1000.0
+            _remember(self._runnable, seen, due)
             self._moved(event, job, started, now, delay=max(due - now, 0.0))
         elif kind == b"waiting" and fields.get(b"prev") == b"active":
             self._moved(event, job, started, now, delay=0.0)
