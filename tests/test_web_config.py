@@ -8,6 +8,7 @@ import contextlib
 import http.client
 import json
 import logging
+import socket
 import ssl
 import tempfile
 from email.message import Message
@@ -260,6 +261,29 @@ def test_a_changed_file_applies_without_restart(serve, tmp_path, monkeypatch):
     )
     wait_for(lambda: get(server, "/metrics", _auth("prometheus", PASSWORD))[0] == 401)
     assert get(server, "/metrics", _auth("prometheus", "rotated"))[0] == 200
+
+
+def test_a_rotated_certificate_serves_new_connections(serve, pki, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(web_config.WebConfigWatcher, "CHECK_SECONDS", 0.0)
+    for name in ("crt", "key"):
+        (tmp_path / f"server.{name}").write_bytes(pki.path(f"server.{name}").read_bytes())
+    server = serve({"tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"}})
+
+    def serial() -> str:
+        with (
+            socket.create_connection(("127.0.0.1", server.port), timeout=10) as raw,
+            client_context(pki).wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            return str(tls.getpeercert()["serialNumber"])
+
+    first = serial()
+    # cert-manager writes one file, then the other: in between they do not match.
+    (tmp_path / "server.crt").write_bytes(pki.path("server-rotated.crt").read_bytes())
+    wait_for(lambda: serial() and "still serving the last good one" in caplog.text)
+    assert serial() == first
+    (tmp_path / "server.key").write_bytes(pki.path("server-rotated.key").read_bytes())
+    wait_for(lambda: serial() != first)
+    assert get(server, "/metrics", context=client_context(pki))[0] == 200
 
 
 UNUSABLE_CHANGES = [

@@ -45,8 +45,8 @@ def _leaf(directory: Path, ca: str, name: str, san: str) -> None:
 
 
 def make_pki(directory: Path) -> Pki:
-    """ca.crt signs server (127.0.0.1, localhost), client (DNS:scraper) and other-client
-    (DNS:intruder); rogue-ca.crt signs rogue-client (DNS:scraper)."""
+    """ca.crt signs server and server-rotated (127.0.0.1, localhost), client (DNS:scraper) and
+    other-client (DNS:intruder); rogue-ca.crt signs rogue-client (DNS:scraper)."""
     if shutil.which("openssl") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("openssl is needed to make test certificates")
@@ -55,6 +55,7 @@ def make_pki(directory: Path) -> Pki:
     _ca(directory, "ca")
     _ca(directory, "rogue-ca")
     _leaf(directory, "ca", "server", "IP:127.0.0.1,DNS:localhost")
+    _leaf(directory, "ca", "server-rotated", "IP:127.0.0.1,DNS:localhost")
     _leaf(directory, "ca", "client", "DNS:scraper,IP:::1")
     _leaf(directory, "ca", "other-client", "DNS:intruder")
     _leaf(directory, "rogue-ca", "rogue-client", "DNS:scraper")
