@@ -16,11 +16,15 @@ import time
 
 from celery import Celery
 
+from exporter.events.config import EventsSourceConfig
+from exporter.events.metrics import EventMetrics
+from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
-from exporter.sources.native.framework import Signals
+from exporter.sources.native.framework import NativeSource
 from exporter.sources.native.rq import RqReader, RqReaderConfig
-from tests.conftest import Series, scrape_series, value, wait_for
+from exporter.telemetry import Telemetry
+from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
 
 
@@ -132,35 +136,41 @@ def test_readers_come_back_after_a_redis_restart(tmp_path, run_exporter):
 
 
 def test_a_reader_left_standing_by_does_not_count_what_the_leader_counted(redis_client, redis_url):
-    """Reads resume after more than three intervals (another replica led): RQ starts from a
-    new baseline, Celery drops the events buffered meanwhile; then both count again."""
+    """Reads resume after more than three intervals (another replica led): the source starts
+    a new reader, whose first read is a baseline (RQ's registries, Celery's subscription);
+    then both count again."""
     connection = RedisConnectionConfig(url=redis_url)
-    rq = RqReader(RqReaderConfig(), connection, interval=0.1)
-    celery = CeleryReader(CeleryReaderConfig(), connection, interval=0.1)
+    telemetry = Telemetry(HealthBoard())
+    metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
+    sources = [
+        NativeSource(lambda: RqReader(RqReaderConfig(), connection), 0.1, metrics),
+        NativeSource(lambda: CeleryReader(CeleryReaderConfig(), connection, 0.1), 0.1, metrics),
+    ]
     redis_client.sadd("rq:queues", "rq:queue:default")
+
+    def read_all() -> Series:
+        for source in sources:
+            source.sample()
+        return parse_exposition(telemetry.render(False).decode())
+
     try:
-        for reader in (rq, celery):
-            reader.read(Signals())  # the baseline, and the subscription
+        read_all()  # the baseline, and the subscription
         redis_client.zadd("rq:finished:default", {"while-away": 1})
         _heartbeat(redis_url, "away@test")
         time.sleep(0.5)
-        away_rq, away_celery = Signals(), Signals()
-        rq.read(away_rq)
-        celery.read(away_celery)
-        assert away_rq.tally.counts == {} and away_celery.tally.heartbeats == []
+        away = read_all()
+        assert _sum(away, "queue_jobs_completed_total", system="rq") == 0
+        assert not value(away, "queue_workers", system="celery", state="idle")
 
         redis_client.zadd("rq:finished:default", {"while-leading": 1})
         _heartbeat(redis_url, "here@test")
         time.sleep(0.05)
-        leading_rq, leading_celery = Signals(), Signals()
-        rq.read(leading_rq)
-        celery.read(leading_celery)
-        completed = ("queue_jobs_completed_total", ("rq", "default", "", ""))
-        assert leading_rq.tally.counts[completed] == 1
-        assert [beat.worker for beat in leading_celery.tally.heartbeats] == ["here@test"]
+        leading = read_all()
+        assert _sum(leading, "queue_jobs_completed_total", system="rq") == 1
+        assert value(leading, "queue_workers", system="celery", state="idle") == 1
     finally:
-        rq.close()
-        celery.close()
+        for source in sources:
+            source.close()
 
 
 def _heartbeat(redis_url: str, hostname: str) -> None:

@@ -8,6 +8,8 @@ docs/presets.md says how to add one.
 
 from __future__ import annotations
 
+import functools
+
 from exporter.events.metrics import EventMetrics
 from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
@@ -49,14 +51,14 @@ def build_sources(
     for settings in config.enabled():
         connection = settings.redis or default_connection or RedisConnectionConfig()
         interval = settings.interval or default_interval
-        reader = _reader(settings, connection, interval)
-        sources.append(NativeSource(reader, interval, metrics))
+        make_reader = functools.partial(_reader, settings, connection, interval)
+        sources.append(NativeSource(make_reader, interval, metrics))
     return sources
 
 
 def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
     if isinstance(settings, RqReaderConfig):
-        return RqReader(settings, connection, interval)
+        return RqReader(settings, connection)
     if isinstance(settings, BullmqReaderConfig):
         return BullmqReader(settings, connection)
     if isinstance(settings, CeleryReaderConfig):

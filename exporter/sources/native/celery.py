@@ -43,7 +43,7 @@ from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import parse_time
 from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import ReaderConfig, ReaderError, ReadGap, Signals
+from exporter.sources.native.framework import ReaderConfig, ReaderError, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -107,7 +107,6 @@ class CeleryReader:
         self.name = "native:celery"
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
-        self._gap = ReadGap(interval)
         self.connection = connection
         self._client: redis.Redis | None = None
         self._subscription: redis.client.PubSub | None = None
@@ -118,8 +117,6 @@ class CeleryReader:
         self._last_event = time.monotonic()
 
     def read(self, signals: Signals) -> None:
-        if self._gap.passed():  # events buffered meanwhile were the leading replica's to count
-            self.close()
         try:
             self._drain(self.drain_budget)
             unacked = self._unacked(signals.now)

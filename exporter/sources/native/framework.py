@@ -25,7 +25,7 @@ become increments with `CounterDeltas`, so a worker restart is not a counter res
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
@@ -103,26 +103,55 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
+class ReadGap:
+    """Tells that reads were not asked for a while: another replica led meanwhile (leader.py),
+    so what changed in between was counted there and must not be again.
+
+    Failed reads count as asked (the runner retries within an interval), so an outage of the
+    backend is not a gap: what happened during it is still counted once it is back.
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.longest = interval * GAP_INTERVALS
+        self._last: float | None = None
+
+    def passed(self) -> bool:
+        """Call at the start of each read: True when the previous one is long past."""
+        now, last = time.monotonic(), self._last
+        self._last = now
+        return last is not None and now - last > self.longest
+
+
 class NativeSource:
-    """Runs a Reader as a Source (sources/base.py): its interval, error handling, leadership."""
+    """Runs a Reader as a Source (sources/base.py): its interval, error handling, leadership.
+
+    `make_reader` builds the reader, again after a gap in the reads: a replica that leads
+    again (leader.py) must not count what the leader of the meantime counted, and a new
+    reader's first read is a baseline.
+    """
 
     def __init__(
         self,
-        reader: Reader,
+        make_reader: Callable[[], Reader],
         interval: float,
         metrics: EventMetrics,
     ) -> None:
-        self.reader = reader
-        self.name = reader.name
+        self.make_reader = make_reader
+        self.reader = make_reader()
+        self.name = self.reader.name
         self.interval = interval
         self.deadline = interval  # a read that outlasts its interval is cut off (base.py)
         self.metrics = metrics
         self.workers: WorkerRegistry = metrics.worker_registry(
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS
         )
+        self._gap = ReadGap(interval)
         metrics.declare_stream(self.name)
 
     def sample(self) -> SampleSet:
+        if self._gap.passed():
+            self.reader.close()
+            self.reader = self.make_reader()
         signals = Signals()
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
@@ -138,25 +167,6 @@ class NativeSource:
 
     def close(self) -> None:
         self.reader.close()
-
-
-class ReadGap:
-    """Tells a reader it was not asked to read for a while: another replica led meanwhile
-    (leader.py), so what changed in between was counted there and must not be again.
-
-    Failed reads count as asked (the runner retries within an interval), so an outage of the
-    backend is not a gap: what happened during it is still counted once it is back.
-    """
-
-    def __init__(self, interval: float) -> None:
-        self.longest = interval * GAP_INTERVALS
-        self._last: float | None = None
-
-    def passed(self) -> bool:
-        """Call at the start of each read: True when the previous one is long past."""
-        now, last = time.monotonic(), self._last
-        self._last = now
-        return last is not None and now - last > self.longest
 
 
 class CounterDeltas:

@@ -37,7 +37,7 @@ from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import ReaderConfig, ReadGap, Signals
+from exporter.sources.native.framework import ReaderConfig, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -73,20 +73,15 @@ class _Job:
 
 
 class RqReader:
-    def __init__(
-        self, config: RqReaderConfig, connection: RedisConnectionConfig, interval: float
-    ) -> None:
+    def __init__(self, config: RqReaderConfig, connection: RedisConnectionConfig) -> None:
         self.name = "native:rq"
         self.config = config
         self.connection = connection
-        self._gap = ReadGap(interval)
         self._client: redis.Redis | None = None
         # (queue, registry) -> members at the previous read; None before the first read.
         self._previous: dict[tuple[str, str], set[str]] | None = None
 
     def read(self, signals: Signals) -> None:
-        if self._gap.passed():  # the other replica counted what changed meanwhile
-            self._previous = None
         client = self._connect()
         try:
             queues = self._queues(client)
