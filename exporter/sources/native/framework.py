@@ -13,8 +13,10 @@ read. What it filled is applied only when the whole read succeeded:
   worker heartbeats) goes to the shared `EventMetrics`, exactly like a batch of stream events;
 - `signals.samples` (a `SampleSet`, e.g. depth of a state no key group can see) is published
   as the source's snapshot, withdrawn while the reader fails.
-So a reader never touches telemetry itself, and a failing read counts nothing twice. Like every
-sampler it runs only on the leader (leader.py), so replicas do not count the same job twice.
+So a reader never touches telemetry itself, and a failing read counts nothing twice. With leader
+election it runs, like every sampler, only on the leader (leader.py), so replicas do not count
+the same job twice; a replica that leads again gets a new reader, whose first read is a
+baseline (without leader election every replica counts every job).
 
 A reader that follows a stream of events (Celery) reads what arrived since its last read,
 within a deadline, in each `read()`; a reader of records (RQ) compares them with what it saw
