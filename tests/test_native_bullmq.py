@@ -126,7 +126,10 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
 
 
-def test_a_restarted_exporter_counts_nothing_twice(bullmq, redis_url, serve_process):
+def test_a_restarted_exporter_goes_on_where_it_stopped(bullmq, redis_url, serve_process):
+    """Nothing counted twice, nothing skipped: what happened while no exporter ran is counted
+    by the next one, what the first one counted is not counted again."""
+
     def exporter():
         process = serve_process(
             "--redis-url", redis_url, "--preset", "bullmq", "--sample-interval", "0.3"
@@ -139,19 +142,24 @@ def test_a_restarted_exporter_counts_nothing_twice(bullmq, redis_url, serve_proc
             lambda s: _total(s, "queue_jobs_completed_total") == count, timeout=20
         )
 
+    def work(count):
+        bullmq.steps(
+            {"op": "add", "queue": "jobs", "count": count},
+            {"op": "work", "queue": "jobs", "completed": count},
+        )
+
     first = exporter()
-    bullmq.steps(
-        {"op": "add", "queue": "jobs", "count": 3}, {"op": "work", "queue": "jobs", "completed": 3}
-    )
+    work(3)
     completed(first, 3)
     first.stop()
+    work(2)  # while no exporter runs
 
-    second = exporter()  # starts from the end of the stream: the first three are not its
-    bullmq.steps(
-        {"op": "add", "queue": "jobs", "count": 2}, {"op": "work", "queue": "jobs", "completed": 2}
-    )
-    series = completed(second, 2)
-    assert _total(series, "queue_jobs_enqueued_total") == 2
+    second = exporter()
+    completed(second, 2)
+    work(4)
+    series = completed(second, 6)
+    assert _total(series, "queue_jobs_enqueued_total") == 6
+    assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
 
 
 def test_events_trimmed_before_they_were_read_are_counted_as_lost(bullmq, redis_url, run_exporter):

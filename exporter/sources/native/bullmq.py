@@ -9,9 +9,10 @@ read in one pipelined HMGET per job an event names; for a job removed when it fi
 (`removeOnComplete`), its name and start are what its `added` and `active` entries said.
 
 Nothing is lost or counted twice unnoticed:
-- the first read of a stream only takes its position (what happened before the exporter
-  started is not counted); so does a restarted exporter, whose counters start again at zero,
-  which Prometheus reads as a counter reset;
+- the positions are stored after every successful read (one SET of
+  `queue-exporter:native:bullmq:<prefix>`), so a restarted exporter or a new leader goes on
+  where the last read stopped (its counters start at zero: Prometheus reads a reset); only
+  with nothing stored does the first read take the streams' ends as a baseline;
 - XINFO STREAM and XREAD run in one MULTI, so the stream's `entries-added` (Redis 7) and its
   first entry tell exactly how many entries BullMQ trimmed (`MAXLEN ~ maxLenEvents`, 10,000 by
   default) before they were read: counted in `queue_exporter_events_lost_total`;
@@ -27,6 +28,7 @@ requeue; failed for stalling too often, it is a failure of class `other`.
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
@@ -48,6 +50,8 @@ _JOB_FIELDS = ("name", "timestamp", "delay", "processedOn", "finishedOn", "atm",
 # Events that need the job hash (for times, the job type or whether a move was a retry).
 _NEEDS_JOB = frozenset({b"active", b"completed", b"failed", b"delayed"})
 _STREAM_GONE = "no such key"
+# Stored positions outlive an exporter that is gone for a while, not forever.
+POSITIONS_TTL_MS = 7 * 86_400_000
 # Jobs whose name and start the reader remembers from the stream, per kind (~100 bytes each).
 MAX_REMEMBERED = 50_000
 _T = TypeVar("_T")
@@ -66,6 +70,12 @@ class BullmqReaderConfig(ReaderConfig):
 
     def acl_read_keys(self) -> list[str]:
         return [scan_glob(self.prefix) + ":*"]  # meta hashes, events streams, job hashes
+
+    @property
+    def positions_key(self) -> str:
+        """Where the reader keeps its positions (under the exporter's own keys, which the
+        leader-election ACL selector already lets it GET and SET)."""
+        return f"queue-exporter:native:bullmq:{self.prefix}"
 
 
 @dataclass(slots=True)
@@ -94,7 +104,7 @@ class BullmqReader:
         self.connection = connection
         self._client: redis.Redis | None = None
         self._positions: dict[str, _Position] = {}
-        self._started = False  # after the first read, a new queue's stream is read in full
+        self._started = False  # a read succeeded: a queue new since is read in full
         # What the stream itself said about jobs not finished yet (name when added, when it
         # could run: added or due, start when active), for a job whose hash is gone when the
         # reader gets to it: removeOnComplete and removeOnFail delete it in the script that
@@ -109,14 +119,19 @@ class BullmqReader:
         # Positions move on only when the whole read succeeded: a read that fails applies
         # nothing (framework.py), so the next one reads the same entries again.
         positions = {queue: replace(position) for queue, position in self._positions.items()}
+        baseline = False  # the streams' ends are taken, not read: nothing stored to go on from
         try:
+            if not self._started:
+                stored = self._stored_positions(client)
+                baseline, positions = stored is None, stored or {}
             queues = self._queues(client)
-            batches = self._follow(client, queues, positions, signals)
+            batches = self._follow(client, queues, positions, baseline, signals)
             self._apply(client, batches, signals)
+            self._positions = {queue: positions[queue] for queue in queues if queue in positions}
+            self._store_positions(client)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
-        self._positions = {queue: positions[queue] for queue in queues if queue in positions}
         self._started = True
 
     def interrupt(self) -> None:
@@ -131,6 +146,35 @@ class BullmqReader:
         if self._client is None:
             self._client = self.connection.connect()
         return self._client
+
+    def _stored_positions(self, client: redis.Redis) -> dict[str, _Position] | None:
+        """The positions the last successful read stored: a restarted exporter (or a new
+        leader) goes on from there, so nothing is counted twice or skipped, and what BullMQ
+        trimmed meanwhile is counted as lost. None: none stored, or unreadable (the first
+        read is then a baseline)."""
+        raw = client.get(self.config.positions_key)
+        if raw is None:
+            return None
+        try:
+            stored = json.loads(raw)
+            return {
+                str(queue): _Position(str(last_id).encode(), int(added))
+                for queue, (last_id, added) in stored.items()
+            }
+        except (ValueError, TypeError, AttributeError) as error:
+            _limited.warning(
+                "positions", "bullmq: stored positions unreadable (%r): starting afresh", error
+            )
+            return None
+
+    def _store_positions(self, client: redis.Redis) -> None:
+        document = {q: [p.last_id.decode(), p.added] for q, p in self._positions.items()}
+        try:
+            client.set(self.config.positions_key, json.dumps(document), px=POSITIONS_TTL_MS)
+        except redis.ResponseError as error:  # refused (ACL, read-only replica): memory only
+            _limited.warning(
+                "store", "bullmq: positions not stored (%s): a restart starts afresh", error
+            )
 
     def _events_key(self, queue: str) -> str:
         return f"{self.config.prefix}:{queue}:events"
@@ -152,6 +196,7 @@ class BullmqReader:
         client: redis.Redis,
         queues: list[str],
         positions: dict[str, _Position],
+        baseline: bool,
         signals: Signals,
     ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
         """One MULTI of XINFO STREAM + XREAD per queue: the new entries of each stream, the
@@ -165,7 +210,7 @@ class BullmqReader:
         batches = []
         for index, queue in enumerate(queues):
             info, read = replies[2 * index], replies[2 * index + 1]
-            entries = self._new_entries(queue, info, read, positions, signals)
+            entries = self._new_entries(queue, info, read, positions, baseline, signals)
             if entries:
                 batches.append((queue, entries))
         return batches
@@ -176,6 +221,7 @@ class BullmqReader:
         info: Any,
         read: Any,
         positions: dict[str, _Position],
+        baseline: bool,
         signals: Signals,
     ) -> list[tuple[bytes, dict[bytes, bytes]]]:
         if isinstance(info, redis.ResponseError):
@@ -186,7 +232,7 @@ class BullmqReader:
         added = int(info.get("entries-added") or 0)
         last_generated = _stream_id(info.get("last-generated-id") or b"0-0")
         position = positions.get(queue)
-        if position is None and not self._started:  # the first read: the baseline
+        if position is None and baseline:
             positions[queue] = _Position(info.get("last-generated-id") or b"0-0", added)
             return []
         if position is None:  # a queue created since: all its events are new
