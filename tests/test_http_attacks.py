@@ -12,6 +12,7 @@ import contextlib
 import gzip
 import http.client
 import json
+import logging
 import random
 import socket
 import statistics
@@ -240,6 +241,7 @@ def test_health_answers_while_every_scrape_thread_is_busy(front_door):
 
 
 def test_connections_beyond_the_bound_are_closed_on_arrival(front_door, caplog):
+    caplog.set_level(logging.WARNING, logger="exporter.http_server")
     server = front_door(lambda _: b"", max_connections=20)
     held = slow_sockets(server.port, 20)
     wait_for(lambda: is_cut(socket.create_connection(("127.0.0.1", server.port))))
