@@ -186,15 +186,24 @@ def configure(level: str, fmt: str) -> None:
     # Python would print these to stderr itself, past the scrubbing.
     logging.captureWarnings(True)
     sys.excepthook = _log_uncaught
-    threading.excepthook = lambda args: _log_uncaught(
-        args.exc_type, args.exc_value or args.exc_type(), args.exc_traceback
-    )
+    threading.excepthook = _log_uncaught_in_thread
 
 
 def _log_uncaught(
     kind: type[BaseException], error: BaseException, traceback: TracebackType | None
 ) -> None:
     logging.getLogger("exporter").critical("uncaught exception", exc_info=(kind, error, traceback))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if issubclass(args.exc_type, SystemExit):  # as Python's own hook: a thread's normal exit
+        return
+    error = args.exc_value or args.exc_type()
+    logging.getLogger("exporter").critical(
+        "uncaught exception in thread %s",
+        args.thread.name if args.thread is not None else "?",
+        exc_info=(args.exc_type, error, args.exc_traceback),
+    )
 
 
 class LogLimiter:

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 import urllib.error
 import urllib.request
@@ -400,3 +401,27 @@ def test_registered_secrets_leave_tracebacks_and_json_lines():
         line = RedactingFormatter(inner).format(record)
         assert "Traceback" in line or '"exc"' in line
         assert_no_secret(line, type(inner).__name__)
+
+
+def test_an_uncaught_exception_in_a_thread_is_logged_scrubbed(capsys, monkeypatch):
+    from exporter.logs import configure, register_secret
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", list(root.handlers))  # configure() replaces them
+    monkeypatch.setattr(root, "level", root.level)
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)
+    monkeypatch.setattr(threading, "excepthook", threading.excepthook)
+    secret = f"Pthread-{MARKER}-x"
+    register_secret(secret)
+    configure("info", "text")
+
+    def crash() -> None:
+        raise RuntimeError(f"connect failed: {secret}")
+
+    thread = threading.Thread(target=crash, name="doomed")
+    thread.start()
+    thread.join()
+    stderr = capsys.readouterr().err
+    assert "uncaught exception in thread doomed" in stderr
+    assert "RuntimeError: connect failed: ****" in stderr
+    assert_no_secret(stderr, "stderr")
