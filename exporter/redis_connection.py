@@ -1,4 +1,9 @@
-"""One way to open Redis for every part of the exporter: URL, ACL user, password file, TLS.
+"""One way to open Redis for every part of the exporter: URL, ACL user, password file, TLS,
+and behind Sentinel (`redis+sentinel://host:26379,host2:26379/<service>/<db>`).
+
+Behind Sentinel the client asks the Sentinels for the master when it opens a connection, and a
+caller that wants to follow a failover within its next cycle calls `follow_failover` first: a
+connection to a master that is not the master any more is closed, the next opens to the new one.
 
 Every connection has client-side deadlines (connect and per command) and no retries of its own:
 redis-py retries a timed-out command 10 times by default, so one call to a frozen server would
@@ -7,24 +12,69 @@ take a minute. A caller that fails retries on its own schedule (the next cycle, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import redis
 from pydantic import Field, SecretStr, field_validator
 from redis.backoff import NoBackoff
 from redis.retry import Retry
+from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from exporter.logs import mask_connection_string, register_secret
 from exporter.models import StrictModel
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a redis+sentinel:// URL names: the Sentinels, the master's service name and db,
+    and the master's own credentials (user:password@ of the URL)."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    tls: bool
+
+
+def sentinel_target(url: str) -> SentinelTarget:
+    """Parse `redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`; a
+    ValueError says what is wrong, without quoting the URL (it may hold a password)."""
+    parts = urlsplit(url)
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    sentinels = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":") if ":" in host else (host, ":", "26379")
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("each Sentinel must be host:port (port a number below 65536)")
+        sentinels.append((name.strip("[]"), int(port)))
+    path = [part for part in parts.path.split("/") if part]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError("a Sentinel URL ends in /<service name>[/<db number>]")
+    user, has_password, password = userinfo.partition(":")
+    return SentinelTarget(
+        sentinels=tuple(sentinels),
+        service=unquote(path[0]),
+        db=int(path[1]) if len(path) == 2 else 0,
+        username=unquote(user) or None,
+        password=unquote(password) if has_password else None,
+        tls=parts.scheme == "rediss+sentinel",
+    )
 
 
 class RedisConnectionConfig(StrictModel):
     url: SecretStr = Field(
         SecretStr(DEFAULT_REDIS_URL),
-        description="redis://, rediss:// or unix:// URL; a password in it is masked everywhere",
+        description="redis://, rediss:// or unix:// URL, or redis+sentinel://host:26379,"
+        "host2:26379/<service>/<db> (rediss+sentinel: TLS to the Sentinels and the master); a "
+        "password in it is masked everywhere",
     )
     username: str | None = Field(None, description="ACL user (overrides the URL's)")
     password: SecretStr | None = Field(None, description="password (prefer password_file)")
@@ -36,13 +86,25 @@ class RedisConnectionConfig(StrictModel):
     connect_timeout: float = Field(
         5.0, gt=0, description="seconds opening a connection (TCP, TLS) may take"
     )
+    sentinel_username: str | None = Field(None, description="Sentinel: the Sentinels' ACL user")
+    sentinel_password: SecretStr | None = Field(
+        None, description="Sentinel: the Sentinels' password (the URL's is the master's)"
+    )
+    sentinel_password_file: Path | None = Field(
+        None, description="Sentinel: file holding the Sentinels' password"
+    )
 
     @field_validator("url")
     @classmethod
     def _known_scheme(cls, url: SecretStr) -> SecretStr:
         parts = urlsplit(url.get_secret_value())
-        if parts.scheme not in ("redis", "rediss", "unix"):
-            raise ValueError(f"URL scheme must be redis, rediss or unix, not {parts.scheme!r}")
+        if parts.scheme not in SCHEMES:
+            raise ValueError(
+                f"URL scheme must be one of {', '.join(SCHEMES)}, not {parts.scheme!r}"
+            )
+        if parts.scheme in SENTINEL_SCHEMES:
+            sentinel_target(url.get_secret_value())
+            return url
         try:
             parts.port  # noqa: B018  # raises for a port that is not a number
         except ValueError:
@@ -50,37 +112,78 @@ class RedisConnectionConfig(StrictModel):
         return url
 
     def resolved_password(self) -> str | None:
-        if self.password_file is not None:
-            password = self.password_file.read_text().strip()
-            register_secret(password)  # read anew at each connect: a rotated one too
-            return password
-        return self.password.get_secret_value() if self.password else None
+        return _secret(self.password, self.password_file)
+
+    @property
+    def sentinel(self) -> SentinelTarget | None:
+        """The Sentinel setup the URL names, or None for a plain Redis."""
+        url = self.url.get_secret_value()
+        return sentinel_target(url) if url.startswith(SENTINEL_SCHEMES) else None
 
     def masked_url(self) -> str:
         return mask_connection_string(self.url.get_secret_value())
 
     def connect(self) -> redis.Redis:
         """A client whose replies are bytes: decoding is left to the few values that need it."""
-        extra: dict[str, object] = {}
+        target = self.sentinel
+        if target is not None:
+            return self._connect_sentinel(target)
+        return redis.Redis.from_url(self.url.get_secret_value(), **self._options())
+
+    def _options(self, tls: bool = False) -> dict[str, Any]:
+        """Deadlines, no retries, TLS files and credentials: for a Redis or a Sentinel."""
+        options: dict[str, Any] = {
+            "socket_timeout": self.socket_timeout,
+            "socket_connect_timeout": self.connect_timeout,
+            "retry": Retry(NoBackoff(), 0),
+        }
+        if tls:
+            options["ssl"] = True
         if self.tls_ca_file:
-            extra["ssl_ca_certs"] = str(self.tls_ca_file)
+            options["ssl_ca_certs"] = str(self.tls_ca_file)
         if self.tls_cert_file:
-            extra["ssl_certfile"] = str(self.tls_cert_file)
+            options["ssl_certfile"] = str(self.tls_cert_file)
         if self.tls_key_file:
-            extra["ssl_keyfile"] = str(self.tls_key_file)
+            options["ssl_keyfile"] = str(self.tls_key_file)
         password = self.resolved_password()
         if password is not None:
-            extra["password"] = password
+            options["password"] = password
         if self.username:
-            extra["username"] = self.username
-        return redis.Redis.from_url(
-            self.url.get_secret_value(),
-            socket_timeout=self.socket_timeout,
-            socket_connect_timeout=self.connect_timeout,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=30,
-            **extra,
-        )
+            options["username"] = self.username
+        options["health_check_interval"] = 30
+        return options
+
+    def _connect_sentinel(self, target: SentinelTarget) -> redis.Redis:
+        master = self._options(tls=target.tls)
+        master.setdefault("password", target.password)
+        master.setdefault("username", target.username)
+        asking = self._options(tls=target.tls)
+        for name in ("password", "username", "health_check_interval"):
+            asking.pop(name, None)
+        sentinel_password = _secret(self.sentinel_password, self.sentinel_password_file)
+        if sentinel_password is not None:
+            asking["password"] = sentinel_password
+        if self.sentinel_username:
+            asking["username"] = self.sentinel_username
+        sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
+        client: redis.Redis = sentinels.master_for(target.service, db=target.db, **master)  # type: ignore[no-untyped-call]
+        return client
+
+
+def _secret(value: SecretStr | None, file: Path | None) -> str | None:
+    if file is not None:
+        secret = file.read_text().strip()
+        register_secret(secret)  # read anew at each connect: a rotated one too
+        return secret
+    return value.get_secret_value() if value else None
+
+
+def follow_failover(client: redis.Redis) -> None:
+    """Behind Sentinel: ask for the master now; idle connections to a former one are closed
+    (the next command opens one to the new master). Elsewhere nothing."""
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        pool.get_master_address()  # type: ignore[no-untyped-call]
 
 
 def sever(client: redis.Redis | None) -> None:
@@ -96,6 +199,8 @@ def redis_error_reason(error: Exception) -> str:
     """A short, bounded label value for a Redis failure."""
     if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
         return "auth"
+    if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):
+        return "auth"  # every Sentinel refused our credentials
     if isinstance(error, redis.TimeoutError):
         return "timeout"
     if isinstance(error, redis.ConnectionError):

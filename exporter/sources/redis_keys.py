@@ -28,7 +28,12 @@ from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
+from exporter.redis_connection import (
+    RedisConnectionConfig,
+    follow_failover,
+    redis_error_reason,
+    sever,
+)
 from exporter.redis_pipeline import (
     bound_each,
     bounded_reads,
@@ -276,6 +281,7 @@ class RedisKeySampler:
 
     def sample(self) -> SampleSet:
         client = self._connect()
+        follow_failover(client)  # behind Sentinel: this cycle reads the master of now
         self._values_found = {}
         cycle = _Cycle(time.time(), SampleSet(), self._large_heads)
         self._large_heads_now = set()

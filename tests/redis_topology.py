@@ -1,0 +1,135 @@
+"""Real Redis topologies started by the tests: a master, its replica and three Sentinels."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from tests.conftest import wait_for
+from tests.private_redis import PrivateRedis, free_port
+
+SERVICE = "queues"
+
+
+class SentinelSetup:
+    """A master, one replica and three Sentinels (quorum 2), each on a free port."""
+
+    def __init__(self, directory: Path, sentinel_password: str | None = None) -> None:
+        self.directory = directory
+        self.sentinel_password = sentinel_password
+        self.master = PrivateRedis(self._dir("master"))
+        self.replica = PrivateRedis(self._dir("replica"))
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen[bytes]] = []
+
+    def _dir(self, name: str) -> Path:
+        path = self.directory / name
+        path.mkdir(exist_ok=True)
+        return path
+
+    @property
+    def url(self) -> str:
+        hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
+        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+
+    def start(self) -> SentinelSetup:
+        self.master.start()
+        self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+        self.replica.start()
+        for index, port in enumerate(self.sentinel_ports):
+            config = self._dir(f"sentinel{index}") / "sentinel.conf"
+            lines = [
+                f"port {port}",
+                "bind 127.0.0.1",
+                f"dir {config.parent}",
+                f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 2",
+                f"sentinel down-after-milliseconds {SERVICE} 1000",
+                f"sentinel failover-timeout {SERVICE} 3000",
+            ]
+            if self.sentinel_password:
+                lines.append(f"requirepass {self.sentinel_password}")
+            config.write_text("\n".join(lines) + "\n")
+            binary = shutil.which("redis-server") or "redis-server"
+            self.sentinels.append(
+                subprocess.Popen(
+                    [binary, str(config), "--sentinel"],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+            )
+        wait_for(self._replica_known, timeout=30)
+        return self
+
+    def sentinel_client(self, index: int = 0) -> redis.Redis:
+        port = self.sentinel_ports[index]
+        return redis.Redis(
+            host="127.0.0.1", port=port, password=self.sentinel_password, socket_timeout=5
+        )
+
+    def master_port(self) -> int:
+        """The master's port as the Sentinels see it now."""
+        with self.sentinel_client() as client:
+            _, port = client.sentinel_get_master_addr_by_name(SERVICE)
+        return int(port)
+
+    def _replica_known(self) -> bool:
+        """Every Sentinel knows the replica, in sync, and the other Sentinels."""
+        try:
+            for index in range(len(self.sentinel_ports)):
+                with self.sentinel_client(index) as client:
+                    replicas = client.sentinel_slaves(SERVICE)
+                    master = client.sentinel_master(SERVICE)
+                ok = any(r["is_slave"] and not r["is_sdown"] for r in replicas)
+                if not ok or master["num-other-sentinels"] < 2:
+                    return False
+        except (redis.RedisError, OSError):
+            return False
+        with self.master.client() as client:
+            info = client.info("replication")
+        return bool(info.get("connected_slaves")) and info["slave0"]["state"] == "online"
+
+    def failover(self, pause_writes_ms: int = 3000) -> int:
+        """A failover that loses no acknowledged write: writes to the master are paused and the
+        replica caught up (as Redis's own FAILOVER does), then SENTINEL FAILOVER; waits until
+        the Sentinels name the replica as master, and returns its port. Writes held by the pause
+        fail once the old master is a replica, and go to the new one when retried."""
+        old = self.master_port()
+        with self.master.client() as master:
+            master.execute_command("CLIENT", "PAUSE", pause_writes_ms, "WRITE")
+            wait_for(lambda: _caught_up(master.info("replication")), timeout=10)
+        with self.sentinel_client() as client:
+            client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+        wait_for(lambda: self.master_port() != old, timeout=30)
+        return self.master_port()
+
+    def stop(self) -> None:
+        for process in self.sentinels:
+            process.kill()
+            process.wait(timeout=10)
+        self.replica.stop()
+        self.master.stop()
+
+
+def _caught_up(info: dict) -> bool:
+    replica = info.get("slave0")
+    return bool(replica) and replica["offset"] == info["master_repl_offset"]
+
+
+def eventually(condition, timeout: float = 30.0):
+    """wait_for, tolerating Redis errors while a topology changes."""
+
+    def attempt():
+        try:
+            return condition()
+        except (redis.RedisError, OSError):
+            return None
+
+    return wait_for(attempt, timeout=timeout)
+
+
+def sleep_cycles(interval: float, cycles: int) -> None:
+    time.sleep(interval * cycles)
