@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,16 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
         assert truth["waiting"]["late"] + truth["reserved"].get("late", 0) == 2
     finally:
         _stop(worker)
+
+
+def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, run_exporter):
+    native = {"celery": {"events_timeout": 0.5, "report_no_events": False}}
+    app = run_exporter({"presets": ["celery"], "sources": {"native": native}}, redis_url=redis_url)
+    wait_for(lambda: app.health.snapshot()["native:celery"].ever_succeeded)
+    time.sleep(1.5)  # three timeouts without any event
+    series = scrape_series(app)
+    assert value(series, "queue_exporter_source_up", source="native:celery") == 1
+    assert not value(
+        series, "queue_exporter_source_errors_total", source="native:celery", reason="no_events"
+    )
+    assert value(series, "queue_depth", system="celery", queue="celery", state="active") == 0

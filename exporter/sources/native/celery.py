@@ -18,7 +18,8 @@ active only).
 
 When no event arrives for `events_timeout` (workers heartbeat every 2 s) the read fails with
 reason `no_events`: the reader cannot say what runs, so its series are withdrawn and
-queue_exporter_source_up{source="native:celery"} says so.
+queue_exporter_source_up{source="native:celery"} says so (`report_no_events: false` where
+workers may scale to zero).
 """
 
 from __future__ import annotations
@@ -65,7 +66,13 @@ class CeleryReaderConfig(ReaderConfig):
         "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
     )
     events_timeout: float = Field(
-        30.0, gt=0, description="seconds without any event after which the reader reports none"
+        30.0,
+        gt=0,
+        description="seconds without any event after which the reader reports none, and "
+        "without a heartbeat after which a worker is gone",
+    )
+    report_no_events: bool = Field(
+        True, description="fail with reason no_events when none comes (off: workers scale to 0)"
     )
     unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
     events_channel: str | None = Field(
@@ -131,7 +138,7 @@ class CeleryReader:
             signals.tally.refuse("bad_value")
         self._unreadable = 0
         idle = time.monotonic() - self._last_event
-        if idle > self.config.events_timeout:
+        if self.config.report_no_events and idle > self.config.events_timeout:
             raise ReaderError(
                 "no_events",
                 f"no Celery event for {idle:.0f} s: are workers started with -E "
