@@ -292,13 +292,14 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             f"sum {without(c)} (increase(queue_exporter_events_lost_total[{c.events_lost_window}])) > 0",
             "0m",
             "queue-exporter lost events on {{ $labels.stream }}.",
-            "{{ $value | humanize }} entries of {{ $labels.stream }} were trimmed before the "
+            "{{ $value | humanize }} entries of {{ $labels.stream }} were gone before the "
             f"exporter read them in the last {c.events_lost_window}; event counters undercount.",
             "The stream's MAXLEN trimmed entries the exporter had not consumed (it lagged or "
-            "was down).",
-            "Exporter dashboard: *Lost events* and *Stream lag*.",
-            "Raise the stream's MAXLEN or make the exporter keep up (see "
-            "QueueExporterEventsLagging).",
+            "was down), or Redis lost them (restarted without its data, or from an older copy).",
+            "Exporter dashboard: *Lost events* and *Stream lag*; the exporter's log names the "
+            "cause (`trimmed`, `data_lost`, `deleted_pending`).",
+            "`trimmed`: raise the stream's MAXLEN or make the exporter keep up (see "
+            "QueueExporterEventsLagging). `data_lost`: look at Redis's persistence and restarts.",
         ),
         AlertRule(
             "QueueExporterInvalidEvents",
@@ -309,8 +310,10 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "{{ $value | humanize }} entries of {{ $labels.stream }} were invalid "
             "({{ $labels.reason }}) in the last " + c.events_invalid_window + ".",
             "A producer writes entries the exporter cannot read (missing fields, unknown "
-            "version); they are counted and skipped.",
-            "Exporter dashboard: *Invalid events by reason*; read a few entries with XRANGE.",
+            "version, a Runner-Q activity key of another type); they are counted, acknowledged "
+            "and skipped, and never hold up the stream.",
+            "Exporter dashboard: *Invalid events by reason*; the exporter's log names a "
+            "refused entry id per reason: read it with XRANGE.",
             "Fix the producer's instrumentation to the documented wire format.",
         ),
         AlertRule(
