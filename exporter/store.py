@@ -15,8 +15,10 @@ The exporter's own self-metrics are not kept here: they are OpenTelemetry instru
 
 Cardinality: a metric holds at most `max_series_per_metric` samples, so that a scrape's size
 is bounded by the cap. A histogram series is as many samples as its buckets plus `_sum` and
-`_count`, so a histogram admits that many times fewer label sets. Label sets beyond the cap
-share one `__overflow__` label set and are counted in queue_exporter_series_overflow_total.
+`_count`, so a histogram admits that many times fewer label sets. Where a family has two feeds
+(Attune's sampled totals and the event counters of the same name), they share its room.
+Label sets beyond the cap share one `__overflow__` label set and are counted in
+queue_exporter_series_overflow_total.
 
 Event series no batch has updated for `idle_timeout` seconds are dropped and leave the
 guard, so job types that come and go do not grow memory without bound. A dropped counter
@@ -78,6 +80,7 @@ class SeriesGuard:
         self._admitted: dict[str, set[LabelValues]] = {}
         self._samples_per_series: dict[str, int] = {}
         self._dropping: set[str] = set()
+        self._held: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def set_samples_per_series(self, metric: str, samples: int, folds: bool = True) -> None:
@@ -88,9 +91,18 @@ class SeriesGuard:
             self._dropping.add(metric)
 
     def room(self, metric: str) -> int:
-        """Label sets the metric may hold besides its overflow set."""
+        """Label sets the metric may admit besides its overflow set."""
+        return max(self.whole_room(metric) - self._held.get(metric, 0), 0)
+
+    def whole_room(self, metric: str) -> int:
+        """Label sets the metric may hold besides its overflow set, from every feed."""
         reserved = 0 if metric in self._dropping else 1
-        return max(self.limit // self._samples_per_series.get(metric, 1) - reserved, 0)
+        return self.limit // self._samples_per_series.get(metric, 1) - reserved
+
+    def hold(self, held: dict[str, int]) -> None:
+        """Series served from snapshots, by metric: where a family is fed by snapshots and by
+        events too (Attune's totals and the event counters), they take room from admissions."""
+        self._held = held
 
     def admit(self, metric: str, labels: LabelValues) -> LabelValues:
         """The labels to record under: these, or the overflow set once the metric is full."""
@@ -170,11 +182,20 @@ class MetricStore:
         capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
         with self._snapshot_lock:
             self._snapshots[source] = capped
+            self._hold_snapshot_series()
 
     def withdraw(self, source: str) -> None:
         """Drop a failing source's series rather than serve them stale."""
         with self._snapshot_lock:
             self._snapshots.pop(source, None)
+            self._hold_snapshot_series()
+
+    def _hold_snapshot_series(self) -> None:
+        held: dict[str, int] = {}
+        for published in self._snapshots.values():
+            for spec, series in published.items():
+                held[spec.name] = held.get(spec.name, 0) + len(series)
+        self.guard.hold(held)
 
     def _cap(self, source: str, spec: MetricSpec, series: Series, clip: bool) -> Series:
         if clip:  # rare: most snapshots are published without a copy
@@ -185,7 +206,9 @@ class MetricStore:
                 for name, published in self._snapshots.items()
                 if name != source
             )
-        room = self.guard.room(spec.name) - used_elsewhere
+        with self._lock:  # event counters of the same family
+            used_elsewhere += len(self._counters.get(spec.name, ()))
+        room = self.guard.whole_room(spec.name) - used_elsewhere
         if len(series) <= room + 1:
             return series
         values = dict(series.items())
