@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 import redis
 from pydantic import Field, SecretStr, field_validator
@@ -119,6 +119,19 @@ class RedisConnectionConfig(StrictModel):
         """The Sentinel setup the URL names, or None for a plain Redis."""
         url = self.url.get_secret_value()
         return sentinel_target(url) if url.startswith(SENTINEL_SCHEMES) else None
+
+    @property
+    def database(self) -> int:
+        """The database number the URL names (as redis-py reads it: ?db= first, then the path;
+        a unix:// path is the socket's)."""
+        target = self.sentinel
+        if target is not None:
+            return target.db
+        parts = urlsplit(self.url.get_secret_value())
+        number = dict(parse_qsl(parts.query)).get("db")
+        if number is None and parts.scheme != "unix":
+            number = parts.path.strip("/")
+        return int(number) if number and number.isdigit() else 0
 
     def masked_url(self) -> str:
         return mask_connection_string(self.url.get_secret_value())

@@ -6,6 +6,8 @@ import pytest
 
 from exporter import config as config_module
 from exporter import redis_acl
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.celery import CeleryReaderConfig
 from exporter.sources.native.framework import CounterDeltas
 
 
@@ -61,3 +63,20 @@ def test_the_acl_grants_a_reader_its_reads_only_while_it_is_on():
         config_module.from_dict({"presets": [{"name": "rq", "params": {"native": False}}]})
     )
     assert "+hmget" not in off and "%R~rq:worker:*" not in off
+
+
+@pytest.mark.parametrize(
+    ("url", "channel"),
+    [
+        ("redis://h:6379/3", "/3.celeryev/*"),
+        ("redis://h:6379", "/0.celeryev/*"),
+        ("redis://h:6379/0?db=5", "/5.celeryev/*"),
+        ("unix:///run/redis.sock?db=2", "/2.celeryev/*"),
+        ("unix:///run/redis.sock", "/0.celeryev/*"),
+        ("redis+sentinel://s1:26379,s2:26379/mymaster/4", "/4.celeryev/*"),
+    ],
+)
+def test_celery_events_channel_follows_the_urls_database(url, channel):
+    connection = RedisConnectionConfig(url=url)
+    assert CeleryReaderConfig().channel_pattern(connection) == channel
+    assert connection.database == int(channel[1])

@@ -32,7 +32,6 @@ from base64 import b64decode
 from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 from pydantic import Field
@@ -93,8 +92,7 @@ class CeleryReaderConfig(ReaderConfig):
         """kombu publishes a fanout exchange's messages on `/<db>.<exchange>/<routing key>`."""
         if self.events_channel is not None:
             return self.events_channel
-        database = urlsplit(connection.url.get_secret_value()).path.strip("/") or "0"
-        return f"/{database}.celeryev/*"
+        return f"/{connection.database}.celeryev/*"
 
 
 @dataclass(slots=True)
