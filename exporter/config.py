@@ -18,13 +18,13 @@ from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
-from exporter.http_server import HttpConfig
-from exporter.leader import LeaderElectionConfig
+from exporter.http_config import HttpConfig
+from exporter.leader_config import LeaderElectionConfig
 from exporter.models import StrictModel
-from exporter.sources.native import NativeConfig
-from exporter.sources.postgres import PostgresSourceConfig
-from exporter.sources.redis_keys import RedisSourceConfig
-from exporter.telemetry import LimitsConfig, OtlpConfig
+from exporter.sources.native.config import NativeConfig
+from exporter.sources.postgres_config import PostgresSourceConfig
+from exporter.sources.redis_keys_config import RedisSourceConfig
+from exporter.telemetry_config import LimitsConfig, OtlpConfig
 
 DEFAULT_LISTEN_ADDRESS = "0.0.0.0:9839"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
-from pydantic import Field, SecretStr
+from pydantic import SecretStr
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.netutil import bind_sockets
@@ -40,8 +40,8 @@ from tornado.web import Application, RequestHandler
 
 from exporter import __version__
 from exporter.health import HealthBoard
+from exporter.http_config import HttpConfig
 from exporter.logs import LogLimiter
-from exporter.models import StrictModel
 from exporter.web_config import (
     FailureLimiter,
     LoadedWebConfig,
@@ -70,18 +70,6 @@ Page = Callable[[], tuple[str, bytes]]
 # Counts a refused login by its reason (catalog.AUTH_FAILURE_REASONS).
 CountAuthFailure = Callable[[str], None]
 _T = TypeVar("_T")
-
-
-class HttpConfig(StrictModel):
-    request_timeout: float = Field(
-        10.0,
-        gt=0,
-        description="seconds a client has to complete the TLS handshake and send a request's "
-        "headers, and again to take the response; then the connection is cut",
-    )
-    max_connections: int = Field(
-        1000, ge=1, description="connections open at once; more are closed on arrival"
-    )
 
 
 class MetricsServer:

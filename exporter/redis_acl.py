@@ -14,7 +14,7 @@ import itertools
 from exporter.config import Config
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import KeyGroup, fill, placeholders, scan_glob
-from exporter.sources.native.framework import ReaderConfig
+from exporter.sources.native.config import ReaderConfig
 
 # Health checks (redis-py PINGs idle connections) and a database number in the URL. Not
 # granted: CLIENT SETINFO (Redis 7.2+) and CLIENT MAINT_NOTIFICATIONS (Redis 8), which redis-py

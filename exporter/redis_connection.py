@@ -8,23 +8,25 @@ connection to a master that is not the master any more is closed, the next opens
 Every connection has client-side deadlines (connect and per command) and no retries of its own:
 redis-py retries a timed-out command 10 times by default, so one call to a frozen server would
 take a minute. A caller that fails retries on its own schedule (the next cycle, the next read).
+
+redis-py is imported by the functions that use it, not by this module: the configuration
+models import RedisConnectionConfig, and reading a configuration must not load a client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-import redis
 from pydantic import Field, SecretStr, field_validator
-from redis.backoff import NoBackoff
-from redis.retry import Retry
-from redis.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 
 from exporter.logs import mask_connection_string, register_secret
 from exporter.models import StrictModel
+
+if TYPE_CHECKING:
+    import redis
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -138,6 +140,8 @@ class RedisConnectionConfig(StrictModel):
 
     def connect(self) -> redis.Redis:
         """A client whose replies are bytes: decoding is left to the few values that need it."""
+        import redis
+
         target = self.sentinel
         if target is not None:
             return self._connect_sentinel(target)
@@ -145,6 +149,9 @@ class RedisConnectionConfig(StrictModel):
 
     def _options(self, tls: bool = False) -> dict[str, Any]:
         """Deadlines, no retries, TLS files and credentials: for a Redis or a Sentinel."""
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
         options: dict[str, Any] = {
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.connect_timeout,
@@ -167,6 +174,8 @@ class RedisConnectionConfig(StrictModel):
         return options
 
     def _connect_sentinel(self, target: SentinelTarget) -> redis.Redis:
+        from redis.sentinel import Sentinel
+
         master = self._options(tls=target.tls)
         master.setdefault("password", target.password)
         master.setdefault("username", target.username)
@@ -194,6 +203,8 @@ def _secret(value: SecretStr | None, file: Path | None) -> str | None:
 def follow_failover(client: redis.Redis) -> None:
     """Behind Sentinel: ask for the master now; idle connections to a former one are closed
     (the next command opens one to the new master). Elsewhere nothing."""
+    from redis.sentinel import SentinelConnectionPool
+
     pool = client.connection_pool
     if isinstance(pool, SentinelConnectionPool):
         pool.get_master_address()  # type: ignore[no-untyped-call]
@@ -210,6 +221,9 @@ def sever(client: redis.Redis | None) -> None:
 
 def redis_error_reason(error: Exception) -> str:
     """A short, bounded label value for a Redis failure."""
+    import redis
+    from redis.sentinel import MasterNotFoundError
+
     if isinstance(error, redis.AuthenticationError | redis.exceptions.NoPermissionError):
         return "auth"
     if isinstance(error, MasterNotFoundError) and "AuthenticationError" in str(error):

@@ -37,16 +37,15 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as _untyped_text
 from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
-from pydantic import Field
 
 from exporter import __version__, exposition
 from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
 from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
-from exporter.models import StrictModel
 from exporter.otlp import StoreExporter
 from exporter.samples import SampleSet
 from exporter.store import Family, MetricStore, SeriesGuard
+from exporter.telemetry_config import LimitsConfig, OtlpConfig
 
 # The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
 _SDK_CARDINALITY = 1_000_000
@@ -55,28 +54,6 @@ _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 _Writer = Callable[[CollectorRegistry], bytes]
 _write_text = cast(_Writer, _untyped_text)
 _write_openmetrics = cast(_Writer, _untyped_openmetrics)
-
-
-class LimitsConfig(StrictModel):
-    max_series_per_metric: int = Field(
-        10_000,
-        ge=2,
-        description="samples per metric before label sets fold into overflow (a histogram "
-        "series counts as its buckets plus _sum and _count)",
-    )
-    label_value_max_length: int = Field(128, ge=8, description="longer label values are cut")
-    series_idle_timeout: float | None = Field(
-        21600.0,
-        gt=0,
-        description="seconds after which an event series no batch updated is dropped (null: never)",
-    )
-
-
-class OtlpConfig(StrictModel):
-    enabled: bool = Field(
-        False, description="also push every metric over OTLP/HTTP (OTEL_EXPORTER_OTLP_* apply)"
-    )
-    interval: float = Field(15.0, gt=0, description="seconds between pushes")
 
 
 class Telemetry:

@@ -29,7 +29,7 @@ from exporter.config import from_dict
 from exporter.health import HealthBoard
 from exporter.samples import SampleSet
 from exporter.sources.base import SourceRunner
-from exporter.sources.postgres import PostgresSourceConfig
+from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.telemetry import Telemetry
 from exporter.watchdog import Watchdog
 from tests.conftest import (

@@ -14,7 +14,8 @@ from exporter.events.metrics import Tally, apply
 from exporter.events.runnerq import parse_entry
 from exporter.health import HealthBoard
 from exporter.store import OVERFLOW
-from exporter.telemetry import LimitsConfig, Telemetry
+from exporter.telemetry import Telemetry
+from exporter.telemetry_config import LimitsConfig
 from tests.conftest import parse_exposition, value
 
 NOW = float(int(time.time()))

@@ -23,7 +23,8 @@ from exporter.events.metrics import EventMetrics, Heartbeat, Tally
 from exporter.health import HealthBoard
 from exporter.samples import SampleSet
 from exporter.store import OVERFLOW
-from exporter.telemetry import LimitsConfig, SharedRender, Telemetry
+from exporter.telemetry import SharedRender, Telemetry
+from exporter.telemetry_config import LimitsConfig
 from tests.conftest import scrape, scrape_when, wait_for
 from tests.tools import run
 

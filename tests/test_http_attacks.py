@@ -28,12 +28,12 @@ import yaml
 
 from exporter import http_server
 from exporter.health import HealthBoard
+from exporter.http_config import HttpConfig
 from exporter.http_server import (
     BACKLOG,
     GZIP_LEVEL,
     MAX_PENDING_CHECKS,
     SCRAPE_THREADS,
-    HttpConfig,
     MetricsServer,
     Render,
     SharedCompression,

@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler, RedisSourceConfig
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 from tests.layouts import iso
 

@@ -15,7 +15,8 @@ import pytest
 import redis
 
 from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler, RedisSourceConfig
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 from tests.conftest import scrape, value
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue

@@ -14,7 +14,8 @@ import pytest
 from exporter.catalog import BY_NAME
 from exporter.config import ConfigError, from_dict
 from exporter.health import HealthBoard
-from exporter.leader import LeaderElectionConfig, Leadership
+from exporter.leader import Leadership
+from exporter.leader_config import LeaderElectionConfig
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.samples import SampleSet
 from exporter.sources.base import SourceRunner

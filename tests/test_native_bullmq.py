@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
+from exporter.sources.native.bullmq import BullmqReader
+from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import Signals
 from tests.conftest import REDIS_HOST, REDIS_PORT, Series, scrape_series, value, wait_for
 from tests.real_queues import BULLMQ_MAJORS, BullMQ

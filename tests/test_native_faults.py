@@ -20,9 +20,10 @@ from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
+from exporter.sources.native.celery import CeleryReader
+from exporter.sources.native.config import CeleryReaderConfig, RqReaderConfig
 from exporter.sources.native.framework import NativeSource
-from exporter.sources.native.rq import RqReader, RqReaderConfig
+from exporter.sources.native.rq import RqReader
 from exporter.telemetry import Telemetry
 from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis

@@ -9,7 +9,7 @@ import pytest
 
 from exporter import config as config_module
 from exporter.logs import mask_connection_string as mask_dsn
-from exporter.sources.postgres import PostgresSourceConfig
+from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.sql_collectors import QueryShapeError, RowConverter, SqlCollector
 from tests.conftest import scrape, scrape_series, value, wait_for
 

@@ -16,7 +16,8 @@ from exporter.events.metrics import EventMetrics, Tally
 from exporter.events.refusals import Refusals
 from exporter.events.wire import encode
 from exporter.health import HealthBoard
-from exporter.telemetry import LimitsConfig, Telemetry
+from exporter.telemetry import Telemetry
+from exporter.telemetry_config import LimitsConfig
 
 STEP = 60.0  # one simulated minute per batch
 HOURS = 12

@@ -22,14 +22,12 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import redis
-from pydantic import Field
 
 from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_connection import (
-    RedisConnectionConfig,
     follow_failover,
     redis_error_reason,
     sever,
@@ -50,6 +48,7 @@ from exporter.sources.key_groups import (
     key_regex,
     scan_glob,
 )
+from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
@@ -91,39 +90,6 @@ REASON_WORDS = {
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "label_unreadable": "items without the split_by field count as __unread__",
 }
-
-
-class RedisSourceConfig(RedisConnectionConfig):
-    name: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9_.-]+$",
-        description="this Redis's name (required when sources.redis is a list): its "
-        "redis_source label value, and its source name redis:<name>",
-    )
-    presets: list[str | dict[str, Any]] = Field(
-        default_factory=list,
-        description="list form: presets whose key groups only this Redis samples (names, or "
-        "{name, params}); the top-level presets apply to every Redis",
-    )
-    sample_interval: float | None = Field(
-        None, gt=0, description="seconds between key samples (default: the global interval)"
-    )
-    scan_count: int = Field(1000, ge=10, description="SCAN COUNT hint")
-    pipeline_size: int = Field(1000, ge=1, description="commands per pipelined round trip")
-    max_item_bytes: int = Field(
-        256 * 1024,
-        ge=64,
-        description="largest item read (a head item, the hash field it names, a stream entry, "
-        "an item of a key split by a label); a larger one never leaves Redis: its queue keeps "
-        "the depth, skips the age and counts reason item_too_large (split: under __unread__)",
-    )
-    cycle_timeout: float | None = Field(
-        None,
-        gt=0,
-        description="seconds a whole sampling cycle may take before it is interrupted and the "
-        "source marked down (default: the sample interval)",
-    )
-    key_groups: list[KeyGroup] = Field(default_factory=list)
 
 
 class ItemError(Exception):

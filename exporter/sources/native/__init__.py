@@ -9,34 +9,23 @@ docs/presets.md says how to add one.
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
-from exporter.events.metrics import EventMetrics
-from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader, BullmqReaderConfig
-from exporter.sources.native.celery import CeleryReader, CeleryReaderConfig
-from exporter.sources.native.framework import NativeSource, Reader, ReaderConfig
-from exporter.sources.native.rq import RqReader, RqReaderConfig
-from exporter.sources.native.sidekiq import SidekiqReader, SidekiqReaderConfig
+from exporter.sources.native.config import (
+    BullmqReaderConfig,
+    CeleryReaderConfig,
+    NativeConfig,
+    ReaderConfig,
+    RqReaderConfig,
+    SidekiqReaderConfig,
+)
 
+if TYPE_CHECKING:
+    from exporter.events.metrics import EventMetrics
+    from exporter.sources.native.framework import NativeSource, Reader
 
-class NativeConfig(StrictModel):
-    rq: RqReaderConfig | None = None
-    bullmq: BullmqReaderConfig | None = None
-    celery: CeleryReaderConfig | None = None
-    sidekiq: SidekiqReaderConfig | None = None
-
-    def enabled(self) -> list[ReaderConfig]:
-        return list(self.enabled_by_name().values())
-
-    def enabled_by_name(self) -> dict[str, ReaderConfig]:
-        """The readers turned on, by their section name."""
-        sections = {name: getattr(self, name) for name in type(self).model_fields}
-        return {
-            name: reader
-            for name, reader in sections.items()
-            if isinstance(reader, ReaderConfig) and reader.enabled
-        }
+__all__ = ["NativeConfig", "build_sources"]
 
 
 def build_sources(
@@ -47,6 +36,8 @@ def build_sources(
 ) -> list[NativeSource]:
     if config is None:
         return []
+    from exporter.sources.native.framework import NativeSource
+
     sources = []
     for settings in config.enabled():
         connection = settings.redis or default_connection or RedisConnectionConfig()
@@ -57,12 +48,21 @@ def build_sources(
 
 
 def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
+    """The enabled reader's module alone is imported: a configuration loads what it uses."""
     if isinstance(settings, RqReaderConfig):
+        from exporter.sources.native.rq import RqReader
+
         return RqReader(settings, connection)
     if isinstance(settings, BullmqReaderConfig):
+        from exporter.sources.native.bullmq import BullmqReader
+
         return BullmqReader(settings, connection)
     if isinstance(settings, CeleryReaderConfig):
+        from exporter.sources.native.celery import CeleryReader
+
         return CeleryReader(settings, connection, interval)
     if isinstance(settings, SidekiqReaderConfig):
+        from exporter.sources.native.sidekiq import SidekiqReader
+
         return SidekiqReader(settings, connection)
     raise TypeError(f"no reader for {type(settings).__name__}")

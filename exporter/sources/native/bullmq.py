@@ -34,14 +34,14 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import redis
-from pydantic import Field
 
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.key_groups import key_regex, scan_glob
-from exporter.sources.native.framework import ReaderConfig, Signals
+from exporter.sources.native.config import BullmqReaderConfig
+from exporter.sources.native.framework import Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -57,25 +57,6 @@ MAX_REMEMBERED = 50_000
 _T = TypeVar("_T")
 # The failedReason of a job failed for stalling too often (its worker died or blocked).
 _STALLED = b"job stalled more than allowable limit"
-
-
-class BullmqReaderConfig(ReaderConfig):
-    system: str = Field("bullmq", min_length=1, description="the system label")
-    prefix: str = Field("bull", min_length=1, description="BullMQ's key prefix")
-    max_events: int = Field(
-        10000, ge=1, description="events read per queue and read; the rest at the next read"
-    )
-
-    ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget")
-
-    def acl_read_keys(self) -> list[str]:
-        return [scan_glob(self.prefix) + ":*"]  # meta hashes, events streams, job hashes
-
-    @property
-    def positions_key(self) -> str:
-        """Where the reader keeps its positions (under the exporter's own keys, which the
-        leader-election ACL selector already lets it GET and SET)."""
-        return f"queue-exporter:native:bullmq:{self.prefix}"
 
 
 @dataclass(slots=True)

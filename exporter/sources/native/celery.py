@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from pydantic import Field
 
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import Tally, apply
@@ -42,8 +41,8 @@ from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import parse_time
-from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import ReaderConfig, ReaderError, Signals
+from exporter.sources.native.config import CeleryReaderConfig
+from exporter.sources.native.framework import ReaderError, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -54,45 +53,6 @@ MAX_TASKS = 100_000
 # How long one read drains events at most, as a share of the interval.
 DRAIN_SHARE = 0.5
 WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
-
-
-class CeleryReaderConfig(ReaderConfig):
-    system: str = Field("celery", min_length=1, description="the system label")
-    queues: list[str] = Field(
-        default_factory=list, description="queues whose active depth reads 0 when none runs"
-    )
-    default_queue: str = Field(
-        "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
-    )
-    events_timeout: float = Field(
-        30.0,
-        gt=0,
-        description="seconds without any event after which the reader reports none, and "
-        "without a heartbeat after which a worker is gone",
-    )
-    report_no_events: bool = Field(
-        True, description="fail with reason no_events when none comes (off: workers scale to 0)"
-    )
-    unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
-    events_channel: str | None = Field(
-        None,
-        description="Pub/Sub pattern Celery's events are published on "
-        "(default: kombu's /<db>.celeryev/*)",
-    )
-
-    ACL_COMMANDS = ("hvals", "psubscribe")
-
-    def acl_read_keys(self) -> list[str]:
-        return [scan_glob(self.unacked_key)]
-
-    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
-        return [self.channel_pattern(connection)]
-
-    def channel_pattern(self, connection: RedisConnectionConfig) -> str:
-        """kombu publishes a fanout exchange's messages on `/<db>.<exchange>/<routing key>`."""
-        if self.events_channel is not None:
-            return self.events_channel
-        return f"/{connection.database}.celeryev/*"
 
 
 @dataclass(slots=True)

@@ -29,13 +29,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import ClassVar, Protocol
-
-from pydantic import Field
+from typing import Protocol
 
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
-from exporter.models import StrictModel
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
+from exporter.redis_connection import redis_error_reason
 from exporter.samples import SampleSet
 
 # Workers a reader reported are forgotten after this many of its intervals without a report:
@@ -44,30 +41,6 @@ WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
 # A reader not asked to read for this many intervals stood by while another replica led.
 GAP_INTERVALS = 3.0
-
-
-class ReaderConfig(StrictModel):
-    """Settings every native reader has; a reader's own config adds its fields."""
-
-    enabled: bool = Field(True, description="read the system's own signals (off: depth only)")
-    system: str = Field(min_length=1, description="the system label of what it reports")
-    interval: float | None = Field(
-        None, gt=0, description="seconds between reads (default: the global sample interval)"
-    )
-    redis: RedisConnectionConfig | None = Field(
-        None, description="where the system's data lives (default: sources.redis's connection)"
-    )
-
-    # The least Redis permissions the reader needs (redis_acl.py): commands, and ACL glob
-    # patterns of the keys it reads; writes, where a reader must make any, are its own to say.
-    ACL_COMMANDS: ClassVar[tuple[str, ...]] = ()
-
-    def acl_read_keys(self) -> list[str]:
-        return []
-
-    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
-        """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
-        return []
 
 
 @dataclass(slots=True)

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from pydantic import Field
 
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
@@ -36,30 +35,16 @@ from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import TimeParseError, parse_time
-from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import ReaderConfig, Signals
+from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
+from exporter.sources.native.framework import Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
 
 DEPTH = BY_NAME["queue_depth"]
-REGISTRIES = ("wip", "finished", "failed")
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
 # Failure text read to classify a failure (a traceback); beyond it nothing is decompressed.
 _MAX_EXC_TEXT = 65536
-
-
-class RqReaderConfig(ReaderConfig):
-    system: str = Field("rq", min_length=1, description="the system label")
-    queues_set: str = Field("rq:queues", min_length=1, description="the set of queue keys")
-
-    ACL_COMMANDS = ("smembers", "zrange", "hmget", "hget", "xrevrange")
-
-    def acl_read_keys(self) -> list[str]:
-        registries = [f"rq:{registry}:*" for registry in REGISTRIES]
-        workers = ["rq:workers", "rq:worker:*"]
-        jobs = ["rq:job:*", "rq:results:*", "rq:rl-keys", "rq:rl:*"]
-        return [scan_glob(self.queues_set), *registries, *workers, *jobs]
 
 
 @dataclass(slots=True)
@@ -123,12 +108,12 @@ class RqReader:
     ) -> dict[tuple[str, str], set[str]]:
         pipe = client.pipeline(transaction=False)
         for queue in queues:
-            for registry in REGISTRIES:
+            for registry in RQ_REGISTRIES:
                 pipe.zrange(f"rq:{registry}:{queue}", 0, -1)
         replies = iter(pipe.execute())
         current: dict[tuple[str, str], set[str]] = {}
         for queue in queues:
-            for registry in REGISTRIES:
+            for registry in RQ_REGISTRIES:
                 current[(queue, registry)] = {
                     member.decode("utf-8", "replace") for member in next(replies)
                 }

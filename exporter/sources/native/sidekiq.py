@@ -20,13 +20,12 @@ import json
 import logging
 
 import redis
-from pydantic import Field
 
 from exporter.events.wire import ERROR_TYPES
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
-from exporter.sources.key_groups import scan_glob
-from exporter.sources.native.framework import CounterDeltas, ReaderConfig, Signals
+from exporter.sources.native.config import SidekiqReaderConfig
+from exporter.sources.native.framework import CounterDeltas, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -37,17 +36,6 @@ if FAILURE_CLASS not in ERROR_TYPES:
     raise RuntimeError(
         f"sidekiq reader: failure class {FAILURE_CLASS!r} is not in wire.ERROR_TYPES"
     )
-
-
-class SidekiqReaderConfig(ReaderConfig):
-    system: str = Field("sidekiq", min_length=1, description="the system label")
-    namespace: str = Field("", description="key prefix (redis-namespace), as the preset's")
-
-    ACL_COMMANDS = ("mget", "smembers", "hmget")
-
-    def acl_read_keys(self) -> list[str]:
-        # process hashes are named by identity (hostname:pid:nonce): any key of the namespace
-        return [scan_glob(self.namespace) + "*"]
 
 
 class SidekiqReader:

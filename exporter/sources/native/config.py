@@ -1,0 +1,143 @@
+"""The `sources.native` settings: light models the configuration reads without the readers.
+
+Each reader's section says what the reader reads and the least Redis permissions it needs
+(redis_acl.py); the readers themselves, and redis-py, load only when one is enabled.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from pydantic import Field
+
+from exporter.models import StrictModel
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.key_groups import scan_glob
+
+# RQ's job registries the RQ reader reads (rq:<registry>:<queue>).
+RQ_REGISTRIES = ("wip", "finished", "failed")
+
+
+class ReaderConfig(StrictModel):
+    """Settings every native reader has; a reader's own config adds its fields."""
+
+    enabled: bool = Field(True, description="read the system's own signals (off: depth only)")
+    system: str = Field(min_length=1, description="the system label of what it reports")
+    interval: float | None = Field(
+        None, gt=0, description="seconds between reads (default: the global sample interval)"
+    )
+    redis: RedisConnectionConfig | None = Field(
+        None, description="where the system's data lives (default: sources.redis's connection)"
+    )
+
+    # The least Redis permissions the reader needs (redis_acl.py): commands, and ACL glob
+    # patterns of the keys it reads; writes, where a reader must make any, are its own to say.
+    ACL_COMMANDS: ClassVar[tuple[str, ...]] = ()
+
+    def acl_read_keys(self) -> list[str]:
+        return []
+
+    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
+        """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
+        return []
+
+
+class RqReaderConfig(ReaderConfig):
+    system: str = Field("rq", min_length=1, description="the system label")
+    queues_set: str = Field("rq:queues", min_length=1, description="the set of queue keys")
+
+    ACL_COMMANDS = ("smembers", "zrange", "hmget", "hget", "xrevrange")
+
+    def acl_read_keys(self) -> list[str]:
+        registries = [f"rq:{registry}:*" for registry in RQ_REGISTRIES]
+        workers = ["rq:workers", "rq:worker:*"]
+        jobs = ["rq:job:*", "rq:results:*", "rq:rl-keys", "rq:rl:*"]
+        return [scan_glob(self.queues_set), *registries, *workers, *jobs]
+
+
+class CeleryReaderConfig(ReaderConfig):
+    system: str = Field("celery", min_length=1, description="the system label")
+    queues: list[str] = Field(
+        default_factory=list, description="queues whose active depth reads 0 when none runs"
+    )
+    default_queue: str = Field(
+        "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
+    )
+    events_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="seconds without any event after which the reader reports none, and "
+        "without a heartbeat after which a worker is gone",
+    )
+    report_no_events: bool = Field(
+        True, description="fail with reason no_events when none comes (off: workers scale to 0)"
+    )
+    unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
+    events_channel: str | None = Field(
+        None,
+        description="Pub/Sub pattern Celery's events are published on "
+        "(default: kombu's /<db>.celeryev/*)",
+    )
+
+    ACL_COMMANDS = ("hvals", "psubscribe")
+
+    def acl_read_keys(self) -> list[str]:
+        return [scan_glob(self.unacked_key)]
+
+    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
+        return [self.channel_pattern(connection)]
+
+    def channel_pattern(self, connection: RedisConnectionConfig) -> str:
+        """kombu publishes a fanout exchange's messages on `/<db>.<exchange>/<routing key>`."""
+        if self.events_channel is not None:
+            return self.events_channel
+        return f"/{connection.database}.celeryev/*"
+
+
+class BullmqReaderConfig(ReaderConfig):
+    system: str = Field("bullmq", min_length=1, description="the system label")
+    prefix: str = Field("bull", min_length=1, description="BullMQ's key prefix")
+    max_events: int = Field(
+        10000, ge=1, description="events read per queue and read; the rest at the next read"
+    )
+
+    ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget")
+
+    def acl_read_keys(self) -> list[str]:
+        return [scan_glob(self.prefix) + ":*"]  # meta hashes, events streams, job hashes
+
+    @property
+    def positions_key(self) -> str:
+        """Where the reader keeps its positions (under the exporter's own keys, which the
+        leader-election ACL selector already lets it GET and SET)."""
+        return f"queue-exporter:native:bullmq:{self.prefix}"
+
+
+class SidekiqReaderConfig(ReaderConfig):
+    system: str = Field("sidekiq", min_length=1, description="the system label")
+    namespace: str = Field("", description="key prefix (redis-namespace), as the preset's")
+
+    ACL_COMMANDS = ("mget", "smembers", "hmget")
+
+    def acl_read_keys(self) -> list[str]:
+        # process hashes are named by identity (hostname:pid:nonce): any key of the namespace
+        return [scan_glob(self.namespace) + "*"]
+
+
+class NativeConfig(StrictModel):
+    rq: RqReaderConfig | None = None
+    bullmq: BullmqReaderConfig | None = None
+    celery: CeleryReaderConfig | None = None
+    sidekiq: SidekiqReaderConfig | None = None
+
+    def enabled(self) -> list[ReaderConfig]:
+        return list(self.enabled_by_name().values())
+
+    def enabled_by_name(self) -> dict[str, ReaderConfig]:
+        """The readers turned on, by their section name."""
+        sections = {name: getattr(self, name) for name in type(self).model_fields}
+        return {
+            name: reader
+            for name, reader in sections.items()
+            if isinstance(reader, ReaderConfig) and reader.enabled
+        }
