@@ -16,7 +16,7 @@ from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
 from exporter.leader import Leadership, lease_connection, register_leader_gauge
-from exporter.sources import native, postgres
+from exporter.sources import native
 from exporter.sources.base import Source, SourceRunner
 from exporter.sources.redis_keys import redis_samplers
 from exporter.status_page import StatusPage
@@ -46,6 +46,8 @@ def build_sources(
     )
     postgres_config = config.sources.postgres
     if postgres_config is not None and postgres_config.collectors:
+        from exporter.sources import postgres  # psycopg loads only when PostgreSQL is sampled
+
         sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
     if event_metrics is not None:
         sources.extend(

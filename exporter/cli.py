@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import importlib
 import logging
 import os
 import sys
@@ -14,8 +15,6 @@ import click
 
 from exporter import __version__, inventory, presets
 from exporter import config as config_module
-from exporter.demo import command as demo_command
-from exporter.events import emit_command
 from exporter.logs import configure as configure_logging
 from exporter.logs import register_model_secrets
 from exporter.web_config import WebConfigError
@@ -30,7 +29,30 @@ def _env(flag: str) -> str:
     return f"{ENV_PREFIX}_{flag.upper()}"
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _LazyGroup(click.Group):
+    """Commands whose modules load only when they run: `serve` never imports the demo's
+    embedded servers and simulators (they cost start-up time and memory in every pod)."""
+
+    LAZY_COMMANDS = {
+        "demo": "exporter.demo.command:demo",
+        "emit": "exporter.events.emit_command:emit",
+    }
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.LAZY_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = self.LAZY_COMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, name = target.partition(":")
+        command = getattr(importlib.import_module(module), name)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{target} is not a click command")
+        return command
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="queue-exporter")
 def main() -> None:
     """Queue metrics sidecar: Redis queues, PostgreSQL queue tables and job events."""
@@ -125,10 +147,6 @@ def serve(config_file: Path | None, **overrides: Any) -> None:
             f"cannot listen on {config.listen_address}: {error.strerror}"
         ) from None
     app.run_until_signalled()
-
-
-main.add_command(emit_command.emit)
-main.add_command(demo_command.demo)
 
 
 @main.command("check-config")

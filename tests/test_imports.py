@@ -1,0 +1,74 @@
+"""What importing a module loads: reading a configuration loads no client, SDK or server, and
+`serve` loads only what its configuration uses (start-up time and memory in every pod)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("opentelemetry", "redis", "hiredis", "psycopg", "psycopg_pool", "tornado")
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `statement`."""
+    script = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
+    output = subprocess.run(
+        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    return set(json.loads(output.splitlines()[-1]))
+
+
+def packages(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
+
+
+def test_reading_a_configuration_loads_no_client_sdk_or_server():
+    modules = loaded_after(
+        "from exporter import config\n"
+        "config.from_dict({'presets': ['orchestrata', 'rq', 'attune'],"
+        " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}})"
+    )
+    assert packages(modules) & set(HEAVY) == set()
+    assert "exporter.config" in modules  # the import itself did happen
+
+
+@pytest.mark.parametrize(
+    ("configured", "absent"),
+    [
+        (
+            "{'presets': ['orchestrata'], 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}}",
+            [
+                "psycopg",
+                "psycopg_pool",
+                "exporter.demo",
+                "exporter.sources.native.celery",
+                "opentelemetry.exporter.otlp",
+            ],
+        ),
+        (
+            "{'presets': ['rq'], 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}}",
+            [
+                "psycopg",
+                "exporter.demo",
+                "exporter.sources.native.celery",
+                "exporter.sources.native.bullmq",
+                "exporter.sources.native.sidekiq",
+            ],
+        ),
+    ],
+)
+def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: list[str]):
+    modules = loaded_after(
+        "from exporter import cli, config\n"
+        "from exporter.app import build_event_metrics, build_sources\n"
+        "from exporter.health import HealthBoard\n"
+        "from exporter.telemetry import Telemetry\n"
+        f"parsed = config.from_dict({configured})\n"
+        "telemetry = Telemetry(HealthBoard())\n"
+        "build_sources(parsed, telemetry, build_event_metrics(parsed, telemetry))"
+    )
+    assert "exporter.sources.redis_keys" in modules  # the sources were built
+    assert [name for name in absent if name in modules or name in packages(modules)] == []
