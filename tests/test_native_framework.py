@@ -7,7 +7,7 @@ import pytest
 from exporter import config as config_module
 from exporter import redis_acl
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.celery import CeleryReaderConfig
+from exporter.sources.native.config import CeleryReaderConfig
 from exporter.sources.native.framework import CounterDeltas
 
 
