@@ -27,10 +27,12 @@ from exporter.models import StrictModel
 
 if TYPE_CHECKING:
     import redis
+    from redis.cluster import RedisCluster
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES)
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SCHEMES = ("redis", "rediss", "unix", *SENTINEL_SCHEMES, *CLUSTER_SCHEMES)
 
 
 @dataclass(frozen=True)
@@ -46,23 +48,36 @@ class SentinelTarget:
     tls: bool
 
 
+def _host_ports(hosts: str, default_port: int) -> tuple[tuple[str, int], ...]:
+    found = []
+    for host in hosts.split(","):
+        name, _, port = host.rpartition(":") if ":" in host else (host, ":", str(default_port))
+        if not name or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError("each node must be host:port (port a number below 65536)")
+        found.append((name.strip("[]"), int(port)))
+    return tuple(found)
+
+
+def cluster_seeds(url: str) -> tuple[tuple[str, int], ...]:
+    """The seed nodes of `redis+cluster://[user:password@]host:port,host:port`."""
+    parts = urlsplit(url)
+    if parts.path.strip("/") not in ("", "0"):
+        raise ValueError("a Redis Cluster has database 0 only: a cluster URL names no other")
+    return _host_ports(parts.netloc.rpartition("@")[2], 6379)
+
+
 def sentinel_target(url: str) -> SentinelTarget:
     """Parse `redis+sentinel://[user:password@]host:port,host:port/<service>[/<db>]`; a
     ValueError says what is wrong, without quoting the URL (it may hold a password)."""
     parts = urlsplit(url)
     userinfo, _, hosts = parts.netloc.rpartition("@")
-    sentinels = []
-    for host in hosts.split(","):
-        name, _, port = host.rpartition(":") if ":" in host else (host, ":", "26379")
-        if not name or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError("each Sentinel must be host:port (port a number below 65536)")
-        sentinels.append((name.strip("[]"), int(port)))
+    sentinels = _host_ports(hosts, 26379)
     path = [part for part in parts.path.split("/") if part]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ValueError("a Sentinel URL ends in /<service name>[/<db number>]")
     user, has_password, password = userinfo.partition(":")
     return SentinelTarget(
-        sentinels=tuple(sentinels),
+        sentinels=sentinels,
         service=unquote(path[0]),
         db=int(path[1]) if len(path) == 2 else 0,
         username=unquote(user) or None,
@@ -75,8 +90,9 @@ class RedisConnectionConfig(StrictModel):
     url: SecretStr = Field(
         SecretStr(DEFAULT_REDIS_URL),
         description="redis://, rediss:// or unix:// URL, or redis+sentinel://host:26379,"
-        "host2:26379/<service>/<db> (rediss+sentinel: TLS to the Sentinels and the master); a "
-        "password in it is masked everywhere",
+        "host2:26379/<service>/<db> (rediss+sentinel: TLS to the Sentinels and the master), or "
+        "redis+cluster://host:port,host2:port (seed nodes; key sampling only); a password in "
+        "it is masked everywhere",
     )
     username: str | None = Field(None, description="ACL user (overrides the URL's)")
     password: SecretStr | None = Field(None, description="password (prefer password_file)")
@@ -106,6 +122,9 @@ class RedisConnectionConfig(StrictModel):
             )
         if parts.scheme in SENTINEL_SCHEMES:
             sentinel_target(url.get_secret_value())
+            return url
+        if parts.scheme in CLUSTER_SCHEMES:
+            cluster_seeds(url.get_secret_value())
             return url
         try:
             parts.port  # noqa: B018  # raises for a port that is not a number
@@ -145,7 +164,31 @@ class RedisConnectionConfig(StrictModel):
         target = self.sentinel
         if target is not None:
             return self._connect_sentinel(target)
+        if self.is_cluster:
+            raise redis.RedisError(
+                "a redis+cluster:// URL is for the key sampler; events, native readers and the "
+                "lease need a Redis or Sentinel URL"
+            )
         return redis.Redis.from_url(self.url.get_secret_value(), **self._options())
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.url.get_secret_value().startswith(CLUSTER_SCHEMES)
+
+    def connect_cluster(self) -> RedisCluster:
+        """A Redis Cluster client from the URL's seed nodes: it reads the slot map from them."""
+        from redis.cluster import ClusterNode, RedisCluster
+
+        url = self.url.get_secret_value()
+        parts = urlsplit(url)
+        options = self._options(tls=parts.scheme == "rediss+cluster")
+        user, has_password, password = parts.netloc.rpartition("@")[0].partition(":")
+        if has_password:
+            options.setdefault("password", unquote(password))
+        if user:
+            options.setdefault("username", unquote(user))
+        seeds = [ClusterNode(host, port) for host, port in cluster_seeds(url)]  # type: ignore[no-untyped-call]
+        return RedisCluster(startup_nodes=seeds, **options)
 
     def _options(self, tls: bool = False) -> dict[str, Any]:
         """Deadlines, no retries, TLS files and credentials: for a Redis or a Sentinel."""

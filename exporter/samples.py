@@ -145,6 +145,12 @@ class SampleSet:
         for label_values, value in block.items():
             self.add_labelled(spec, label_values, value)
 
+    def discard(self, spec: MetricSpec, label_sets: Iterable[LabelValues]) -> None:
+        """Remove these series of the metric (those added one at a time)."""
+        table = self._tables.get(spec)
+        for label_values in label_sets if table is not None else ():
+            table.pop(label_values, None)  # type: ignore[union-attr]
+
     def with_label(self, label: str, value: str) -> SampleSet:
         """The same samples with one more label, last, of one value for all of them."""
         labelled = SampleSet()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import random
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
+import redis.cluster
 
 from tests.conftest import wait_for
 from tests.private_redis import PrivateRedis, free_port
@@ -92,18 +95,21 @@ class SentinelSetup:
             info = client.info("replication")
         return bool(info.get("connected_slaves")) and info["slave0"]["state"] == "online"
 
-    def failover(self, pause_writes_ms: int = 3000) -> int:
+    def failover(self, pause_writes_ms: int = 20000) -> int:
         """A failover that loses no acknowledged write: writes to the master are paused and the
-        replica caught up (as Redis's own FAILOVER does), then SENTINEL FAILOVER; waits until
-        the Sentinels name the replica as master, and returns its port. Writes held by the pause
-        fail once the old master is a replica, and go to the new one when retried."""
+        replica caught up (as Redis's own FAILOVER does), then SENTINEL FAILOVER; once the
+        Sentinels name the replica as master, the old master's clients are cut off (the writes
+        it held never run; retried, they go to the new master) and it is unpaused for the
+        Sentinels to make it a replica. Returns the new master's port."""
         old = self.master_port()
         with self.master.client() as master:
             master.execute_command("CLIENT", "PAUSE", pause_writes_ms, "WRITE")
             wait_for(lambda: _caught_up(master.info("replication")), timeout=10)
-        with self.sentinel_client() as client:
-            client.execute_command("SENTINEL", "FAILOVER", SERVICE)
-        wait_for(lambda: self.master_port() != old, timeout=30)
+            with self.sentinel_client() as client:
+                client.execute_command("SENTINEL", "FAILOVER", SERVICE)
+            wait_for(lambda: self.master_port() != old, timeout=30)
+            master.execute_command("CLIENT", "KILL", "TYPE", "normal")
+            master.execute_command("CLIENT", "UNPAUSE")
         return self.master_port()
 
     def stop(self) -> None:
@@ -133,3 +139,103 @@ def eventually(condition, timeout: float = 30.0):
 
 def sleep_cycles(interval: float, cycles: int) -> None:
     time.sleep(interval * cycles)
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free too; ephemeral ports (those
+    free_port hands out) are often too high for that."""
+    for _ in range(200):
+        port = random.randrange(20000, 30000)
+        if all(_free(number) for number in (port, port + 10000)):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+class ClusterSetup:
+    """A Redis Cluster of three primaries and three replicas, created by redis-cli."""
+
+    def __init__(self, directory: Path, node_timeout_ms: int = 2000) -> None:
+        self.nodes = []
+        for index in range(6):
+            path = directory / f"node{index}"
+            path.mkdir(exist_ok=True)
+            self.nodes.append(
+                PrivateRedis(
+                    path,
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    str(path / "nodes.conf"),
+                    "--cluster-node-timeout",
+                    str(node_timeout_ms),
+                    port=cluster_port(),
+                )
+            )
+
+    @property
+    def url(self) -> str:
+        return f"redis+cluster://127.0.0.1:{self.nodes[0].port},127.0.0.1:{self.nodes[1].port}"
+
+    def start(self) -> ClusterSetup:
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        replicas = ["--cluster-replicas", "1", "--cluster-yes"]
+        subprocess.run(
+            [
+                shutil.which("redis-cli") or "redis-cli",
+                "--cluster",
+                "create",
+                *addresses,
+                *replicas,
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+        wait_for(self.healthy, timeout=60)
+        wait_for(self._replicas_in_sync, timeout=60)  # else a replica may refuse to take over
+        return self
+
+    def _replicas_in_sync(self) -> bool:
+        links = []
+        for node in self.nodes:
+            with node.client() as client:
+                info = client.info("replication")
+            if info["role"] == "slave":
+                links.append(info.get("master_link_status") == "up")
+        return len(links) == 3 and all(links)
+
+    def healthy(self) -> bool:
+        """Every live node says the cluster is ok and knows a primary for every slot."""
+        try:
+            for node in self.nodes:
+                if node.process is None:
+                    continue
+                with node.client() as client:
+                    if client.cluster("INFO")["cluster_state"] != "ok":
+                        return False
+        except (redis.RedisError, OSError):
+            return False
+        return True
+
+    def client(self) -> redis.cluster.RedisCluster:
+        return redis.cluster.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+
+    def primary_of(self, key: str) -> PrivateRedis:
+        with self.client() as client:
+            node = client.get_node_from_key(key)
+        return next(node_ for node_ in self.nodes if node_.port == node.port)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

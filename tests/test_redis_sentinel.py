@@ -114,7 +114,7 @@ def test_sentinel_urls_are_checked_and_masked():
     assert sentinel_target("rediss+sentinel://h1:1/s").tls
     for bad, message in (
         ("redis+sentinel://h1:26379", "ends in /<service name>"),
-        ("redis+sentinel://h1:x/s", "each Sentinel must be host:port"),
+        ("redis+sentinel://h1:x/s", "each node must be host:port"),
         ("redis+sentinel://:pw@h1:26379/s/zero", "ends in /<service name>"),
     ):
         with pytest.raises(ConfigError) as refused:

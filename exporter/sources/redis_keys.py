@@ -13,6 +13,7 @@ an empty queue.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -27,6 +28,7 @@ from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
+from exporter.redis_cluster import ClusterNodes, slot_of
 from exporter.redis_connection import (
     follow_failover,
     redis_error_reason,
@@ -89,6 +91,9 @@ REASON_WORDS = {
     "stream_group_missing": "the stream has no such consumer group",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "label_unreadable": "items without the split_by field count as __unread__",
+    "slot_moved": "its cluster slot moved to another node (the slot map is read again)",
+    "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
+    "this cycle",
 }
 
 
@@ -242,13 +247,22 @@ class RedisKeySampler:
         self._reported_once = False
         # values_from_keys patterns scanned this cycle: BullMQ's groups share one SCAN of meta keys
         self._values_found: dict[str, list[str]] = {}
+        # A Redis Cluster's nodes (redis+cluster:// URLs), and the groups that lost a node's
+        # keys this cycle: their series are withdrawn, never served partly summed.
+        self._nodes: ClusterNodes | None = None
+        self._lost_groups: set[int] = set()
+        self._partial_values: set[str] = set()  # values_from_keys scanned without some node
 
     # -- Source protocol -------------------------------------------------------------------
 
     def sample(self) -> SampleSet:
         client = self._connect()
         follow_failover(client)  # behind Sentinel: this cycle reads the master of now
+        if self._nodes is not None:
+            self._nodes.refresh_if_moved()
         self._values_found = {}
+        self._partial_values = set()
+        self._lost_groups = set()
         cycle = _Cycle(time.time(), SampleSet(), self._large_heads)
         self._large_heads_now = set()
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
@@ -271,6 +285,7 @@ class RedisKeySampler:
             rounds.flush()
             follow_ups.flush()
         self._large_heads = self._large_heads_now
+        self._withdraw_lost_groups(cycle.samples, tallies)
         self._report(tallies)
         if self.source_label is not None:
             return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
@@ -280,11 +295,23 @@ class RedisKeySampler:
         return redis_error_reason(error)
 
     def interrupt(self) -> None:
+        if self._nodes is not None:
+            self._nodes.sever()
         sever(self._client)
 
     def close(self) -> None:
-        if self._client is not None:
+        if self._nodes is not None:
+            self._nodes.close()
+        elif self._client is not None:
             self._client.close()
+
+    def _withdraw_lost_groups(self, samples: SampleSet, tallies: list[GroupTally]) -> None:
+        """A group some of whose keys sat on a cluster node that did not answer: its series
+        would be partial sums, so none of them is served this cycle."""
+        for tally in (tally for tally in tallies if id(tally) in self._lost_groups):
+            for spec in (DEPTH, OLDEST_AGE):
+                samples.discard(spec, tally.series)
+            tally.series.clear()
 
     def _report(self, tallies: list[GroupTally]) -> None:
         """Put the cycle's findings on the HealthBoard; the first cycle's also in the log."""
@@ -311,9 +338,44 @@ class RedisKeySampler:
     # -- finding keys and running commands ------------------------------------------------------
 
     def _connect(self) -> redis.Redis:
+        if self._nodes is not None:
+            return self._nodes.primaries()[0][1]
         if self._client is None:
+            if self.config.is_cluster:
+                self._nodes = ClusterNodes(self.config.connect_cluster())
+                return self._nodes.primaries()[0][1]  # commands go by key: see _client_for
             self._client = self.config.connect()
         return self._client
+
+    def _client_for(self, client: redis.Redis, key: str) -> redis.Redis:
+        """The client for a single-key command: on a cluster, the node of the key's slot."""
+        return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
+
+    def _scan(self, client: redis.Redis, pattern: str, tally: GroupTally) -> Iterator[bytes]:
+        glob, count = scan_glob(pattern), self.config.scan_count
+        if self._nodes is None:
+            return client.scan_iter(match=glob, count=count)
+        return self._scan_nodes(self._nodes, glob, tally)
+
+    def _scan_nodes(self, nodes: ClusterNodes, glob: str, tally: GroupTally) -> Iterator[bytes]:
+        """SCAN on every primary (each holds its own slots' keys). A primary that does not
+        answer loses the group its keys: withdrawn this cycle, unless no primary answered."""
+        primaries = nodes.primaries()
+        failed = 0
+        for name, node_client in primaries:
+            try:
+                yield from node_client.scan_iter(match=glob, count=self.config.scan_count)
+            except redis.RedisError as error:
+                failed += 1
+                if failed == len(primaries):
+                    raise
+                nodes.noticed(error)
+                self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(error)}")
+
+    def _lose_group(self, tally: GroupTally, key: bytes, detail: str) -> None:
+        if id(tally) not in self._lost_groups:
+            self._lost_groups.add(id(tally))
+            tally.failed(key, "node_down", detail)
 
     def _keys(
         self, client: redis.Redis, tally: GroupTally
@@ -324,7 +386,7 @@ class RedisKeySampler:
             return
         regex = self._regexes[group.pattern]
         seen: set[bytes] = set()
-        for key in client.scan_iter(match=scan_glob(group.pattern), count=self.config.scan_count):
+        for key in self._scan(client, group.pattern, tally):
             if key in seen:  # SCAN may return a key twice
                 continue
             seen.add(key)
@@ -340,7 +402,7 @@ class RedisKeySampler:
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
             try:
-                stored = client.smembers(members.key)
+                stored = self._client_for(client, members.key).smembers(members.key)
             except redis.ResponseError as error:  # not a set (any more): this group alone is lost
                 tally.failed(members.key.encode(), _response_reason(error))
                 return
@@ -348,20 +410,25 @@ class RedisKeySampler:
             matches = (member_regex.match(_text(member)) for member in stored)
             choices[name] = sorted(match.group("value") for match in matches if match)
         for name, pattern in group.values_from_keys.items():
-            choices[name] = self._values_from_keys(client, pattern)
+            choices[name] = self._values_from_keys(client, pattern, tally)
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
             captured = dict(zip(names, combination, strict=True))
             yield fill(group.pattern, captured).encode(), captured
 
-    def _values_from_keys(self, client: redis.Redis, pattern: str) -> list[str]:
+    def _values_from_keys(self, client: redis.Redis, pattern: str, tally: GroupTally) -> list[str]:
         if pattern not in self._values_found:
             regex = key_regex(pattern)
-            found = client.scan_iter(match=scan_glob(pattern), count=self.config.scan_count)
+            lost = len(self._lost_groups)
+            found = self._scan(client, pattern, tally)
             matches = (regex.match(_text(key)) for key in found)
             self._values_found[pattern] = sorted(
                 {match.group("value") for match in matches if match}
             )
+            if len(self._lost_groups) > lost:
+                self._partial_values.add(pattern)
+        if pattern in self._partial_values:  # a node's values are missing: so are its queues
+            self._lose_group(tally, pattern.encode(), "values scanned without a node")
         return self._values_found[pattern]
 
     def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
@@ -369,15 +436,87 @@ class RedisKeySampler:
 
         A reply that cannot be read fails only what it is about, whatever it raises: the item
         or key is counted and named, and the rest of the cycle goes on. Only the round trip
-        itself (the backend) can fail the cycle.
+        itself (the backend) can fail the cycle; on a cluster, a node's round trip fails only
+        the groups of the keys it holds, unless every node failed.
         """
-        replies = self._replies(client, commands)
+        if self._nodes is not None:
+            yield from self._execute_on_nodes(self._nodes, commands)
+            return
+        yield from self._handle(commands, self._send(client, commands))
+
+    def _send(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
+        """One round trip: one reply per command, in order. Item reads travel in bounded_reads
+        (one per slot on a cluster, where a script's keys must share one)."""
+        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
+        slots: dict[int, list[tuple[Any, ...]]] = {}
+        for read in reads:
+            slots.setdefault(slot_of(read[1]) if self._nodes is not None else 0, []).append(read)
+        for slot_reads in slots.values():
+            keys = [key for _, key, _ in slot_reads]
+            read_args = [read for _, _, read in slot_reads]
+            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
+        replies = round_trip(client, direct)
+        direct_replies = iter(replies[: len(replies) - len(slots)])
+        read_replies: dict[int, Iterator[Any]] = (
+            {
+                slot: _each(reply, len(slot_reads))
+                for (slot, slot_reads), reply in zip(
+                    slots.items(), replies[-len(slots) :], strict=True
+                )
+            }
+            if slots
+            else {}
+        )
+        ordered = []
+        for args, _, _ in commands:
+            if args[0] is not ITEM_READ:
+                ordered.append(next(direct_replies))
+            else:
+                ordered.append(
+                    next(read_replies[slot_of(args[1]) if self._nodes is not None else 0])
+                )
+        return ordered
+
+    def _execute_on_nodes(self, nodes: ClusterNodes, commands: list[Command]) -> Iterator[Command]:
+        by_node: dict[str, tuple[redis.Redis, list[Command]]] = {}
+        for command in commands:
+            name, node_client = nodes.node_of(_key_of(command[0]))
+            by_node.setdefault(name, (node_client, []))[1].append(command)
+        batches = list(by_node.items())
+        futures = nodes.in_parallel(
+            [
+                functools.partial(self._send, node_client, batch)
+                for _, (node_client, batch) in batches
+            ]
+        )
+        failures = 0
+        for (name, (_, batch)), future in zip(batches, futures, strict=True):
+            try:
+                replies = future.result()
+            except redis.RedisError as error:
+                failures += 1
+                if failures == len(batches):
+                    raise  # no node answered: the source is down
+                nodes.noticed(error)
+                self._node_lost(name, batch, error)
+                continue
+            yield from self._handle(batch, replies)
+
+    def _node_lost(self, node: str, batch: list[Command], error: redis.RedisError) -> None:
+        detail = f"node {node}: {redis_error_reason(error)}"
+        for args, _, tally in batch:
+            self._lose_group(tally, _key_of(args), detail)
+
+    def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
         for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
-            if args[0] is ITEM_READ and type(reply) is int:  # its size: left in Redis
+            if args[0] is ITEM_READ and type(reply) is int:  # its size: over the limit, in Redis
                 self._large_heads_now.add(args[1])
                 tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
                 continue
             if isinstance(reply, redis.ResponseError):
+                if self._nodes is not None:
+                    self._nodes.noticed(reply)
                 tally.failed(_key_of(args), _response_reason(reply))
                 continue
             try:
@@ -389,23 +528,6 @@ class RedisKeySampler:
                 continue
             if follow_up is not None:
                 yield follow_up
-
-    def _replies(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
-        """The replies to `commands`, in their order, from one round trip in which the item
-        reads travel together as one bounded_reads (an item over max_item_bytes: its size)."""
-        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
-        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-        if reads:
-            keys = [key for _, key, _ in reads]
-            read_args = [read for _, _, read in reads]
-            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
-        replies = round_trip(client, direct)
-        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
-        direct_replies = iter(replies)
-        return [
-            next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
-            for args, _, _ in commands
-        ]
 
 
 class _Rounds:
@@ -781,6 +903,8 @@ def _response_reason(error: redis.ResponseError) -> str:
     message = str(error)
     if message.startswith("WRONGTYPE"):
         return "wrong_type"
+    if message.startswith(("MOVED", "ASK")):
+        return "slot_moved"
     if message.removeprefix("ERR ").startswith("no such key"):  # XINFO GROUPS, no stream
         return "stream_missing"
     return "response_error"

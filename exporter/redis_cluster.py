@@ -1,0 +1,80 @@
+"""A Redis Cluster as the key sampler reads it: every primary scanned, commands sent to the
+node that owns each key's slot, the nodes' round trips in parallel.
+
+redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
+and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
+clients unchanged. A node that fails costs only the keys it owns; a MOVED or ASK reply (a slot
+being resharded) costs only its key, and the slot map is read again before the next cycle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TypeVar
+
+import redis
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
+
+T = TypeVar("T")
+# A cluster's slot map, read again before the next cycle after these replies.
+_MAP_CHANGED = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
+
+
+class ClusterNodes:
+    """The nodes of one cluster, for one sampler."""
+
+    def __init__(self, cluster: RedisCluster, read_from_replicas: bool = False) -> None:
+        self.cluster = cluster
+        self.read_from_replicas = read_from_replicas
+        self._stale_map = False
+        self._pool: ThreadPoolExecutor | None = None
+
+    def refresh_if_moved(self) -> None:
+        """Read the slot map again if the last cycle met a sign that it changed."""
+        if self._stale_map:
+            self._stale_map = False
+            self.cluster.nodes_manager.initialize()
+
+    def noticed(self, error: Exception) -> None:
+        """An error a node replied: a slot that moved means the map is read again."""
+        if str(error).startswith(_MAP_CHANGED) or isinstance(error, redis.ConnectionError):
+            self._stale_map = True
+
+    def primaries(self) -> list[tuple[str, redis.Redis]]:
+        """Every primary, by name (host:port), with its client."""
+        return [(node.name, self._client(node)) for node in self.cluster.get_primaries()]  # type: ignore[no-untyped-call]
+
+    def node_of(self, key: bytes) -> tuple[str, redis.Redis]:
+        """The node that serves the key's slot: its primary, or with read_from_replicas one of
+        its replicas (a failed-over slot's new primary once the map is read again)."""
+        nodes = self.cluster.nodes_manager.get_node_from_slot(
+            key_slot(key), read_from_replicas=self.read_from_replicas
+        )
+        return nodes.name, self._client(nodes)
+
+    def in_parallel(self, calls: Sequence[Callable[[], T]]) -> list[Future[T]]:
+        """Run the calls at once, one thread each (a node's round trip waits on its socket)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="cluster-node")
+        return [self._pool.submit(call) for call in calls]
+
+    def sever(self) -> None:
+        """From another thread: every node connection shut (a call blocked on one fails)."""
+        for node in self.cluster.get_nodes():  # type: ignore[no-untyped-call]
+            if node.redis_connection is not None:
+                node.redis_connection.connection_pool.disconnect(inuse_connections=True)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+        self.cluster.close()
+
+    def _client(self, node: ClusterNode) -> redis.Redis:
+        client = node.redis_connection or self.cluster.get_redis_connection(node)
+        return client
+
+
+def slot_of(key: bytes) -> int:
+    return key_slot(key)

@@ -1,0 +1,114 @@
+"""A real Redis Cluster (3 primaries, 3 replicas): every primary scanned, keys read on their
+slot's node, a BullMQ-style hash-tagged prefix, and a primary killed mid-cycle."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import scrape_series, value, wait_for
+from tests.redis_topology import ClusterSetup, eventually
+
+INTERVAL = 0.3
+PRIORITIES = [str(number) for number in range(1, 10)]
+SPREAD = {
+    "system": "spread",
+    "pattern": "jobs:{queue}:p{_p}",
+    "type": "list",
+    "state": "pending",
+}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    setup = ClusterSetup(tmp_path_factory.mktemp("cluster")).start()
+    yield setup
+    setup.stop()
+
+
+def _write(cluster: ClusterSetup) -> dict[str, int]:
+    """Queues whose priority lists land on every node; BullMQ queues under hash tags."""
+    expected = {}
+    with cluster.client() as client:
+        client.flushall(target_nodes="primaries")
+        for queue in ("email", "sms", "push"):
+            for priority in PRIORITIES:
+                client.rpush(f"jobs:{queue}:p{priority}", *["x"] * int(priority))
+            expected[queue] = sum(map(int, PRIORITIES))
+        for number, queue in enumerate(("{emails}", "{reports}", "{images}")):
+            client.hset(f"bull:{queue}:meta", "opts.maxLenEvents", "10000")
+            for job in range(number + 2):
+                client.hset(f"bull:{queue}:{job}", mapping={"timestamp": 1_000_000, "name": "t"})
+                client.lpush(f"bull:{queue}:wait", str(job))
+            expected[queue] = number + 2
+    return expected
+
+
+def _nodes_of(cluster: ClusterSetup, keys: list[str]) -> set[int]:
+    return {cluster.primary_of(key).port for key in keys}
+
+
+def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run_exporter):
+    expected = _write(cluster)
+    victim_port = cluster.primary_of("jobs:email:p1").port
+    pinned = next(
+        name
+        for name in map(str, range(100))
+        if cluster.primary_of(f"pinned:{name}").port != victim_port
+    )
+    with cluster.client() as client:
+        client.rpush(f"pinned:{pinned}", "x")
+    expected[pinned] = 1
+    by_value = {
+        **SPREAD,
+        "system": "pinned",
+        "pattern": "pinned:{queue}",
+        "values": {"queue": [pinned]},
+    }
+    spread_keys = [f"jobs:email:p{p}" for p in PRIORITIES]
+    assert len(_nodes_of(cluster, spread_keys)) == 3  # one queue's keys on every primary
+    app = run_exporter(
+        {
+            "sample_interval": INTERVAL,
+            "presets": [{"name": "bullmq", "params": {"native": False}}],
+            "sources": {
+                "redis": {"url": cluster.url, "socket_timeout": 1, "key_groups": [SPREAD, by_value]}
+            },
+        }
+    )
+
+    def depths(series):
+        return {
+            dict(labels)["queue"]: number
+            for (name, labels), number in series.items()
+            if name == "queue_depth" and dict(labels)["state"] == "pending"
+        }
+
+    series = wait_for(lambda: (s := scrape_series(app)) and depths(s) == expected and s)
+    age = value(series, "queue_oldest_age_seconds", system="bullmq", queue="{emails}")
+    assert age is not None and age > 1_000_000  # read from the job hash on the queue's slot
+    reports = {r.pattern: r for r in app.health.key_groups()}
+    assert reports[SPREAD["pattern"]].keys_matched == 27
+    assert reports[SPREAD["pattern"]].errors == {}
+
+    # Kill the primary of email's first priority list: a spread queue's depth is never served
+    # partly summed; once a replica took over, every series is back whole.
+    victim = cluster.primary_of("jobs:email:p1")
+    victim.stop()
+    while_down = eventually(lambda: (s := scrape_series(app)) and "email" not in depths(s) and s)
+    # Source up: the other primaries answered. A queue named by value on a live node stays.
+    assert value(while_down, "queue_exporter_source_up", source="redis") == 1
+    assert depths(while_down).get(pinned) == 1
+    reasons = {r.pattern: r.errors for r in app.health.key_groups()}
+    assert reasons[SPREAD["pattern"]].get("node_down") == 1
+    seen_while_down = []
+
+    def back_whole():
+        found = depths(scrape_series(app))
+        seen_while_down.append(found.get("email"))
+        return found == expected
+
+    eventually(back_whole, timeout=60)
+    assert all(depth in (None, expected["email"]) for depth in seen_while_down)
+    assert None in seen_while_down  # withdrawn while its node was down
+    node_down = [r for r in app.health.key_groups() if r.errors.get("node_down")]
+    assert node_down == []  # the last cycle had every node
