@@ -3,7 +3,9 @@
 Celery: messages on the events channel that are not kombu's, or events missing what they
 need, are refused by reason while a real event (sent by Celery's own EventDispatcher) is
 applied. RQ: registry members whose job hash is gone, of another type or unreadable still
-count as what the registry says, the unreadable one also as invalid. Redis restarts: both
+count as what the registry says, the unreadable ones also as invalid. Any record key of
+another Redis type (RQ, Sidekiq, Celery, BullMQ) costs itself only: counted as `wrong_type`,
+the read goes on (Hypothesis over the type of every key RQ reads). Redis restarts: both
 readers come back by themselves. A reader that stood by while another replica led does not
 count again what that replica counted.
 """
@@ -14,16 +16,27 @@ import base64
 import json
 import time
 
+import pytest
+import redis
 from celery import Celery
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.bullmq import BullmqReader
 from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import CeleryReaderConfig, RqReaderConfig
-from exporter.sources.native.framework import NativeSource
+from exporter.sources.native.config import (
+    BullmqReaderConfig,
+    CeleryReaderConfig,
+    RqReaderConfig,
+    SidekiqReaderConfig,
+)
+from exporter.sources.native.framework import NativeSource, Reader, Signals
 from exporter.sources.native.rq import RqReader
+from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.telemetry import Telemetry
 from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
@@ -107,6 +120,10 @@ def test_rq_unreadable_jobs_still_count(redis_client, redis_url, run_exporter):
         series, "queue_exporter_events_invalid_total", stream="native:rq", reason="bad_value"
     )
     assert invalid == 1  # the garbled result
+    wrong_type = value(
+        series, "queue_exporter_events_invalid_total", stream="native:rq", reason="wrong_type"
+    )
+    assert wrong_type == 1  # the job record that is a string
     assert value(series, "queue_exporter_events_total", stream="native:rq") == 3
     assert value(series, "queue_exporter_source_up", source="native:rq") == 1
 
@@ -180,3 +197,180 @@ def _heartbeat(redis_url: str, hostname: str) -> None:
         dispatcher = celery.events.Dispatcher(connection, hostname=hostname)
         dispatcher.send("worker-heartbeat", active=0, freq=2.0)
         dispatcher.close()
+
+
+# -- a record key of another Redis type -------------------------------------------------------
+
+REDIS_TYPES = ("string", "list", "set", "zset", "hash", "stream")
+
+
+def _write_as(client: redis.Redis, key: str, kind: str, member: str = "x") -> None:
+    """Replace `key` by a key of Redis type `kind` holding `member`."""
+    client.delete(key)
+    if kind == "string":
+        client.set(key, member)
+    elif kind == "list":
+        client.rpush(key, member)
+    elif kind == "set":
+        client.sadd(key, member)
+    elif kind == "zset":
+        client.zadd(key, {member: 1})
+    elif kind == "hash":
+        client.hset(key, "state", member)
+    else:
+        client.xadd(key, {"f": member})
+
+
+def _completed(signals: Signals, queue: str) -> float:
+    return sum(
+        count
+        for (metric, labels), count in signals.tally.counts.items()
+        if metric == "queue_jobs_completed_total" and labels[1] == queue
+    )
+
+
+def _workers(signals: Signals) -> set[str]:
+    return {heartbeat.worker for heartbeat in signals.tally.heartbeats}
+
+
+# Each key the RQ reader reads, its right type, and what it holds in the test.
+_RQ_KEYS = {
+    "rq:queues": ("set", "rq:queue:bad"),
+    "rq:wip:bad": ("zset", "running"),
+    "rq:finished:bad": ("zset", "j0"),
+    "rq:failed:bad": ("zset", "f0"),
+    "rq:workers": ("set", "rq:worker:w1"),
+    "rq:worker:w1": ("hash", "idle"),
+}
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(kinds=st.fixed_dictionaries({key: st.sampled_from(REDIS_TYPES) for key in _RQ_KEYS}))
+def test_rq_keys_of_any_type_cost_themselves_only(redis_client, redis_url, kinds):
+    """Every key RQ's reader reads is turned into any Redis type between two reads: the read
+    never fails, each key of a wrong type is counted once as wrong_type, the healthy queue's
+    completion counts, and once the keys are repaired the broken queue's changes count once
+    (its state from before, not its whole registry)."""
+    redis_client.flushdb()
+
+    def write_rq_layout() -> None:
+        for key, (kind, member) in _RQ_KEYS.items():
+            _write_as(redis_client, key, kind, member)
+        redis_client.sadd("rq:queues", "rq:queue:ok")
+        redis_client.sadd("rq:workers", "rq:worker:w2")
+        redis_client.hset("rq:worker:w2", mapping={"state": "busy", "queues": "ok"})
+        redis_client.hset("rq:worker:w1", "queues", "bad")
+
+    write_rq_layout()
+    reader = RqReader(RqReaderConfig(), RedisConnectionConfig(url=redis_url))
+    try:
+        reader.read(Signals())  # the baseline
+        for key, kind in kinds.items():
+            if kind != _RQ_KEYS[key][0]:
+                _write_as(redis_client, key, kind)
+        redis_client.zadd("rq:finished:ok", {"ok1": 1})
+        hostile = Signals()
+        reader.read(hostile)
+
+        wrong = {key for key, kind in kinds.items() if kind != _RQ_KEYS[key][0]}
+        if "rq:workers" in wrong:
+            wrong.discard("rq:worker:w1")  # not named, so not read
+        assert hostile.tally.invalid == ({"wrong_type": len(wrong)} if wrong else {})
+        assert _completed(hostile, "ok") == 1
+        assert _completed(hostile, "bad") == 0
+        if "rq:workers" not in wrong:
+            assert "w2" in _workers(hostile)
+
+        write_rq_layout()
+        redis_client.zadd("rq:finished:bad", {"j1": 1})
+        repaired = Signals()
+        reader.read(repaired)
+        assert repaired.tally.invalid == {}
+        assert _completed(repaired, "bad") == 1  # j1 alone: j0 was there at the baseline
+        assert _completed(repaired, "ok") == 0
+    finally:
+        reader.close()
+
+
+def _rq_hostile(client: redis.Redis) -> None:
+    client.sadd("rq:rl-keys", "limit")
+    client.set("rq:rl:limit:rate_limited", "not a zset")
+
+
+def _sidekiq_hostile(client: redis.Redis) -> None:
+    client.sadd("processes", "good", "list", "garbage")
+    client.hset("good", mapping={"info": '{"concurrency": 5, "queues": ["q"]}', "busy": "1"})
+    client.rpush("list", "x")
+    client.hset("garbage", mapping={"info": "{not json", "busy": "1"})
+
+
+def _bullmq_hostile(client: redis.Redis) -> None:
+    for queue in ("good", "bad"):
+        client.hset(f"bull:{queue}:meta", "opts.maxLenEvents", 10000)
+    client.set("bull:bad:events", "not a stream")
+
+
+@pytest.mark.parametrize(
+    ("make_reader", "hostile", "after_baseline", "refused"),
+    [
+        pytest.param(
+            lambda c: RqReader(RqReaderConfig(), c), _rq_hostile, None, {"wrong_type": 1}, id="rq"
+        ),
+        pytest.param(
+            lambda c: SidekiqReader(SidekiqReaderConfig(), c),
+            _sidekiq_hostile,
+            None,
+            {"wrong_type": 1, "bad_value": 1},
+            id="sidekiq",
+        ),
+        pytest.param(
+            lambda c: SidekiqReader(SidekiqReaderConfig(), c),
+            lambda client: client.set("processes", "not a set"),
+            None,
+            {"wrong_type": 1},
+            id="sidekiq-processes",
+        ),
+        pytest.param(
+            lambda c: CeleryReader(CeleryReaderConfig(), c, 1.0),
+            lambda client: client.set("unacked", "not a hash"),
+            None,
+            {"wrong_type": 1},
+            id="celery",
+        ),
+        pytest.param(
+            lambda c: BullmqReader(BullmqReaderConfig(), c),
+            _bullmq_hostile,
+            lambda client: client.xadd(
+                "bull:good:events", {"event": "completed", "jobId": "1", "prev": "active"}
+            ),
+            {"wrong_type": 1},
+            id="bullmq",
+        ),
+    ],
+)
+def test_a_record_of_the_wrong_type_costs_itself_only(
+    redis_client, redis_url, make_reader, hostile, after_baseline, refused
+):
+    """Each reader meets a record key of another Redis type: counted by reason (every read),
+    and the read succeeds with what the other records say."""
+    hostile(redis_client)
+    reader: Reader = make_reader(RedisConnectionConfig(url=redis_url))
+    try:
+        baseline = Signals()
+        reader.read(baseline)
+        assert baseline.tally.invalid == refused
+        if after_baseline is not None:
+            after_baseline(redis_client)
+        signals = Signals()
+        reader.read(signals)
+        assert signals.tally.invalid == refused
+        if isinstance(reader, SidekiqReader) and "bad_value" in refused:
+            assert _workers(signals) == {"good"}
+        if isinstance(reader, BullmqReader):
+            assert _completed(signals, "good") == 1
+    finally:
+        reader.close()

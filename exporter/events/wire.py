@@ -58,6 +58,7 @@ INVALID_REASONS = (
     "future_time",
     "oversized_field",
     "unreadable_activity",  # runnerq: the activity:<id> key cannot be read as a hash
+    "wrong_type",  # native readers: a record's key holds another Redis type than the system's
     "unprocessable",  # an error of the exporter's own, counted instead of crashing
 )
 

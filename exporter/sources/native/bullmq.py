@@ -207,7 +207,7 @@ class BullmqReader:
     ) -> list[tuple[bytes, dict[bytes, bytes]]]:
         if isinstance(info, redis.ResponseError):
             if _STREAM_GONE not in str(info):  # not a stream: this queue alone is skipped
-                _limited.warning(("stream", queue), "bullmq: queue %s: %s", queue, info)
+                signals.unreadable(self._events_key(queue), info)
                 return []
             info = {"entries-added": 0, "last-generated-id": b"0-0", "length": 0}
         added = int(info.get("entries-added") or 0)
@@ -291,8 +291,12 @@ class BullmqReader:
             pipe.hmget(f"{self.config.prefix}:{queue}:".encode() + job_id, _JOB_FIELDS)
         jobs = {}
         for key, fields in zip(wanted, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(fields, Exception) or not any(fields):
-                continue  # removed (removeOnComplete) or not a hash: counted without times
+            if isinstance(fields, Exception):  # not a hash: counted, and so is its job
+                queue, job_id = key
+                signals.unreadable(f"{self.config.prefix}:{queue}:{job_id!r}", fields)
+                continue
+            if not any(fields):
+                continue  # removed (removeOnComplete): counted without times
             try:
                 jobs[key] = _job(fields)
             except ValueError:

@@ -84,7 +84,7 @@ class CeleryReader:
     def read(self, signals: Signals) -> None:
         try:
             self._drain(self.drain_budget)
-            unacked = self._unacked(signals.now)
+            unacked = self._unacked(signals)
         except Exception:
             self.close()
             raise
@@ -156,11 +156,15 @@ class CeleryReader:
             self._client = self.connection.connect()
         return self._client
 
-    def _unacked(self, now: float) -> Counter[tuple[str, str, str]]:
+    def _unacked(self, signals: Signals) -> Counter[tuple[str, str, str]]:
         """(queue, task id, state) of each delivered, unacknowledged message: pending, or
         scheduled while its ETA (countdown) is ahead: the worker holds it until then."""
         deliveries: Counter[tuple[str, str, str]] = Counter()
-        for raw in self._redis().hvals(self.config.unacked_key):
+        now = signals.now
+        messages: list[bytes] = []
+        with signals.record(self.config.unacked_key):  # not a hash: counted, the rest goes on
+            messages = self._redis().hvals(self.config.unacked_key)  # type: ignore[assignment]
+        for raw in messages:
             try:
                 message, _exchange, routing_key = json.loads(raw)
                 headers = message.get("headers") or {}

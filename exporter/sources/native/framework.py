@@ -13,7 +13,14 @@ read. What it filled is applied only when the whole read succeeded:
   worker heartbeats) goes to the shared `EventMetrics`, exactly like a batch of stream events;
 - `signals.samples` (a `SampleSet`, e.g. depth of a state no key group can see) is published
   as the source's snapshot, withdrawn while the reader fails.
-So a reader never touches telemetry itself, and a failing read counts nothing twice. With leader
+So a reader never touches telemetry itself, and a failing read counts nothing twice.
+
+A read fails as a whole only when its backend fails (connection, deadline, credentials). A
+record it cannot read (a key of another type, a hash of garbage, whatever reading it raises)
+costs that record alone: the reader wraps each record in `signals.record(key)` (or hands a
+pipeline's error reply to `signals.unreadable`), which counts it in
+`queue_exporter_events_invalid_total` by a bounded reason, names it in a rate-limited warning,
+and lets the read go on. With leader
 election it runs, like every sampler, only on the leader (leader.py), so replicas do not count
 the same job twice; a replica that leads again gets a new reader, whose first read is a
 baseline (without leader election every replica counts every job).
@@ -26,12 +33,17 @@ become increments with `CounterDeltas`, so a worker restart is not a counter res
 
 from __future__ import annotations
 
+import logging
 import time
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import redis
+
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
+from exporter.logs import LogLimiter
 from exporter.redis_connection import redis_error_reason
 from exporter.samples import SampleSet
 
@@ -42,6 +54,16 @@ MAX_WORKERS = 10_000
 # A reader not asked to read for this many intervals stood by while another replica led.
 GAP_INTERVALS = 3.0
 
+log = logging.getLogger(__name__)
+_unreadable_log = LogLimiter(log)
+
+# Failures of the backend rather than of one record: no record can be read, the read fails.
+BACKEND_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,  # AuthenticationError too; a severed connection (deadline, shutdown)
+    redis.TimeoutError,
+    redis.exceptions.NoPermissionError,  # the ACL misses a rule: every such record would fail
+)
+
 
 @dataclass(slots=True)
 class Signals:
@@ -50,10 +72,48 @@ class Signals:
     tally: Tally = field(default_factory=Tally)
     samples: SampleSet = field(default_factory=SampleSet)
     now: float = field(default_factory=time.time)
+    source: str = "native"  # the reader's source name, for the log
 
     def worker(self, system: str, queue: str, worker: str, active: int, capacity: int) -> None:
         """A worker seen alive in this read (busy when active > 0), serving `queue`."""
         self.tally.heartbeats.append(Heartbeat(system, queue, worker, active, capacity, self.now))
+
+    @contextmanager
+    def record(self, key: str | bytes) -> Iterator[None]:
+        """One record's fault boundary: whatever reading it raises costs it alone (counted and
+        named); a failure of the backend still fails the whole read."""
+        try:
+            yield
+        except BACKEND_ERRORS:
+            raise
+        except Exception as error:
+            self.unreadable(key, error)
+
+    def unreadable(self, key: str | bytes, error: Exception) -> None:
+        """Count and name a record that cannot be read (e.g. a pipeline's error reply); a
+        backend failure is raised instead, since then the whole read cannot tell the truth."""
+        if isinstance(error, BACKEND_ERRORS):
+            raise error
+        reason = record_reason(error)
+        self.tally.refuse(reason)
+        name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        _unreadable_log.warning(
+            (self.source, reason),
+            "%s: record %r skipped (%s): %s",
+            self.source,
+            name[:200],
+            reason,
+            f"{type(error).__name__}: {str(error)[:200]}",
+        )
+
+
+def record_reason(error: Exception) -> str:
+    """A bounded reason (wire.INVALID_REASONS) for what reading one record raised."""
+    if isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE"):
+        return "wrong_type"
+    if isinstance(error, ValueError | TypeError | KeyError | IndexError | RecursionError):
+        return "bad_value"  # garbage where the system writes JSON, numbers, times
+    return "unprocessable"  # an error of the exporter's own, met by this record
 
 
 class ReaderError(Exception):
@@ -127,7 +187,7 @@ class NativeSource:
         if self._gap.passed():
             self.reader.close()
             self.reader = self.make_reader()
-        signals = Signals()
+        signals = Signals(source=self.name)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
         return signals.samples

@@ -14,13 +14,16 @@ Workers come from `rq:workers` and their hashes (state busy or idle, the queues 
 and RQ 3's rate-limited jobs (`rq:rl:<key>:rate_limited`, held back per rate-limit key, not
 per queue) are counted as pending under their job's queue, which no key group can see.
 
+A record that cannot be read (a key of another type, a garbled job) costs itself only
+(framework.py): a queue whose registries cannot all be read keeps its previous state until
+they can, so its changes are counted once, then.
+
 A started member in RQ 2+ is `<job id>:<execution id>` (RQ job ids hold no colon), so a job
 retried and started again between two reads is still seen leaving; RQ 1 writes the job id.
 """
 
 from __future__ import annotations
 
-import logging
 import zlib
 from base64 import b64decode
 from collections import Counter
@@ -32,14 +35,10 @@ import redis
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
-from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, sever
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
 from exporter.sources.native.framework import Signals
-
-log = logging.getLogger(__name__)
-_limited = LogLimiter(log)
 
 DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
@@ -65,12 +64,13 @@ class RqReader:
         self._client: redis.Redis | None = None
         # (queue, registry) -> members at the previous read; None before the first read.
         self._previous: dict[tuple[str, str], set[str]] | None = None
+        self._listed: list[str] = []  # the queues rq:queues named at the previous read
 
     def read(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues = self._queues(client)
-            current = self._registries(client, queues)
+            queues = self._queues(client, signals)
+            current = self._registries(client, queues, signals)
             self._workers(client, signals)
             self._rate_limited(client, signals)
             if self._previous is not None:
@@ -78,6 +78,7 @@ class RqReader:
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
+        self._listed = queues
         self._previous = current
 
     def interrupt(self) -> None:
@@ -95,57 +96,90 @@ class RqReader:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _queues(self, client: redis.Redis) -> list[str]:
-        names = []
-        for member in _members(client, self.config.queues_set):
-            key = member.decode("utf-8", "replace")
-            if key.startswith("rq:queue:"):
-                names.append(key.removeprefix("rq:queue:"))
-        return sorted(names)
+    def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
+        """The queues rq:queues names; while it cannot be read, those of the previous read."""
+        names = list(self._listed)
+        with signals.record(self.config.queues_set):
+            members = _members(client, self.config.queues_set)
+            names = sorted(
+                key.removeprefix("rq:queue:")
+                for key in (member.decode("utf-8", "replace") for member in members)
+                if key.startswith("rq:queue:")
+            )
+        return names
 
     def _registries(
-        self, client: redis.Redis, queues: list[str]
+        self, client: redis.Redis, queues: list[str], signals: Signals
     ) -> dict[tuple[str, str], set[str]]:
+        """Each queue's registries. A queue with one that cannot be read keeps its previous
+        state (none: it is left out), so its changes are counted once, when all can be read."""
         pipe = client.pipeline(transaction=False)
         for queue in queues:
             for registry in RQ_REGISTRIES:
                 pipe.zrange(f"rq:{registry}:{queue}", 0, -1)
-        replies = iter(pipe.execute())
+        replies = iter(pipe.execute(raise_on_error=False))
+        previous = self._previous or {}
         current: dict[tuple[str, str], set[str]] = {}
         for queue in queues:
+            read = {}
             for registry in RQ_REGISTRIES:
-                current[(queue, registry)] = {
-                    member.decode("utf-8", "replace") for member in next(replies)
-                }
+                reply = next(replies)
+                with signals.record(f"rq:{registry}:{queue}"):
+                    if isinstance(reply, Exception):
+                        raise reply
+                    read[registry] = {member.decode("utf-8", "replace") for member in reply}
+            if len(read) < len(RQ_REGISTRIES):
+                read = {r: previous[(queue, r)] for r in RQ_REGISTRIES if (queue, r) in previous}
+            current.update(((queue, registry), members) for registry, members in read.items())
         return current
 
     def _workers(self, client: redis.Redis, signals: Signals) -> None:
-        keys = sorted(_members(client, "rq:workers"))
+        keys: list[bytes] = []
+        with signals.record("rq:workers"):
+            keys = sorted(_members(client, "rq:workers"))
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hmget(key, ("state", "queues"))
-        for key, (state, queues) in zip(keys, pipe.execute(), strict=True):
-            if state is None:  # the set outlives a dead worker's hash (it expires)
-                continue
-            worker = key.decode("utf-8", "replace").removeprefix("rq:worker:")
-            busy = 1 if state == b"busy" else 0
-            for queue in (queues or b"").decode("utf-8", "replace").split(","):
-                if queue:
-                    signals.worker(self.config.system, queue, worker, busy, 1)
+        for key, reply in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+            with signals.record(key):
+                if isinstance(reply, Exception):
+                    raise reply
+                state, queues = reply
+                if state is None:  # the set outlives a dead worker's hash (it expires)
+                    continue
+                worker = key.decode("utf-8", "replace").removeprefix("rq:worker:")
+                busy = 1 if state == b"busy" else 0
+                for queue in (queues or b"").decode("utf-8", "replace").split(","):
+                    if queue:
+                        signals.worker(self.config.system, queue, worker, busy, 1)
 
     def _rate_limited(self, client: redis.Redis, signals: Signals) -> None:
         """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""
-        limits = sorted(_members(client, "rq:rl-keys"))
+        limits: list[bytes] = []
+        with signals.record("rq:rl-keys"):
+            limits = sorted(_members(client, "rq:rl-keys"))
         if not limits:
             return
+        keys = [b"rq:rl:" + limit + b":rate_limited" for limit in limits]
         pipe = client.pipeline(transaction=False)
-        for limit in limits:
-            pipe.zrange(b"rq:rl:" + limit + b":rate_limited", 0, -1)
-        job_ids = [job_id for members in pipe.execute() for job_id in members]
+        for key in keys:
+            pipe.zrange(key, 0, -1)
+        job_ids = []
+        for key, reply in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+            with signals.record(key):
+                if isinstance(reply, Exception):
+                    raise reply
+                job_ids += reply
         pipe = client.pipeline(transaction=False)
         for job_id in job_ids:
             pipe.hget(b"rq:job:" + job_id, "origin")
-        origins = Counter(origin for origin in pipe.execute() if origin is not None)
+        origins: Counter[bytes] = Counter()
+        for job_id, origin in zip(job_ids, pipe.execute(raise_on_error=False), strict=True):
+            with signals.record(b"rq:job:" + job_id):
+                if isinstance(origin, Exception):
+                    raise origin
+                if origin is not None:
+                    origins[origin] += 1
         for origin, count in origins.items():
             labels = (self.config.system, origin.decode("utf-8", "replace"), "", "pending")
             signals.samples.add_labelled(DEPTH, labels, count)
@@ -162,6 +196,10 @@ class RqReader:
         previous = self._previous or {}
         changes: list[tuple[str, str, str]] = []  # (queue, what, job id)
         for queue in queues:
+            if (queue, "wip") not in current:
+                continue  # not read yet: counted from the first read of all its registries
+            if queue in self._listed and (queue, "wip") not in previous:
+                continue  # listed before but never read: this read is its baseline
             running, running_before = current[(queue, "wip")], previous.get((queue, "wip"), set())
             new_finished = current[(queue, "finished")] - previous.get((queue, "finished"), set())
             new_failed = current[(queue, "failed")] - previous.get((queue, "failed"), set())
@@ -194,13 +232,11 @@ class RqReader:
         jobs: dict[str, _Job] = {}
         for index, job_id in enumerate(job_ids):
             fields, results = replies[2 * index], replies[2 * index + 1]
-            if isinstance(fields, Exception) or not any(fields):
-                continue  # gone, or not a hash
-            try:
-                jobs[job_id] = _job(fields, results if isinstance(results, list) else [])
-            except Exception as error:  # one unreadable job costs itself only
-                signals.tally.refuse("bad_value")
-                _limited.log(logging.WARNING, "job", "rq: job %s unreadable: %r", job_id, error)
+            with signals.record(f"rq:job:{job_id}"):  # one unreadable job costs itself only
+                if isinstance(fields, Exception):
+                    raise fields
+                if any(fields):  # else gone: it still counts, untyped
+                    jobs[job_id] = _job(fields, results if isinstance(results, list) else [])
         return jobs
 
     def _emit(self, signals: Signals, queue: str, what: str, job: _Job) -> None:

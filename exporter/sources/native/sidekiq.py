@@ -90,24 +90,31 @@ class SidekiqReader:
 
     def _processes(self, client: redis.Redis, signals: Signals) -> None:
         namespace = self.config.namespace
-        members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
-        identities = sorted(members)
+        identities: list[bytes] = []
+        with signals.record(f"{namespace}processes"):
+            members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
+            identities = sorted(members)
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(namespace.encode() + identity, ("info", "busy"))
         for identity, reply in zip(identities, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(reply, Exception) or reply[0] is None:
-                continue  # stopped beating (the hash expired) or not a hash
-            name = identity.decode("utf-8", "replace")
-            try:
-                info = json.loads(reply[0])
-                busy, concurrency = int(reply[1] or 0), int(info["concurrency"])
-                queues = [str(queue) for queue in info["queues"]]
-            except (ValueError, KeyError, TypeError) as error:  # one bad process costs itself
-                signals.tally.refuse("bad_value")
-                _limited.warning(
-                    ("process", name), "sidekiq: process %s unreadable: %r", name, error
-                )
+            process = None
+            with signals.record(namespace.encode() + identity):  # one bad process costs itself
+                process = _process(reply)
+            if process is None:
                 continue
+            busy, concurrency, queues = process
+            name = identity.decode("utf-8", "replace")
             for queue in queues:
                 signals.worker(self.config.system, queue, name, busy, concurrency)
+
+
+def _process(reply: list[bytes | None] | Exception) -> tuple[int, int, list[str]] | None:
+    """A process hash's busy threads, concurrency and queues; None once it expired."""
+    if isinstance(reply, Exception):
+        raise reply
+    info_json, busy = reply
+    if info_json is None:
+        return None  # stopped beating: the hash expired
+    info = json.loads(info_json)
+    return int(busy or 0), int(info["concurrency"]), [str(queue) for queue in info["queues"]]
