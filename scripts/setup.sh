@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_TOOLS=(prometheus prometheus-alertmanager nodejs npm ruby-sidekiq chromium)
+DEBIAN_TOOLS=(prometheus prometheus-alertmanager nodejs npm ruby-sidekiq chromium
+  prometheus-redis-exporter)
 missing=()
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
@@ -14,6 +15,8 @@ command -v npm >/dev/null || missing+=(npm)
 command -v sidekiq >/dev/null || missing+=(ruby-sidekiq)
 command -v chromium >/dev/null || missing+=(chromium) # tests/test_status_page.py
 command -v ss >/dev/null || missing+=(iproute2) # tests/test_http_attacks.py: the listen backlog
+# the Go peer bench/key_sampling.py compares the key sampler with
+command -v prometheus-redis-exporter >/dev/null || missing+=(prometheus-redis-exporter)
 if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
   echo "setup: installing ${missing[*]} (of ${DEBIAN_TOOLS[*]})"
   export DEBIAN_FRONTEND=noninteractive

@@ -35,6 +35,7 @@ from exporter.redis_connection import (
     sever,
 )
 from exporter.redis_pipeline import (
+    Args,
     bound_each,
     bounded_reads,
     probe_first,
@@ -198,6 +199,25 @@ class Labels(NamedTuple):
         return self if spec.labels == QUEUE_LABELS else (self.system, self.queue)
 
 
+class KeyMatch(NamedTuple):
+    """What a key gives: its placeholders' values and its series' labels."""
+
+    captured: dict[str, str]
+    labels: Labels
+
+
+_UNKNOWN: Any = object()  # a key not seen last cycle (None means: seen, not the pattern's)
+
+
+def labels_for(group: KeyGroup, captured: dict[str, str]) -> Labels:
+    return Labels(
+        group.system,
+        captured.get("queue") or group.labels.get("queue", ""),
+        captured.get("priority") or group.labels.get("priority", ""),
+        group.state,
+    )
+
+
 # Labels doubles as the series key, and for_metric() knows only these two label sets.
 if Labels._fields != QUEUE_LABELS:
     raise RuntimeError(f"redis_keys.Labels {Labels._fields} differ from catalog {QUEUE_LABELS}")
@@ -252,6 +272,10 @@ class RedisKeySampler:
         self._nodes: ClusterNodes | None = None
         self._lost_groups: set[int] = set()
         self._partial_values: set[str] = set()  # values_from_keys scanned without some node
+        # Per scanned key group (by id), what last cycle's keys gave (their placeholders and
+        # labels, or None: not the pattern's): the same keys come back every cycle, and
+        # matching each against the pattern's regex again cost more than reading it.
+        self._known: dict[int, dict[bytes, KeyMatch | None]] = {}
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -275,13 +299,15 @@ class RedisKeySampler:
             GroupTally(group, self.name, self.telemetry, self._warnings)
             for group in self.config.key_groups
         ]
+        known, self._known = self._known, {}
         with gc_paused():
             for tally in tallies:
-                for key, captured in self._keys(client, tally):
+                last_cycle = known.get(id(tally.group), {})
+                for key, match in self._keys(client, tally, rounds, last_cycle):
                     tally.keys += 1
                     if tally.keys <= EXAMPLES:
                         tally.example_keys.append(key)
-                    rounds.extend(cycle.commands_for_key(tally, key, captured))
+                    rounds.extend(cycle.commands_for_key(tally, key, *match))
             rounds.flush()
             follow_ups.flush()
         self._large_heads = self._large_heads_now
@@ -351,11 +377,29 @@ class RedisKeySampler:
         """The client for a single-key command: on a cluster, the node of the key's slot."""
         return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
 
-    def _scan(self, client: redis.Redis, pattern: str, tally: GroupTally) -> Iterator[bytes]:
+    def _scan(
+        self, client: redis.Redis, pattern: str, tally: GroupTally, rounds: _Rounds | None = None
+    ) -> Iterator[bytes]:
         glob, count = scan_glob(pattern), self.config.scan_count
-        if self._nodes is None:
-            return client.scan_iter(match=glob, count=count)
-        return self._scan_nodes(self._nodes, glob, tally)
+        if self._nodes is not None:
+            return self._scan_nodes(self._nodes, glob, tally)
+        if rounds is not None:
+            return self._scan_with_reads(rounds, glob, count)
+        return client.scan_iter(match=glob, count=count)
+
+    def _scan_with_reads(self, rounds: _Rounds, glob: str, count: int) -> Iterator[bytes]:
+        """SCAN, each SCAN travelling in the round trip that reads the keys the previous one
+        found: the server's SCAN work no longer waits alone for a round trip of its own."""
+        cursor: Any = b"0"
+        while True:
+            reply = rounds.flush(leading=("SCAN", cursor, "MATCH", glob, "COUNT", count))
+            if isinstance(reply, Exception):
+                raise reply
+            cursor, keys = reply
+            rounds.carried = cursor not in (b"0", 0)  # the next SCAN takes this page's reads
+            yield from keys
+            if not rounds.carried:
+                return
 
     def _scan_nodes(self, nodes: ClusterNodes, glob: str, tally: GroupTally) -> Iterator[bytes]:
         """SCAN on every primary (each holds its own slots' keys). A primary that does not
@@ -378,21 +422,34 @@ class RedisKeySampler:
             tally.failed(key, "node_down", detail)
 
     def _keys(
-        self, client: redis.Redis, tally: GroupTally
-    ) -> Iterator[tuple[bytes, dict[str, str]]]:
+        self,
+        client: redis.Redis,
+        tally: GroupTally,
+        rounds: _Rounds,
+        last_cycle: dict[bytes, KeyMatch | None],
+    ) -> Iterator[tuple[bytes, KeyMatch]]:
         group = tally.group
         if group.enumerated:
-            yield from self._enumerated_keys(client, tally)
+            for key, values in self._enumerated_keys(client, tally):
+                yield key, KeyMatch(values, labels_for(group, values))
             return
         regex = self._regexes[group.pattern]
-        seen: set[bytes] = set()
-        for key in self._scan(client, group.pattern, tally):
-            if key in seen:  # SCAN may return a key twice
+        # this cycle's keys, which also tells a key seen already: SCAN may return one twice
+        matches: dict[bytes, KeyMatch | None] = {}
+        self._known[id(group)] = matches
+        for key in self._scan(client, group.pattern, tally, rounds):
+            if key in matches:
                 continue
-            seen.add(key)
-            match = regex.match(key.decode("utf-8", "replace"))
-            if match:
-                yield key, match.groupdict()
+            match = last_cycle.get(key, _UNKNOWN)
+            if match is _UNKNOWN:
+                found = regex.match(key.decode("utf-8", "replace"))
+                match = None
+                if found:
+                    captured: dict[str, str] = found.groupdict()
+                    match = KeyMatch(captured, labels_for(group, captured))
+            matches[key] = match
+            if match is not None:
+                yield key, match
 
     def _enumerated_keys(
         self, client: redis.Redis, tally: GroupTally
@@ -444,10 +501,14 @@ class RedisKeySampler:
             return
         yield from self._handle(commands, self._send(client, commands))
 
-    def _send(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
+    def _send(
+        self, client: redis.Redis, commands: list[Command], leading: Args | None = None
+    ) -> list[Any]:
         """One round trip: one reply per command, in order. Item reads travel in bounded_reads
-        (one per slot on a cluster, where a script's keys must share one)."""
-        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        (one per slot on a cluster, where a script's keys must share one). A `leading` command
+        (a SCAN riding along) goes first, and its reply comes first."""
+        direct = [] if leading is None else [leading]
+        direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
         slots: dict[int, list[tuple[Any, ...]]] = {}
         for read in reads:
@@ -468,7 +529,7 @@ class RedisKeySampler:
             if slots
             else {}
         )
-        ordered = []
+        ordered = [] if leading is None else [next(direct_replies)]
         for args, _, _ in commands:
             if args[0] is not ITEM_READ:
                 ordered.append(next(direct_replies))
@@ -530,6 +591,11 @@ class RedisKeySampler:
                 yield follow_up
 
 
+# How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
+# of keys with two reads each is about two).
+_CARRIED_ROUNDS = 4
+
+
 class _Rounds:
     """Collects commands and sends them a pipeline_size round at a time."""
 
@@ -541,21 +607,32 @@ class _Rounds:
         self.follow_ups = follow_ups
         self.size = sampler.config.pipeline_size
         self.pending: list[Command] = []
+        # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
+        # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
+        self.carried = False
 
     def extend(self, commands: Iterable[Command]) -> None:
         self.pending.extend(commands)
-        if len(self.pending) >= self.size:
+        if len(self.pending) >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
             self.flush()
 
-    def flush(self) -> None:
-        while self.pending:
+    def flush(self, leading: Args | None = None) -> Any:
+        """Send the pending commands a round at a time, `leading` (a SCAN, single Redis only)
+        first in the first round, even with nothing pending; its reply is returned."""
+        leading_reply = None
+        while self.pending or leading is not None:
             batch, self.pending = self.pending[: self.size], self.pending[self.size :]
-            next_round = self.sampler.execute(self.client, batch)
+            if leading is None:
+                next_round = self.sampler.execute(self.client, batch)
+            else:
+                leading_reply, *replies = self.sampler._send(self.client, batch, leading)
+                next_round, leading = self.sampler._handle(batch, replies), None
             if self.follow_ups is not None:
                 self.follow_ups.extend(next_round)
             else:
                 for _ in next_round:  # follow-ups have no follow-ups of their own
                     pass
+        return leading_reply
 
 
 class _Cycle:
@@ -567,15 +644,9 @@ class _Cycle:
         self.large_heads = large_heads
 
     def commands_for_key(
-        self, tally: GroupTally, key: bytes, captured: dict[str, str]
+        self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
     ) -> Iterator[Command]:
         group = tally.group
-        labels = Labels(
-            group.system,
-            captured.get("queue") or group.labels.get("queue", ""),
-            captured.get("priority") or group.labels.get("priority", ""),
-            group.state,
-        )
         if group.max_depth is not None:
             self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
         if group.type == "stream":
