@@ -1,24 +1,31 @@
-"""Key sampling cost, as ratios against references measured in the same run.
+"""Key sampling cost, as ratios against the leanest loop doing the same work, in the same run.
 
-    .venv/bin/python bench/key_sampling.py [--sizes 10000,100000] [--unrelated 100000] [--runs 3]
+    .venv/bin/python bench/key_sampling.py [--sizes 10000,100000] [--unrelated 100000]
+        [--runs 5] [--peer-up-to 100000] [--plot docs/key-sampling.png]
 
 For each size: N Orchestrata queue lists (one JSON item each) among `--unrelated` other keys,
-in a redis-server of the benchmark's own. After a warm-up of each, bare loop and exporter cycle
-run in turn --runs times (median); each is timed by the clock and by the CPU it costs, this
-process's and the redis-server's together (the steadier figure on a shared host):
-- bare: SCAN MATCH of the preset's two patterns + pipelined LLEN + LINDEX 0 in rounds of 1000
-  commands over a raw socket, hiredis packing and parsing, no parsing of items (the floor);
-- exporter: one full cycle of the orchestrata preset in its default configuration (depth and
-  head age of every list, the head reads in one bounded script per round, plus a SCAN for its
-  dead-letter pattern), checked to find the same keys and depths as the bare loop;
+in a redis-server of the benchmark's own. After a warm-up of each, the floor, the exporter and
+(up to `--peer-up-to` keys) the Go peer run in turn `--runs` times (medians); each is timed by
+the clock and by the CPU it costs, this process's and the redis-server's together (the steadier
+figure on a shared host):
+- floor: the same useful work in the leanest loop: SCAN MATCH of the preset's two patterns, each
+  SCAN sent with the reads of the keys the previous one found (as the exporter does), LLEN of
+  every key and its head item read inside the same bounded read-only script the exporter uses
+  (max_item_bytes), over a raw socket with hiredis packing and parsing, every head's JSON
+  parsed and its ISO-8601 time turned into an age; the cyclic GC paused;
+- exporter: one full cycle of the orchestrata preset in its default configuration, checked to
+  find the same keys, depths and ages as the floor;
 - redis_exporter: a /metrics scrape of Debian's prometheus-redis-exporter --check-keys over the
-  same keys (skipped, and said so, when the binary is absent).
+  same keys, against the exporter's cycle plus the /metrics render of its result (a full scrape
+  against a full scrape: the peer reads the keys when it is scraped).
+With --plot, the wall times against the number of keys go to a PNG (matplotlib).
 The /metrics render has its own benchmark: bench/exposition.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import socket
@@ -30,7 +37,9 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import hiredis
@@ -40,33 +49,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from exporter import config as config_module
 from exporter.health import HealthBoard
+from exporter.redis_pipeline import bounded_reads, script_read
 from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
 from tests.private_redis import PrivateRedis, free_port
 
 QUEUE_GLOB = "orchestrata:queue:*"
 # The preset's two key groups: queue lists and dead-letter lists (none here, but scanned for).
-PRESET_GLOBS = (QUEUE_GLOB, "orchestrata:dlq:*")
+PRESET_GLOBS = ("orchestrata:queue:*:p*", "orchestrata:dlq:*")
+MAX_ITEM_BYTES = 256 * 1024  # the exporter's default max_item_bytes
+SCAN_COUNT = 1000  # the exporter's default scan_count
+
+Found = dict[bytes, tuple[int, float | None]]  # key -> (depth, age of its head)
 
 
 @contextmanager
-def private_redis(*extra_args: str) -> Iterator[str]:
+def private_redis() -> Iterator[str]:
     """A redis-server of the benchmark's own (a free port, a temp dir); its URL."""
     with tempfile.TemporaryDirectory() as directory:
-        server = PrivateRedis(Path(directory), *extra_args).start()
+        server = PrivateRedis(Path(directory)).start()
         try:
             yield server.url
         finally:
             server.stop()
-
-
-def median_seconds(action: Callable[[], object], runs: int) -> float:
-    timings = []
-    for _ in range(runs):
-        started = time.perf_counter()
-        action()
-        timings.append(time.perf_counter() - started)
-    return statistics.median(timings)
 
 
 def load_keys(client: redis.Redis, queues: int, unrelated: int) -> None:
@@ -100,9 +105,9 @@ class RawRedis:
         self.sock = socket.create_connection((parts.hostname, parts.port))
         self.reader = hiredis.Reader()
 
-    def pipeline(self, commands: list[tuple[object, ...]]) -> list[object]:
+    def pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         self.sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
-        replies: list[object] = []
+        replies: list[Any] = []
         while len(replies) < len(commands):
             reply = self.reader.gets()
             if reply is False:
@@ -115,31 +120,95 @@ class RawRedis:
         self.sock.close()
 
 
-def bare_loop(raw: RawRedis) -> dict[bytes, tuple[int, bytes | None]]:
-    """Depth and head item of every key of the preset's patterns, read in rounds of 1000
-    commands as SCAN goes."""
-    found: dict[bytes, tuple[int, bytes | None]] = {}
-    pending: list[bytes] = []
-
-    def read_round() -> None:
-        commands = [c for key in pending for c in (("LLEN", key), ("LINDEX", key, 0))]
-        replies = raw.pipeline(commands)
-        for index, key in enumerate(pending):
-            found[key] = (replies[2 * index], replies[2 * index + 1])  # type: ignore[assignment]
-        pending.clear()
-
-    for glob in PRESET_GLOBS:
-        cursor: object = b"0"
-        while True:
-            [(cursor, keys)] = raw.pipeline([("SCAN", cursor, "MATCH", glob, "COUNT", 1000)])
-            pending.extend(key for key in keys if key not in found)  # SCAN may repeat a key
-            if len(pending) >= 500:
-                read_round()
-            if cursor == b"0":
-                break
-    if pending:
-        read_round()
+def floor_loop(raw: RawRedis) -> Found:
+    """Depth and head age of every key of the preset's patterns, in the leanest loop: each
+    round trip carries the next SCAN and the reads of the keys the last one found."""
+    found: Found = {}
+    now = time.time()
+    head_read = script_read("LINDEX", 0)
+    gc.disable()
+    try:
+        for glob in PRESET_GLOBS:
+            cursor: Any = b"0"
+            keys: list[bytes] = []
+            scanning = True
+            while scanning or keys:
+                scan = ("SCAN", cursor, "MATCH", glob, "COUNT", SCAN_COUNT)
+                commands: list[tuple[Any, ...]] = [scan] if scanning else []
+                keys = [key for key in keys if key not in found]  # SCAN may repeat a key
+                if keys:
+                    commands += [("LLEN", key) for key in keys]
+                    commands.append(bounded_reads(keys, [head_read] * len(keys), MAX_ITEM_BYTES))
+                replies = raw.pipeline(commands)
+                depths = replies[1:] if scanning else replies
+                heads = replies[-1] if keys else []
+                for key, depth, head in zip(keys, depths[: len(keys)], heads, strict=True):
+                    queued_at = json.loads(head)["queued_at"]
+                    found[key] = (depth, now - datetime.fromisoformat(queued_at).timestamp())
+                keys = []
+                if scanning:
+                    cursor, keys = replies[0]
+                    scanning = cursor != b"0"
+    finally:
+        gc.enable()
     return found
+
+
+def same_result(found: Found, samples: Any) -> None:
+    """The exporter's cycle saw the floor's keys, depths and head ages (each key is one queue
+    and priority here: recipient-<n>:p<m>)."""
+    series = {spec.name: dict(part.items()) for spec, part in samples.metrics()}
+    depths, ages = series["queue_depth"], series.get("queue_oldest_age_seconds", {})
+    expected_depths, expected_ages = {}, {}
+    for key, (depth, age) in found.items():
+        _, _, queue, priority = key.decode().split(":")
+        labels = ("orchestrata", queue, priority.removeprefix("p"), "pending")
+        expected_depths[labels] = float(depth)
+        if age is not None:
+            expected_ages[labels] = age
+    if depths != expected_depths:
+        raise RuntimeError(f"depths differ: {len(depths)} series against {len(expected_depths)}")
+    if ages.keys() != expected_ages.keys():
+        raise RuntimeError(f"ages differ: {len(ages)} series against {len(expected_ages)}")
+    # both measure against the time they ran: the same head gives the same age, give or take
+    # the seconds between the two runs
+    if any(abs(ages[labels] - age) > 120 for labels, age in expected_ages.items()):
+        raise RuntimeError("ages differ by more than the time between the runs")
+
+
+class Peer:
+    """Debian's prometheus-redis-exporter --check-keys over the queue keys, scraped on demand."""
+
+    def __init__(self, binary: str, url: str) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [
+                binary,
+                f"-redis.addr={url}",
+                f"-check-keys={QUEUE_GLOB}",
+                f"-check-keys-batch-size={SCAN_COUNT}",
+                f"-web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("prometheus-redis-exporter did not start")
+
+    def scrape(self) -> bytes:
+        url = f"http://127.0.0.1:{self.port}/metrics"
+        with urllib.request.urlopen(url, timeout=900) as reply:
+            body: bytes = reply.read()
+        return body
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
 class CostClock:
@@ -154,7 +223,7 @@ class CostClock:
         info = self.client.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
-    def time(self, name: str, action: Callable[[], object]) -> object:
+    def time(self, name: str, action: Callable[[], Any]) -> Any:
         cpu, server, wall = time.process_time(), self._server_cpu(), time.perf_counter()
         result = action()
         self.wall.setdefault(name, []).append(time.perf_counter() - wall)
@@ -166,94 +235,117 @@ class CostClock:
         return statistics.median((self.wall if kind == "wall" else self.cpu)[name])
 
 
-def same_result(found: dict[bytes, tuple[int, bytes | None]], samples: object) -> None:
-    """The exporter's cycle saw the keys and depths the bare loop saw, and an age per head."""
-    series = {
-        (spec.name, labels): value
-        for spec, part in samples.metrics()  # type: ignore[attr-defined]
-        for labels, value in part.items()
-    }
-    depths = [value for (name, _), value in series.items() if name == "queue_depth"]
-    ages = [value for (name, _), value in series.items() if name == "queue_oldest_age_seconds"]
-    assert len(depths) == len(found), (len(depths), len(found))
-    assert sum(depths) == sum(depth for depth, _ in found.values())
-    assert len(ages) == sum(head is not None for _, head in found.values())
-
-
-def redis_exporter_scrape(url: str, runs: int) -> float | None:
-    binary = shutil.which("prometheus-redis-exporter")
-    if binary is None:
-        return None
-    port = free_port()
-    process = subprocess.Popen(
-        [
-            binary,
-            f"-redis.addr={url}",
-            f"-check-keys={QUEUE_GLOB}",
-            f"-web.listen-address=127.0.0.1:{port}",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+def measure(url: str, client: redis.Redis, size: int, args: argparse.Namespace) -> dict[str, float]:
+    load_keys(client, size, args.unrelated)
+    config = config_module.from_dict(
+        {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
     )
-    try:
-        for _ in range(100):
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
+    telemetry = Telemetry(HealthBoard())
+    sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
+    raw = RawRedis(url)
+    binary = shutil.which("prometheus-redis-exporter")
+    peer = Peer(binary, url) if binary and size <= args.peer_up_to else None
 
-        def scrape() -> None:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=600) as reply:
-                reply.read()
+    def scraped_cycle() -> None:  # what a scrape of the peer does: read the keys, render
+        telemetry.publish(sampler.name, sampler.sample())
+        telemetry.render(False)
 
-        return median_seconds(scrape, runs)
-    finally:
-        process.kill()
-        process.wait()
+    found = floor_loop(raw)  # the warm-up of each, and the check that they agree
+    if len(found) != size:
+        raise RuntimeError(f"the floor found {len(found)} keys of {size}")
+    same_result(found, sampler.sample())
+    if peer is not None:
+        body = peer.scrape()
+        if body.count(b'redis_key_size{db="db0",key="orchestrata:queue:') != size:
+            raise RuntimeError("the peer did not report every queue key")
+    clock = CostClock(client)
+    for _ in range(args.runs):
+        clock.time("floor", lambda: floor_loop(raw))
+        same_result(found, clock.time("exporter", sampler.sample))
+        if peer is not None:
+            clock.time("scraped", scraped_cycle)
+            clock.time("peer", peer.scrape)
+    figures = {
+        f"{kind} {name}": clock.median(kind, name)
+        for kind in ("wall", "cpu")
+        for name in clock.wall
+    }
+    raw.close()
+    sampler.close()
+    if peer is not None:
+        peer.close()
+    return figures
+
+
+def load_average() -> str:
+    return Path("/proc/loadavg").read_text().split()[0]
+
+
+def plot(results: dict[int, dict[str, float]], path: str, load: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5), dpi=110)
+    lines = (
+        ("wall peer", "prometheus-redis-exporter --check-keys (scrape)", "tab:red"),
+        ("wall exporter", "queue-exporter cycle (default configuration)", "tab:blue"),
+        ("wall floor", "floor: raw hiredis, same reads and parsing", "tab:gray"),
+    )
+    for name, label, colour in lines:
+        sizes = [size for size, figures in results.items() if name in figures]
+        axes.plot(sizes, [results[s][name] for s in sizes], "o-", label=label, color=colour)
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("queue keys (among 100,000 other keys)")
+    axes.set_ylabel("seconds per cycle (median wall time)")
+    axes.set_title(f"Redis key sampling, orchestrata preset (load average {load})")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--unrelated", type=int, default=100_000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--peer-up-to", type=int, default=100_000)
+    parser.add_argument("--plot", help="write a PNG of the wall times against the keys")
     args = parser.parse_args()
+    if not shutil.which("prometheus-redis-exporter"):
+        print("prometheus-redis-exporter absent: the Go peer is not measured")
 
+    results: dict[int, dict[str, float]] = {}
+    loads = [load_average()]
+    print(
+        f"{'queue keys':>10} {'floor s':>8} {'exporter s':>10} {'ratio':>6} "
+        f"{'floor cpu s':>11} {'exporter cpu s':>14} {'ratio':>6} "
+        f"{'peer s':>8} {'scrape s':>8} {'faster':>7}"
+    )
     with private_redis() as url:
         client = redis.Redis.from_url(url)
-        print(
-            f"{'queue keys':>10} {'bare s':>8} {'exporter s':>10} {'ratio':>6} "
-            f"{'bare cpu s':>10} {'exporter cpu s':>14} {'ratio':>6} "
-            f"{'redis_exporter s':>16} {'speed-up':>8}"
-        )
         for size in (int(s) for s in args.sizes.split(",")):
-            load_keys(client, size, args.unrelated)
-            config = config_module.from_dict(
-                {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
-            )
-            assert config.sources.redis is not None
-            sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
-            raw = RawRedis(url)
-            found = bare_loop(raw)  # the warm-up of each, and the check that they agree
-            assert len(found) == size
-            same_result(found, sampler.sample())
-            clock = CostClock(client)
-            for _ in range(args.runs):
-                clock.time("bare", lambda: bare_loop(raw))  # noqa: B023  # called at once
-                clock.time("exporter", sampler.sample)
-            bare, ours = clock.median("wall", "bare"), clock.median("wall", "exporter")
-            bare_cpu, ours_cpu = clock.median("cpu", "bare"), clock.median("cpu", "exporter")
-            peer = redis_exporter_scrape(url, args.runs)
-            peer_text = f"{peer:16.2f} {peer / ours:7.1f}x" if peer else f"{'absent':>16}"
+            figures = results[size] = measure(url, client, size, args)
+            floor, ours = figures["wall floor"], figures["wall exporter"]
+            floor_cpu, ours_cpu = figures["cpu floor"], figures["cpu exporter"]
+            peer_text = f"{'-':>8} {'-':>8} {'-':>7}"
+            if "wall peer" in figures:
+                peer, scraped = figures["wall peer"], figures["wall scraped"]
+                peer_text = f"{peer:8.2f} {scraped:8.3f} {peer / scraped:6.1f}x"
             print(
-                f"{size:>10} {bare:8.3f} {ours:10.3f} {ours / bare:5.2f}x "
-                f"{bare_cpu:10.3f} {ours_cpu:14.3f} {ours_cpu / bare_cpu:5.2f}x {peer_text}"
+                f"{size:>10} {floor:8.3f} {ours:10.3f} {ours / floor:5.2f}x "
+                f"{floor_cpu:11.3f} {ours_cpu:14.3f} {ours_cpu / floor_cpu:5.2f}x {peer_text}",
+                flush=True,
             )
-            raw.close()
-            sampler.close()
-
+            loads.append(load_average())
         client.close()
+    print(f"load average (1 min) at the start and after each size: {', '.join(loads)}")
+    if args.plot:
+        plot(results, args.plot, f"{min(loads)}-{max(loads)}")
 
 
 if __name__ == "__main__":
