@@ -46,13 +46,26 @@ class ClusterNodes:
         """Every primary, by name (host:port), with its client."""
         return [(node.name, self._client(node)) for node in self.cluster.get_primaries()]  # type: ignore[no-untyped-call]
 
+    def shards(self) -> list[tuple[str, redis.Redis]]:
+        """One node per shard to SCAN: its primary, or with read_from_replicas a replica of it
+        where it has one."""
+        if not self.read_from_replicas:
+            return self.primaries()
+        chosen: dict[str, ClusterNode] = {}
+        for nodes in self.cluster.nodes_manager.slots_cache.values():
+            chosen.setdefault(nodes[0].name, nodes[1] if len(nodes) > 1 else nodes[0])
+        if any(node.server_type != "replica" for node in chosen.values()):
+            self._stale_map = True  # a shard without a replica yet: look again next cycle
+        return [(node.name, self._client(node)) for node in chosen.values()]
+
     def node_of(self, key: bytes) -> tuple[str, redis.Redis]:
-        """The node that serves the key's slot: its primary, or with read_from_replicas one of
-        its replicas (a failed-over slot's new primary once the map is read again)."""
-        nodes = self.cluster.nodes_manager.get_node_from_slot(
-            key_slot(key), read_from_replicas=self.read_from_replicas
-        )
-        return nodes.name, self._client(nodes)
+        """The node that serves the key's slot: its primary, or with read_from_replicas its
+        first replica where it has one (the same one SCAN reads)."""
+        nodes = self.cluster.nodes_manager.slots_cache.get(key_slot(key))
+        if not nodes:
+            raise redis.ConnectionError(f"no node serves slot {key_slot(key)}")
+        node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
+        return node.name, self._client(node)
 
     def in_parallel(self, calls: Sequence[Callable[[], T]]) -> list[Future[T]]:
         """Run the calls at once, one thread each (a node's round trip waits on its socket)."""

@@ -157,13 +157,14 @@ class RedisConnectionConfig(StrictModel):
     def masked_url(self) -> str:
         return mask_connection_string(self.url.get_secret_value())
 
-    def connect(self) -> redis.Redis:
-        """A client whose replies are bytes: decoding is left to the few values that need it."""
+    def connect(self, replica: bool = False) -> redis.Redis:
+        """A client whose replies are bytes: decoding is left to the few values that need it.
+        `replica`: behind Sentinel, a client of the master's replicas (the master when none)."""
         import redis
 
         target = self.sentinel
         if target is not None:
-            return self._connect_sentinel(target)
+            return self._connect_sentinel(target, replica)
         if self.is_cluster:
             raise redis.RedisError(
                 "a redis+cluster:// URL is for the key sampler; events, native readers and the "
@@ -175,9 +176,10 @@ class RedisConnectionConfig(StrictModel):
     def is_cluster(self) -> bool:
         return self.url.get_secret_value().startswith(CLUSTER_SCHEMES)
 
-    def connect_cluster(self) -> RedisCluster:
-        """A Redis Cluster client from the URL's seed nodes: it reads the slot map from them."""
-        from redis.cluster import ClusterNode, RedisCluster
+    def connect_cluster(self, replicas: bool = False) -> RedisCluster:
+        """A Redis Cluster client from the URL's seed nodes: it reads the slot map from them.
+        `replicas`: its replica connections send READONLY, so replicas serve reads."""
+        from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
 
         url = self.url.get_secret_value()
         parts = urlsplit(url)
@@ -188,7 +190,9 @@ class RedisConnectionConfig(StrictModel):
         if user:
             options.setdefault("username", unquote(user))
         seeds = [ClusterNode(host, port) for host, port in cluster_seeds(url)]  # type: ignore[no-untyped-call]
-        return RedisCluster(startup_nodes=seeds, **options)
+        # Any strategy makes replica connections send READONLY; which node reads is ours to say.
+        strategy = LoadBalancingStrategy.ROUND_ROBIN if replicas else None
+        return RedisCluster(startup_nodes=seeds, load_balancing_strategy=strategy, **options)
 
     def _options(self, tls: bool = False) -> dict[str, Any]:
         """Deadlines, no retries, TLS files and credentials: for a Redis or a Sentinel."""
@@ -216,7 +220,7 @@ class RedisConnectionConfig(StrictModel):
         options["health_check_interval"] = 30
         return options
 
-    def _connect_sentinel(self, target: SentinelTarget) -> redis.Redis:
+    def _connect_sentinel(self, target: SentinelTarget, replica: bool = False) -> redis.Redis:
         from redis.sentinel import Sentinel
 
         master = self._options(tls=target.tls)
@@ -231,7 +235,8 @@ class RedisConnectionConfig(StrictModel):
         if self.sentinel_username:
             asking["username"] = self.sentinel_username
         sentinels = Sentinel(list(target.sentinels), sentinel_kwargs=asking)  # type: ignore[no-untyped-call]
-        client: redis.Redis = sentinels.master_for(target.service, db=target.db, **master)  # type: ignore[no-untyped-call]
+        connect = sentinels.slave_for if replica else sentinels.master_for
+        client: redis.Redis = connect(target.service, db=target.db, **master)  # type: ignore[no-untyped-call]
         return client
 
 

@@ -211,9 +211,11 @@ class ClusterSetup:
         for node in self.nodes:
             with node.client() as client:
                 info = client.info("replication")
+                slots = client.execute_command("CLUSTER", "SLOTS")
             if info["role"] == "slave":
                 links.append(info.get("master_link_status") == "up")
-        return len(links) == 3 and all(links)
+            links.append(all(len(shard) == 4 for shard in slots))  # range, primary, replica
+        return len(links) == 9 and all(links)
 
     def healthy(self) -> bool:
         """Every live node says the cluster is ok and knows a primary for every slot."""

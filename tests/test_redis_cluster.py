@@ -47,6 +47,38 @@ def _nodes_of(cluster: ClusterSetup, keys: list[str]) -> set[int]:
     return {cluster.primary_of(key).port for key in keys}
 
 
+def test_read_from_replica_scans_and_reads_on_replicas(cluster, run_exporter):
+    expected = _write(cluster)
+    primaries = [
+        node for node in cluster.nodes if node.client().info("replication")["role"] == "master"
+    ]
+    replicas = [node for node in cluster.nodes if node not in primaries]
+    for node in cluster.nodes:
+        with node.client() as client:
+            client.config_resetstat()
+    settings = {"url": cluster.url, "read_from": "replica", "key_groups": [SPREAD]}
+    app = run_exporter({"sample_interval": INTERVAL, "sources": {"redis": settings}})
+
+    def spread(series):
+        return {
+            dict(labels)["queue"]: number
+            for (name, labels), number in series.items()
+            if name == "queue_depth" and dict(labels)["system"] == "spread"
+        }
+
+    wanted = {queue: expected[queue] for queue in ("email", "sms", "push")}
+    wait_for(lambda: spread(scrape_series(app)) == wanted)
+
+    def calls(node, command):
+        with node.client() as client:
+            stats = client.info("commandstats").get(f"cmdstat_{command}", {})
+        return int(stats.get("calls", 0))
+
+    assert all(calls(node, "scan") > 0 for node in replicas)
+    assert sum(calls(node, "llen") for node in replicas) >= 27
+    assert all(calls(node, "scan") == calls(node, "llen") == 0 for node in primaries)
+
+
 def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run_exporter):
     expected = _write(cluster)
     victim_port = cluster.primary_of("jobs:email:p1").port

@@ -140,3 +140,30 @@ def test_a_wrong_sentinel_password_is_an_auth_failure(sentinel_setup):
     assert client.ping()
     assert client.connection_pool.service_name == SERVICE
     client.close()
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_read_from_replica_keeps_scan_and_reads_off_the_master(sentinel_setup, run_exporter):
+    connection = RedisConnectionConfig(
+        url=sentinel_setup.url, sentinel_password="sentinel-secret-1", socket_timeout=2
+    )
+    writer = connection.connect()
+    writer.rpush("jobs:email", "a", "b")
+    writer.execute_command("WAIT", 1, 2000)
+    redis_settings = {
+        "url": sentinel_setup.url,
+        "sentinel_password": "sentinel-secret-1",
+        "read_from": "replica",
+        "key_groups": [GROUP],
+    }
+    with sentinel_setup.master.client() as master, sentinel_setup.replica.client() as replica:
+        master.config_resetstat()
+        replica.config_resetstat()
+        app = run_exporter({"sample_interval": INTERVAL, "sources": {"redis": redis_settings}})
+        wait_for(lambda: value(scrape_series(app), "queue_depth", queue="email") == 2)
+        assert _calls(replica, "scan") > 0 and _calls(replica, "llen") > 0
+        assert _calls(master, "scan") == _calls(master, "llen") == 0
+    writer.close()

@@ -368,9 +368,10 @@ class RedisKeySampler:
             return self._nodes.primaries()[0][1]
         if self._client is None:
             if self.config.is_cluster:
-                self._nodes = ClusterNodes(self.config.connect_cluster())
+                replicas = self.config.read_from == "replica"
+                self._nodes = ClusterNodes(self.config.connect_cluster(replicas), replicas)
                 return self._nodes.primaries()[0][1]  # commands go by key: see _client_for
-            self._client = self.config.connect()
+            self._client = self.config.connect(replica=self.config.read_from == "replica")
         return self._client
 
     def _client_for(self, client: redis.Redis, key: str) -> redis.Redis:
@@ -402,16 +403,16 @@ class RedisKeySampler:
                 return
 
     def _scan_nodes(self, nodes: ClusterNodes, glob: str, tally: GroupTally) -> Iterator[bytes]:
-        """SCAN on every primary (each holds its own slots' keys). A primary that does not
-        answer loses the group its keys: withdrawn this cycle, unless no primary answered."""
-        primaries = nodes.primaries()
+        """SCAN on every shard (each holds its own slots' keys). A node that does not answer
+        loses the group its keys: withdrawn this cycle, unless no node answered."""
+        shards = nodes.shards()
         failed = 0
-        for name, node_client in primaries:
+        for name, node_client in shards:
             try:
                 yield from node_client.scan_iter(match=glob, count=self.config.scan_count)
             except redis.RedisError as error:
                 failed += 1
-                if failed == len(primaries):
+                if failed == len(shards):
                     raise
                 nodes.noticed(error)
                 self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(error)}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -39,5 +39,12 @@ class RedisSourceConfig(RedisConnectionConfig):
         gt=0,
         description="seconds a whole sampling cycle may take before it is interrupted and the "
         "source marked down (default: the sample interval)",
+    )
+    read_from: Literal["primary", "replica"] = Field(
+        "primary",
+        description="replica: SCAN and every read go to a replica where one is available "
+        "(Sentinel: one of the master's replicas; Cluster: each slot's replica), sparing the "
+        "primary, at the cost of replication lag in the values; a redis:// URL is the server it "
+        "names. Event streams are always consumed on the primary",
     )
     key_groups: list[KeyGroup] = Field(default_factory=list)
