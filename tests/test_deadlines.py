@@ -102,10 +102,14 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
 
     caplog.set_level(logging.INFO, logger="exporter.sources.base")
     redis_proxy.freeze()
+    frozen = time.monotonic()
     series = _series_when(
         app,
         lambda s: value(s, "queue_exporter_source_up", source="redis") == 0,
         timeout=2 * interval,
+    )
+    print(
+        f"\nfrozen Redis: withdrawn after {time.monotonic() - frozen:.1f} s (interval {interval:g} s)"
     )
     assert value(series, "queue_depth", **depth) is None  # withdrawn, not served stale
     assert _timeouts(series, "redis") >= 1
@@ -141,10 +145,14 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
 
     caplog.set_level(logging.WARNING, logger="exporter.sources.base")
     postgres_proxy.freeze()  # the server never answers; statement_timeout cannot fire
+    frozen = time.monotonic()
     series = _series_when(
         app,
         lambda s: value(s, "queue_exporter_source_up", source=source) == 0,
         timeout=2 * interval,
+    )
+    print(
+        f"\nfrozen PostgreSQL: withdrawn after {time.monotonic() - frozen:.1f} s (interval {interval:g} s)"
     )
     assert value(series, "app_backlog", queue="emails") is None
     assert _timeouts(series, source) >= 1

@@ -102,7 +102,11 @@ def test_a_frozen_events_redis_is_noticed_and_read_again_once_it_answers(
         wait_for(lambda: _consumed(app) == 5)
 
         proxy.freeze()
+        frozen = time.monotonic()
         wait_for(lambda: not app.health.snapshot()[source].up, timeout=2 * deadline)
+        print(
+            f"\nfrozen events Redis: down after {time.monotonic() - frozen:.1f} s (deadline {deadline:g} s)"
+        )
         series = scrape_series(app)
         assert value(series, "queue_exporter_source_up", source=source) == 0
         assert value(series, "queue_exporter_source_errors_total", source=source, reason="timeout")

@@ -215,6 +215,10 @@ def test_a_64_mib_head_item_is_never_read_whole(private_redis, serve_process):
     sent = client.info("stats")["total_net_output_bytes"] - sent_before
     last = _memory_kib(exporter.process.pid)
 
+    print(
+        f"\n64 MiB head: {cycles} cycles sent {sent / MIB:.2f} MiB, RSS {first['VmRSS'] // 1024} -> "
+        f"{last['VmRSS'] // 1024} MiB (peak {last['VmHWM'] // 1024} MiB)"
+    )
     assert sent < 8 * MIB  # six cycles of the item read whole would have sent 384 MiB
     # Once found too large, the big head is measured without copying it: only the small
     # queue's head is read (one cycle may be under way at either end of the count).
