@@ -20,6 +20,7 @@ from typing import Any
 
 import hiredis
 import redis
+from redis._parsers.base import BaseParser
 
 Args = tuple[Any, ...]
 _READ_SIZE = 65536
@@ -93,6 +94,26 @@ def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
         raise
     finally:
         pool.release(connection)
+
+
+def transaction(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
+    """Run the commands in one MULTI/EXEC, in one round trip: their replies, with the error
+    redis-py would raise in place of a command that failed while the others ran. A transaction
+    Redis refused whole (EXECABORT: a command it would not queue) raises that command's error."""
+    replies = round_trip(client, [("MULTI",), *commands, ("EXEC",)])
+    results = replies[-1]
+    if isinstance(results, redis.ResponseError):
+        refused = [reply for reply in replies[:-1] if isinstance(reply, redis.ResponseError)]
+        raise _as_raised(refused[0] if refused else results)
+    return [
+        _as_raised(reply) if isinstance(reply, redis.ResponseError) else reply for reply in results
+    ]
+
+
+def _as_raised(error: redis.ResponseError) -> redis.ResponseError:
+    """The error reply as redis-py's own parser makes it (NoPermissionError for NOPERM, ...)."""
+    parsed: redis.ResponseError = BaseParser.parse_error(str(error))  # type: ignore[no-untyped-call]
+    return parsed
 
 
 def _read_replies(sock: socket.socket, count: int) -> list[Any]:

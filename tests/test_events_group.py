@@ -162,3 +162,15 @@ def test_a_flushed_script_cache_costs_nothing(redis_client, redis_url):
     _drain(consumer)
     assert value(_series(telemetry), "queue_exporter_events_total", stream=STREAM) == 7
     assert redis_client.xpending(STREAM, "queue-exporter")["pending"] == 0
+
+
+def test_a_consumer_speaking_resp3_counts_every_event_once(redis_client, redis_url):
+    """Replies are parsed as they come: RESP3 shapes them differently (a map of streams)."""
+    consumer, telemetry = _consumer(f"{redis_url}?protocol=3", "resp3")
+    _write(redis_client, 25)
+    _drain(consumer)
+    series = _series(telemetry)
+    assert value(series, "queue_exporter_events_total", stream=STREAM) == 25
+    for job_type in TYPES:
+        assert value(series, "queue_jobs_enqueued_total", job_type=job_type) == 5
+    assert redis_client.xpending(STREAM, "queue-exporter")["pending"] == 0
