@@ -167,3 +167,20 @@ def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
     assert refused is not None and refused > 0
     long_values = [labels[2] for labels in store._counters["queue_jobs_completed_total"]]
     assert max(len(label) for label in long_values) <= 128  # label values are cut
+
+
+def test_label_values_seen_before_decode_as_the_first_time():
+    """Remembered label values (wire._texts) are shared, still checked, and bounded."""
+    first = wire.parse(_fields(v=1, event="enqueued", ts=NOW, queue="émails"), now=NOW)
+    again = wire.parse(_fields(v=1, event="enqueued", ts=NOW, queue="émails"), now=NOW)
+    assert first.queue == again.queue == "émails" and first.queue is again.queue
+    for raw, reason in ((b"\xff", "bad_encoding"), (b"q" * 1025, "oversized_field")):
+        for _ in range(2):  # refused every time: a refused value is never remembered
+            fields = {b"v": b"1", b"event": b"enqueued", b"ts": b"1", b"queue": raw}
+            with pytest.raises(wire.InvalidEvent) as refused:
+                wire.parse(fields, now=NOW)
+            assert refused.value.reason == reason
+    for n in range(wire.MAX_TEXTS + 10):
+        fields = {b"v": b"1", b"event": b"enqueued", b"ts": b"1", b"queue": b"q%d" % n}
+        assert wire.parse(fields, now=NOW).queue == f"q{n}"
+    assert len(wire._texts) <= wire.MAX_TEXTS
