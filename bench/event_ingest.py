@@ -1,40 +1,60 @@
-"""Event ingest benchmark: the consumer against the bare XREADGROUP + XACK loop, same stream, same run.
+"""Event ingestion: the exporter's consumer against the leanest loop doing the same work, same run.
 
-    .venv/bin/python bench/event_ingest.py [--events 1000000] [--redis-url redis://127.0.0.1:6379/0]
+    .venv/bin/python bench/event_ingest.py [--events 1000000] [--rounds 3] [--batch 1000]
 
-Pre-loads a stream with a realistic mix (4 events per job: enqueued, dequeued, started with
-enqueued_at, completed or failed with a duration and often an attempt: ~2.5 histogram
-observations per job; 5 queues x 20 job types x 4 priorities = 400 label sets), then reads
-it in three consumer groups: the bare loop, the exporter's consumer, and (with
---sdk-variant) the consumer recording into OpenTelemetry SDK instruments per observation.
-Also measures the producer's cost per emit call. Prints events/s and ratios; the keys it
-writes (bench:event_ingest*) are deleted at the end. Database 0 by default: the test suite
-claims empty databases from 15 down.
+A redis-server of the benchmark's own holds one stream pre-loaded with a realistic mix (4
+events per job: enqueued, dequeued, started with enqueued_at, completed or failed with a
+duration and often an attempt; 5 queues x 20 job types x 4 priorities = 400 label sets). Two
+loops read all of it, each in a consumer group of its own, in turn: a warm-up of each (which
+also checks that both counted the same events), then `--rounds` interleaved rounds; medians.
+
+- bare: the floor. One socket, hiredis to pack commands and parse replies; each round trip
+  acknowledges the last batch and reads the next (XACK + XREADGROUP COUNT batch), and every
+  entry's fields are decoded as the exporter decodes them (version and event name checked,
+  labels decoded, ts, enqueued_at, duration and attempt as numbers) into counts by event and
+  label set and the sums of execution and wait times.
+- exporter: the events consumer in its default configuration (the stream read from its start,
+  as `start: "0"`; claims and group stats on at their default intervals): position check,
+  parsing and validation, tallies, the metrics store, its own self-metrics, the final ack.
+
+Each is timed by the clock and by the CPU it costs, this process's and the redis-server's
+together (the steadier figure on a shared host). Also measures the producer's cost per emit
+call, and with --sdk-variant the consumer recording into OpenTelemetry SDK instruments.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import redis
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.key_sampling import CostClock, RawRedis, private_redis
 from exporter.events.config import EventsSourceConfig, StreamConfig
 from exporter.events.consumer import StreamConsumer
 from exporter.events.metrics import EventMetrics
 from exporter.events.producer import EventEmitter
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.store import MetricStore
+from exporter.store import HistogramFamily, MetricStore, NumberFamily
 from exporter.telemetry import Telemetry
 
+STREAM = "bench:event_ingest"
 QUEUES = [f"queue-{n}" for n in range(5)]
 JOB_TYPES = [f"job_type_{n}" for n in range(20)]
 PRIORITIES = ["low", "normal", "high", "critical"]
 ERROR_TYPES = ["retryable", "non_retryable", "timeout", "other"]
+JOB_COUNTERS = ("enqueued", "dequeued", "started", "completed", "failed")
+
+# (event, queue, job_type, priority) -> events; execution seconds summed; wait seconds summed.
+Result = tuple[dict[tuple[str, str, str, str], int], float, float]
 
 
 def job_events(
@@ -83,16 +103,95 @@ def preload(
     pipe.execute()
 
 
-def bare_loop(client: redis.Redis, stream: str, group: str, batch: int) -> int:
-    client.xgroup_create(stream, group, id="0")
-    read = 0
+def bare_loop(raw: RawRedis, group: str, batch: int) -> Result:
+    """Read, decode and count every entry; each round trip acks the batch before."""
+    raw.pipeline([("XGROUP", "CREATE", STREAM, group, "0")])
+    read = ("XREADGROUP", "GROUP", group, "bare", "COUNT", batch, "STREAMS", STREAM, ">")
+    counts: dict[tuple[str, str, str, str], int] = {}
+    execution = wait = 0.0
+    acks: list[bytes] = []
     while True:
-        reply: Any = client.xreadgroup(group, "bare", {stream: ">"}, count=batch)
-        if not reply or not reply[0][1]:
-            return read
+        commands: list[tuple[object, ...]] = [("XACK", STREAM, group, *acks)] if acks else []
+        reply: Any = raw.pipeline([*commands, read])[-1]
+        if not reply:
+            return counts, execution, wait
         entries = reply[0][1]
-        client.xack(stream, group, *[entry_id for entry_id, _ in entries])
-        read += len(entries)
+        for _, flat in entries:
+            pairs = iter(flat)
+            fields = dict(zip(pairs, pairs, strict=True))
+            if fields[b"v"] != b"1":
+                raise ValueError("not a v1 event")
+            ts = float(fields[b"ts"])
+            key = (
+                fields[b"event"].decode(),
+                fields[b"queue"].decode(),
+                fields[b"job_type"].decode(),
+                fields[b"priority"].decode(),
+            )
+            counts[key] = counts.get(key, 0) + 1
+            enqueued_at, duration = fields.get(b"enqueued_at"), fields.get(b"duration")
+            if enqueued_at is not None:
+                wait += max(ts - float(enqueued_at), 0.0)
+            if duration is not None:
+                execution += float(duration)
+            attempt = fields.get(b"attempt")
+            if attempt is not None:
+                int(attempt)
+        acks = [entry_id for entry_id, _ in entries]
+
+
+def consumer_loop(url: str, group: str, telemetry: Telemetry) -> int:
+    """The consumer in its default configuration, polled until it has applied everything."""
+    settings = EventsSourceConfig(
+        streams=[StreamConfig(key=STREAM, system="bench", group=group, start="0")],
+        consumer="bench",
+    )
+    metrics = EventMetrics(telemetry, settings.buckets())
+    consumer = StreamConsumer(
+        settings.streams[0],
+        settings,
+        RedisConnectionConfig(url=url),
+        metrics,
+        telemetry.health,
+        telemetry.count_error,
+    )
+    applied = 0
+    while True:
+        got = consumer.poll()
+        if not got and applied:
+            break
+        applied += got
+    consumer.close()  # acknowledges the last batch
+    return applied
+
+
+def exporter_result(telemetry: Telemetry) -> Result:
+    """The store's job counters and the sums of its execution and wait histograms."""
+    counts: dict[tuple[str, str, str, str], int] = {}
+    execution = wait = 0.0
+    for family in telemetry.store.families():
+        name = family.spec.name
+        if isinstance(family, NumberFamily) and name.startswith("queue_jobs_"):
+            event = name.removeprefix("queue_jobs_").removesuffix("_total")
+            if event in JOB_COUNTERS:
+                for labels, value in family.series.items():
+                    key = (event, *labels[1:4])
+                    counts[key] = counts.get(key, 0) + int(value)  # type: ignore[assignment]
+        elif isinstance(family, HistogramFamily) and name == "queue_job_execution_seconds":
+            execution = sum(point[1] for point in family.series.values())
+        elif isinstance(family, HistogramFamily) and name == "queue_job_wait_seconds":
+            wait = sum(point[1] for point in family.series.values())
+    return counts, execution, wait
+
+
+def same_result(bare: Result, ours: Result, client: redis.Redis, events: int) -> None:
+    """Both counted every event once, the same way; both groups acknowledged all of it."""
+    assert bare[0] == ours[0], "the loops counted different events"
+    assert sum(bare[0].values()) == events, (sum(bare[0].values()), events)
+    for mine, theirs in zip(bare[1:], ours[1:], strict=True):
+        assert abs(mine - theirs) <= 1e-6 * max(abs(mine), 1.0), (mine, theirs)
+    for group in client.xinfo_groups(STREAM):
+        assert group["pending"] == 0, group
 
 
 class SdkStore(MetricStore):
@@ -125,38 +224,6 @@ class SdkStore(MetricStore):
         return self._instruments[name]
 
 
-def consumer_loop(
-    redis_url: str, stream: str, group: str, batch: int, sdk_histograms: bool
-) -> tuple[int, Telemetry]:
-    telemetry = Telemetry(HealthBoard())
-    if sdk_histograms:
-        telemetry.store = SdkStore(telemetry)
-    settings = EventsSourceConfig(
-        streams=[StreamConfig(key=stream, system="bench", group=group, start="0")],
-        batch_size=batch,
-        consumer="bench",
-    )
-    metrics = EventMetrics(telemetry, settings.buckets())
-    consumer = StreamConsumer(
-        settings.streams[0], settings, RedisConnectionConfig(url=redis_url), metrics
-    )
-    applied = 0
-    consumer._next_claim = consumer._next_stats = float("inf")  # measured: the read path only
-    while True:
-        got = consumer.poll()
-        if not got and applied:
-            break
-        applied += got
-    consumer.close()
-    return applied, telemetry
-
-
-def timed(function: Any, *args: Any) -> tuple[float, Any]:
-    started = time.perf_counter()
-    result = function(*args)
-    return time.perf_counter() - started, result
-
-
 def producer_cost(client: redis.Redis, stream: str, calls: int) -> tuple[float, float]:
     """µs per emit() call and per job() context (started + completed)."""
     emitter = EventEmitter(client, stream, buffer_size=calls * 3, batch_size=1000)
@@ -176,44 +243,60 @@ def producer_cost(client: redis.Redis, stream: str, calls: int) -> tuple[float, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
-    parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of each loop")
+    parser.add_argument("--batch", type=int, default=1000, help="the bare loop's COUNT")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of each")
     parser.add_argument("--sdk-variant", action="store_true", help="also time SDK histograms")
     parser.add_argument("--producer-calls", type=int, default=100_000)
     args = parser.parse_args()
 
-    client = redis.Redis.from_url(args.redis_url)
-    stream = "bench:event_ingest"
-    client.delete(stream, stream + ":producer")
-    seconds, _ = timed(preload, client, stream, args.events)
-    print(f"pre-loaded {args.events} events in {seconds:.1f}s ({args.events / seconds:,.0f}/s)")
+    with private_redis() as url:
+        client = redis.Redis.from_url(url)
+        started = time.perf_counter()
+        preload(client, STREAM, args.events)
+        seconds = time.perf_counter() - started
+        print(f"pre-loaded {args.events:,} events in {seconds:.1f}s")
+        raw = RawRedis(url)
+        clock = CostClock(client)
+        groups = iter(range(1_000_000))
 
-    rates: dict[str, list[float]] = {"bare": [], "consumer": [], "sdk": []}
-    try:
-        for round_ in range(args.rounds):
-            seconds, read = timed(bare_loop, client, stream, f"bare-{round_}", args.batch)
-            rates["bare"].append(read / seconds)
-            seconds, (applied, _) = timed(
-                consumer_loop, args.redis_url, stream, f"exporter-{round_}", args.batch, False
-            )
-            rates["consumer"].append(applied / seconds)
+        def exporter(store: type[MetricStore] | None = None) -> Result:
+            telemetry = Telemetry(HealthBoard())
+            if store is not None:
+                telemetry.store = store(telemetry)  # type: ignore[call-arg]
+            applied = consumer_loop(url, f"exporter-{next(groups)}", telemetry)
+            assert applied == args.events, (applied, args.events)
+            return exporter_result(telemetry)
+
+        def bare() -> Result:
+            return bare_loop(raw, f"bare-{next(groups)}", args.batch)
+
+        same_result(bare(), exporter(), client, args.events)  # the warm-up of each
+        for _ in range(args.rounds):
+            clock.time("bare", bare)
+            clock.time("exporter", exporter)
             if args.sdk_variant:
-                seconds, (applied, _) = timed(
-                    consumer_loop, args.redis_url, stream, f"sdk-{round_}", args.batch, True
-                )
-                rates["sdk"].append(applied / seconds)
-        per_emit, per_job = producer_cost(client, stream + ":producer", args.producer_calls)
-    finally:
-        client.delete(stream, stream + ":producer")
+                clock.time("sdk", lambda: exporter(SdkStore))  # type: ignore[type-abstract]
+        per_emit, per_job = producer_cost(client, STREAM + ":producer", args.producer_calls)
+        raw.close()
         client.close()
 
-    bare = statistics.median(rates["bare"])
-    print(f"bare XREADGROUP + XACK loop: {bare:,.0f} events/s")
-    for name, label in (("consumer", "exporter consumer"), ("sdk", "SDK histograms variant")):
-        if rates[name]:
-            rate = statistics.median(rates[name])
-            print(f"{label}: {rate:,.0f} events/s = {rate / bare:.2f}x the bare loop")
+    load = " ".join(f"{value:.1f}" for value in os.getloadavg())
+    print(f"load average {load}; medians of {args.rounds} interleaved rounds")
+    print(f"{'':<28} {'events/s':>10} {'ratio':>6} {'CPU µs/event':>13} {'ratio':>6}")
+    bare_rate = args.events / clock.median("wall", "bare")
+    bare_cpu = clock.median("cpu", "bare") / args.events * 1e6
+    for name, label in (
+        ("bare", "bare hiredis loop"),
+        ("exporter", "exporter consumer"),
+        ("sdk", "SDK histograms variant"),
+    ):
+        if name not in clock.wall:
+            continue
+        rate = args.events / clock.median("wall", name)
+        cpu = clock.median("cpu", name) / args.events * 1e6
+        print(
+            f"{label:<28} {rate:>10,.0f} {rate / bare_rate:5.2f}x {cpu:>13.2f} {bare_cpu / cpu:5.2f}x"
+        )
     print(f"producer: {per_emit:.2f} µs per emit(), {per_job:.2f} µs per job() (2 events)")
 
 
