@@ -44,6 +44,11 @@ class MetricSpec:
     # Histograms: the default explicit bucket bounds (configurable per histogram).
     buckets: tuple[float, ...] = ()
 
+    def __hash__(self) -> int:
+        """The name's (cached by str): specs key the tables a sampling cycle adds each series
+        to, and the generated hash of all seven fields was a tenth of a 100k-key cycle."""
+        return hash(self.name)
+
     def combined(self, earlier: float, value: float) -> float:
         return earlier + value if self.combine == "sum" else max(earlier, value)
 

@@ -531,13 +531,17 @@ class RedisKeySampler:
             else {}
         )
         ordered = [] if leading is None else [next(direct_replies)]
+        if self._nodes is None:  # one script for every read
+            reads_replies = read_replies.get(0, iter(()))
+            return ordered + [
+                next(reads_replies) if args[0] is ITEM_READ else next(direct_replies)
+                for args, _, _ in commands
+            ]
         for args, _, _ in commands:
             if args[0] is not ITEM_READ:
                 ordered.append(next(direct_replies))
             else:
-                ordered.append(
-                    next(read_replies[slot_of(args[1]) if self._nodes is not None else 0])
-                )
+                ordered.append(next(read_replies[slot_of(args[1])]))
         return ordered
 
     def _execute_on_nodes(self, nodes: ClusterNodes, commands: list[Command]) -> Iterator[Command]:
@@ -636,6 +640,15 @@ class _Rounds:
         return leading_reply
 
 
+# The read of a list's or zset's item at either end, in the form bounded_reads takes.
+_END_READS = {
+    ("list", "head"): script_read("LINDEX", 0),
+    ("list", "tail"): script_read("LINDEX", -1),
+    ("zset", "head"): script_read("ZRANGE", 0, 0, "WITHSCORES"),
+    ("zset", "tail"): script_read("ZRANGE", -1, -1, "WITHSCORES"),
+}
+
+
 class _Cycle:
     """One sample cycle: turns each key into commands whose replies fill `samples`."""
 
@@ -660,13 +673,8 @@ class _Cycle:
         else:
             yield (_DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
-                index = 0 if group.oldest.end == "head" else -1
-                read = (
-                    script_read("LINDEX", index)
-                    if group.type == "list"
-                    else script_read("ZRANGE", index, index, "WITHSCORES")
-                )
-                if index == 0 and key in self.large_heads:
+                read = _END_READS[group.type, group.oldest.end]
+                if group.oldest.end == "head" and key in self.large_heads:
                     read = probe_first(read)
                 yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
