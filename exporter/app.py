@@ -162,6 +162,13 @@ class App:
             if consumer.thread is not None and consumer.thread.ident is not None:
                 consumer.thread.join(timeout=max(grace_end - time.monotonic(), 0.0))
         for consumer in self.event_consumers:
+            if consumer.thread is not None and consumer.thread.is_alive():
+                log.warning(
+                    "%s: still reading %.0f s into the shutdown: its read is cut off and stays "
+                    "pending (re-read by this consumer name at its restart, or claimed)",
+                    consumer.name,
+                    CONSUMER_GRACE,
+                )
             consumer.interrupt()
 
     def run_until_signalled(self) -> None:
