@@ -164,8 +164,9 @@ class App:
         for consumer in self.event_consumers:
             if consumer.thread is not None and consumer.thread.is_alive():
                 log.warning(
-                    "%s: still reading %.0f s into the shutdown: its read is cut off and stays "
-                    "pending (re-read by this consumer name at its restart, or claimed)",
+                    "%s: still waiting on Redis %.0f s into the shutdown, cut off: entries of a "
+                    "group read cut off were not applied and stay pending (re-read by this "
+                    "consumer name at its restart, or claimed)",
                     consumer.name,
                     CONSUMER_GRACE,
                 )

@@ -180,6 +180,8 @@ def test_sigterm_ends_serve_within_5s_while_the_events_redis_is_frozen(
         assert serve.process.returncode == 0, stderr[-2000:]
         assert stopped_in < 5, (stopped_in, stderr[-2000:])
         log = stderr.decode() if isinstance(stderr, bytes) else stderr
-        assert f"events:{STREAM}: still reading 1 s into the shutdown" in log  # the cut is named
+        assert (
+            f"events:{STREAM}: still waiting on Redis 1 s into the shutdown" in log
+        )  # the cut is named
     finally:
         proxy.cut()
