@@ -3,7 +3,8 @@ node that owns each key's slot, the nodes' round trips in parallel.
 
 redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
 and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
-clients unchanged. A node that fails costs only the keys it owns; a MOVED or ASK reply (a slot
+clients unchanged (its bounded-reads script is flagged allow-cross-slot-keys: one script per
+node and round, whatever slots its keys are in). A node that fails costs only the keys it owns; a MOVED or ASK reply (a slot
 being resharded) costs only its key, and the slot map is read again before the next cycle.
 """
 
@@ -37,10 +38,13 @@ class ClusterNodes:
             self._stale_map = False
             self.cluster.nodes_manager.initialize()
 
-    def noticed(self, error: Exception) -> None:
-        """An error a node replied: a slot that moved means the map is read again."""
+    def noticed(self, error: Exception) -> bool:
+        """An error from a node: True (and the slot map read again before the next cycle) when
+        it says the slot map changed or the node is gone."""
         if str(error).startswith(_MAP_CHANGED) or isinstance(error, redis.ConnectionError):
             self._stale_map = True
+            return True
+        return False
 
     def primaries(self) -> list[tuple[str, redis.Redis]]:
         """Every primary, by name (host:port), with its client."""
@@ -87,7 +91,3 @@ class ClusterNodes:
     def _client(self, node: ClusterNode) -> redis.Redis:
         client = node.redis_connection or self.cluster.get_redis_connection(node)
         return client
-
-
-def slot_of(key: bytes) -> int:
-    return key_slot(key)

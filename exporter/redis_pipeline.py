@@ -157,7 +157,24 @@ def bound_each(read: Args) -> Args:
     return (EACH + command, *rest)
 
 
-def bounded_reads(keys: Sequence[Any], reads: Iterable[Args], limit: int) -> Args:
+# The same script for a Redis Cluster node, where the keys a script declares must share one
+# slot: the keys come undeclared in ARGV (first their count), flagged allow-cross-slot-keys so
+# a round's reads of any slots of the node run in one script.
+_BOUNDED_READS_ANY_SLOT = _BOUNDED_READS.replace(
+    "#!lua flags=no-writes\n",
+    """#!lua flags=no-writes,allow-cross-slot-keys
+local count, keys, rest = tonumber(ARGV[1]), {}, {}
+for i = 2, count + 1 do keys[#keys + 1] = ARGV[i] end
+for i = count + 2, #ARGV do rest[#rest + 1] = ARGV[i] end
+local KEYS, ARGV = keys, rest
+""",
+    1,
+)
+
+
+def bounded_reads(
+    keys: Sequence[Any], reads: Iterable[Args], limit: int, any_slot: bool = False
+) -> Args:
     """One command that runs each read (from script_read) on its key inside Redis. Its reply is
     theirs in order, with the size (an integer) in place of any reply over `limit` bytes: a
     huge item is measured where it lies and never sent, nor held in this process.
@@ -168,4 +185,6 @@ def bounded_reads(keys: Sequence[Any], reads: Iterable[Args], limit: int) -> Arg
     (Redis 7) declares the keys read-only, as the sampler's ACL grants them.
     """
     reads_flat = itertools.chain.from_iterable(reads)
+    if any_slot:  # a cluster node: keys of several slots
+        return ("EVAL_RO", _BOUNDED_READS_ANY_SLOT, 0, len(keys), *keys, limit, *reads_flat)
     return ("EVAL_RO", _BOUNDED_READS, len(keys), *keys, limit, *reads_flat)

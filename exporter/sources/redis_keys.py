@@ -28,7 +28,7 @@ from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.gc_pause import gc_paused
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
-from exporter.redis_cluster import ClusterNodes, slot_of
+from exporter.redis_cluster import ClusterNodes
 from exporter.redis_connection import (
     follow_failover,
     redis_error_reason,
@@ -92,7 +92,8 @@ REASON_WORDS = {
     "stream_group_missing": "the stream has no such consumer group",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "label_unreadable": "items without the split_by field count as __unread__",
-    "slot_moved": "its cluster slot moved to another node (the slot map is read again)",
+    "slot_moved": "its cluster slot moved or is not served (MOVED, ASK, CLUSTERDOWN, TRYAGAIN): "
+    "the group's series are withdrawn this cycle and the slot map is read again",
     "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
     "this cycle",
 }
@@ -417,10 +418,12 @@ class RedisKeySampler:
                 nodes.noticed(error)
                 self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(error)}")
 
-    def _lose_group(self, tally: GroupTally, key: bytes, detail: str) -> None:
+    def _lose_group(
+        self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
+    ) -> None:
         if id(tally) not in self._lost_groups:
             self._lost_groups.add(id(tally))
-            tally.failed(key, "node_down", detail)
+            tally.failed(key, reason, detail)
 
     def _keys(
         self,
@@ -505,44 +508,25 @@ class RedisKeySampler:
     def _send(
         self, client: redis.Redis, commands: list[Command], leading: Args | None = None
     ) -> list[Any]:
-        """One round trip: one reply per command, in order. Item reads travel in bounded_reads
-        (one per slot on a cluster, where a script's keys must share one). A `leading` command
+        """One round trip: one reply per command, in order. Item reads travel in one
+        bounded_reads (on a cluster node its keys may be of several slots). A `leading` command
         (a SCAN riding along) goes first, and its reply comes first."""
         direct = [] if leading is None else [leading]
         direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-        slots: dict[int, list[tuple[Any, ...]]] = {}
-        for read in reads:
-            slots.setdefault(slot_of(read[1]) if self._nodes is not None else 0, []).append(read)
-        for slot_reads in slots.values():
-            keys = [key for _, key, _ in slot_reads]
-            read_args = [read for _, _, read in slot_reads]
-            direct.append(bounded_reads(keys, read_args, self.config.max_item_bytes))
+        if reads:
+            keys = [key for _, key, _ in reads]
+            read_args = [read for _, _, read in reads]
+            limit, any_slot = self.config.max_item_bytes, self._nodes is not None
+            direct.append(bounded_reads(keys, read_args, limit, any_slot))
         replies = round_trip(client, direct)
-        direct_replies = iter(replies[: len(replies) - len(slots)])
-        read_replies: dict[int, Iterator[Any]] = (
-            {
-                slot: _each(reply, len(slot_reads))
-                for (slot, slot_reads), reply in zip(
-                    slots.items(), replies[-len(slots) :], strict=True
-                )
-            }
-            if slots
-            else {}
-        )
+        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
+        direct_replies = iter(replies)
         ordered = [] if leading is None else [next(direct_replies)]
-        if self._nodes is None:  # one script for every read
-            reads_replies = read_replies.get(0, iter(()))
-            return ordered + [
-                next(reads_replies) if args[0] is ITEM_READ else next(direct_replies)
-                for args, _, _ in commands
-            ]
-        for args, _, _ in commands:
-            if args[0] is not ITEM_READ:
-                ordered.append(next(direct_replies))
-            else:
-                ordered.append(next(read_replies[slot_of(args[1])]))
-        return ordered
+        return ordered + [
+            next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
+            for args, _, _ in commands
+        ]
 
     def _execute_on_nodes(self, nodes: ClusterNodes, commands: list[Command]) -> Iterator[Command]:
         by_node: dict[str, tuple[redis.Redis, list[Command]]] = {}
@@ -581,9 +565,12 @@ class RedisKeySampler:
                 tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
                 continue
             if isinstance(reply, redis.ResponseError):
-                if self._nodes is not None:
-                    self._nodes.noticed(reply)
-                tally.failed(_key_of(args), _response_reason(reply))
+                reason = _response_reason(reply)
+                if self._nodes is not None and self._nodes.noticed(reply):
+                    # the key is served elsewhere now: its series would be a partial sum
+                    self._lose_group(tally, _key_of(args), str(reply)[:80], reason)
+                else:
+                    tally.failed(_key_of(args), reason)
                 continue
             try:
                 follow_up = on_reply(reply)
@@ -983,7 +970,7 @@ def _response_reason(error: redis.ResponseError) -> str:
     message = str(error)
     if message.startswith("WRONGTYPE"):
         return "wrong_type"
-    if message.startswith(("MOVED", "ASK")):
+    if message.startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")):
         return "slot_moved"
     if message.removeprefix("ERR ").startswith("no such key"):  # XINFO GROUPS, no stream
         return "stream_missing"
