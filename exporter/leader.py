@@ -84,7 +84,6 @@ class Leadership:
         self._token: int | None = None
         self._valid_until = 0.0
         self._client: redis.Redis | None = None
-        self._scripts: dict[str, str] = {}
         self.thread: threading.Thread | None = None
 
     # -- what the samplers ask --------------------------------------------------------------
@@ -117,9 +116,7 @@ class Leadership:
         sent = self._clock()
         was_leader = self.is_leader()
         try:
-            token = int(
-                self._call("acquire", ACQUIRE_SCRIPT, 2, *self._keys, self.holder, self._ttl_ms)
-            )
+            token = int(self._run(ACQUIRE_SCRIPT, self._keys, (self.holder, self._ttl_ms)))
         except redis.RedisError as error:
             self._drop_client()
             if was_leader and not self.is_leader():
@@ -155,27 +152,20 @@ class Leadership:
                 bounded = {"socket_timeout": timeout, "connect_timeout": timeout}
                 self._client = self.connection.model_copy(update=bounded).connect()
             try:
-                self._call("release", RELEASE_SCRIPT, 1, self._keys[0], self.holder)
+                self._run(RELEASE_SCRIPT, self._keys[:1], (self.holder,))
                 log.info("leader election: %s released the lease", self.holder)
             except redis.RedisError as error:
                 log.warning("leader election: could not release the lease: %s", error)
         self._drop_client()
 
-    def _call(self, name: str, script: str, key_count: int, *args: object) -> int:
-        client = self._connect()
-        sha = self._scripts.get(name)
-        if sha is None:
-            sha = self._scripts[name] = str(client.script_load(script))
-        try:
-            return int(client.evalsha(sha, key_count, *args))  # type: ignore[arg-type]
-        except redis.exceptions.NoScriptError:  # SCRIPT FLUSH or a restarted server
-            self._scripts[name] = str(client.script_load(script))
-            return int(client.evalsha(self._scripts[name], key_count, *args))  # type: ignore[arg-type]
+    def _run(self, script: str, keys: tuple[str, ...], args: tuple[str | int, ...]) -> int:
+        """EVALSHA through redis-py's Script, which loads the script again after NOSCRIPT (a
+        SCRIPT FLUSH, a restarted or failed-over server)."""
+        return int(self._connect().register_script(script)(keys=keys, args=args))
 
     def _connect(self) -> redis.Redis:
         if self._client is None:
             self._client = self.connection.connect()
-            self._scripts.clear()
         return self._client
 
     def _drop_client(self) -> None:

@@ -59,6 +59,17 @@ def test_one_holder_at_a_time_and_fencing_tokens_grow(redis_url, redis_client):
     assert redis_client.get(KEY).decode() == f"2:{second.holder}"
 
 
+def test_the_lease_survives_a_flushed_script_cache(redis_url, redis_client):
+    """A SCRIPT FLUSH (or a restarted server) empties the cache: the scripts load again."""
+    leadership = _leadership(redis_url)
+    assert leadership.renew() and leadership.token() == 1
+    redis_client.script_flush()
+    assert leadership.renew() and leadership.token() == 1
+    redis_client.script_flush()
+    leadership.release()
+    assert redis_client.get(KEY) is None
+
+
 def test_two_processes_with_one_identity_do_not_share_the_lease(redis_url):
     first, second = _leadership(redis_url), _leadership(redis_url)
     assert first.renew()
