@@ -38,10 +38,10 @@ import redis
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, scan_glob
 from exporter.sources.native.config import BullmqReaderConfig
-from exporter.sources.native.framework import Signals
+from exporter.sources.native.framework import RedisReader, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -78,12 +78,11 @@ class _Job:
     failed_reason: bool = False
 
 
-class BullmqReader:
+class BullmqReader(RedisReader):
     def __init__(self, config: BullmqReaderConfig, connection: RedisConnectionConfig) -> None:
+        super().__init__(connection)
         self.name = "native:bullmq"
         self.config = config
-        self.connection = connection
-        self._client: redis.Redis | None = None
         self._positions: dict[str, _Position] = {}
         self._started = False  # a read succeeded: a queue new since is read in full
         # What the stream itself said about jobs not finished yet (name when added, when it
@@ -114,19 +113,6 @@ class BullmqReader:
             self.close()
             raise
         self._started = True
-
-    def interrupt(self) -> None:
-        sever(self._client)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def _connect(self) -> redis.Redis:
-        if self._client is None:
-            self._client = self.connection.connect()
-        return self._client
 
     def _stored_positions(self, client: redis.Redis) -> dict[str, _Position] | None:
         """The positions the last successful read stored: a restarted exporter (or a new

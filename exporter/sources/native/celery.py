@@ -39,10 +39,10 @@ from exporter.catalog import BY_NAME
 from exporter.events.metrics import Tally, apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import ReaderError, Signals
+from exporter.sources.native.framework import ReaderError, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -65,15 +65,14 @@ class _Task:
     retries: int = 0
 
 
-class CeleryReader:
+class CeleryReader(RedisReader):
     def __init__(
         self, config: CeleryReaderConfig, connection: RedisConnectionConfig, interval: float
     ) -> None:
+        super().__init__(connection)
         self.name = "native:celery"
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
-        self.connection = connection
-        self._client: redis.Redis | None = None
         self._subscription: redis.client.PubSub | None = None
         self._received: list[dict[str, Any]] = []
         self._unreadable = 0
@@ -104,9 +103,6 @@ class CeleryReader:
             )
         self._report(signals, unacked)
 
-    def interrupt(self) -> None:
-        sever(self._client)  # the subscription's connection is one of the pool's
-
     def close(self) -> None:
         if self._subscription is not None:
             self._subscription.close()
@@ -114,9 +110,7 @@ class CeleryReader:
             # Events published while unsubscribed are lost: what ran then is unknown.
             for task in self._tasks.values():
                 task.started_at = None
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        super().close()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -131,7 +125,8 @@ class CeleryReader:
 
     def _subscribed(self) -> redis.client.PubSub:
         if self._subscription is None:
-            subscription = self._redis().pubsub()  # type: ignore[no-untyped-call]
+            # The subscription's connection is one of the client's pool: interrupt() severs it.
+            subscription = self._connect().pubsub()  # type: ignore[no-untyped-call]
             subscription.psubscribe(self.config.channel_pattern(self.connection))
             self._subscription = subscription
             self._last_event = time.monotonic()
@@ -151,11 +146,6 @@ class CeleryReader:
                 self._unreadable += 1
         self._last_event = time.monotonic()
 
-    def _redis(self) -> redis.Redis:
-        if self._client is None:
-            self._client = self.connection.connect()
-        return self._client
-
     def _unacked(self, signals: Signals) -> Counter[tuple[str, str, str]]:
         """(queue, task id, state) of each delivered, unacknowledged message: pending, or
         scheduled while its ETA (countdown) is ahead: the worker holds it until then."""
@@ -163,7 +153,7 @@ class CeleryReader:
         now = signals.now
         messages: list[bytes] = []
         with signals.record(self.config.unacked_key):  # not a hash: counted, the rest goes on
-            messages = self._redis().hvals(self.config.unacked_key)  # type: ignore[assignment]
+            messages = self._connect().hvals(self.config.unacked_key)  # type: ignore[assignment]
         for raw in messages:
             try:
                 message, _exchange, routing_key = json.loads(raw)

@@ -44,7 +44,7 @@ import redis
 
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
 from exporter.logs import LogLimiter
-from exporter.redis_connection import redis_error_reason
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.samples import SampleSet
 
 # Workers a reader reported are forgotten after this many of its intervals without a report:
@@ -136,6 +136,29 @@ class Reader(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class RedisReader:
+    """The Redis client every reader holds: opened at the first read that needs it, severed by
+    `interrupt` from another thread (the read in progress fails now), dropped by `close` (the
+    next read connects again, so a read that lost its connection starts clean)."""
+
+    def __init__(self, connection: RedisConnectionConfig) -> None:
+        self.connection = connection
+        self._client: redis.Redis | None = None
+
+    def interrupt(self) -> None:
+        sever(self._client)
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    def _connect(self) -> redis.Redis:
+        if self._client is None:
+            self._client = self.connection.connect()
+        return self._client
 
 
 class ReadGap:

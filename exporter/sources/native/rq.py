@@ -35,10 +35,10 @@ import redis
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
-from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
-from exporter.sources.native.framework import Signals
+from exporter.sources.native.framework import RedisReader, Signals
 
 DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
@@ -56,12 +56,11 @@ class _Job:
     exc_text: str = ""
 
 
-class RqReader:
+class RqReader(RedisReader):
     def __init__(self, config: RqReaderConfig, connection: RedisConnectionConfig) -> None:
+        super().__init__(connection)
         self.name = "native:rq"
         self.config = config
-        self.connection = connection
-        self._client: redis.Redis | None = None
         # (queue, registry) -> members at the previous read; None before the first read.
         self._previous: dict[tuple[str, str], set[str]] | None = None
         self._listed: list[str] = []  # the queues rq:queues named at the previous read
@@ -80,19 +79,6 @@ class RqReader:
             raise
         self._listed = queues
         self._previous = current
-
-    def interrupt(self) -> None:
-        sever(self._client)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def _connect(self) -> redis.Redis:
-        if self._client is None:
-            self._client = self.connection.connect()
-        return self._client
 
     # -- reading ------------------------------------------------------------------------------
 

@@ -23,9 +23,9 @@ import redis
 
 from exporter.events.wire import ERROR_TYPES
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import SidekiqReaderConfig
-from exporter.sources.native.framework import CounterDeltas, Signals
+from exporter.sources.native.framework import CounterDeltas, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -38,12 +38,11 @@ if FAILURE_CLASS not in ERROR_TYPES:
     )
 
 
-class SidekiqReader:
+class SidekiqReader(RedisReader):
     def __init__(self, config: SidekiqReaderConfig, connection: RedisConnectionConfig) -> None:
+        super().__init__(connection)
         self.name = "native:sidekiq"
         self.config = config
-        self.connection = connection
-        self._client: redis.Redis | None = None
         self._totals = CounterDeltas()
 
     def read(self, signals: Signals) -> None:
@@ -54,19 +53,6 @@ class SidekiqReader:
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
-
-    def interrupt(self) -> None:
-        sever(self._client)
-
-    def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
-    def _connect(self) -> redis.Redis:
-        if self._client is None:
-            self._client = self.connection.connect()
-        return self._client
 
     def _counters(self, client: redis.Redis, signals: Signals) -> None:
         namespace = self.config.namespace
