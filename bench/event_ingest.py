@@ -25,6 +25,7 @@ call, and with --sdk-variant the consumer recording into OpenTelemetry SDK instr
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import sys
@@ -258,6 +259,7 @@ def main() -> None:
         raw = RawRedis(url)
         clock = CostClock(client)
         groups = iter(range(1_000_000))
+        gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
 
         def exporter(store: type[MetricStore] | None = None) -> Result:
             telemetry = Telemetry(HealthBoard())

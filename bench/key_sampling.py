@@ -244,6 +244,7 @@ def measure(url: str, client: redis.Redis, size: int, args: argparse.Namespace) 
     telemetry = Telemetry(HealthBoard())
     sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
     raw = RawRedis(url)
+    gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
     binary = shutil.which("prometheus-redis-exporter")
     peer = Peer(binary, url) if binary and size <= args.peer_up_to else None
 

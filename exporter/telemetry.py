@@ -40,7 +40,6 @@ from prometheus_client.openmetrics.exposition import generate_latest as _untyped
 
 from exporter import __version__, exposition
 from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
-from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
 from exporter.otlp import StoreExporter
 from exporter.samples import SampleSet
@@ -134,8 +133,7 @@ class Telemetry:
             own = _write_openmetrics(self._self_registry).removesuffix(_EOF)
         else:
             own = _write_text(self._self_registry)
-        with gc_paused():  # thousands of short-lived strings, no cycles
-            chunks = exposition.render(self.store.families(), openmetrics)
+        chunks = exposition.render(self.store.families(), openmetrics)
         return b"".join([own, *chunks, _EOF if openmetrics else b""])
 
     # -- self-metrics --------------------------------------------------------------------------

@@ -31,7 +31,6 @@ from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
 from exporter.events.refusals import Refusals
 from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse
-from exporter.gc_pause import gc_paused
 from exporter.health import HealthBoard
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
@@ -158,11 +157,7 @@ class StreamConsumer:
             self._flush_acks(client)  # our applied entries are not the dead consumer's
             applied += self._claim(client)
             self._next_claim = now + max(self.settings.claim_idle / 2, 0.5)
-        # The whole read, not only the decoding: hiredis's replies and the entry dicts are as
-        # many short-lived objects, and collections while they were built cost 1.5 µs per event
-        # (bench/event_ingest.py). Bounded in time by the connection's socket_timeout.
-        with gc_paused():
-            applied += self._read(client)
+        applied += self._read(client)
         if now >= self._next_stats and self._group_ready:
             self._sample_stats(client)
             self._next_stats = now + self.settings.stats_interval
@@ -257,21 +252,20 @@ class StreamConsumer:
             self._gap(len(entries) - len(present), "deleted_pending")
             lost += len(entries) - len(present)
         now = time.time()
-        with gc_paused():
-            tally = Tally(lost=lost)
-            try:
-                self._decode(client, present, now, tally)
-                self.metrics.record(self.stream.key, tally, self.workers)
-            except (redis.ConnectionError, redis.TimeoutError):
-                raise
-            except Exception as error:
-                log.warning(
-                    "%s: a batch of %d entries raised %s; applying them one by one",
-                    self.name,
-                    len(present),
-                    type(error).__name__,
-                )
-                self._apply_one_by_one(client, present, now, lost)
+        tally = Tally(lost=lost)
+        try:
+            self._decode(client, present, now, tally)
+            self.metrics.record(self.stream.key, tally, self.workers)
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as error:
+            log.warning(
+                "%s: a batch of %d entries raised %s; applying them one by one",
+                self.name,
+                len(present),
+                type(error).__name__,
+            )
+            self._apply_one_by_one(client, present, now, lost)
 
     def _apply_one_by_one(
         self,

@@ -32,7 +32,6 @@ import psycopg
 from psycopg import errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from exporter.gc_pause import gc_paused
 from exporter.samples import SampleSet
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.sql_collectors import (
@@ -169,8 +168,7 @@ def _read(
         if cursor.description is None:
             raise QueryShapeError("the query returns no rows (is it a SELECT?)")
         columns = tuple((column.name, column.type_code) for column in cursor.description)
-        with gc_paused():  # not while the query runs: only while rows are built
-            rows = cursor.fetchall()
+        rows = cursor.fetchall()
     return rows, columns
 
 
@@ -235,8 +233,7 @@ class PostgresCollectorSource:
         rows, columns = self._connector.fetch(self.collector.query, self.statement_timeout)
         self.last_rows = len(rows)
         samples = SampleSet()
-        with gc_paused():  # several label columns: a tuple per row to check they are distinct
-            nulls = self._converter_for(columns).convert(rows, samples)
+        nulls = self._converter_for(columns).convert(rows, samples)
         if nulls:
             self.telemetry.count_error(self.name, "null_value", nulls)
         return samples
