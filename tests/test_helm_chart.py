@@ -127,6 +127,22 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "postgresAuth": {"existingSecret": "pg-app", "existingSecretDsnKey": "uri"},
         "webConfig": {"enabled": True, "existingSecret": "web", "existingSecretKey": "web.yml"},
     },
+    "several-redis": {
+        "config": {
+            "presets": ["rq"],
+            "sources": {
+                "redis": [
+                    {"name": "eu", "url": "redis+sentinel://s0:26379,s1:26379/queues/0"},
+                    {
+                        "name": "us",
+                        "url": "redis+cluster://r0:6379,r1:6379",
+                        "read_from": "replica",
+                    },
+                ]
+            },
+        },
+        "redisAuth": {"existingSecret": "redis"},
+    },
     "tls": {
         "webConfig": {"enabled": True, "tlsSecret": "queue-exporter-tls"},
         "serviceMonitor": {"enabled": True},
@@ -679,3 +695,16 @@ def test_several_exporters_sample_on_an_elected_one(
         render({"replicaCount": 3, "config": {"leader_election": {"enabled": False}}})
     )
     assert rendered_config(opted_out)["leader_election"] == {"enabled": False}
+
+
+def test_several_redis_each_get_the_mounted_password(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    docs = renders["several-redis"]
+    ((pod, container),) = exporter_pods(docs)
+    files = mounted_files(pod, container)
+    redis_sources = rendered_config(docs)["sources"]["redis"]
+    assert [source["name"] for source in redis_sources] == ["eu", "us"]
+    for source in redis_sources:
+        assert files[source["password_file"]].startswith("secret redis")
+    assert redis_sources[1]["url"].startswith("redis+cluster://")

@@ -117,7 +117,10 @@ The exporter's configuration file: .Values.config with what the chart decides se
 {{- $sources := get $config "sources" | default dict }}
 {{- if include "queue-exporter.redisSecretName" . }}
 {{- $redis := get $sources "redis" | default dict }}
-{{- $_ := set $redis "password_file" "/etc/queue-exporter/redis/password" }}
+{{- /* Several Redis (a list): the one mounted password is each one's. */}}
+{{- range (kindIs "slice" $redis | ternary $redis (list $redis)) }}
+{{- $_ := set . "password_file" "/etc/queue-exporter/redis/password" }}
+{{- end }}
 {{- $_ := set $sources "redis" $redis }}
 {{- end }}
 {{- if include "queue-exporter.postgresSecretName" . }}
