@@ -207,9 +207,14 @@ def unknown_variables(environment: Mapping[str, str]) -> list[str]:
 @click.option("--user", default="queue-exporter", show_default=True, help="ACL user name.")
 def redis_acl_line(config_file: Path, user: str) -> None:
     """Print the least-privilege ACL SETUSER line for FILE's Redis keys (docs/security.md)."""
-    from exporter.redis_acl import setuser_line
+    from exporter.redis_acl import sentinel_setuser_line, setuser_line
 
-    click.echo(setuser_line(_load_or_exit(config_file, {}), user))
+    config = _load_or_exit(config_file, {})
+    click.echo(setuser_line(config, user))
+    sentinel_line = sentinel_setuser_line(config, user)
+    if sentinel_line is not None:
+        click.echo(f"# on each Sentinel (sentinel_username: {user}):")
+        click.echo(sentinel_line)
 
 
 @main.command("presets")

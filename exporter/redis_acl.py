@@ -111,6 +111,24 @@ def stream_keys(config: Config) -> list[str]:
     return [scan_glob(stream.key) for stream in events.streams] if events is not None else []
 
 
+# A Redis Cluster client: the slot map (redis-py reads CLUSTER SLOTS), the command table (its
+# parser of key positions reads COMMAND once), and READONLY on a replica's connections for
+# read_from: replica.
+CLUSTER_COMMANDS = ("cluster|slots", "command", "readonly")
+# What the exporter asks a Sentinel (redis-py's discovery of the master and of its replicas),
+# for an ACL user on the Sentinels themselves.
+SENTINEL_COMMANDS = ("ping", "sentinel|masters", "sentinel|slaves", "sentinel|replicas")
+
+
+def _redis_connections(config: Config) -> list[RedisConnectionConfig]:
+    connections: list[RedisConnectionConfig] = list(config.sources.redis_list())
+    events = config.sources.events
+    if events is not None:
+        connections += [c for c in (events.redis, *(s.redis for s in events.streams)) if c]
+    connections += [reader.redis for reader in _native_readers(config) if reader.redis]
+    return connections
+
+
 def acl_rules(config: Config) -> list[str]:
     """The rules after `ACL SETUSER <user> reset on ><password>`: commands, then keys."""
     commands = [*CONNECTION_COMMANDS, *SCRIPT_COMMANDS]
@@ -122,6 +140,8 @@ def acl_rules(config: Config) -> list[str]:
             commands += RUNNERQ_COMMANDS
     for reader in _native_readers(config):
         commands += reader.ACL_COMMANDS
+    if any(connection.is_cluster for connection in _redis_connections(config)):
+        commands += CLUSTER_COMMANDS
     rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
     rules += [f"~{key}" for key in stream_keys(config)]
@@ -133,6 +153,17 @@ def acl_rules(config: Config) -> list[str]:
     rules.append(f"~{OWN_KEYS}")
     rules.append(f"(~{OWN_KEYS} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     return rules
+
+
+def sentinel_setuser_line(
+    config: Config, user: str = "queue-exporter", password: str = "<password>"
+) -> str | None:
+    """The ACL SETUSER line for the Sentinels (their sentinel_username), when any Redis of the
+    configuration is found through Sentinel; else None."""
+    if not any(connection.sentinel for connection in _redis_connections(config)):
+        return None
+    rules = ["-@all", *(f"+{command}" for command in SENTINEL_COMMANDS)]
+    return " ".join(["ACL", "SETUSER", user, "reset", "on", f">{password}", *rules])
 
 
 def setuser_line(config: Config, user: str = "queue-exporter", password: str = "<password>") -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from exporter import config as config_module
+from exporter import redis_acl
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import ClusterSetup, eventually
 
@@ -77,6 +79,45 @@ def test_read_from_replica_scans_and_reads_on_replicas(cluster, run_exporter):
     assert all(calls(node, "scan") > 0 for node in replicas)
     assert sum(calls(node, "llen") for node in replicas) >= 27
     assert all(calls(node, "scan") == calls(node, "llen") == 0 for node in primaries)
+
+
+def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
+    expected = _write(cluster)
+    raw = {
+        "presets": [{"name": "bullmq", "params": {"native": False}}],
+        "sources": {
+            "redis": {
+                "url": cluster.url,
+                "username": "exporter",
+                "password": "acl-secret-1",
+                "read_from": "replica",
+                "key_groups": [SPREAD],
+            }
+        },
+    }
+    rules = redis_acl.acl_rules(config_module.from_dict(raw))
+    assert "+cluster|slots" in rules and "+readonly" in rules
+    for node in cluster.nodes:
+        with node.client() as client:
+            client.execute_command(
+                "ACL", "SETUSER", "exporter", "reset", "on", ">acl-secret-1", *rules
+            )
+    try:
+        app = run_exporter({"sample_interval": INTERVAL, **raw})
+        wait_for(lambda: _pending(scrape_series(app)) == expected)
+        assert all(report.errors == {} for report in app.health.key_groups())
+    finally:
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.execute_command("ACL", "DELUSER", "exporter")
+
+
+def _pending(series):
+    return {
+        dict(labels)["queue"]: number
+        for (name, labels), number in series.items()
+        if name == "queue_depth" and dict(labels)["state"] == "pending"
+    }
 
 
 def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run_exporter):

@@ -9,6 +9,8 @@ import time
 import pytest
 import redis
 
+from exporter import config as config_module
+from exporter import redis_acl
 from exporter.config import ConfigError, from_dict
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sentinel_target
 from tests.conftest import scrape_series, value, wait_for
@@ -167,3 +169,38 @@ def test_read_from_replica_keeps_scan_and_reads_off_the_master(sentinel_setup, r
         assert _calls(replica, "scan") > 0 and _calls(replica, "llen") > 0
         assert _calls(master, "scan") == _calls(master, "llen") == 0
     writer.close()
+
+
+def test_runs_behind_sentinel_with_exactly_the_acls_redis_acl_prints(sentinel_setup, run_exporter):
+    raw = {
+        "sources": {
+            "redis": {
+                "url": sentinel_setup.url,
+                "username": "exporter",
+                "password": "acl-secret-1",
+                "sentinel_username": "exporter",
+                "sentinel_password": "acl-secret-2",
+                "key_groups": [GROUP],
+            }
+        }
+    }
+    config = config_module.from_dict(raw)
+    data_rules = redis_acl.acl_rules(config)
+    sentinel_line = redis_acl.sentinel_setuser_line(config, "exporter", "acl-secret-2")
+    assert sentinel_line is not None
+    with sentinel_setup.master.client() as master:
+        master.rpush("jobs:email", "a")
+    for server in (sentinel_setup.master, sentinel_setup.replica):
+        with server.client() as client:
+            client.execute_command(
+                "ACL", "SETUSER", "exporter", "reset", "on", ">acl-secret-1", *data_rules
+            )
+    for index in range(len(sentinel_setup.sentinel_ports)):
+        with sentinel_setup.sentinel_client(index) as client:
+            client.execute_command(*sentinel_line.split())
+    app = run_exporter({"sample_interval": INTERVAL, **raw})
+    series = wait_for(
+        lambda: (s := scrape_series(app)) and value(s, "queue_depth", queue="email") and s
+    )
+    assert value(series, "queue_depth", queue="email") == 1
+    assert value(series, "queue_exporter_source_up", source="redis") == 1
