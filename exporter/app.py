@@ -166,6 +166,8 @@ class App:
         its entries pending for another replica to apply again); one still reading at
         `grace_end` waits on a hung Redis, and its read is cut off."""
         for consumer in self.event_consumers:
+            consumer.stop_waiting()
+        for consumer in self.event_consumers:
             if consumer.thread is not None and consumer.thread.ident is not None:
                 consumer.thread.join(timeout=max(grace_end - time.monotonic(), 0.0))
         for consumer in self.event_consumers:

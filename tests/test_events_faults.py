@@ -179,9 +179,8 @@ def test_sigterm_ends_serve_within_5s_while_the_events_redis_is_frozen(
         stopped_in = time.monotonic() - started
         assert serve.process.returncode == 0, stderr[-2000:]
         assert stopped_in < 5, (stopped_in, stderr[-2000:])
-        log = stderr.decode() if isinstance(stderr, bytes) else stderr
-        assert (
-            f"events:{STREAM}: still waiting on Redis 1 s into the shutdown" in log
-        )  # the cut is named
+        # The consumer hangs in its wait for new entries (XREAD BLOCK) or, rarely, in a read.
+        # A wait has nothing read and unapplied: it is let go as shutdown begins, with no cut
+        # to name (test_events_group.py); a read gets the grace, then is cut off and named.
     finally:
         proxy.cut()

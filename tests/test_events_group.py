@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 from exporter.events import wire
@@ -174,3 +175,20 @@ def test_a_consumer_speaking_resp3_counts_every_event_once(redis_client, redis_u
     for job_type in TYPES:
         assert value(series, "queue_jobs_enqueued_total", job_type=job_type) == 5
     assert redis_client.xpending(STREAM, "queue-exporter")["pending"] == 0
+
+
+def test_a_consumer_waiting_for_entries_stops_at_once_at_shutdown(
+    redis_client, redis_url, run_exporter, caplog
+):
+    """Its wait (XREAD BLOCK, here up to 4 s) would outlast the shutdown's 1 s of grace and be
+    reported as a read cut off; it has nothing to ack, so it ends as shutdown begins."""
+    _write(redis_client, 5)
+    app = run_exporter(_config(redis_url, "idle", block_ms=60_000))
+    wait_for(lambda: _counted(app)[0] == 5)
+    wait_for(lambda: redis_client.xpending(STREAM, "queue-exporter")["pending"] == 0)
+    [consumer] = app.event_consumers
+    wait_for(lambda: consumer._waiting)
+    with caplog.at_level(logging.WARNING, logger="exporter.app"):
+        app.shutdown()
+    assert consumer.thread is not None and not consumer.thread.is_alive()
+    assert "cut off" not in caplog.text

@@ -99,6 +99,11 @@ class StreamConsumer:
             else None
         )
         self.thread: threading.Thread | None = None
+        # Whether the consumer waits for new entries (nothing read unapplied, nothing to ack),
+        # and whether shutdown began: see stop_waiting.
+        self._wait_lock = threading.Lock()
+        self._waiting = False
+        self._stopping = False
         metrics.declare_stream(stream.key)
         if health is not None:
             health.expect(self.name)
@@ -167,8 +172,26 @@ class StreamConsumer:
         """Block until the stream holds an entry the group has not seen (or block_ms pass)."""
         client = self._connect()
         last = self._seen.last_id or "0-0"
-        with contextlib.suppress(redis.RedisError):  # the next poll reports it
-            client.xread({self._key: last}, count=1, block=self._block_ms)
+        with self._wait_lock:
+            if self._stopping:
+                return
+            self._waiting = True
+        try:
+            with contextlib.suppress(redis.RedisError):  # the next poll reports it
+                client.xread({self._key: last}, count=1, block=self._block_ms)
+        finally:
+            with self._wait_lock:
+                self._waiting = False
+
+    def stop_waiting(self) -> None:
+        """From another thread, as shutdown begins: a consumer waiting for new entries has no
+        read in progress and nothing to ack, so its wait ends now rather than after block_ms
+        (which used to outlast the shutdown's grace and log a read cut off). A read in progress
+        is left to finish."""
+        with self._wait_lock:
+            self._stopping = True
+            if self._waiting:
+                sever(self._client)
 
     def close(self) -> None:
         """Let go of the connection, then acknowledge what was applied on a connection of its
