@@ -85,6 +85,8 @@ def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
     try:
         packed = b"".join(hiredis.pack_command(args) for args in commands)
         connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        # The connection's socket is private to redis-py (`_sock`): pyproject.toml pins the
+        # redis range this is tested with (CI runs the floor, the dev venv the newest).
         sock: socket.socket | None = getattr(connection, "_sock", None)
         if sock is None:
             raise redis.ConnectionError("the connection has no socket after sending")

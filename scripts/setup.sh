@@ -60,6 +60,19 @@ if [ ! -x .venv/tools/checkov/bin/checkov ]; then
   .venv/tools/checkov/bin/python -m pip install -q 'checkov==3.3.30'
 fi
 
+# The lowest version of every dependency pyproject.toml allows (scripts/floors.py), in a venv
+# of their own: .ci/run runs a smoke subset of the tests there, so a floor that stopped
+# working fails CI. Made again when the floors change.
+floors=.venv/tools/floors
+wanted=$(.venv/bin/python scripts/floors.py)
+if [ "$wanted" != "$(cat "$floors/requirements.txt" 2>/dev/null)" ]; then
+  rm -rf "$floors"
+  python3 -m venv "$floors"
+  printf '%s\n' "$wanted" >"$floors/wanted.txt"
+  "$floors/bin/python" -m pip install -q -r "$floors/wanted.txt" pytest pytest-timeout
+  mv "$floors/wanted.txt" "$floors/requirements.txt"
+fi
+
 # RQ 2.x and 1.x, each in a venv of its own (the project's venv has RQ 3 from the dev extra):
 # tests/test_native_rq.py runs producers, workers and RQ's own counts under every major.
 for major in 2 1; do
