@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+from exporter.backoff import Backoff
 from exporter.events.config import EventsSourceConfig, StreamConfig
 from exporter.events.group_position import POSITION_SCRIPT, Seen
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
@@ -44,9 +45,8 @@ _missing_streams = LogLimiter(log)
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
 
-# Seconds between attempts while the stream's Redis fails, doubling: a Redis that answers
-# again is read within one socket_timeout plus MAX_RETRY.
-FIRST_RETRY = 0.5
+# The longest wait between attempts while the stream's Redis fails (exporter/backoff.py): a
+# Redis that answers again is read within one socket_timeout plus MAX_RETRY.
 MAX_RETRY = 5.0
 # Seconds the acknowledgement of the last batch may take at shutdown.
 FINAL_ACK_TIMEOUT = 0.5
@@ -117,7 +117,7 @@ class StreamConsumer:
         self.thread.start()
 
     def run(self, stop: threading.Event) -> None:
-        retry = FIRST_RETRY
+        backoff = Backoff(ceiling=MAX_RETRY)
         try:
             while not stop.is_set():
                 started = time.monotonic()
@@ -129,10 +129,9 @@ class StreamConsumer:
                     if not isinstance(error, redis.RedisError):
                         log.exception("%s: unexpected error", self.name)
                     self._failed(error, time.monotonic() - started)
-                    stop.wait(retry)
-                    retry = min(retry * 2, MAX_RETRY)
+                    stop.wait(backoff.failed())
                     continue
-                retry = FIRST_RETRY
+                backoff.succeeded()
                 if self._failing:
                     self._failing = False
                     log.info("%s is back: reading again", self.name)

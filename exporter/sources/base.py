@@ -18,6 +18,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from exporter.backoff import Backoff
 from exporter.logs import LogLimiter, scrub
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FIRST_RETRY = 0.5
 # How often a standing-by runner looks whether its replica became leader (a local flag).
 STANDBY_POLL = 0.5
 
@@ -159,7 +159,7 @@ class SourceRunner:
 
     def _loop(self) -> None:
         interval = self.source.interval
-        retry = FIRST_RETRY
+        backoff = Backoff(ceiling=interval)
         try:
             while not self.stop.is_set():
                 if self.leadership is not None and not self.leadership.is_leader():
@@ -169,14 +169,13 @@ class SourceRunner:
                 self.standing_by = False
                 cycle_start = time.monotonic()
                 if self.run_once():
-                    retry = FIRST_RETRY
+                    backoff.succeeded()
                     # A cycle that overran its interval is not made up for: the next one starts
                     # at the next interval boundary, so slow backends never see cycles pile up.
                     elapsed = time.monotonic() - cycle_start
                     wait = interval - (elapsed % interval)
                 else:
-                    wait = min(retry, interval)
-                    retry = min(retry * 2, interval)
+                    wait = backoff.failed()
                 self.stop.wait(wait)
         finally:
             self.source.close()
