@@ -6,6 +6,7 @@ import click
 import redis
 
 from exporter.events import wire
+from exporter.events.producer import add_entries
 from exporter.logs import mask_connection_string
 from exporter.redis_connection import DEFAULT_REDIS_URL
 
@@ -48,8 +49,7 @@ def emit(redis_url: str, stream: str, maxlen: int, repeat: int, fields: tuple[st
     client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=5)
     try:
         pipe = client.pipeline(transaction=False)
-        for _ in range(repeat):
-            pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+        add_entries(pipe, stream, [entry] * repeat, maxlen)
         ids = pipe.execute()
     except redis.RedisError as error:
         raise click.ClickException(f"{mask_connection_string(redis_url)}: {error}") from None

@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
 
 import redis
@@ -35,6 +35,13 @@ log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
 Entry = dict[str, str]
+
+
+def add_entries(pipe: Any, stream: str, entries: Iterable[Entry], maxlen: int) -> None:
+    """Queue an `XADD stream MAXLEN ~ maxlen` per entry on a pipeline, sync or asyncio (queuing
+    does not touch the network): how the emitters and `queue-exporter emit` write events."""
+    for entry in entries:
+        pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
 
 
 def classify_error(error: BaseException) -> str:
@@ -272,8 +279,7 @@ class EventEmitter(_Emitter):
     def _send(self, batch: list[Entry]) -> bool:
         try:
             pipe = self._client.pipeline(transaction=False)
-            for entry in batch:
-                pipe.xadd(self.stream, entry, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            add_entries(pipe, self.stream, batch, self.maxlen)
             pipe.execute()
         except Exception as error:  # redis errors and anything else: keep the caller safe
             self._failed(batch, error)
@@ -368,8 +374,7 @@ class AsyncEventEmitter(_Emitter):
     async def _send(self, batch: list[Entry]) -> bool:
         try:
             pipe = self._client.pipeline(transaction=False)
-            for entry in batch:
-                pipe.xadd(self.stream, entry, maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            add_entries(pipe, self.stream, batch, self.maxlen)
             await pipe.execute()
         except Exception as error:
             self._failed(batch, error)
