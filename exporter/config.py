@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Discriminator, Field, Tag, ValidationError, field_validator
+from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from exporter import presets
 from exporter.events.config import EventsSourceConfig
 from exporter.http_config import HttpConfig
 from exporter.leader_config import LeaderElectionConfig
 from exporter.models import StrictModel
+from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import NativeConfig
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.redis_keys_config import RedisSourceConfig
@@ -113,6 +114,30 @@ class Config(StrictModel):
         if not match or not 0 <= int(match.group(2)) < 65536:
             raise ValueError(f"expected HOST:PORT, got {value!r}")
         return value
+
+    @model_validator(mode="after")
+    def _cluster_for_key_sampling_only(self) -> Config:
+        """Streams, native readers and the lease on a Redis Cluster are not supported: say so
+        here, naming the setting, rather than fail at every read."""
+        default = self.sources.default_redis()
+        places: list[tuple[str, RedisConnectionConfig | None]] = []
+        events = self.sources.events
+        for index, stream in enumerate(events.streams if events is not None else []):
+            own = stream.redis or (events.redis if events is not None else None)
+            places.append((f"sources.events.streams[{index}]", own or default))
+        native = self.sources.native
+        for name, reader in native.enabled_by_name().items() if native is not None else ():
+            places.append((f"sources.native.{name}", reader.redis or default))
+        if self.leader_election.enabled:
+            places.append(("leader_election", self.leader_election.redis or default))
+        clustered = [place for place, connection in places if connection and connection.is_cluster]
+        if clustered:
+            raise ValueError(
+                f"{', '.join(clustered)}: a Redis Cluster is read by the key sampler only; give "
+                "these a redis:// or redis+sentinel:// URL of their own (their redis setting), "
+                "or turn a native reader off (preset param native: false)"
+            )
+        return self
 
     @property
     def host_port(self) -> tuple[str, int]:

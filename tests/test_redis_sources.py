@@ -164,3 +164,28 @@ def test_a_stream_on_its_own_redis_is_consumed_there(
         return [value(series, "queue_jobs_completed_total", system=s) for s in ("alpha", "beta")]
 
     wait_for(lambda: completed(scrape_series(app)) == [1, 1])
+
+
+def test_streams_readers_and_the_lease_on_a_cluster_are_refused_by_name():
+    cluster = {"url": "redis+cluster://r0:6379,r1:6379"}
+    with pytest.raises(config_module.ConfigError) as refused:
+        config_module.from_dict(
+            {
+                "presets": ["bullmq"],
+                "leader_election": {"enabled": True},
+                "sources": {"redis": cluster, "events": {"streams": ["events:a"]}},
+            }
+        )
+    message = str(refused.value)
+    assert "sources.events.streams[0], sources.native.bullmq, leader_election:" in message
+    assert "native: false" in message
+    accepted = config_module.from_dict(
+        {
+            "presets": [{"name": "bullmq", "params": {"native": False}}],
+            "sources": {
+                "redis": cluster,
+                "events": {"streams": ["events:a"], "redis": {"url": "redis://ev:6379/0"}},
+            },
+        }
+    )
+    assert accepted.sources.default_redis().is_cluster
