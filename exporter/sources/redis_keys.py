@@ -3,7 +3,8 @@
 One cycle: find the keys (SCAN MATCH per group, or keys built from enumerated values),
 read them in pipelines of `pipeline_size` commands (one depth command per key or priority
 band, one for the head item, one for the due count), then one more pipelined round for the
-items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position.
+items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. On one Redis, each
+SCAN travels in the round trip that reads the keys the previous SCAN found.
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
