@@ -40,6 +40,13 @@ class SentinelSetup:
         return f"redis+sentinel://{hosts}/{SERVICE}/0"
 
     def start(self) -> SentinelSetup:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # no server outlives a setup that failed
+            raise
+
+    def _start(self) -> SentinelSetup:
         self.master.start()
         self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
         self.replica.start()
@@ -186,6 +193,13 @@ class ClusterSetup:
         return f"redis+cluster://127.0.0.1:{self.nodes[0].port},127.0.0.1:{self.nodes[1].port}"
 
     def start(self) -> ClusterSetup:
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()  # no server outlives a setup that failed
+            raise
+
+    def _start(self) -> ClusterSetup:
         for node in self.nodes:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
