@@ -5,6 +5,7 @@ chart's copies of rules and dashboards and its values table being current."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import glob
 import importlib
@@ -65,7 +66,7 @@ def _everything() -> dict[str, Any]:
         "replicaCount": 3,
         "image": {"digest": DIGEST},
         "imagePullSecrets": [{"name": "registry"}],
-        "redisAuth": {"password": "redis-secret"},
+        "redisAuth": {"password": "redis-secret", "sentinelPassword": "sentinel-secret"},
         "postgresAuth": {"dsn": "postgresql://exporter:pg-secret@db:5432/jobs"},
         "webConfig": {"enabled": True, "tlsSecret": "queue-exporter-tls"},
         "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
@@ -123,7 +124,11 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     },
     "everything": _everything(),
     "existing-secrets": {
-        "redisAuth": {"existingSecret": "redis", "existingSecretPasswordKey": "pw"},
+        "redisAuth": {
+            "existingSecret": "redis",
+            "existingSecretPasswordKey": "pw",
+            "existingSecretSentinelPasswordKey": "sentinel-pw",
+        },
         "postgresAuth": {"existingSecret": "pg-app", "existingSecretDsnKey": "uri"},
         "webConfig": {"enabled": True, "existingSecret": "web", "existingSecretKey": "web.yml"},
     },
@@ -141,7 +146,14 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
                 ]
             },
         },
-        "redisAuth": {"existingSecret": "redis"},
+        "redisAuth": {"existingSecret": "redis", "existingSecretSentinelPasswordKey": "sentinels"},
+    },
+    "sentinel-only-password": {
+        "config": {
+            "presets": ["rq"],
+            "sources": {"redis": {"url": "redis+sentinel://s0:26379,s1:26379/queues/0"}},
+        },
+        "redisAuth": {"sentinelPassword": "sentinel-secret"},
     },
     "tls": {
         "webConfig": {"enabled": True, "tlsSecret": "queue-exporter-tls"},
@@ -346,7 +358,7 @@ def test_config_files_are_mounted(renders: dict[str, list[dict[str, Any]]], valu
     paths += [
         source.get(key)
         for source in config.get("sources", {}).values()
-        for key in ("password_file", "dsn_file")
+        for key in ("password_file", "sentinel_password_file", "dsn_file")
     ]
     for path in filter(None, paths):
         assert files[path].startswith("secret "), path
@@ -358,6 +370,7 @@ def test_existing_secrets_are_referenced(renders: dict[str, list[dict[str, Any]]
     ((pod, container),) = exporter_pods(renders["existing-secrets"])
     files = mounted_files(pod, container)
     assert files["/etc/queue-exporter/redis/password"] == "secret redis pw"
+    assert files["/etc/queue-exporter/redis/sentinel-password"] == "secret redis sentinel-pw"
     assert files["/etc/queue-exporter/postgres/dsn"] == "secret pg-app uri"
     assert files["/etc/queue-exporter/web/web-config.yml"] == "secret web web.yml"
 
@@ -367,6 +380,7 @@ def test_secrets_stay_out_of_the_configmap(renders: dict[str, list[dict[str, Any
     for configmap in kind(docs, "ConfigMap"):
         text = json.dumps(configmap)
         assert "redis-secret" not in text and "pg-secret" not in text
+        assert "sentinel-secret" not in text
     secrets = {doc["metadata"]["name"]: doc for doc in kind(docs, "Secret")}
     ((pod, container),) = exporter_pods(docs)
     for description in mounted_files(pod, container).values():
@@ -387,8 +401,8 @@ def test_rendered_config_passes_check_config(
         "config.yml"
     ]
     root = tmp_path / "etc" / "queue-exporter"
-    for name in ("redis/password", "postgres/dsn"):
-        (root / name).parent.mkdir(parents=True)
+    for name in ("redis/password", "redis/sentinel-password", "postgres/dsn"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("postgresql://u:p@db/jobs" if "dsn" in name else "pw")
     (root / "web").mkdir()
     (root / "web" / "web-config.yml").write_text(
@@ -410,6 +424,7 @@ def test_rendered_config_passes_check_config(
     assert result.returncode == 0, result.stderr
     assert "listen_address: 0.0.0.0:9839" in result.stdout
     assert "redis-secret" not in result.stdout and "pg-secret" not in result.stdout
+    assert "sentinel-secret" not in result.stdout
 
 
 # -- Prometheus Operator objects ----------------------------------------------------------------
@@ -706,5 +721,27 @@ def test_several_redis_each_get_the_mounted_password(
     redis_sources = rendered_config(docs)["sources"]["redis"]
     assert [source["name"] for source in redis_sources] == ["eu", "us"]
     for source in redis_sources:
-        assert files[source["password_file"]].startswith("secret redis")
+        assert files[source["password_file"]] == "secret redis redis-password"
+        assert files[source["sentinel_password_file"]] == "secret redis sentinels"
     assert redis_sources[1]["url"].startswith("redis+cluster://")
+
+
+def test_sentinel_password_alone_gets_a_secret_of_its_own(
+    renders: dict[str, list[dict[str, Any]]],
+) -> None:
+    """The Sentinels may need a password when the master needs none: only that key is
+    created, mounted and named in the config."""
+    docs = renders["sentinel-only-password"]
+    ((pod, container),) = exporter_pods(docs)
+    files = mounted_files(pod, container)
+    (secret,) = kind(docs, "Secret")
+    assert set(secret["data"]) == {"sentinel-password"}
+    assert base64.b64decode(secret["data"]["sentinel-password"]) == b"sentinel-secret"
+    name = secret["metadata"]["name"]
+    assert (
+        files["/etc/queue-exporter/redis/sentinel-password"] == f"secret {name} sentinel-password"
+    )
+    assert "/etc/queue-exporter/redis/password" not in files
+    source = rendered_config(docs)["sources"]["redis"]
+    assert source["sentinel_password_file"] == "/etc/queue-exporter/redis/sentinel-password"
+    assert "password_file" not in source

@@ -75,9 +75,20 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- define "queue-exporter.redisSecretName" -}}
 {{- if .Values.redisAuth.existingSecret }}
 {{- .Values.redisAuth.existingSecret }}
-{{- else if .Values.redisAuth.password }}
+{{- else if or .Values.redisAuth.password .Values.redisAuth.sentinelPassword }}
 {{- printf "%s-redis" (include "queue-exporter.fullname" .) }}
 {{- end }}
+{{- end }}
+
+{{/* Which of the Redis Secret's keys are mounted: "true" or empty. */}}
+{{- define "queue-exporter.hasRedisPassword" -}}
+{{- if or .Values.redisAuth.existingSecret .Values.redisAuth.password }}true{{ end }}
+{{- end }}
+
+{{- define "queue-exporter.hasSentinelPassword" -}}
+{{- if .Values.redisAuth.existingSecret }}
+{{- if .Values.redisAuth.existingSecretSentinelPasswordKey }}true{{ end }}
+{{- else if .Values.redisAuth.sentinelPassword }}true{{ end }}
 {{- end }}
 
 {{- define "queue-exporter.postgresSecretName" -}}
@@ -117,9 +128,15 @@ The exporter's configuration file: .Values.config with what the chart decides se
 {{- $sources := get $config "sources" | default dict }}
 {{- if include "queue-exporter.redisSecretName" . }}
 {{- $redis := get $sources "redis" | default dict }}
-{{- /* Several Redis (a list): the one mounted password is each one's. */}}
+{{- /* Several Redis (a list): the mounted passwords are each one's (a URL that names no
+Sentinel ignores the Sentinels' password). */}}
 {{- range (kindIs "slice" $redis | ternary $redis (list $redis)) }}
+{{- if include "queue-exporter.hasRedisPassword" $ }}
 {{- $_ := set . "password_file" "/etc/queue-exporter/redis/password" }}
+{{- end }}
+{{- if include "queue-exporter.hasSentinelPassword" $ }}
+{{- $_ := set . "sentinel_password_file" "/etc/queue-exporter/redis/sentinel-password" }}
+{{- end }}
 {{- end }}
 {{- $_ := set $sources "redis" $redis }}
 {{- end }}
@@ -239,8 +256,14 @@ it; a worker pod may have none, so there they are world-readable inside the cont
     secretName: {{ . }}
     defaultMode: {{ $mode }}
     items:
+      {{- if include "queue-exporter.hasRedisPassword" $ }}
       - key: {{ if $.Values.redisAuth.existingSecret }}{{ $.Values.redisAuth.existingSecretPasswordKey }}{{ else }}redis-password{{ end }}
         path: password
+      {{- end }}
+      {{- if include "queue-exporter.hasSentinelPassword" $ }}
+      - key: {{ if $.Values.redisAuth.existingSecret }}{{ $.Values.redisAuth.existingSecretSentinelPasswordKey }}{{ else }}sentinel-password{{ end }}
+        path: sentinel-password
+      {{- end }}
 {{- end }}
 {{- with include "queue-exporter.postgresSecretName" . }}
 - name: queue-exporter-postgres
