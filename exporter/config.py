@@ -116,15 +116,17 @@ class Config(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _cluster_for_key_sampling_only(self) -> Config:
-        """Streams, native readers and the lease on a Redis Cluster are not supported: say so
-        here, naming the setting, rather than fail at every read."""
+    def _cluster_for_key_sampling_and_streams_only(self) -> Config:
+        """Runner-Q streams (their events name activity hashes in any slot), native readers
+        and the lease on a Redis Cluster are not supported: say so here, naming the setting,
+        rather than fail at every read. A v1 stream is read on its slot's node."""
         default = self.sources.default_redis()
         places: list[tuple[str, RedisConnectionConfig | None]] = []
         events = self.sources.events
         for index, stream in enumerate(events.streams if events is not None else []):
             own = stream.redis or (events.redis if events is not None else None)
-            places.append((f"sources.events.streams[{index}]", own or default))
+            if stream.format == "runnerq":
+                places.append((f"sources.events.streams[{index}]", own or default))
         native = self.sources.native
         for name, reader in native.enabled_by_name().items() if native is not None else ():
             places.append((f"sources.native.{name}", reader.redis or default))
@@ -133,9 +135,9 @@ class Config(StrictModel):
         clustered = [place for place, connection in places if connection and connection.is_cluster]
         if clustered:
             raise ValueError(
-                f"{', '.join(clustered)}: a Redis Cluster is read by the key sampler only; give "
-                "these a redis:// or redis+sentinel:// URL of their own (their redis setting), "
-                "or turn a native reader off (preset param native: false)"
+                f"{', '.join(clustered)}: a Redis Cluster is read by the key sampler and by v1 "
+                "event streams only; give these a redis:// or redis+sentinel:// URL of their own "
+                "(their redis setting), or turn a native reader off (preset param native: false)"
             )
         return self
 

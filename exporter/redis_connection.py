@@ -91,8 +91,8 @@ class RedisConnectionConfig(StrictModel):
         SecretStr(DEFAULT_REDIS_URL),
         description="redis://, rediss:// or unix:// URL, or redis+sentinel://host:26379,"
         "host2:26379/<service>/<db> (rediss+sentinel: TLS to the Sentinels and the master), or "
-        "redis+cluster://host:port,host2:port (seed nodes; key sampling only); a password in "
-        "it is masked everywhere",
+        "redis+cluster://host:port,host2:port (seed nodes; key sampling and v1 event streams); "
+        "a password in it is masked everywhere",
     )
     username: str | None = Field(None, description="ACL user (overrides the URL's)")
     password: SecretStr | None = Field(None, description="password (prefer password_file)")
@@ -182,17 +182,41 @@ class RedisConnectionConfig(StrictModel):
         from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
 
         url = self.url.get_secret_value()
-        parts = urlsplit(url)
+        seeds = [ClusterNode(host, port) for host, port in cluster_seeds(url)]  # type: ignore[no-untyped-call]
+        # Any strategy makes replica connections send READONLY; which node reads is ours to say.
+        strategy = LoadBalancingStrategy.ROUND_ROBIN if replicas else None
+        return RedisCluster(
+            startup_nodes=seeds, load_balancing_strategy=strategy, **self._cluster_options()
+        )
+
+    def connect_for_key(self, key: bytes | str) -> redis.Redis:
+        """A client of the one server that holds `key`, for commands on that key alone (a
+        stream and its consumer group). On a Redis Cluster: the primary of the key's slot, as
+        the slot map says now. The map is read at each call, so a caller that reconnects after
+        MOVED, ASK or a lost connection finds the key where it went (a resharding, a replica
+        promoted in a failover). Elsewhere: `connect()`."""
+        import redis
+        from redis.exceptions import RedisClusterException
+
+        if not self.is_cluster:
+            return self.connect()
+        try:
+            with self.connect_cluster() as cluster:
+                node = cluster.get_node_from_key(key)
+        except RedisClusterException as error:  # no seed answered: as any lost connection
+            raise redis.ConnectionError(f"no cluster node answered: {error}") from error
+        return redis.Redis(host=node.host, port=node.port, **self._cluster_options())
+
+    def _cluster_options(self) -> dict[str, Any]:
+        """Options for each node of a cluster: the URL's credentials unless set apart."""
+        parts = urlsplit(self.url.get_secret_value())
         options = self._options(tls=parts.scheme == "rediss+cluster")
         user, has_password, password = parts.netloc.rpartition("@")[0].partition(":")
         if has_password:
             options.setdefault("password", unquote(password))
         if user:
             options.setdefault("username", unquote(user))
-        seeds = [ClusterNode(host, port) for host, port in cluster_seeds(url)]  # type: ignore[no-untyped-call]
-        # Any strategy makes replica connections send READONLY; which node reads is ours to say.
-        strategy = LoadBalancingStrategy.ROUND_ROBIN if replicas else None
-        return RedisCluster(startup_nodes=seeds, load_balancing_strategy=strategy, **options)
+        return options
 
     def _options(self, tls: bool = False) -> dict[str, Any]:
         """Deadlines, no retries, TLS files and credentials: for a Redis or a Sentinel."""

@@ -1,9 +1,15 @@
 """A real Redis Cluster (3 primaries, 3 replicas): every primary scanned, keys read on their
-slot's node, a BullMQ-style hash-tagged prefix, and a primary killed mid-cycle."""
+slot's node, a BullMQ-style hash-tagged prefix, and a primary killed mid-cycle; an events
+stream consumed on its slot's primary, and through that primary killed."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
+import redis
+from redis.exceptions import RedisClusterException
 
 from exporter import config as config_module
 from exporter import redis_acl
@@ -185,3 +191,92 @@ def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run
     assert None in seen_while_down  # withdrawn while its node was down
     node_down = [r for r in app.health.key_groups() if r.errors.get("node_down")]
     assert node_down == []  # the last cycle had every node
+
+
+STREAM = "events:{billing}"
+
+
+def _completed(series):
+    return value(series, "queue_jobs_completed_total", system="billing", queue="q")
+
+
+def _emit(client, number: int) -> None:
+    fields = {"v": "1", "event": "completed", "ts": f"{time.time():.3f}", "system": "billing"}
+    fields |= {"queue": "q", "job_id": f"j{number}", "job_type": "t", "runtime": "0.1"}
+    client.xadd(STREAM, fields)
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A cluster of its own: the test kills a primary for good."""
+    setup = ClusterSetup(tmp_path).start()
+    yield setup
+    setup.stop()
+
+
+def test_a_stream_is_consumed_on_its_slot_and_through_its_primary_killed(own_cluster, run_exporter):
+    """Every command of the consumer goes to the primary of the stream's slot; once that
+    primary is killed and its replica promoted, consuming goes on there, every event the
+    stream holds counted once, though acks and the group's position may not have reached the
+    replica (the consumer re-reads them as its own pending and does not count them again)."""
+    writer = own_cluster.client()
+    for number in range(50):
+        _emit(writer, number)
+    victim = own_cluster.primary_of(STREAM)
+    app = run_exporter(
+        {
+            "sample_interval": INTERVAL,
+            "sources": {
+                "redis": {"url": own_cluster.url, "socket_timeout": 1, "key_groups": [SPREAD]},
+                "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+            },
+        }
+    )
+    wait_for(lambda: _completed(scrape_series(app)) == 50)
+    with victim.client() as client:
+        group = client.xinfo_groups(STREAM)[0]
+    assert group["entries-read"] == 50 and group["pending"] == 0  # read and acked there
+
+    produced = [50]
+    paused, stop = threading.Event(), threading.Event()
+
+    def produce() -> None:
+        while not stop.is_set():
+            if paused.is_set():
+                stop.wait(0.01)
+                continue
+            try:
+                _emit(writer, produced[0])
+                produced[0] += 1
+            except (redis.RedisError, RedisClusterException):
+                stop.wait(0.05)  # the slot's primary is changing
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        wait_for(lambda: _completed(scrape_series(app)) > produced[0] - 40 > 20)
+        # Every event written so far is on the replica (WAIT): none is lost with the primary,
+        # so the stream the new primary holds is exactly what was written.
+        paused.set()
+        time.sleep(0.05)
+        with victim.client() as client:
+            assert client.execute_command("WAIT", 1, 5000) == 1
+        victim.stop()
+        written_before = produced[0]
+        paused.clear()
+        promoted = eventually(
+            lambda: (node := own_cluster.primary_of(STREAM)) != victim and node, timeout=60
+        )
+        wait_for(lambda: produced[0] >= written_before + 20, timeout=30)  # on the new primary
+    finally:
+        stop.set()
+        producer.join()
+    with promoted.client() as client:
+        in_stream = client.xlen(STREAM)
+    assert in_stream == produced[0]  # every acknowledged write is in the stream
+    eventually(lambda: _completed(scrape_series(app)) == in_stream, timeout=60)
+    time.sleep(INTERVAL * 5)  # and it stays so: nothing counted twice later
+    assert _completed(scrape_series(app)) == in_stream
+    with promoted.client() as client:
+        eventually(lambda: client.xinfo_groups(STREAM)[0]["pending"] == 0)  # all acked there
+    writer.close()

@@ -166,26 +166,37 @@ def test_a_stream_on_its_own_redis_is_consumed_there(
     wait_for(lambda: completed(scrape_series(app)) == [1, 1])
 
 
-def test_streams_readers_and_the_lease_on_a_cluster_are_refused_by_name():
+def test_runnerq_streams_readers_and_the_lease_on_a_cluster_are_refused_by_name():
     cluster = {"url": "redis+cluster://r0:6379,r1:6379"}
     with pytest.raises(config_module.ConfigError) as refused:
         config_module.from_dict(
             {
                 "presets": ["bullmq"],
                 "leader_election": {"enabled": True},
-                "sources": {"redis": cluster, "events": {"streams": ["events:a"]}},
+                "sources": {
+                    "redis": cluster,
+                    "events": {"streams": ["events:a", {"key": "rq", "format": "runnerq"}]},
+                },
             }
         )
     message = str(refused.value)
-    assert "sources.events.streams[0], sources.native.bullmq, leader_election:" in message
+    assert "sources.events.streams[1], sources.native.bullmq, leader_election:" in message
     assert "native: false" in message
     accepted = config_module.from_dict(
         {
             "presets": [{"name": "bullmq", "params": {"native": False}}],
             "sources": {
                 "redis": cluster,
-                "events": {"streams": ["events:a"], "redis": {"url": "redis://ev:6379/0"}},
+                "events": {
+                    "streams": ["events:a", {"key": "rq", "format": "runnerq"}],
+                    "redis": {"url": "redis://ev:6379/0"},
+                },
             },
         }
     )
     assert accepted.sources.default_redis().is_cluster
+    # A v1 stream is read on its slot's node (test_redis_cluster.py).
+    on_cluster = config_module.from_dict(
+        {"sources": {"redis": cluster, "events": {"streams": ["events:{a}"]}}}
+    )
+    assert on_cluster.sources.events is not None

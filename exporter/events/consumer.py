@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import redis
+from redis.exceptions import AskError
 
 from exporter.backoff import Backoff
 from exporter.events.config import EventsSourceConfig, StreamConfig
@@ -201,8 +202,9 @@ class StreamConsumer:
         if not self._acks:
             return
         deadline = {"socket_timeout": FINAL_ACK_TIMEOUT, "connect_timeout": FINAL_ACK_TIMEOUT}
-        client = self.connection.model_copy(update=deadline).connect()
+        client = None
         try:
+            client = self.connection.model_copy(update=deadline).connect_for_key(self._key)
             self._flush_acks(client)
         except redis.RedisError as error:
             log.warning(
@@ -212,7 +214,8 @@ class StreamConsumer:
                 redis_error_reason(error),
             )
         finally:
-            client.close()
+            if client is not None:
+                client.close()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -417,8 +420,10 @@ class StreamConsumer:
             self._acks = []
 
     def _connect(self) -> redis.Redis:
+        """Every command of a consumer touches its stream's key alone: on a Redis Cluster they
+        go to the primary of its slot (and a transaction may only touch one slot)."""
         if self._client is None:
-            self._client = self.connection.connect()
+            self._client = self.connection.connect_for_key(self._key)
         return self._client
 
     def _failed(self, error: Exception, duration: float) -> None:
@@ -441,9 +446,13 @@ class StreamConsumer:
             # A read may have reached Redis and lost only its reply: its entries are pending
             # under this consumer's name, unapplied, until the recovery reads them again.
             self._recovered = False
-            if self._client:
-                self._client.close()
-                self._client = None
+        if self._client and isinstance(
+            error, redis.ConnectionError | redis.TimeoutError | AskError
+        ):
+            # AskError (MOVED too): the stream's slot is on another cluster node now, or is
+            # moving there; the next connection asks the slot map where it is.
+            self._client.close()
+            self._client = None
         if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
             # the next read goes through the position check again, which recreates the group.
