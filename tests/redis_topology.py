@@ -168,13 +168,28 @@ def _free(port: int) -> bool:
 
 
 class ClusterSetup:
-    """A Redis Cluster of three primaries and three replicas, created by redis-cli."""
+    """A Redis Cluster of three primaries and three replicas, created by redis-cli.
+    `tls`: a directory with ca.crt, server.crt/.key and client.crt/.key (tests/tls_certs.py):
+    every node then speaks TLS only (clients, replication, cluster bus) and asks clients for a
+    certificate of that CA."""
 
-    def __init__(self, directory: Path, node_timeout_ms: int = 2000) -> None:
+    def __init__(
+        self, directory: Path, node_timeout_ms: int = 2000, tls: Path | None = None
+    ) -> None:
+        self.tls = tls
+        self.client_options: dict[str, object] = {}
+        if tls is not None:
+            self.client_options = {
+                "ssl": True,
+                "ssl_ca_certs": str(tls / "ca.crt"),
+                "ssl_certfile": str(tls / "client.crt"),
+                "ssl_keyfile": str(tls / "client.key"),
+            }
         self.nodes = []
         for index in range(6):
             path = directory / f"node{index}"
-            path.mkdir(exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True)
+            port = cluster_port()
             self.nodes.append(
                 PrivateRedis(
                     path,
@@ -184,13 +199,30 @@ class ClusterSetup:
                     str(path / "nodes.conf"),
                     "--cluster-node-timeout",
                     str(node_timeout_ms),
-                    port=cluster_port(),
+                    *(self._tls_args(tls, port) if tls is not None else ()),
+                    port=port,
                 )
             )
 
+    @staticmethod
+    def _tls_args(tls: Path, port: int) -> tuple[str, ...]:
+        """TLS on the node's port, plain TCP off (the later --port wins)."""
+        return (
+            *("--tls-port", str(port), "--port", "0"),
+            *("--tls-cluster", "yes", "--tls-replication", "yes", "--tls-auth-clients", "yes"),
+            *(
+                "--tls-cert-file",
+                str(tls / "server.crt"),
+                "--tls-key-file",
+                str(tls / "server.key"),
+            ),
+            *("--tls-ca-cert-file", str(tls / "ca.crt")),
+        )
+
     @property
     def url(self) -> str:
-        return f"redis+cluster://127.0.0.1:{self.nodes[0].port},127.0.0.1:{self.nodes[1].port}"
+        scheme = "rediss+cluster" if self.tls is not None else "redis+cluster"
+        return f"{scheme}://127.0.0.1:{self.nodes[0].port},127.0.0.1:{self.nodes[1].port}"
 
     def start(self) -> ClusterSetup:
         try:
@@ -204,9 +236,14 @@ class ClusterSetup:
             node.start()
         addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
         replicas = ["--cluster-replicas", "1", "--cluster-yes"]
+        tls = []
+        if self.tls is not None:
+            tls = ["--tls", "--cacert", str(self.tls / "ca.crt")]
+            tls += ["--cert", str(self.tls / "client.crt"), "--key", str(self.tls / "client.key")]
         subprocess.run(
             [
                 shutil.which("redis-cli") or "redis-cli",
+                *tls,
                 "--cluster",
                 "create",
                 *addresses,
@@ -223,7 +260,7 @@ class ClusterSetup:
     def _replicas_in_sync(self) -> bool:
         links = []
         for node in self.nodes:
-            with node.client() as client:
+            with node.client(**self.client_options) as client:
                 info = client.info("replication")
                 slots = client.execute_command("CLUSTER", "SLOTS")
             if info["role"] == "slave":
@@ -237,7 +274,7 @@ class ClusterSetup:
             for node in self.nodes:
                 if node.process is None:
                     continue
-                with node.client() as client:
+                with node.client(**self.client_options) as client:
                     if client.cluster("INFO")["cluster_state"] != "ok":
                         return False
         except (redis.RedisError, OSError):
@@ -245,7 +282,11 @@ class ClusterSetup:
         return True
 
     def client(self) -> redis.cluster.RedisCluster:
-        return redis.cluster.RedisCluster(host="127.0.0.1", port=self.nodes[0].port)
+        return redis.cluster.RedisCluster(
+            host="127.0.0.1",
+            port=self.nodes[0].port,
+            **self.client_options,
+        )
 
     def primary_of(self, key: str) -> PrivateRedis:
         with self.client() as client:

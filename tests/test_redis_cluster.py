@@ -1,6 +1,6 @@
 """A real Redis Cluster (3 primaries, 3 replicas): every primary scanned, keys read on their
 slot's node, a BullMQ-style hash-tagged prefix, and a primary killed mid-cycle; an events
-stream consumed on its slot's primary, and through that primary killed."""
+stream consumed on its slot's primary, and through that primary killed; all of it over TLS."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from redis.exceptions import RedisClusterException
 
 from exporter import config as config_module
 from exporter import redis_acl
+from exporter.redis_connection import RedisConnectionConfig
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import ClusterSetup, eventually
+from tests.tls_certs import make_pki
 
 INTERVAL = 0.3
 PRIORITIES = [str(number) for number in range(1, 10)]
@@ -280,3 +282,44 @@ def test_a_stream_is_consumed_on_its_slot_and_through_its_primary_killed(own_clu
     with promoted.client() as client:
         eventually(lambda: client.xinfo_groups(STREAM)[0]["pending"] == 0)  # all acked there
     writer.close()
+
+
+def test_a_tls_cluster_is_sampled_and_its_stream_consumed(tmp_path, run_exporter):
+    """rediss+cluster://: the slot map, every node's reads and a stream's consumer all over
+    TLS with a client certificate, on nodes that speak nothing else."""
+    pki = make_pki(tmp_path / "pki")
+    setup = ClusterSetup(tmp_path / "cluster", tls=pki.directory).start()
+    try:
+        with setup.client() as writer:
+            for priority in PRIORITIES:
+                writer.rpush(f"jobs:email:p{priority}", *["x"] * int(priority))
+            for number in range(7):
+                _emit(writer, number)
+        plain = RedisConnectionConfig(url=setup.url.replace("rediss+", "redis+"), socket_timeout=1)
+        with pytest.raises(redis.RedisError):  # no plain TCP: what follows used TLS
+            plain.connect_for_key(STREAM).ping()
+        tls_files = {
+            "tls_ca_file": str(pki.path("ca.crt")),
+            "tls_cert_file": str(pki.path("client.crt")),
+            "tls_key_file": str(pki.path("client.key")),
+        }
+        app = run_exporter(
+            {
+                "sample_interval": INTERVAL,
+                "sources": {
+                    "redis": {"url": setup.url, **tls_files, "key_groups": [SPREAD]},
+                    "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+                },
+            }
+        )
+
+        def email_depth(series):
+            return value(series, "queue_depth", system="spread", queue="email")
+
+        series = wait_for(
+            lambda: (s := scrape_series(app)) and _completed(s) == 7 and email_depth(s) and s
+        )
+        assert email_depth(series) == 45
+        assert value(series, "queue_exporter_source_up", source="redis") == 1
+    finally:
+        setup.stop()
