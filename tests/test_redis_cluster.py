@@ -323,3 +323,61 @@ def test_a_tls_cluster_is_sampled_and_its_stream_consumed(tmp_path, run_exporter
         assert value(series, "queue_exporter_source_up", source="redis") == 1
     finally:
         setup.stop()
+
+
+def test_a_stream_whose_slot_is_migrated_is_followed_to_its_new_node(own_cluster, run_exporter):
+    """The stream's slot is migrated to another primary while events keep coming: the
+    consumer's reads meet ASK while the key has moved and the slot not yet, then MOVED; it
+    reads the slot map again, goes on at the new node and counts every event once."""
+    writer = own_cluster.client()
+    for number in range(20):
+        _emit(writer, number)
+    source = own_cluster.primary_of(STREAM)
+    with source.client() as client:
+        slot = client.cluster("KEYSLOT", STREAM)
+        source_id = client.cluster("MYID").decode()
+    target = next(
+        node
+        for node in own_cluster.nodes
+        if node != source and node.client().info("replication")["role"] == "master"
+    )
+    with target.client() as client:
+        target_id = client.cluster("MYID").decode()
+    app = run_exporter(
+        {
+            "sample_interval": INTERVAL,
+            "sources": {
+                "redis": {"url": own_cluster.url, "socket_timeout": 1, "key_groups": [SPREAD]},
+                "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+            },
+        }
+    )
+    wait_for(lambda: _completed(scrape_series(app)) == 20)
+
+    with source.client() as src, target.client() as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", STREAM)
+        time.sleep(INTERVAL * 3)  # reads at the source now meet ASK
+        for number in range(20, 30):  # written to the target (the client follows ASK)
+            _emit(writer, number)
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    for number in range(30, 40):
+        _emit(writer, number)
+    assert own_cluster.primary_of(STREAM) == target
+    with target.client() as client:
+        in_stream = client.xlen(STREAM)
+    assert in_stream == 40
+    eventually(lambda: _completed(scrape_series(app)) == in_stream, timeout=60)
+    time.sleep(INTERVAL * 5)  # and it stays so
+    series = scrape_series(app)
+    assert _completed(series) == in_stream
+    redirected = value(
+        series, "queue_exporter_source_errors_total", source=f"events:{STREAM}", reason="response"
+    )
+    assert redirected is not None and redirected >= 1  # ASK or MOVED met, counted, followed
+    with target.client() as client:
+        group = client.xinfo_groups(STREAM)[0]
+        assert group["pending"] == 0 and group["entries-read"] == in_stream  # read there
+    writer.close()
