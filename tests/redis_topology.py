@@ -18,14 +18,43 @@ from tests.private_redis import PrivateRedis, free_port
 SERVICE = "queues"
 
 
-class SentinelSetup:
-    """A master, one replica and three Sentinels (quorum 2), each on a free port."""
+def _tls_server_args(tls: Path, port: int) -> tuple[str, ...]:
+    """TLS on the server's port and to its master, plain TCP off (the later --port wins),
+    clients asked for a certificate of the test CA."""
+    return (
+        *("--tls-port", str(port), "--port", "0"),
+        *("--tls-replication", "yes", "--tls-auth-clients", "yes"),
+        *("--tls-cert-file", str(tls / "server.crt"), "--tls-key-file", str(tls / "server.key")),
+        *("--tls-ca-cert-file", str(tls / "ca.crt")),
+    )
 
-    def __init__(self, directory: Path, sentinel_password: str | None = None) -> None:
+
+def _tls_client_options(tls: Path | None) -> dict[str, object]:
+    if tls is None:
+        return {}
+    return {
+        "ssl": True,
+        "ssl_ca_certs": str(tls / "ca.crt"),
+        "ssl_certfile": str(tls / "client.crt"),
+        "ssl_keyfile": str(tls / "client.key"),
+    }
+
+
+class SentinelSetup:
+    """A master, one replica and three Sentinels (quorum 2), each on a free port.
+    `tls`: as ClusterSetup's; every server and Sentinel then speaks TLS only."""
+
+    def __init__(
+        self, directory: Path, sentinel_password: str | None = None, tls: Path | None = None
+    ) -> None:
         self.directory = directory
         self.sentinel_password = sentinel_password
+        self.tls = tls
+        self.client_options = _tls_client_options(tls)
         self.master = PrivateRedis(self._dir("master"))
         self.replica = PrivateRedis(self._dir("replica"))
+        if tls is not None:
+            self.master.extra_args = _tls_server_args(tls, self.master.port)
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.sentinels: list[subprocess.Popen[bytes]] = []
 
@@ -37,7 +66,8 @@ class SentinelSetup:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{port}" for port in self.sentinel_ports)
-        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+        scheme = "rediss+sentinel" if self.tls is not None else "redis+sentinel"
+        return f"{scheme}://{hosts}/{SERVICE}/0"
 
     def start(self) -> SentinelSetup:
         try:
@@ -49,11 +79,18 @@ class SentinelSetup:
     def _start(self) -> SentinelSetup:
         self.master.start()
         self.replica.extra_args = ("--replicaof", "127.0.0.1", str(self.master.port))
+        if self.tls is not None:
+            self.replica.extra_args += _tls_server_args(self.tls, self.replica.port)
         self.replica.start()
         for index, port in enumerate(self.sentinel_ports):
             config = self._dir(f"sentinel{index}") / "sentinel.conf"
-            lines = [
-                f"port {port}",
+            lines = [f"port {port}"]
+            if self.tls is not None:  # the same options in a config file's form
+                arguments = iter(_tls_server_args(self.tls, port))
+                lines = [
+                    f"{name[2:]} {value}" for name, value in zip(arguments, arguments, strict=True)
+                ]
+            lines += [
                 "bind 127.0.0.1",
                 f"dir {config.parent}",
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 2",
@@ -77,7 +114,11 @@ class SentinelSetup:
     def sentinel_client(self, index: int = 0) -> redis.Redis:
         port = self.sentinel_ports[index]
         return redis.Redis(
-            host="127.0.0.1", port=port, password=self.sentinel_password, socket_timeout=5
+            host="127.0.0.1",
+            port=port,
+            password=self.sentinel_password,
+            socket_timeout=5,
+            **self.client_options,
         )
 
     def master_port(self) -> int:
@@ -98,7 +139,7 @@ class SentinelSetup:
                     return False
         except (redis.RedisError, OSError):
             return False
-        with self.master.client() as client:
+        with self.master.client(**self.client_options) as client:
             info = client.info("replication")
         return bool(info.get("connected_slaves")) and info["slave0"]["state"] == "online"
 
@@ -177,14 +218,7 @@ class ClusterSetup:
         self, directory: Path, node_timeout_ms: int = 2000, tls: Path | None = None
     ) -> None:
         self.tls = tls
-        self.client_options: dict[str, object] = {}
-        if tls is not None:
-            self.client_options = {
-                "ssl": True,
-                "ssl_ca_certs": str(tls / "ca.crt"),
-                "ssl_certfile": str(tls / "client.crt"),
-                "ssl_keyfile": str(tls / "client.key"),
-            }
+        self.client_options = _tls_client_options(tls)
         self.nodes = []
         for index in range(6):
             path = directory / f"node{index}"
@@ -199,25 +233,11 @@ class ClusterSetup:
                     str(path / "nodes.conf"),
                     "--cluster-node-timeout",
                     str(node_timeout_ms),
-                    *(self._tls_args(tls, port) if tls is not None else ()),
+                    *(_tls_server_args(tls, port) if tls is not None else ()),
+                    *(("--tls-cluster", "yes") if tls is not None else ()),
                     port=port,
                 )
             )
-
-    @staticmethod
-    def _tls_args(tls: Path, port: int) -> tuple[str, ...]:
-        """TLS on the node's port, plain TCP off (the later --port wins)."""
-        return (
-            *("--tls-port", str(port), "--port", "0"),
-            *("--tls-cluster", "yes", "--tls-replication", "yes", "--tls-auth-clients", "yes"),
-            *(
-                "--tls-cert-file",
-                str(tls / "server.crt"),
-                "--tls-key-file",
-                str(tls / "server.key"),
-            ),
-            *("--tls-ca-cert-file", str(tls / "ca.crt")),
-        )
 
     @property
     def url(self) -> str:

@@ -15,6 +15,7 @@ from exporter.config import ConfigError, from_dict
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sentinel_target
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import SERVICE, SentinelSetup, eventually
+from tests.tls_certs import make_pki
 
 INTERVAL = 0.3
 KEYS = 2000  # a cycle long enough for the failover to land in one
@@ -204,3 +205,56 @@ def test_runs_behind_sentinel_with_exactly_the_acls_redis_acl_prints(sentinel_se
     )
     assert value(series, "queue_depth", queue="email") == 1
     assert value(series, "queue_exporter_source_up", source="redis") == 1
+
+
+def test_a_tls_sentinel_setup_is_sampled_and_its_stream_consumed(tmp_path, run_exporter):
+    """rediss+sentinel://: the Sentinels, the master and the replica speak TLS only and ask for
+    a client certificate; sampling and consuming both find the master through them."""
+    pki = make_pki(tmp_path / "pki")
+    setup = SentinelSetup(
+        tmp_path, sentinel_password="sentinel-secret-1", tls=pki.directory
+    ).start()
+    try:
+        tls_files = {
+            "tls_ca_file": str(pki.path("ca.crt")),
+            "tls_cert_file": str(pki.path("client.crt")),
+            "tls_key_file": str(pki.path("client.key")),
+        }
+        connection = RedisConnectionConfig(
+            url=setup.url, sentinel_password="sentinel-secret-1", **tls_files
+        )
+        writer = connection.connect()
+        writer.rpush("jobs:email", "a", "b", "c")
+        _emit(writer, 0, 5)
+        writer.close()
+        plain = RedisConnectionConfig(
+            url=setup.url.replace("rediss+", "redis+"),
+            sentinel_password="sentinel-secret-1",
+            socket_timeout=1,
+        )
+        with pytest.raises(redis.RedisError):  # no plain TCP: what worked used TLS
+            plain.connect().ping()
+        redis_settings = {
+            "url": setup.url,
+            "sentinel_password": "sentinel-secret-1",
+            **tls_files,
+            "key_groups": [GROUP],
+        }
+        app = run_exporter(
+            {
+                "sample_interval": INTERVAL,
+                "sources": {
+                    "redis": redis_settings,
+                    "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+                },
+            }
+        )
+        wait_for(
+            lambda: (
+                (s := scrape_series(app))
+                and _completed(s) == 5
+                and value(s, "queue_depth", queue="email") == 3
+            )
+        )
+    finally:
+        setup.stop()
