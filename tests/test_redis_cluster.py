@@ -91,6 +91,9 @@ def test_read_from_replica_scans_and_reads_on_replicas(cluster, run_exporter):
 
 def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
     expected = _write(cluster)
+    with cluster.client() as writer:
+        for number in range(3):
+            _emit(writer, number)
     raw = {
         "presets": [{"name": "bullmq", "params": {"native": False}}],
         "sources": {
@@ -100,7 +103,8 @@ def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
                 "password": "acl-secret-1",
                 "read_from": "replica",
                 "key_groups": [SPREAD],
-            }
+            },
+            "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
         },
     }
     rules = redis_acl.acl_rules(config_module.from_dict(raw))
@@ -113,6 +117,7 @@ def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
     try:
         app = run_exporter({"sample_interval": INTERVAL, **raw})
         wait_for(lambda: _pending(scrape_series(app)) == expected)
+        wait_for(lambda: _completed(scrape_series(app)) == 3)  # the stream's consumer too
         assert all(report.errors == {} for report in app.health.key_groups())
     finally:
         for node in cluster.nodes:
