@@ -83,6 +83,23 @@ def value(series: Series, name: str, **labels: str) -> float | None:
     return matches[0] if matches else None
 
 
+def total(series: Series, name: str, **labels: str) -> float:
+    """The sum of every series of `name` whose labels include `labels` (0 if none)."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
+
+
+def stop_process(process: subprocess.Popen[bytes], signum: int, timeout: float = 15) -> None:
+    """Stop a process a test started with `signum` (its graceful stop), killing it past timeout."""
+    if process.poll() is None:
+        process.send_signal(signum)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 15.0, interval: float = 0.1) -> Any:
     """Poll until condition() is truthy; its last value, or AssertionError at the deadline."""
     deadline = time.monotonic() + timeout

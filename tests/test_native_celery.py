@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Series, scrape_series, value, wait_for
+from tests.conftest import Series, scrape_series, stop_process, total, value, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 CELERY = ROOT / ".venv/bin/celery"
@@ -50,18 +50,7 @@ def _worker(env: dict[str, str], queues: str, concurrency: int) -> subprocess.Po
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGQUIT)  # a worker ignores SIGTERM while a task runs
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-
-
-def _sum(series: Series, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
+    stop_process(worker, signal.SIGQUIT)  # a worker ignores SIGTERM while a task runs
 
 
 PLAN = [
@@ -108,28 +97,28 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter):
 
         def finished() -> Series | None:
             series = scrape_series(app)
-            done = _sum(series, "queue_jobs_completed_total", system="celery", queue="celery")
-            failed = _sum(series, "queue_jobs_failed_total", system="celery", queue="celery")
+            done = total(series, "queue_jobs_completed_total", system="celery", queue="celery")
+            failed = total(series, "queue_jobs_failed_total", system="celery", queue="celery")
             return series if done == 4 and failed == 5 else None
 
         series = wait_for(finished, timeout=60)
 
         def failed(error_type: str) -> float:
-            return _sum(series, "queue_jobs_failed_total", queue="celery", error_type=error_type)
+            return total(series, "queue_jobs_failed_total", queue="celery", error_type=error_type)
 
         assert failed("non_retryable") == 3
         assert failed("retryable") == 1
         assert failed("timeout") == 1
-        assert _sum(series, "queue_jobs_retried_total", queue="celery") == 1
-        assert _sum(series, "queue_jobs_started_total", queue="celery") == 9  # 8 tasks, 1 retry
+        assert total(series, "queue_jobs_retried_total", queue="celery") == 1
+        assert total(series, "queue_jobs_started_total", queue="celery") == 9  # 8 tasks, 1 retry
         bucket = {"queue": "celery", "job_type": "tests.sleep_for"}
-        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
-        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
-        assert _sum(series, "queue_job_wait_seconds_count", **bucket) == 5
+        assert total(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
+        assert total(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
+        assert total(series, "queue_job_wait_seconds_count", **bucket) == 5
         # attempts of the jobs that ended for good (a timeout may be retried: not final)
-        assert _sum(series, "queue_job_attempts_count", queue="celery") == 7
-        assert _sum(series, "queue_job_attempts_sum", queue="celery") == 8  # one took two
-        assert _sum(series, "queue_workers", system="celery") == 1  # busy or idle by now
+        assert total(series, "queue_job_attempts_count", queue="celery") == 7
+        assert total(series, "queue_job_attempts_sum", queue="celery") == 8  # one took two
+        assert total(series, "queue_workers", system="celery") == 1  # busy or idle by now
 
         # running and prefetched: one worker slot, three long tasks on their own queue
         slow = _worker(env, "slow", 1)
@@ -153,7 +142,7 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter):
             }
             expected[("slow", "active")] = truth["active"]["slow"]
             depths = {
-                key: _sum(series, "queue_depth", system="celery", queue=key[0], state=key[1])
+                key: total(series, "queue_depth", system="celery", queue=key[0], state=key[1])
                 for key in expected
             }
             busy = value(series, "queue_workers", system="celery", state="busy")
@@ -219,7 +208,7 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
                 "scheduled": 1,
             }
             depths = {
-                state: _sum(series, "queue_depth", system="celery", queue="late", state=state)
+                state: total(series, "queue_depth", system="celery", queue="late", state=state)
                 for state in expected
             }
             return truth if depths == expected else None

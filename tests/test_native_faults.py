@@ -38,13 +38,8 @@ from exporter.sources.native.framework import NativeSource, Reader, Signals
 from exporter.sources.native.rq import RqReader
 from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.telemetry import Telemetry
-from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
+from tests.conftest import Series, parse_exposition, scrape_series, total, value, wait_for
 from tests.private_redis import PrivateRedis
-
-
-def _sum(series: Series, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
 
 
 def _envelope(body: object) -> bytes:
@@ -111,8 +106,8 @@ def test_rq_unreadable_jobs_still_count(redis_client, redis_url, run_exporter):
 
     def counted() -> Series | None:
         series = scrape_series(app)
-        done = _sum(series, "queue_jobs_completed_total", system="rq", queue="default")
-        failed = _sum(series, "queue_jobs_failed_total", system="rq", queue="default")
+        done = total(series, "queue_jobs_completed_total", system="rq", queue="default")
+        failed = total(series, "queue_jobs_failed_total", system="rq", queue="default")
         return series if done == 2 and failed == 1 else None
 
     series = wait_for(counted, timeout=30)
@@ -177,14 +172,14 @@ def test_a_reader_left_standing_by_does_not_count_what_the_leader_counted(redis_
         _heartbeat(redis_url, "away@test")
         time.sleep(0.5)
         away = read_all()
-        assert _sum(away, "queue_jobs_completed_total", system="rq") == 0
+        assert total(away, "queue_jobs_completed_total", system="rq") == 0
         assert not value(away, "queue_workers", system="celery", state="idle")
 
         redis_client.zadd("rq:finished:default", {"while-leading": 1})
         _heartbeat(redis_url, "here@test")
         time.sleep(0.05)
         leading = read_all()
-        assert _sum(leading, "queue_jobs_completed_total", system="rq") == 1
+        assert total(leading, "queue_jobs_completed_total", system="rq") == 1
         assert value(leading, "queue_workers", system="celery", state="idle") == 1
     finally:
         for source in sources:

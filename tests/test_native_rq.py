@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Series, scrape_series, value, wait_for
+from tests.conftest import Series, scrape_series, stop_process, total, value, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 RQ_PYTHONS = {
@@ -65,18 +65,7 @@ def _worker(python: Path, redis_url: str, *queues: str, burst: bool) -> subproce
 
 
 def _stop(worker: subprocess.Popen[bytes]) -> None:
-    if worker.poll() is None:
-        worker.send_signal(signal.SIGINT)  # warm shutdown: RQ deregisters the worker
-        try:
-            worker.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
-
-
-def _sum(series: Series, name: str, **labels: str) -> float:
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in series.items() if n == name and wanted <= set(ls))
+    stop_process(worker, signal.SIGINT)  # warm shutdown: RQ deregisters the worker
 
 
 PLAN = [
@@ -134,28 +123,28 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         def settled() -> Series | None:
             series = scrape_series(app)
             depths = {
-                key: _sum(series, "queue_depth", system="rq", queue=key[0], state=key[1])
+                key: total(series, "queue_depth", system="rq", queue=key[0], state=key[1])
                 for key in expected
             }
-            done = _sum(series, "queue_jobs_completed_total", system="rq", queue="default")
+            done = total(series, "queue_jobs_completed_total", system="rq", queue="default")
             return series if depths == expected and done == 4 else None
 
         series = wait_for(settled, timeout=30)
 
         def failed(error_type: str) -> float:
-            return _sum(series, "queue_jobs_failed_total", queue="default", error_type=error_type)
+            return total(series, "queue_jobs_failed_total", queue="default", error_type=error_type)
 
         assert failed("non_retryable") == 2
         assert failed("timeout") == 1
         assert failed("retryable") == 1
-        assert _sum(series, "queue_jobs_retried_total", queue="default") == 1
-        assert _sum(series, "queue_jobs_timed_out_total", queue="default") == 1
-        assert _sum(series, "queue_jobs_started_total", queue="default") == 8  # 7 jobs, 1 retry
+        assert total(series, "queue_jobs_retried_total", queue="default") == 1
+        assert total(series, "queue_jobs_timed_out_total", queue="default") == 1
+        assert total(series, "queue_jobs_started_total", queue="default") == 8  # 7 jobs, 1 retry
         job_type = "tests.rq_app.jobs.sleep_for"
         bucket = {"queue": "default", "job_type": job_type}
-        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
-        assert _sum(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
-        assert _sum(series, "queue_job_wait_seconds_count", **bucket) >= 4
+        assert total(series, "queue_job_execution_seconds_bucket", **bucket, le="0.25") == 0
+        assert total(series, "queue_job_execution_seconds_bucket", **bucket, le="0.5") == 4
+        assert total(series, "queue_job_wait_seconds_count", **bucket) >= 4
         # due counts, the head's age and the set of queues equal RQ's own
         for queue in truth["all_queues"]:  # "idle" has no job: RQ does not know it either
             due = value(series, "queue_scheduled_due", system="rq", queue=queue)
@@ -188,7 +177,7 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         _driver(rq_python, redis_url, "enqueue", json.dumps(PLAN[:2]))
         _worker(rq_python, redis_url, "default", burst=True).wait(timeout=120)
         wait_for(
-            lambda: _sum(scrape_series(app), "queue_jobs_completed_total", queue="default") == 6,
+            lambda: total(scrape_series(app), "queue_jobs_completed_total", queue="default") == 6,
             timeout=30,
         )
     finally:
