@@ -190,8 +190,13 @@ def _drive_changes(attune, postgres_dsn, run_exporter):
     # The deploy queue drains (row deleted), then the build action is deleted (cascade).
     attune.delete_stats(deploy)
     attune.set_status(deploy, "running", "completed", 1)
+    # Two collectors on their own intervals: wait until each has sampled since the change.
     series = _series_when(
-        app, lambda s: _attune(s, "queue_depth", queue="ci.deploy", state="active") is None
+        app,
+        lambda s: (
+            _attune(s, "queue_depth", queue="ci.deploy", state="active") is None
+            and _attune(s, "queue_executions", queue="ci.deploy", status="running") is None
+        ),
     )
     assert not [key for key in series if ("queue", "ci.deploy") in key[1]]
     attune.delete_action(build)
