@@ -148,6 +148,17 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "redisAuth": {"existingSecret": "redis", "existingSecretSentinelPasswordKey": "sentinels"},
     },
+    "existing-secret-sentinel-only": {
+        "config": {
+            "presets": ["rq"],
+            "sources": {"redis": {"url": "redis+sentinel://s0:26379,s1:26379/queues/0"}},
+        },
+        "redisAuth": {
+            "existingSecret": "sentinels",
+            "existingSecretPasswordKey": "",
+            "existingSecretSentinelPasswordKey": "sentinel-pw",
+        },
+    },
     "sentinel-only-password": {
         "config": {
             "presets": ["rq"],
@@ -745,3 +756,48 @@ def test_sentinel_password_alone_gets_a_secret_of_its_own(
     source = rendered_config(docs)["sources"]["redis"]
     assert source["sentinel_password_file"] == "/etc/queue-exporter/redis/sentinel-password"
     assert "password_file" not in source
+
+
+@pytest.mark.parametrize(
+    ("password_key", "sentinel_key"),
+    [("pw", ""), ("", "sentinel-pw"), ("pw", "sentinel-pw")],
+    ids=["password-only", "sentinel-password-only", "both"],
+)
+def test_an_existing_secret_mounts_the_keys_it_names(password_key: str, sentinel_key: str) -> None:
+    """Each key of redisAuth.existingSecret is optional: a Secret holding the Sentinels'
+    password alone mounts that file only, and the config names only the files mounted."""
+    values = copy.deepcopy(VALUE_SETS["existing-secret-sentinel-only"])
+    values["redisAuth"].update(
+        existingSecretPasswordKey=password_key, existingSecretSentinelPasswordKey=sentinel_key
+    )
+    docs = documents(render(values))
+    for doc in docs:
+        kubernetes_validate.validate(doc, KUBE_VERSION, strict=True)
+    assert kind(docs, "Secret") == []  # the existing one is used, none is created
+    ((pod, container),) = exporter_pods(docs)
+    files = mounted_files(pod, container)
+    source = rendered_config(docs)["sources"]["redis"]
+    for key, config_key, path in (
+        (password_key, "password_file", "/etc/queue-exporter/redis/password"),
+        (sentinel_key, "sentinel_password_file", "/etc/queue-exporter/redis/sentinel-password"),
+    ):
+        if key:
+            assert files[path] == f"secret sentinels {key}"
+            assert source[config_key] == path
+        else:
+            assert path not in files
+            assert config_key not in source
+
+
+def test_an_existing_secret_with_no_key_named_is_refused() -> None:
+    values = {
+        "redisAuth": {
+            "existingSecret": "redis",
+            "existingSecretPasswordKey": "",
+            "existingSecretSentinelPasswordKey": "",
+        }
+    }
+    with pytest.raises(
+        helm.HelmRenderError, match=re.escape("redisAuth.existingSecret is set but names no key")
+    ):
+        render(values)

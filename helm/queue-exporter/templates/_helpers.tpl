@@ -74,15 +74,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{/* Secrets: an existing one, or the chart's own when the credential is given in values. */}}
 {{- define "queue-exporter.redisSecretName" -}}
 {{- if .Values.redisAuth.existingSecret }}
+{{- if not (or .Values.redisAuth.existingSecretPasswordKey .Values.redisAuth.existingSecretSentinelPasswordKey) }}
+{{- fail "redisAuth.existingSecret is set but names no key: set existingSecretPasswordKey, existingSecretSentinelPasswordKey or both" }}
+{{- end }}
 {{- .Values.redisAuth.existingSecret }}
 {{- else if or .Values.redisAuth.password .Values.redisAuth.sentinelPassword }}
 {{- printf "%s-redis" (include "queue-exporter.fullname" .) }}
 {{- end }}
 {{- end }}
 
-{{/* Which of the Redis Secret's keys are mounted: "true" or empty. */}}
+{{/* Which of the Redis Secret's keys are mounted: "true" or empty. An existing Secret's key
+is mounted only when its key is named, so a Secret may hold the Sentinels' password alone. */}}
 {{- define "queue-exporter.hasRedisPassword" -}}
-{{- if or .Values.redisAuth.existingSecret .Values.redisAuth.password }}true{{ end }}
+{{- if .Values.redisAuth.existingSecret }}
+{{- if .Values.redisAuth.existingSecretPasswordKey }}true{{ end }}
+{{- else if .Values.redisAuth.password }}true{{ end }}
 {{- end }}
 
 {{- define "queue-exporter.hasSentinelPassword" -}}
