@@ -29,6 +29,10 @@ from exporter.telemetry_config import LimitsConfig, OtlpConfig
 
 DEFAULT_LISTEN_ADDRESS = "0.0.0.0:9839"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
+# Native readers of systems that do not run on a Redis Cluster: RQ (rq/rq#1048), kombu's
+# Redis transport (celery/kombu#2204, not merged) and Sidekiq (its wiki, "Using Redis").
+_NOT_ON_A_CLUSTER = ("rq", "celery", "sidekiq")
+_PLAIN = RedisConnectionConfig()
 
 
 class ConfigError(Exception):
@@ -116,28 +120,25 @@ class Config(StrictModel):
         return value
 
     @model_validator(mode="after")
-    def _cluster_for_key_sampling_and_streams_only(self) -> Config:
-        """Runner-Q streams (their events name activity hashes in any slot), native readers
-        and the lease on a Redis Cluster are not supported: say so here, naming the setting,
-        rather than fail at every read. A v1 stream is read on its slot's node."""
+    def _no_cluster_for_readers_of_systems_that_refuse_one(self) -> Config:
+        """RQ, Celery (kombu's Redis transport) and Sidekiq do not run on a Redis Cluster
+        (their own commands span keys of many slots): a reader of theirs given one is refused
+        here, naming the setting, rather than failing at every read. BullMQ with a hash-tagged
+        prefix, Runner-Q streams and the lease run on a cluster."""
         default = self.sources.default_redis()
-        places: list[tuple[str, RedisConnectionConfig | None]] = []
-        events = self.sources.events
-        for index, stream in enumerate(events.streams if events is not None else []):
-            own = stream.redis or (events.redis if events is not None else None)
-            if stream.format == "runnerq":
-                places.append((f"sources.events.streams[{index}]", own or default))
         native = self.sources.native
-        for name, reader in native.enabled_by_name().items() if native is not None else ():
-            places.append((f"sources.native.{name}", reader.redis or default))
-        if self.leader_election.enabled:
-            places.append(("leader_election", self.leader_election.redis or default))
-        clustered = [place for place, connection in places if connection and connection.is_cluster]
+        readers = native.enabled_by_name().items() if native is not None else ()
+        clustered = [
+            f"sources.native.{name}"
+            for name, reader in readers
+            if name in _NOT_ON_A_CLUSTER and (reader.redis or default or _PLAIN).is_cluster
+        ]
         if clustered:
             raise ValueError(
-                f"{', '.join(clustered)}: a Redis Cluster is read by the key sampler and by v1 "
-                "event streams only; give these a redis:// or redis+sentinel:// URL of their own "
-                "(their redis setting), or turn a native reader off (preset param native: false)"
+                f"{', '.join(clustered)}: RQ, Celery (kombu's Redis transport) and Sidekiq do not "
+                "run on a Redis Cluster (their own commands span keys of many slots), so a reader "
+                "of theirs needs a redis:// or redis+sentinel:// URL: give it one (its redis "
+                "setting) or turn it off (preset param native: false)"
             )
         return self
 

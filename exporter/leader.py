@@ -14,6 +14,11 @@ consumption is not elected: every replica reads through the consumer group.
 
 Redis commands used (all on the two keys below): EVALSHA, SCRIPT LOAD and, in the scripts,
 GET, SET, PEXPIRE, INCR, DEL. docs/operations.md has the details.
+
+On a Redis Cluster a script may touch one slot only: the fencing counter is then
+`{<key>}:fence`, in the lease's slot (a key with a hash tag of its own keeps `<key>:fence`),
+and the scripts run on the primary of that slot, found again in the slot map after MOVED or a
+lost connection (a failover).
 """
 
 from __future__ import annotations
@@ -78,7 +83,7 @@ class Leadership:
         self.connection = connection
         self.holder = config.holder_name()
         self._clock = clock
-        self._keys = (config.key, config.key + FENCE_SUFFIX)
+        self._keys = (config.key, fence_key(config.key, connection.is_cluster))
         self._ttl_ms = max(1, round(config.lease_ttl * 1000))
         self._lock = threading.Lock()
         self._token: int | None = None
@@ -147,11 +152,12 @@ class Leadership:
         with self._lock:
             held, self._token = self._token is not None, None
         if held:
-            if timeout is not None:
-                self._drop_client()
-                bounded = {"socket_timeout": timeout, "connect_timeout": timeout}
-                self._client = self.connection.model_copy(update=bounded).connect()
             try:
+                if timeout is not None:  # on a cluster this reads the slot map: in the try
+                    self._drop_client()
+                    bounded = {"socket_timeout": timeout, "connect_timeout": timeout}
+                    bounded_connection = self.connection.model_copy(update=bounded)
+                    self._client = bounded_connection.connect_for_key(self._keys[0])
                 self._run(RELEASE_SCRIPT, self._keys[:1], (self.holder,))
                 log.info("leader election: %s released the lease", self.holder)
             except redis.RedisError as error:
@@ -164,14 +170,31 @@ class Leadership:
         return int(self._connect().register_script(script)(keys=keys, args=args))
 
     def _connect(self) -> redis.Redis:
+        """The server of the lease (on a cluster, its slot's primary as the map says now)."""
         if self._client is None:
-            self._client = self.connection.connect()
+            self._client = self.connection.connect_for_key(self._keys[0])
         return self._client
 
     def _drop_client(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+
+
+def fence_key(key: str, cluster: bool) -> str:
+    """The fencing counter's key: `<key>:fence`, or on a Redis Cluster `{<key>}:fence` for a
+    key without a hash tag, so that it shares the lease's slot (hence its scripts' node)."""
+    if not cluster or _hash_tag(key):
+        return key + FENCE_SUFFIX
+    return "{" + key + "}" + FENCE_SUFFIX
+
+
+def _hash_tag(key: str) -> str:
+    """What Redis Cluster hashes of a key: the text between its first `{` and the `}` after it,
+    when not empty; "" when the key has no such tag (its whole name is hashed)."""
+    opening = key.find("{")
+    closing = key.find("}", opening + 1) if opening >= 0 else -1
+    return key[opening + 1 : closing] if closing > opening + 1 else ""
 
 
 def register_leader_gauge(telemetry: Telemetry, leadership: Leadership | None) -> None:

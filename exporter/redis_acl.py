@@ -71,6 +71,9 @@ RUNNERQ_COMMANDS = ("hmget",)  # activity:{id} hashes, for the type and times of
 SCRIPT_COMMANDS = ("script|load", "evalsha")
 LEASE_COMMANDS = ("get", "set", "pexpire", "incr", "del")
 OWN_KEYS = "queue-exporter:*"
+# On a Redis Cluster the lease's fencing counter is `{queue-exporter:leader}:fence`, in the
+# lease's slot (leader.fence_key).
+OWN_TAGGED_KEYS = "{queue-exporter:*"
 RUNNERQ_ACTIVITY_KEYS = "activity:*"
 
 
@@ -126,6 +129,8 @@ def _redis_connections(config: Config) -> list[RedisConnectionConfig]:
     if events is not None:
         connections += [c for c in (events.redis, *(s.redis for s in events.streams)) if c]
     connections += [reader.redis for reader in _native_readers(config) if reader.redis]
+    if config.leader_election.enabled and config.leader_election.redis is not None:
+        connections.append(config.leader_election.redis)
     return connections
 
 
@@ -140,7 +145,8 @@ def acl_rules(config: Config) -> list[str]:
             commands += RUNNERQ_COMMANDS
     for reader in _native_readers(config):
         commands += reader.ACL_COMMANDS
-    if any(connection.is_cluster for connection in _redis_connections(config)):
+    cluster = any(connection.is_cluster for connection in _redis_connections(config))
+    if cluster:
         commands += CLUSTER_COMMANDS
     rules = ["-@all", *(f"+{command}" for command in dict.fromkeys(commands))]
     rules += [f"%R~{pattern}" for pattern in read_key_patterns(config)]
@@ -150,8 +156,9 @@ def acl_rules(config: Config) -> list[str]:
         rules += [
             f"&{channel}" for channel in reader.acl_channels(reader.redis or default_connection)
         ]
-    rules.append(f"~{OWN_KEYS}")
-    rules.append(f"(~{OWN_KEYS} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
+    own = [f"~{OWN_KEYS}", *([f"~{OWN_TAGGED_KEYS}"] if cluster else [])]
+    rules += own
+    rules.append(f"({' '.join(own)} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     return rules
 
 

@@ -91,7 +91,8 @@ class RedisConnectionConfig(StrictModel):
         SecretStr(DEFAULT_REDIS_URL),
         description="redis://, rediss:// or unix:// URL, or redis+sentinel://host:26379,"
         "host2:26379/<service>/<db> (rediss+sentinel: TLS to the Sentinels and the master), or "
-        "redis+cluster://host:port,host2:port (seed nodes; key sampling and v1 event streams); "
+        "redis+cluster://host:port,host2:port (seed nodes; not for the RQ, Celery and Sidekiq "
+        "readers: those systems do not run on a cluster); "
         "a password in it is masked everywhere",
     )
     username: str | None = Field(None, description="ACL user (overrides the URL's)")
@@ -167,8 +168,8 @@ class RedisConnectionConfig(StrictModel):
             return self._connect_sentinel(target, replica)
         if self.is_cluster:
             raise redis.RedisError(
-                "a redis+cluster:// URL is for the key sampler; events, native readers and the "
-                "lease need a Redis or Sentinel URL"
+                "a redis+cluster:// URL has no one server: reach a key's node (connect_for_key) "
+                "or the whole cluster (connect_cluster)"
             )
         return redis.Redis.from_url(self.url.get_secret_value(), **self._options())
 

@@ -84,7 +84,15 @@ class Driver:
 
 
 class BullMQ(Driver):
-    def __init__(self, major: int, db: int, port: int = REDIS_PORT) -> None:
+    def __init__(
+        self,
+        major: int,
+        db: int,
+        port: int = REDIS_PORT,
+        cluster: list[tuple[str, int]] | None = None,
+    ) -> None:
+        """`cluster`: a Redis Cluster's seed nodes, which BullMQ then reaches through ioredis's
+        Cluster client (db and port are not used)."""
         node = shutil.which("node")
         install = TESTS / "node" / f"bullmq{major}"
         if node is None:
@@ -92,7 +100,9 @@ class BullMQ(Driver):
         if not (install / "node_modules" / "bullmq").is_dir():
             _missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)}")
         super().__init__([str(node), str(TESTS / "node" / "bullmq.cjs"), str(install)], {})
-        self.connection = {"host": REDIS_HOST, "port": port, "db": db}
+        self.connection: dict[str, Any] = {"host": REDIS_HOST, "port": port, "db": db}
+        if cluster is not None:
+            self.connection = {"cluster": [{"host": h, "port": p} for h, p in cluster]}
 
     def steps(self, *steps: dict[str, Any]) -> None:
         assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"

@@ -145,13 +145,22 @@ def test_runnerq_events_map_onto_the_event_families(redis_client, redis_url, run
     day = redis_client.pipeline(transaction=True)
     entries = _run_day(RunnerQ(day), time.time() - 100)
     day.execute()
-    series = wait_for(
+    assert_the_day(wait_for_the_day(app, entries))
+
+
+def wait_for_the_day(app, entries: int):
+    """The scrape once the exporter consumed the day's entries."""
+    return wait_for(
         lambda: (
             (s := scrape_series(app))
             and value(s, "queue_exporter_events_total", stream=STREAM) == entries
             and s
         )
     )
+
+
+def assert_the_day(series) -> None:
+    """What _run_day's stream, with each activity hash as it is at the day's end, yields."""
 
     def job(name: str, job_type: str, priority: str, **labels: str) -> float | None:
         return value(

@@ -166,37 +166,34 @@ def test_a_stream_on_its_own_redis_is_consumed_there(
     wait_for(lambda: completed(scrape_series(app)) == [1, 1])
 
 
-def test_runnerq_streams_readers_and_the_lease_on_a_cluster_are_refused_by_name():
+def test_rq_celery_and_sidekiq_readers_on_a_cluster_are_refused_by_name():
+    """Those systems do not run on a Redis Cluster; BullMQ, Runner-Q streams and the lease do
+    (test_cluster_native.py)."""
     cluster = {"url": "redis+cluster://r0:6379,r1:6379"}
     with pytest.raises(config_module.ConfigError) as refused:
         config_module.from_dict(
             {
-                "presets": ["bullmq"],
+                "presets": ["rq", "sidekiq", "bullmq", "runnerq"],
                 "leader_election": {"enabled": True},
-                "sources": {
-                    "redis": cluster,
-                    "events": {"streams": ["events:a", {"key": "rq", "format": "runnerq"}]},
-                },
+                "sources": {"redis": cluster},
             }
         )
     message = str(refused.value)
-    assert "sources.events.streams[1], sources.native.bullmq, leader_election:" in message
-    assert "native: false" in message
+    assert "sources.native.rq, sources.native.sidekiq: RQ, Celery" in message
+    assert "do not run on a Redis Cluster" in message and "native: false" in message
+    assert "bullmq" not in message and "events" not in message and "leader" not in message
+    celery = {"celery": {"enabled": True, "redis": cluster}}
+    with pytest.raises(config_module.ConfigError, match=r"sources\.native\.celery: RQ"):
+        config_module.from_dict({"sources": {"native": celery}})
     accepted = config_module.from_dict(
         {
-            "presets": [{"name": "bullmq", "params": {"native": False}}],
+            "presets": [{"name": "rq", "params": {"native": False}}, "bullmq", "runnerq"],
+            "leader_election": {"enabled": True},
             "sources": {
                 "redis": cluster,
-                "events": {
-                    "streams": ["events:a", {"key": "rq", "format": "runnerq"}],
-                    "redis": {"url": "redis://ev:6379/0"},
-                },
+                "native": {"sidekiq": {"redis": {"url": "redis://sidekiq:6379/0"}}},
             },
         }
     )
     assert accepted.sources.default_redis().is_cluster
-    # A v1 stream is read on its slot's node (test_redis_cluster.py).
-    on_cluster = config_module.from_dict(
-        {"sources": {"redis": cluster, "events": {"streams": ["events:{a}"]}}}
-    )
-    assert on_cluster.sources.events is not None
+    assert accepted.sources.native.bullmq.enabled and accepted.sources.native.sidekiq.enabled

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.exceptions import AskError
@@ -38,6 +38,11 @@ from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.redis_pipeline import Args, transaction
 from exporter.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
+
+    from exporter.redis_cluster import ClusterNodes
 
 log = logging.getLogger(__name__)
 # A stream that does not exist is said once per stream every few minutes: a typo in its key
@@ -76,6 +81,9 @@ class StreamConsumer:
         )
         self._key = stream.key.encode()
         self._client: redis.Redis | None = None
+        # Runner-Q's activity hashes lie in any slot: on a Redis Cluster they are read through
+        # a cluster client, which sends each HMGET to the node of its slot.
+        self._activity_nodes: ClusterNodes | None = None
         self._start = stream.start  # for a group this consumer has seen nothing of
         self._seen = Seen()
         self._acks: list[bytes] = []
@@ -149,6 +157,8 @@ class StreamConsumer:
         not applied: its entries stay pending for this consumer name (re-read at its restart)
         or for another replica (claimed after claim_idle)."""
         sever(self._client)
+        if self._activity_nodes is not None:
+            self._activity_nodes.sever()
 
     def poll(self) -> int:
         """One read: ack the last batch, check for lost entries, read and apply the next.
@@ -199,6 +209,7 @@ class StreamConsumer:
         if self._client is not None:
             self._client.close()
             self._client = None
+        self._close_activity_nodes()
         if not self._acks:
             return
         deadline = {"socket_timeout": FINAL_ACK_TIMEOUT, "connect_timeout": FINAL_ACK_TIMEOUT}
@@ -325,7 +336,8 @@ class StreamConsumer:
         tally: Tally,
     ) -> None:
         if self._runnerq is not None:
-            self._runnerq.decode(client, entries, now, tally, self._refusals)
+            hashes = self._activity_client(client)
+            self._runnerq.decode(hashes, entries, now, tally, self._refusals)
         else:
             decode_v1(
                 entries, self.stream.system, now, self.settings.max_future, tally, self._refusals
@@ -426,6 +438,22 @@ class StreamConsumer:
             self._client = self.connection.connect_for_key(self._key)
         return self._client
 
+    def _activity_client(self, client: redis.Redis) -> redis.Redis | RedisCluster:
+        """Where Runner-Q's activity hashes are read: the stream's server, or on a Redis
+        Cluster every node (a cluster client routes each key to its slot's node)."""
+        if not self.connection.is_cluster:
+            return client
+        if self._activity_nodes is None:
+            from exporter.redis_cluster import ClusterNodes
+
+            self._activity_nodes = ClusterNodes(self.connection.connect_cluster())
+        return self._activity_nodes.cluster
+
+    def _close_activity_nodes(self) -> None:
+        if self._activity_nodes is not None:
+            self._activity_nodes.close()
+            self._activity_nodes = None
+
     def _failed(self, error: Exception, duration: float) -> None:
         reason = redis_error_reason(error)
         if not self._failing:
@@ -453,6 +481,8 @@ class StreamConsumer:
             # moving there; the next connection asks the slot map where it is.
             self._client.close()
             self._client = None
+        if isinstance(error, redis.ConnectionError | redis.TimeoutError | AskError):
+            self._close_activity_nodes()  # the next cluster client reads the slot map anew
         if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
             # the next read goes through the position check again, which recreates the group.

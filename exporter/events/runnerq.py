@@ -10,6 +10,9 @@ the hash's started_at / completed_at, which Runner-Q sets at dequeue and at the 
 The hash is read after the event was written, so for an activity that moved on in between
 (e.g. retried again) its times may belong to a later attempt; such values are dropped when
 they contradict the event (a start after the event's own time).
+
+On a Redis Cluster the hashes lie in any slot: the consumer hands `decode` a cluster client,
+whose pipeline sends each node the HMGETs of its own slots.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
@@ -28,6 +31,9 @@ from exporter.events.metrics import Tally, apply
 from exporter.events.refusals import Refusals
 from exporter.events.wire import Event, InvalidEvent
 from exporter.sources.item_time import TimeParseError, parse_time
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +132,7 @@ class RunnerQDecoder:
 
     def decode(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         entries: Iterable[tuple[bytes, dict[bytes, bytes]]],
         now: float,
         tally: Tally,
@@ -161,7 +167,7 @@ class RunnerQDecoder:
     # -- enrichment -----------------------------------------------------------------------
 
     def _activities(
-        self, client: redis.Redis, events: list[ActivityEvent]
+        self, client: redis.Redis | RedisCluster, events: list[ActivityEvent]
     ) -> dict[str, Activity | None]:
         """Each event's activity hash (empty when it expired), None when it cannot be read."""
         known: dict[str, Activity | None] = {}
@@ -174,6 +180,7 @@ class RunnerQDecoder:
                 wanted.append(event.activity_id)
         if not wanted:
             return known
+        # On a Redis Cluster the client's pipeline sends each node the HMGETs of its slots.
         pipe = client.pipeline(transaction=False)
         for activity_id in wanted:
             pipe.hmget(f"activity:{activity_id}", _HASH_FIELDS)

@@ -13,7 +13,13 @@ const path = require('path');
 const [installDir, command, specText] = process.argv.slice(2);
 const { Queue, Worker, FlowProducer } = require(path.resolve(installDir, 'node_modules', 'bullmq'));
 const spec = JSON.parse(specText);
-const connection = { host: spec.host, port: spec.port, db: spec.db, maxRetriesPerRequest: null };
+// spec.cluster: the seed nodes of a Redis Cluster, [{host, port}], read through ioredis's
+// Cluster client as BullMQ's docs say (its keys then need a hash tag: prefix or queue names).
+const connection = spec.cluster
+  ? new (require(path.resolve(installDir, 'node_modules', 'ioredis')).Cluster)(spec.cluster, {
+    redisOptions: { maxRetriesPerRequest: null },
+  })
+  : { host: spec.host, port: spec.port, db: spec.db, maxRetriesPerRequest: null };
 const prefix = spec.prefix || 'bull';
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));

@@ -19,6 +19,13 @@ Nothing is lost or counted twice unnoticed:
 - a stream deleted or recreated (obliterate, Redis restarted without its data) is read again
   from its start.
 
+On a Redis Cluster (BullMQ with a hash-tagged prefix or queue names: every key of a queue in
+its tag's slot) a MULTI may touch one slot: the XINFO STREAM + XREAD pairs run in one MULTI per
+slot, a node's in turn, the nodes in parallel; SCAN covers every
+primary, and the job hashes and the positions key are read through the cluster client, which
+sends each key to its slot's node. A MOVED or lost node fails the read; the next one reads the
+slot map again.
+
 A retried attempt has no `failed` event of its own: BullMQ moves the job to `delayed` (with
 backoff) or back to `waiting` (prev active); with a `failedReason` in the job hash that is a
 retryable failure and a retry, without one a rate-limit push-back. A stalled job (its lock
@@ -28,12 +35,15 @@ requeue; failed for stalling too often, it is a failure of class `other`.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
+from redis.crc import key_slot
+from redis.exceptions import AskError
 
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
@@ -42,6 +52,11 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, scan_glob
 from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import RedisReader, Signals
+
+if TYPE_CHECKING:
+    from redis.cluster import RedisCluster
+
+    from exporter.redis_cluster import ClusterNodes
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -57,6 +72,8 @@ MAX_REMEMBERED = 50_000
 _T = TypeVar("_T")
 # The failedReason of a job failed for stalling too often (its worker died or blocked).
 _STALLED = b"job stalled more than allowable limit"
+# A queue's XINFO STREAM and XREAD replies.
+_StreamReplies = dict[str, tuple[Any, Any]]
 
 
 @dataclass(slots=True)
@@ -93,9 +110,31 @@ class BullmqReader(RedisReader):
         self._runnable: dict[tuple[str, bytes], float] = {}
         self._starts: dict[tuple[str, bytes], float] = {}
         self._meta = key_regex(f"{config.prefix}:{{value}}:meta")
+        self._nodes: ClusterNodes | None = None  # on a Redis Cluster
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        if self._nodes is not None:
+            self._nodes.sever()
+
+    def close(self) -> None:
+        super().close()
+        if self._nodes is not None:
+            self._nodes.close()
+            self._nodes = None
+
+    def _server(self) -> redis.Redis | RedisCluster:
+        """The one Redis, or a cluster client (it routes each key to its slot's node)."""
+        if not self.connection.is_cluster:
+            return self._connect()
+        if self._nodes is None:
+            from exporter.redis_cluster import ClusterNodes
+
+            self._nodes = ClusterNodes(self.connection.connect_cluster())
+        return self._nodes.cluster
 
     def read(self, signals: Signals) -> None:
-        client = self._connect()
+        client = self._server()
         # Positions move on only when the whole read succeeded: a read that fails applies
         # nothing (framework.py), so the next one reads the same entries again.
         positions = {queue: replace(position) for queue, position in self._positions.items()}
@@ -109,12 +148,12 @@ class BullmqReader(RedisReader):
             self._apply(client, batches, signals)
             self._positions = {queue: positions[queue] for queue in queues if queue in positions}
             self._store_positions(client)
-        except (redis.ConnectionError, redis.TimeoutError):
-            self.close()
+        except (redis.ConnectionError, redis.TimeoutError, AskError):
+            self.close()  # AskError (MOVED too): a cluster's slot map changed, read it again
             raise
         self._started = True
 
-    def _stored_positions(self, client: redis.Redis) -> dict[str, _Position] | None:
+    def _stored_positions(self, client: redis.Redis | RedisCluster) -> dict[str, _Position] | None:
         """The positions the last successful read stored: a restarted exporter (or a new
         leader) goes on from there, so nothing is counted twice or skipped, and what BullMQ
         trimmed meanwhile is counted as lost. None: none stored, or unreadable (the first
@@ -134,7 +173,7 @@ class BullmqReader(RedisReader):
             )
             return None
 
-    def _store_positions(self, client: redis.Redis) -> None:
+    def _store_positions(self, client: redis.Redis | RedisCluster) -> None:
         document = {q: [p.last_id.decode(), p.added] for q, p in self._positions.items()}
         try:
             client.set(self.config.positions_key, json.dumps(document), px=POSITIONS_TTL_MS)
@@ -146,7 +185,7 @@ class BullmqReader(RedisReader):
     def _events_key(self, queue: str) -> str:
         return f"{self.config.prefix}:{queue}:events"
 
-    def _queues(self, client: redis.Redis) -> list[str]:
+    def _queues(self, client: redis.Redis | RedisCluster) -> list[str]:
         """Every queue has a meta hash (the Queue constructor and every add write it)."""
         pattern = scan_glob(f"{self.config.prefix}:{{_q}}:meta")
         names = set()
@@ -160,27 +199,64 @@ class BullmqReader(RedisReader):
 
     def _follow(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         queues: list[str],
         positions: dict[str, _Position],
         baseline: bool,
         signals: Signals,
     ) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
-        """One MULTI of XINFO STREAM + XREAD per queue: the new entries of each stream, the
+        """XINFO STREAM + XREAD of each queue in one MULTI: the new entries of each stream, the
         entries trimmed before they were read counted as lost."""
+        if self._nodes is None:
+            assert isinstance(client, redis.Redis)
+            replies = self._transaction(client, queues, positions)
+        else:
+            replies = self._per_slot(self._nodes, queues, positions)
+        batches = []
+        for queue in queues:
+            info, read = replies[queue]
+            entries = self._new_entries(queue, info, read, positions, baseline, signals)
+            if entries:
+                batches.append((queue, entries))
+        return batches
+
+    def _per_slot(
+        self, nodes: ClusterNodes, queues: list[str], positions: dict[str, _Position]
+    ) -> _StreamReplies:
+        """On a cluster: one MULTI per slot (a queue's keys share its hash tag's slot), a node's
+        in turn, the nodes in parallel."""
+        by_node: dict[str, tuple[redis.Redis, dict[int, list[str]]]] = {}
+        for queue in queues:
+            key = self._events_key(queue).encode()
+            name, node = nodes.node_of(key)
+            by_node.setdefault(name, (node, {}))[1].setdefault(key_slot(key), []).append(queue)
+        calls = [
+            functools.partial(self._transactions, node, list(slots.values()), positions)
+            for node, slots in by_node.values()
+        ]
+        replies: _StreamReplies = {}
+        for future in nodes.in_parallel(calls):
+            replies.update(future.result())
+        return replies
+
+    def _transactions(
+        self, client: redis.Redis, slots: list[list[str]], positions: dict[str, _Position]
+    ) -> _StreamReplies:
+        replies: _StreamReplies = {}
+        for queues in slots:
+            replies.update(self._transaction(client, queues, positions))
+        return replies
+
+    def _transaction(
+        self, client: redis.Redis, queues: list[str], positions: dict[str, _Position]
+    ) -> _StreamReplies:
         pipe = client.pipeline(transaction=True)
         for queue in queues:
             position = positions.get(queue, _Position(b"0-0", 0))
             pipe.xinfo_stream(self._events_key(queue))
             pipe.xread({self._events_key(queue): position.last_id}, count=self.config.max_events)
-        replies = pipe.execute(raise_on_error=False)
-        batches = []
-        for index, queue in enumerate(queues):
-            info, read = replies[2 * index], replies[2 * index + 1]
-            entries = self._new_entries(queue, info, read, positions, baseline, signals)
-            if entries:
-                batches.append((queue, entries))
-        return batches
+        replies = pipe.execute(raise_on_error=False) if queues else []
+        return {queue: (replies[2 * i], replies[2 * i + 1]) for i, queue in enumerate(queues)}
 
     def _new_entries(
         self,
@@ -240,7 +316,7 @@ class BullmqReader(RedisReader):
 
     def _apply(
         self,
-        client: redis.Redis,
+        client: redis.Redis | RedisCluster,
         batches: list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]],
         signals: Signals,
     ) -> None:
@@ -268,7 +344,7 @@ class BullmqReader(RedisReader):
                     )
 
     def _jobs(
-        self, client: redis.Redis, wanted: list[tuple[str, bytes]], signals: Signals
+        self, client: redis.Redis | RedisCluster, wanted: list[tuple[str, bytes]], signals: Signals
     ) -> dict[tuple[str, bytes], _Job]:
         if not wanted:
             return {}

@@ -1,0 +1,209 @@
+"""What runs on a real Redis Cluster (3 primaries, 3 replicas) besides key sampling and v1
+streams: the BullMQ reader beside a real BullMQ that runs on the cluster itself, a Runner-Q
+stream whose activity hashes lie in every slot, and the leader lease; all of it with exactly
+the ACL `queue-exporter redis-acl` prints. RQ, Celery and Sidekiq readers stay refused there
+(test_redis_sources.py): those systems do not run on a cluster."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from exporter import config as config_module
+from exporter import redis_acl
+from exporter.leader import Leadership
+from exporter.leader_config import LeaderElectionConfig
+from exporter.redis_connection import RedisConnectionConfig
+from tests.conftest import scrape_series, total, wait_for
+from tests.real_queues import BULLMQ_MAJORS, BullMQ
+from tests.redis_topology import ClusterSetup
+from tests.test_events_runnerq import RunnerQ, _run_day, assert_the_day, wait_for_the_day
+
+# BullMQ queues whose names are hash tags: each queue's keys in one slot, the queues spread.
+QUEUES = ("{emails}", "{reports}", "{images}")
+NATIVE = "native:bullmq"
+LEASE = "queue-exporter:leader"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[ClusterSetup]:
+    setup = ClusterSetup(tmp_path_factory.mktemp("cluster")).start()
+    yield setup
+    setup.stop()
+
+
+@pytest.fixture
+def empty(cluster: ClusterSetup) -> ClusterSetup:
+    with cluster.client() as client:
+        client.flushall(target_nodes="primaries")
+    return cluster
+
+
+def _seeds(cluster: ClusterSetup) -> list[tuple[str, int]]:
+    return [("127.0.0.1", node.port) for node in cluster.nodes[:2]]
+
+
+def _bullmq_work(bullmq: BullMQ) -> dict[str, tuple[int, int]]:
+    """Jobs on every queue that a real BullMQ Worker completes or fails; (completed, failed)."""
+    expected = {}
+    for number, queue in enumerate(QUEUES):
+        ok, broken = number + 2, number + 1
+        bullmq.steps(
+            {"op": "add", "queue": queue, "name": "ok", "count": ok},
+            {"op": "add", "queue": queue, "name": "broken", "count": broken, "data": {"fail": 1}},
+            {"op": "work", "queue": queue, "completed": ok, "failed": broken},
+        )
+        expected[queue] = (ok, broken)
+    return expected
+
+
+def _bullmq_settled(app, truth: dict[str, Any]) -> bool:
+    series = scrape_series(app)
+    for queue, report in truth.items():
+        completed = total(series, "queue_jobs_completed_total", system="bullmq", queue=queue)
+        failed = total(
+            series,
+            "queue_jobs_failed_total",
+            system="bullmq",
+            queue=queue,
+            error_type="non_retryable",
+        )
+        if (completed, failed) != (report["counts"]["completed"], report["counts"]["failed"]):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("major", BULLMQ_MAJORS, ids=lambda major: f"bullmq{major}")
+def test_bullmq_on_a_cluster_counts_what_bullmq_reports(empty, run_exporter, major):
+    cluster = empty
+    assert len({cluster.primary_of(f"bull:{queue}:events").port for queue in QUEUES}) > 1
+    bullmq = BullMQ(major, 0, cluster=_seeds(cluster))
+    try:
+        bullmq.steps(*({"op": "add", "queue": queue, "name": "first"} for queue in QUEUES))
+        app = run_exporter({"presets": ["bullmq"], "sources": {"redis": {"url": cluster.url}}})
+        wait_for(lambda: (report := app.health.snapshot().get(NATIVE)) and report.up)
+        expected = _bullmq_work(bullmq)
+        truth = bullmq.truth(list(QUEUES))["queues"]
+        for queue, (ok, broken) in expected.items():  # BullMQ's own word: what ran where
+            assert (truth[queue]["counts"]["completed"], truth[queue]["counts"]["failed"]) == (
+                ok + 1,
+                broken,
+            )
+        # The first jobs were added before the reader's baseline, but completed after it.
+        wait_for(lambda: _bullmq_settled(app, truth), timeout=30)
+        series = scrape_series(app)
+        for queue, (ok, broken) in expected.items():
+            started = total(series, "queue_jobs_started_total", system="bullmq", queue=queue)
+            assert started == ok + 1 + broken
+            enqueued = total(series, "queue_jobs_enqueued_total", system="bullmq", queue=queue)
+            assert enqueued == ok + broken
+        assert total(series, "queue_exporter_events_lost_total", stream=NATIVE) == 0
+        assert app.health.snapshot()[NATIVE].up
+    finally:
+        bullmq.stop_all()
+
+
+class _DayOnACluster:
+    """RunnerQ's writes, recorded, then replayed through a cluster client: every activity
+    hash first, then the stream, so that the exporter reads the hashes as they are at the
+    day's end (on one server a MULTI does this; a cluster's keys lie on several nodes)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
+
+    def replay(self, client) -> None:
+        hashes = [call for call in self.calls if str(self._key(call)).startswith("activity:")]
+        for name, args, kwargs in hashes + [c for c in self.calls if c not in hashes]:
+            getattr(client, name)(*args, **kwargs)
+
+    @staticmethod
+    def _key(call: tuple[str, tuple[Any, ...], dict[str, Any]]) -> Any:
+        name, args, _ = call
+        return args[1] if name == "execute_command" else args[0]
+
+
+def test_runnerq_stream_on_a_cluster_reads_activity_hashes_of_every_slot(empty, run_exporter):
+    cluster = empty
+    app = run_exporter({"presets": ["runnerq"], "sources": {"redis": {"url": cluster.url}}})
+    wait_for(lambda: app.health.snapshot()["events:default:events_stream"].up)
+    day = _DayOnACluster()
+    entries = _run_day(RunnerQ(day), time.time() - 100)
+    activities = {args[0] for name, args, _ in day.calls if name == "hset"}
+    assert len({cluster.primary_of(key).port for key in activities}) > 1
+    with cluster.client() as client:
+        day.replay(client)
+    assert_the_day(wait_for_the_day(app, entries))
+
+
+def _leadership(cluster: ClusterSetup, ttl: float, identity: str) -> Leadership:
+    config = LeaderElectionConfig(
+        enabled=True, lease_ttl=ttl, renew_interval=ttl / 4, identity=identity
+    )
+    return Leadership(config, RedisConnectionConfig(url=cluster.url, socket_timeout=1))
+
+
+def test_the_lease_on_a_cluster_is_held_by_one_and_taken_over(empty):
+    cluster = empty
+    dead, follower = _leadership(cluster, 2.0, "dead"), _leadership(cluster, 2.0, "follower")
+    assert dead.renew() and dead.token() == 1
+    assert not follower.renew()
+    with cluster.client() as client:
+        assert client.get(LEASE).decode() == f"1:{dead.holder}"
+        # the fencing counter shares the lease's slot: one script touches both
+        assert client.get("{" + LEASE + "}:fence") == b"1"
+    with cluster.primary_of(LEASE).client() as primary:
+        primary.script_flush()  # the script is loaded again
+    assert dead.renew() and dead.token() == 1
+    wait_for(follower.renew, timeout=10, interval=0.05)  # the dead one renews no more
+    assert follower.token() == 2
+    follower.release()
+    with cluster.client() as client:
+        assert client.get(LEASE) is None
+
+
+def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(empty, run_exporter):
+    cluster = empty
+    bullmq = BullMQ(BULLMQ_MAJORS[-1], 0, cluster=_seeds(cluster))
+    raw = {
+        "presets": ["bullmq", "runnerq"],
+        "leader_election": {"enabled": True, "lease_ttl": 2, "renew_interval": 0.5},
+        "sources": {
+            "redis": {"url": cluster.url, "username": "exporter", "password": "acl-secret-2"}
+        },
+    }
+    rules = redis_acl.acl_rules(config_module.from_dict(raw))
+    for node in cluster.nodes:
+        with node.client() as client:
+            client.execute_command(
+                "ACL", "SETUSER", "exporter", "reset", "on", ">acl-secret-2", *rules
+            )
+    try:
+        bullmq.steps({"op": "add", "queue": QUEUES[0], "name": "first"})
+        app = run_exporter(raw)
+        wait_for(lambda: (report := app.health.snapshot().get(NATIVE)) and report.up)
+        bullmq.steps({"op": "work", "queue": QUEUES[0], "completed": 1})
+        day = _DayOnACluster()
+        entries = _run_day(RunnerQ(day), time.time() - 100)
+        with cluster.client() as client:
+            day.replay(client)
+        assert_the_day(wait_for_the_day(app, entries))
+
+        def completed() -> float:
+            series = scrape_series(app)
+            return total(series, "queue_jobs_completed_total", system="bullmq", queue=QUEUES[0])
+
+        wait_for(lambda: completed() == 1)
+        assert app.leadership is not None and app.leadership.is_leader()
+        snapshot = app.health.snapshot()
+        assert all(report.up for report in snapshot.values()), snapshot
+    finally:
+        bullmq.stop_all()
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.execute_command("ACL", "DELUSER", "exporter")
