@@ -1,8 +1,5 @@
 """queue-exporter: queue metrics sidecar for Redis queues, PostgreSQL queue tables and job events."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("queue-exporter")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0.0.0+source"
+# The one place the version is written: pyproject.toml reads it from here at build time
+# (setuptools' attr:), so start-up needs no importlib.metadata (email, zipfile: ~35 ms).
+__version__ = "0.1.0"

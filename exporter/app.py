@@ -8,20 +8,19 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from exporter import inventory
 from exporter.config import Config
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import build_consumers
-from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
-from exporter.leader import Leadership, lease_connection, register_leader_gauge
-from exporter.sources import native
-from exporter.sources.base import Source, SourceRunner
-from exporter.sources.redis_keys import redis_samplers
 from exporter.status_page import StatusPage
 from exporter.telemetry import Telemetry
+
+if TYPE_CHECKING:
+    from exporter.events.consumer import StreamConsumer
+    from exporter.leader import Leadership
+    from exporter.sources.base import SourceRunner
 
 log = logging.getLogger(__name__)
 
@@ -39,55 +38,21 @@ LEASE_RELEASE_TIMEOUT = 0.5
 OTLP_SHUTDOWN_TIMEOUT = 0.5
 
 
-def build_sources(
-    config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
-) -> list[Source]:
-    sources: list[Source] = list(
-        redis_samplers(config.sources.redis, telemetry, config.sample_interval)
-    )
-    postgres_config = config.sources.postgres
-    if postgres_config is not None and postgres_config.collectors:
-        from exporter.sources import postgres  # psycopg loads only when PostgreSQL is sampled
-
-        sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
-    if event_metrics is not None:
-        sources.extend(
-            native.build_sources(
-                config.sources.native,
-                config.sources.default_redis(),
-                event_metrics,
-                config.sample_interval,
-            )
-        )
-    return sources
-
-
-def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | None:
-    """The one EventMetrics that event streams and native readers feed, when any is on."""
-    events, readers = config.sources.events, config.sources.native
-    if not (events is not None and events.streams) and not (readers and readers.enabled()):
-        return None
-    return EventMetrics(telemetry, (events or EventsSourceConfig()).buckets())
-
-
 class App:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, listen_first: bool = False) -> None:
+        """Build everything, or with `listen_first` only telemetry and the HTTP listener: then
+        start() serves before it builds the sources (serve's start-up; see _build_sources)."""
         self.config = config
         self.health = HealthBoard()
         self.telemetry = Telemetry(self.health, config.limits, config.otlp)
         self.stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
         self._shut_down = False
-        self.leadership = _leadership(config)
-        register_leader_gauge(self.telemetry, self.leadership)
-        event_metrics = build_event_metrics(config, self.telemetry)
-        self.runners = [
-            SourceRunner(source, self.telemetry, self.stopping, self.leadership)
-            for source in build_sources(config, self.telemetry, event_metrics)
-        ]
-        self.event_consumers = build_consumers(
-            config.sources.events, config.sources.default_redis(), self.telemetry, event_metrics
-        )
+        self.leadership: Leadership | None = None
+        self.runners: list[SourceRunner] = []
+        self.event_consumers: list[StreamConsumer] = []
+        self._sources_built = False
+        self._listening = False
         host, port = config.host_port
         status = StatusPage(
             self.health, lambda: self.telemetry.render(False), self.telemetry.store.snapshot_series
@@ -105,8 +70,34 @@ class App:
                 "/status.json": lambda: ("application/json", status.json()),
             },
         )
+        if not listen_first:
+            self._build_sources()
 
-    def start(self) -> None:
+    def _build_sources(self) -> None:
+        """The samplers, consumers and lease of the configuration. Here redis-py and the
+        readers are imported: with `listen_first` the HTTP listener is up meanwhile, its
+        /metrics carrying the exporter's own metrics and /readyz answering 503 (not ready)
+        until the sources are built and have each succeeded."""
+        from exporter import build
+        from exporter.leader import register_leader_gauge
+        from exporter.sources.base import SourceRunner
+
+        self.leadership = build.leadership(self.config)
+        register_leader_gauge(self.telemetry, self.leadership)
+        event_metrics = build.build_event_metrics(self.config, self.telemetry)
+        self.runners = [
+            SourceRunner(source, self.telemetry, self.stopping, self.leadership)
+            for source in build.build_sources(self.config, self.telemetry, event_metrics)
+        ]
+        self.event_consumers = build.stream_consumers(self.config, self.telemetry, event_metrics)
+        self._sources_built = True
+
+    def listen(self) -> None:
+        """Serve HTTP (once). With `listen_first` nothing is ready until start() has built the
+        sources: /metrics carries the exporter's own metrics, /readyz answers 503."""
+        if self._listening:
+            return
+        self._listening = True
         for line in inventory.take(self.config).lines():
             log.info("%s", line)
         # What start-up built (modules, models, the configuration) lives as long as the process:
@@ -115,7 +106,15 @@ class App:
         # work is frozen. (No process-wide GC switch: gc.disable() in one thread would hold
         # collection off for all of them, across their network waits.)
         gc.freeze()
+        self.health.building(not self._sources_built)
         self.server.start()
+
+    def start(self) -> None:
+        self.listen()
+        if not self._sources_built:  # listen first: the sources' imports and build come now
+            self._build_sources()
+            gc.freeze()  # the sources' build too (and the few objects of a request under way)
+            self.health.building(False)
         if self.leadership is not None:
             self.leadership.start(self.stopping)
         for runner in self.runners:
@@ -191,14 +190,3 @@ class App:
         self.start()
         self.stopping.wait()
         self.shutdown()
-
-
-def _leadership(config: Config) -> Leadership | None:
-    election = config.leader_election
-    if not election.enabled:
-        return None
-    events = config.sources.events
-    connection = lease_connection(
-        election, config.sources.default_redis(), events.redis if events is not None else None
-    )
-    return Leadership(election, connection)

@@ -138,7 +138,7 @@ def serve(config_file: Path | None, **overrides: Any) -> None:
         click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)
         sys.exit(1)
     try:
-        app = App(config)
+        app = App(config, listen_first=True)  # answers before redis-py is even imported
     except WebConfigError as error:
         click.echo(f"error: {error}", err=True)
         sys.exit(1)

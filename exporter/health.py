@@ -49,6 +49,13 @@ class HealthBoard:
         self._lock = threading.Lock()
         self._sources: dict[str, SourceStatus] = {}
         self._key_groups: dict[str, list[KeyGroupReport]] = {}
+        self._building = False
+
+    def building(self, building: bool) -> None:
+        """While the sources are being built, behind an HTTP listener already serving, none
+        has declared itself yet: the process is not ready, whatever the sources say."""
+        with self._lock:
+            self._building = building
 
     def expect(self, source: str) -> None:
         """Declare an enabled source: it is not ready until its first success."""
@@ -94,4 +101,6 @@ class HealthBoard:
             return {name: SourceStatus(**vars(status)) for name, status in self._sources.items()}
 
     def ready(self) -> bool:
-        return all(status.up for status in self.snapshot().values())
+        with self._lock:
+            building = self._building
+        return not building and all(status.up for status in self.snapshot().values())

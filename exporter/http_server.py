@@ -300,7 +300,7 @@ class _Handler(RequestHandler):
 
     async def _readyz(self, detailed: bool) -> None:
         statuses = self.front.health.snapshot()
-        ready = all(status.up for status in statuses.values())
+        ready = self.front.health.ready()
         document: dict[str, object] = {"ready": ready}
         if detailed:
             document["sources"] = {

@@ -3,6 +3,10 @@
 `extra="forbid"` turns a typo in a YAML file into an error naming the setting (config.py
 adds a "did you mean"), and `frozen=True` lets sources share one validated config between
 threads without copying it. One base, so every model behaves the same way.
+
+`defer_build=True`: a model's validator is built the first time it validates, not when its
+module is imported. Validating a Config builds the one tree it needs; the nested models'
+own validators, which only a direct validation would use, are never built (start-up time).
 """
 
 from __future__ import annotations
@@ -11,4 +15,4 @@ from pydantic import BaseModel, ConfigDict
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)

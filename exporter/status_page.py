@@ -74,7 +74,7 @@ class StatusPage:
         facts: dict[str, Any] = {
             "version": __version__,
             "generated_at": now,
-            "ready": all(status.up for status in statuses.values()),
+            "ready": self.health.ready(),
             "leader": _leader(samples),
             "sources": _sources(statuses, samples),
             "key_groups": [asdict(report) for report in self.health.key_groups()],

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from exporter.app import build_sources
+from exporter.build import build_sources
 from exporter.config import from_dict
 from exporter.health import HealthBoard
 from exporter.samples import SampleSet

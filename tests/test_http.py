@@ -7,7 +7,9 @@ import json
 import urllib.error
 import urllib.request
 
-from tests.conftest import scrape, scrape_when
+from exporter.app import App
+from exporter.config import from_dict
+from tests.conftest import scrape, scrape_when, wait_for
 from tests.private_redis import free_port
 
 
@@ -37,6 +39,29 @@ def test_not_ready_until_every_source_answers(run_exporter):
     assert status == 503
     assert json.loads(body)["ready"] is False
     assert _get(app.server.port, "/healthz")[0] == 200  # alive all the same
+
+
+def test_listening_first_serves_own_metrics_and_is_not_ready_until_the_sources_are_built(
+    redis_client, redis_url
+):
+    """serve's start-up: the listener answers before redis-py and the sources are loaded."""
+    redis_client.rpush("orchestrata:dlq:billing", "{}")
+    config = {"presets": ["orchestrata"], "sources": {"redis": {"url": redis_url}}}
+    app = App(from_dict({**config, "listen_address": "127.0.0.1:0"}), listen_first=True)
+    try:
+        app.listen()
+        assert app.runners == []  # nothing built yet
+        status, _, body = _get(app.server.port, "/readyz")
+        assert (status, json.loads(body)["ready"]) == (503, False)
+        metrics = scrape(app.server.port)
+        assert "queue_exporter_build_info" in metrics
+        assert "queue_depth" not in metrics  # nothing sampled is served before it is sampled
+        app.start()
+        assert len(app.runners) == 1
+        scrape_when(app, "queue_depth", queue="billing")
+        assert wait_for(lambda: _get(app.server.port, "/readyz")[0] == 200)
+    finally:
+        app.shutdown()
 
 
 def test_openmetrics_and_gzip(redis_client, redis_url, run_exporter):

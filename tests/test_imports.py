@@ -63,7 +63,7 @@ def test_reading_a_configuration_loads_no_client_sdk_or_server():
 def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: list[str]):
     modules = loaded_after(
         "from exporter import cli, config\n"
-        "from exporter.app import build_event_metrics, build_sources\n"
+        "from exporter.build import build_event_metrics, build_sources\n"
         "from exporter.health import HealthBoard\n"
         "from exporter.telemetry import Telemetry\n"
         f"parsed = config.from_dict({configured})\n"
@@ -72,3 +72,21 @@ def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: l
     )
     assert "exporter.sources.redis_keys" in modules  # the sources were built
     assert [name for name in absent if name in modules or name in packages(modules)] == []
+
+
+def test_serve_answers_before_loading_redis_py_or_the_sources():
+    """`serve` listens (App with listen_first) before the sources' imports: its first answer
+    waits for no redis-py, reader or PostgreSQL driver."""
+    modules = loaded_after(
+        "from exporter import cli, config\n"
+        "from exporter.app import App\n"
+        "parsed = config.from_dict({'presets': ['orchestrata'], 'listen_address': '127.0.0.1:0',"
+        " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}})\n"
+        "app = App(parsed, listen_first=True)\n"
+        "app.listen()\n"
+        "app.shutdown()"
+    )
+    assert "exporter.http_server" in modules  # the listener was built
+    absent = ["redis", "hiredis", "psycopg", "psycopg_pool", "exporter.demo"]
+    absent += ["exporter.build", "exporter.sources.native.framework", "exporter.events.consumer"]
+    assert [name for name in absent if name in modules] == []

@@ -1,0 +1,68 @@
+"""What a configuration samples and consumes, built: key samplers, SQL collectors, native
+readers, event stream consumers and the leader lease.
+
+Kept apart from app.py because this is where redis-py and the readers load: `serve` starts its
+HTTP listener first and imports this module after (start-up time to the first answer).
+"""
+
+from __future__ import annotations
+
+from exporter.config import Config
+from exporter.events.config import EventsSourceConfig
+from exporter.events.consumer import StreamConsumer, build_consumers
+from exporter.events.metrics import EventMetrics
+from exporter.leader import Leadership, lease_connection
+from exporter.sources import native
+from exporter.sources.base import Source
+from exporter.sources.redis_keys import redis_samplers
+from exporter.telemetry import Telemetry
+
+
+def build_sources(
+    config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
+) -> list[Source]:
+    sources: list[Source] = list(
+        redis_samplers(config.sources.redis, telemetry, config.sample_interval)
+    )
+    postgres_config = config.sources.postgres
+    if postgres_config is not None and postgres_config.collectors:
+        from exporter.sources import postgres  # psycopg loads only when PostgreSQL is sampled
+
+        sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
+    if event_metrics is not None:
+        sources.extend(
+            native.build_sources(
+                config.sources.native,
+                config.sources.default_redis(),
+                event_metrics,
+                config.sample_interval,
+            )
+        )
+    return sources
+
+
+def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | None:
+    """The one EventMetrics that event streams and native readers feed, when any is on."""
+    events, readers = config.sources.events, config.sources.native
+    if not (events is not None and events.streams) and not (readers and readers.enabled()):
+        return None
+    return EventMetrics(telemetry, (events or EventsSourceConfig()).buckets())
+
+
+def stream_consumers(
+    config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
+) -> list[StreamConsumer]:
+    return build_consumers(
+        config.sources.events, config.sources.default_redis(), telemetry, event_metrics
+    )
+
+
+def leadership(config: Config) -> Leadership | None:
+    election = config.leader_election
+    if not election.enabled:
+        return None
+    events = config.sources.events
+    connection = lease_connection(
+        election, config.sources.default_redis(), events.redis if events is not None else None
+    )
+    return Leadership(election, connection)
