@@ -129,11 +129,17 @@ class SampleSet:
 
     def add_labelled(self, spec: MetricSpec, label_values: LabelValues, value: float) -> None:
         """Like add, with the label values already in spec.labels order (the hot path)."""
+        series = self.table(spec)
+        previous = series.get(label_values)
+        series[label_values] = value if previous is None else spec.combined(previous, value)
+
+    def table(self, spec: MetricSpec) -> dict[LabelValues, float]:
+        """The metric's series added one at a time, for a loop that adds many: whoever writes
+        to it combines a label set already there with spec.combined, as add_labelled does."""
         series = self._tables.get(spec)
         if series is None:
             series = self._tables[spec] = dict(self._pop_blocks(spec))
-        previous = series.get(label_values)
-        series[label_values] = value if previous is None else spec.combined(previous, value)
+        return series
 
     def add_columns(self, spec: MetricSpec, block: SeriesColumns) -> None:
         """Add many series at once, kept as columns while they cannot meet other series of the

@@ -301,11 +301,17 @@ class RedisKeySampler:
         known, self._known = self._known, {}
         for tally in tallies:
             last_cycle = known.get(id(tally.group), {})
+            plain = None  # on a cluster each command goes to its key's node: no bulk rounds
+            if self._nodes is None and _PlainGroup.suits(tally.group):
+                plain = _PlainGroup(tally, cycle)
             for key, match in self._keys(client, tally, rounds, last_cycle):
                 tally.keys += 1
                 if tally.keys <= EXAMPLES:
                     tally.example_keys.append(key)
-                rounds.extend(cycle.commands_for_key(tally, key, *match))
+                if plain is not None:
+                    rounds.add_plain(plain, key, match.labels)
+                else:
+                    rounds.extend(cycle.commands_for_key(tally, key, *match))
         rounds.flush()
         follow_ups.flush()
         self._large_heads = self._large_heads_now
@@ -502,28 +508,43 @@ class RedisKeySampler:
             return
         yield from self._handle(commands, self._send(client, commands))
 
-    def _send(
-        self, client: redis.Redis, commands: list[Command], leading: Args | None = None
-    ) -> list[Any]:
-        """One round trip: one reply per command, in order. Item reads travel in one
-        bounded_reads (on a cluster node its keys may be of several slots). A `leading` command
-        (a SCAN riding along) goes first, and its reply comes first."""
+    def _send(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
+        """One round trip: one reply per command, in order."""
+        return self._send_round(client, commands, None, []).replies
+
+    def _send_round(
+        self,
+        client: redis.Redis,
+        commands: list[Command],
+        leading: Args | None,
+        plain: list[PlainKey],
+    ) -> _Replies:
+        """One round trip for the commands and the keys of plain groups. Item reads (the
+        commands' and the plain keys' heads) travel in one bounded_reads (on a cluster node its
+        keys may be of several slots). A `leading` command (a SCAN riding along) goes first."""
         direct = [] if leading is None else [leading]
         direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-        if reads:
-            keys = [key for _, key, _ in reads]
-            read_args = [read for _, _, read in reads]
+        keys = [key for _, key, _ in reads]
+        read_args = [read for _, _, read in reads]
+        direct += [(group.depth_command, key) for group, key, _ in plain]
+        large_heads = self._large_heads
+        for group, key, _ in plain:
+            if group.read is not None:
+                keys.append(key)
+                read_args.append(group.probe_read if key in large_heads else group.read)
+        if keys:
             limit, any_slot = self.config.max_item_bytes, self._nodes is not None
             direct.append(bounded_reads(keys, read_args, limit, any_slot))
         replies = round_trip(client, direct)
-        read_replies = _each(replies.pop(), len(reads)) if reads else iter(())
+        read_replies = _each(replies.pop(), len(keys)) if keys else iter(())
         direct_replies = iter(replies)
-        ordered = [] if leading is None else [next(direct_replies)]
-        return ordered + [
+        leading_reply = None if leading is None else next(direct_replies)
+        ordered = [
             next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
             for args, _, _ in commands
         ]
+        return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
 
     def _execute_on_nodes(self, nodes: ClusterNodes, commands: list[Command]) -> Iterator[Command]:
         by_node: dict[str, tuple[redis.Redis, list[Command]]] = {}
@@ -558,8 +579,7 @@ class RedisKeySampler:
     def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
         for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
             if args[0] is ITEM_READ and type(reply) is int:  # its size: over the limit, in Redis
-                self._large_heads_now.add(args[1])
-                tally.failed(_key_of(args), "item_too_large", f"{reply} bytes")
+                self._too_large(tally, args[1], reply)
                 continue
             if isinstance(reply, redis.ResponseError):
                 reason = _response_reason(reply)
@@ -572,12 +592,49 @@ class RedisKeySampler:
             try:
                 follow_up = on_reply(reply)
             except Exception as error:  # hostile data may raise anything
-                reason = _exception_reason(error)
-                detail = type(error).__name__ if reason == "item_unreadable" else ""
-                tally.failed(_key_of(args), reason, detail)
+                _unreadable(tally, _key_of(args), error)
                 continue
             if follow_up is not None:
                 yield follow_up
+
+    def _too_large(self, tally: GroupTally, key: bytes, size: int) -> None:
+        """An item over max_item_bytes, measured in Redis: its head is probed next cycle."""
+        self._large_heads_now.add(key)
+        tally.failed(key, "item_too_large", f"{size} bytes")
+
+    def _handle_plain(self, keys: list[PlainKey], depths: list[Any], heads: list[Any]) -> None:
+        """The replies of plain groups' keys (see _PlainGroup): each key's depth, then its
+        head's age, failing alone as in _handle."""
+        heads_left = iter(heads)
+        group: _PlainGroup | None = None
+        for (key_group, key, labels), depth in zip(keys, depths, strict=True):
+            if key_group is not group:  # a round's keys are mostly of one group
+                group = key_group
+                tally, samples, now = group.tally, group.cycle.samples, group.cycle.now
+                depth_table, series = samples.table(DEPTH), tally.series
+                age_table, max_table = samples.table(OLDEST_AGE), samples.table(MAX_DEPTH)
+            if group.max_depth is not None:
+                _put(max_table, MAX_DEPTH, labels[:2], group.max_depth)  # (system, queue)
+            if isinstance(depth, redis.ResponseError):
+                tally.failed(key, _response_reason(depth))
+            else:
+                _put(depth_table, DEPTH, labels, float(depth))
+                series[labels] = None
+            if group.oldest is None:
+                continue
+            head = next(heads_left)
+            if type(head) is int:  # its size: over the limit, in Redis
+                self._too_large(tally, key, head)
+            elif isinstance(head, redis.ResponseError):
+                tally.failed(key, _response_reason(head))
+            else:
+                try:
+                    item = _head_item(head)
+                    if item is not None:
+                        age = now - _item_time(group.oldest, *item)
+                        _put(age_table, OLDEST_AGE, labels, max(0.0, age))
+                except Exception as error:  # hostile data may raise anything
+                    _unreadable(tally, key, error)
 
 
 # How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
@@ -596,32 +653,118 @@ class _Rounds:
         self.follow_ups = follow_ups
         self.size = sampler.config.pipeline_size
         self.pending: list[Command] = []
+        self.plain: list[PlainKey] = []
+        self.plain_cost = 0  # the commands the plain keys take: one or two each
         # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
         # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
         self.carried = False
 
     def extend(self, commands: Iterable[Command]) -> None:
         self.pending.extend(commands)
-        if len(self.pending) >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
+        self._flush_if_full()
+
+    def add_plain(self, group: _PlainGroup, key: bytes, labels: Labels) -> None:
+        self.plain.append((group, key, labels))
+        self.plain_cost += group.cost
+        self._flush_if_full()
+
+    def _flush_if_full(self) -> None:
+        queued = len(self.pending) + self.plain_cost
+        if queued >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
             self.flush()
 
     def flush(self, leading: Args | None = None) -> Any:
         """Send the pending commands a round at a time, `leading` (a SCAN, single Redis only)
         first in the first round, even with nothing pending; its reply is returned."""
         leading_reply = None
-        while self.pending or leading is not None:
+        while self.pending or self.plain or leading is not None:
             batch, self.pending = self.pending[: self.size], self.pending[self.size :]
-            if leading is None:
+            plain = self._take_plain(self.size - len(batch))
+            if leading is None and not plain:
                 next_round = self.sampler.execute(self.client, batch)
             else:
-                leading_reply, *replies = self.sampler._send(self.client, batch, leading)
-                next_round, leading = self.sampler._handle(batch, replies), None
+                replies = self.sampler._send_round(self.client, batch, leading, plain)
+                if leading is not None:
+                    leading_reply, leading = replies.leading, None
+                next_round = self.sampler._handle(batch, replies.replies)
+                self.sampler._handle_plain(plain, replies.depths, replies.heads)
             if self.follow_ups is not None:
                 self.follow_ups.extend(next_round)
             else:
                 for _ in next_round:  # follow-ups have no follow-ups of their own
                     pass
         return leading_reply
+
+    def _take_plain(self, room: int) -> list[PlainKey]:
+        """The plain keys whose commands fit in `room` (at least one key in an empty round)."""
+        taken = cost = 0
+        for group, _, _ in self.plain:
+            if cost + group.cost > room and (taken or room < self.size):
+                break
+            taken, cost = taken + 1, cost + group.cost
+        batch, self.plain = self.plain[:taken], self.plain[taken:]
+        self.plain_cost -= cost
+        return batch
+
+
+class _PlainGroup:
+    """A key group read in bulk: per key a depth command and, for a list or zset, the read of
+    its head or tail item, whose time is in the item or its score. No follow-up read (hash
+    times), no bands, split, due count or stream: those take the general path of a Command
+    per read, a reply handler each (_Cycle). The plain keys of a round travel as a run of
+    depth commands and a run of item reads, their replies consumed in one loop
+    (RedisKeySampler._handle_plain) instead of a tuple, two closures and a handler call per
+    key: a 100k-key orchestrata cycle cost 2.4x the CPU of bench/key_sampling.py's floor (this
+    process and Redis) the general way, 1.4x this way (docs/benchmarks.md). Its keys' series,
+    failures and reports are those the general path gives (tests/test_key_sampling_rounds.py)."""
+
+    __slots__ = (
+        "cost",
+        "cycle",
+        "depth_command",
+        "max_depth",
+        "oldest",
+        "probe_read",
+        "read",
+        "tally",
+    )
+
+    def __init__(self, tally: GroupTally, cycle: _Cycle) -> None:
+        group = tally.group
+        self.tally, self.cycle, self.max_depth = tally, cycle, group.max_depth
+        self.depth_command = _DEPTH_COMMAND[group.type]
+        self.oldest = group.oldest if group.type in ("list", "zset") else None
+        self.read: Args | None = None
+        self.probe_read: Args | None = None
+        if self.oldest is not None:
+            self.read = _END_READS[group.type, self.oldest.end]
+            # a head found too large last cycle is probed before it is copied (probe_first)
+            self.probe_read = probe_first(self.read) if self.oldest.end == "head" else self.read
+        self.cost = 1 if self.read is None else 2
+
+    @staticmethod
+    def suits(group: KeyGroup) -> bool:
+        return (
+            group.type != "stream"
+            and group.priority_bands is None
+            and group.split_by is None
+            and group.due is None
+            and (group.oldest is None or group.oldest.time_in != "hash")
+        )
+
+
+# A plain group's key to read: its group, the key, its series' labels.
+PlainKey = tuple[_PlainGroup, bytes, Labels]
+
+
+class _Replies(NamedTuple):
+    """One round's replies: the leading command's, the commands' in order, and the plain
+    keys' depths and item reads."""
+
+    leading: Any
+    replies: list[Any]
+    depths: list[Any]
+    heads: list[Any]
 
 
 # The read of a list's or zset's item at either end, in the form bounded_reads takes.
@@ -934,7 +1077,7 @@ def _item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
     except ValueError as error:
         raise ItemError("item_not_json") from error
     value = document.get(oldest.field) if isinstance(document, dict) else None
-    if value is None or isinstance(value, dict | list):
+    if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
         raise ItemError("time_missing")
     return parse_time(value, oldest.format, oldest.divisor)
 
@@ -945,6 +1088,18 @@ def _text(value: bytes | str) -> str:
 
 def _stream_id_time(entry_id: bytes) -> float:
     return int(entry_id.split(b"-", 1)[0]) / 1000.0
+
+
+def _put(table: dict[Any, float], spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
+    """Add a sample to one of SampleSet.table's tables, combined as add_labelled does."""
+    previous = table.get(labels)
+    table[labels] = value if previous is None else spec.combined(previous, value)
+
+
+def _unreadable(tally: GroupTally, key: bytes, error: Exception) -> None:
+    """Count and name a read whose reply handler raised (hostile data)."""
+    reason = _exception_reason(error)
+    tally.failed(key, reason, type(error).__name__ if reason == "item_unreadable" else "")
 
 
 def _exception_reason(error: Exception) -> str:
