@@ -207,3 +207,54 @@ def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(empty, run_expo
         for node in cluster.nodes:
             with node.client() as client:
                 client.execute_command("ACL", "DELUSER", "exporter")
+
+
+def test_bullmq_queue_whose_slot_moved_is_read_at_its_new_node(empty, run_exporter):
+    """Every key of one queue migrated to another primary, the slot handed over: the reader's
+    MULTI there meets MOVED, that read fails, the next reads the slot map again and goes on
+    from the stored positions, every job counted once. (Runs last: it moves a slot.)"""
+    cluster, queue = empty, QUEUES[0]
+    bullmq = BullMQ(BULLMQ_MAJORS[-1], 0, cluster=_seeds(cluster))
+    try:
+        bullmq.steps({"op": "add", "queue": queue, "name": "first"})
+        app = run_exporter({"presets": ["bullmq"], "sources": {"redis": {"url": cluster.url}}})
+        wait_for(lambda: (report := app.health.snapshot().get(NATIVE)) and report.up)
+        bullmq.steps({"op": "work", "queue": queue, "completed": 1})
+        wait_for(lambda: _bullmq_settled(app, bullmq.truth([queue])["queues"]))
+        _move_slot(cluster, f"bull:{queue}:events")
+        bullmq.steps(
+            {"op": "add", "queue": queue, "name": "ok", "count": 3},
+            {"op": "work", "queue": queue, "completed": 3},
+        )
+        truth = bullmq.truth([queue])["queues"]
+        assert truth[queue]["counts"]["completed"] == 4
+        wait_for(lambda: _bullmq_settled(app, truth), timeout=30)
+        series = scrape_series(app)
+        assert total(series, "queue_jobs_enqueued_total", system="bullmq", queue=queue) == 3
+        assert total(series, "queue_exporter_events_lost_total", stream=NATIVE) == 0
+        # the MOVED met, counted as the read it failed
+        assert total(series, "queue_exporter_source_errors_total", source=NATIVE) >= 1, {
+            key: number for key, number in series.items() if key[0].endswith("errors_total")
+        }
+    finally:
+        bullmq.stop_all()
+
+
+def _move_slot(cluster: ClusterSetup, key: str) -> None:
+    """Every key of `key`'s slot MIGRATEd to another primary, then the slot assigned to it."""
+    source = cluster.primary_of(key)
+    target = next(
+        node
+        for node in cluster.nodes
+        if node != source and node.client().info("replication")["role"] == "master"
+    )
+    with source.client() as src, target.client() as dst:
+        slot = src.cluster("KEYSLOT", key)
+        source_id, target_id = src.cluster("MYID").decode(), dst.cluster("MYID").decode()
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source_id)
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target_id)
+        keys = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 10_000)
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
+    assert cluster.primary_of(key) == target

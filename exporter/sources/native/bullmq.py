@@ -148,8 +148,13 @@ class BullmqReader(RedisReader):
             self._apply(client, batches, signals)
             self._positions = {queue: positions[queue] for queue in queues if queue in positions}
             self._store_positions(client)
-        except (redis.ConnectionError, redis.TimeoutError, AskError):
-            self.close()  # AskError (MOVED too): a cluster's slot map changed, read it again
+        except redis.RedisError as error:
+            # Next time a new connection; on a cluster also a new slot map, when this one led
+            # astray (MOVED, ASK, CLUSTERDOWN, TRYAGAIN: a slot resharded, a node failed over).
+            if isinstance(error, redis.ConnectionError | redis.TimeoutError | AskError) or (
+                self._nodes is not None and self._nodes.noticed(error)
+            ):
+                self.close()
             raise
         self._started = True
 
