@@ -60,8 +60,9 @@ RedisSources = Annotated[
 class SourcesConfig(StrictModel):
     redis: RedisSources | None = Field(
         None,
-        description="one Redis (a mapping), or several (a list, each with its own name; their "
-        "series then carry a redis_source label)",
+        description="one Redis (a mapping), or several (a list, each with its own name; every "
+        "queue and job series then carries a redis_source label: key samples, events and "
+        "native readers)",
     )
     events: EventsSourceConfig | None = None
     postgres: PostgresSourceConfig | None = None
