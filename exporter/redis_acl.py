@@ -115,9 +115,9 @@ def stream_keys(config: Config) -> list[str]:
 
 
 # A Redis Cluster client: the slot map (redis-py reads CLUSTER SLOTS), the command table (its
-# parser of key positions reads COMMAND once), and READONLY on a replica's connections for
-# read_from: replica.
-CLUSTER_COMMANDS = ("cluster|slots", "command", "readonly")
+# parser of key positions reads COMMAND once), READONLY on a replica's connections for
+# read_from: replica, and ASKING before a key sampling read that follows an ASK reply.
+CLUSTER_COMMANDS = ("cluster|slots", "command", "readonly", "asking")
 # What the exporter asks a Sentinel (redis-py's discovery of the master and of its replicas),
 # for an ACL user on the Sentinels themselves.
 SENTINEL_COMMANDS = ("ping", "sentinel|masters", "sentinel|slaves", "sentinel|replicas")

@@ -1,11 +1,13 @@
-"""A Redis Cluster as the key sampler reads it: every primary scanned, commands sent to the
+"""A Redis Cluster as the key sampler reads it: every shard scanned, commands sent to the
 node that owns each key's slot, the nodes' round trips in parallel.
 
 redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
 and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
 clients unchanged (its bounded-reads script is flagged allow-cross-slot-keys: one script per
-node and round, whatever slots its keys are in). A node that fails costs only the keys it owns; a MOVED or ASK reply (a slot
-being resharded) costs only its key, and the slot map is read again before the next cycle.
+node and round, whatever slots its keys are in). A node that fails costs only the keys it
+owns. An ASK reply (a key already moved to the node importing its slot) is followed: the
+command is sent again to that node after ASKING. A MOVED reply costs its key's group this
+cycle, and the slot map is read again before the next one.
 """
 
 from __future__ import annotations
@@ -71,11 +73,30 @@ class ClusterNodes:
         node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
         return node.name, self._client(node)
 
+    def asked(self, reply: Exception) -> tuple[str, redis.Redis] | None:
+        """The node an ASK reply ("ASK <slot> <host>:<port>") names, if it is one the slot map
+        knows; None for any other reply."""
+        words = str(reply).split()
+        if len(words) != 3 or words[0] != "ASK":
+            return None
+        host, _, port = words[2].rpartition(":")
+        node = self.cluster.get_node(host=host, port=int(port)) if port.isdigit() else None  # type: ignore[no-untyped-call]
+        return None if node is None else (node.name, self._client(node))
+
     def in_parallel(self, calls: Sequence[Callable[[], T]]) -> list[Future[T]]:
-        """Run the calls at once, one thread each (a node's round trip waits on its socket)."""
-        if self._pool is None:
+        """Run the calls at once: the first in this thread, the others one thread each (a
+        node's round trip waits on its socket); one call alone needs no thread at all."""
+        if not calls:
+            return []
+        if self._pool is None and len(calls) > 1:
             self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="cluster-node")
-        return [self._pool.submit(call) for call in calls]
+        others = [self._pool.submit(call) for call in calls[1:]] if self._pool else []
+        here: Future[T] = Future()
+        try:
+            here.set_result(calls[0]())
+        except Exception as error:  # the caller meets it in the future, as the others'
+            here.set_exception(error)
+        return [here, *others]
 
     def sever(self) -> None:
         """From another thread: every node connection shut (a call blocked on one fails)."""

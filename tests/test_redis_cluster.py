@@ -1,6 +1,8 @@
 """A real Redis Cluster (3 primaries, 3 replicas): every primary scanned, keys read on their
 slot's node, a BullMQ-style hash-tagged prefix, and a primary killed mid-cycle; an events
-stream consumed on its slot's primary, and through that primary killed; all of it over TLS."""
+stream consumed on its slot's primary, and through that primary killed; all of it over TLS.
+A slot being migrated: the keys already moved are read where ASK sends them, in the same cycle
+as the keys not yet moved."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ from redis.exceptions import RedisClusterException
 
 from exporter import config as config_module
 from exporter import redis_acl
+from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.telemetry import Telemetry
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import ClusterSetup, eventually
 from tests.tls_certs import make_pki
@@ -89,6 +94,106 @@ def test_read_from_replica_scans_and_reads_on_replicas(cluster, run_exporter):
     assert all(calls(node, "scan") == calls(node, "llen") == 0 for node in primaries)
 
 
+MIGRATING = {  # every key of queue {orders} in one slot, by its hash tag
+    "system": "migrating",
+    "pattern": "orders:{queue}:p{_p}",
+    "type": "list",
+    "state": "pending",
+    "oldest": {"time_in": "json", "field": "at"},
+}
+BY_HASH = {  # the head item names a job hash, in the same slot
+    "system": "by_hash",
+    "pattern": "jobs:{queue}:wait",
+    "type": "list",
+    "state": "pending",
+    "oldest": {"time_in": "hash", "hash_key": "jobs:{queue}:job:{item}", "field": "at"},
+}
+
+
+def _move(source, target, slot: int, keys: list[str]) -> None:
+    """The slot in migration from source to target (IMPORTING, MIGRATING), these keys moved."""
+    with source.client() as src, target.client() as dst:
+        dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", src.cluster("MYID").decode())
+        src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", dst.cluster("MYID").decode())
+        src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
+
+
+def _finish_move(source, target, slot: int) -> None:
+    """The rest of the slot's keys moved and the slot given to the target, as resharding ends."""
+    with source.client() as src, target.client() as dst:
+        left = src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000)
+        if left:
+            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *left)
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", dst.cluster("MYID").decode())
+
+
+def test_a_slot_in_migration_is_read_whole_following_ask(cluster):
+    """Half of a migrating slot's keys moved: LLEN meets ASK, the item reads meet it inside
+    their script; each goes to the importing node after ASKING, the head item's job hash too
+    (a follow-up of a follow-up), and the keys not moved are read at the source, all in one
+    cycle, with no error and no key group withdrawn."""
+    with cluster.client() as client:
+        client.flushall(target_nodes="primaries")
+        for priority in range(1, 7):
+            at = 1_000_000 + priority
+            items = [f'{{"at": {at + n}}}' for n in range(priority)]
+            client.rpush(f"orders:{{orders}}:p{priority}", *items)
+        client.rpush("jobs:{orders}:wait", "7", "8")
+        client.hset("jobs:{orders}:job:7", "at", 2_000_000)
+        client.hset("jobs:{orders}:job:8", "at", 3_000_000)
+    source = cluster.primary_of("orders:{orders}:p1")
+    target = next(
+        node
+        for node in cluster.nodes
+        if node != source and node.client().info("replication")["role"] == "master"
+    )
+    with source.client() as client:
+        slot = client.cluster("KEYSLOT", "{orders}")
+    moved = ["orders:{orders}:p1", "orders:{orders}:p2", "jobs:{orders}:wait"]
+    _move(source, target, slot, [*moved, "jobs:{orders}:job:7"])
+    settings = {"url": cluster.url, "username": "sampler", "password": "acl-secret-2"}
+    config = config_module.from_dict(
+        {"sources": {"redis": {**settings, "key_groups": [MIGRATING, BY_HASH]}}}
+    )
+    rules = redis_acl.acl_rules(config)
+    for node in cluster.nodes:  # with exactly the rules redis-acl prints: ASKING among them
+        with node.client() as client:
+            client.execute_command(
+                "ACL", "SETUSER", "sampler", "reset", "on", ">acl-secret-2", *rules
+            )
+            client.acl_log_reset()
+    redis_source = config.sources.default_redis()
+    assert redis_source is not None
+    telemetry = Telemetry(HealthBoard())
+    sampler = RedisKeySampler(redis_source, telemetry, 15.0)
+    try:
+        for node, keys in ((source, 5), (target, 4)):  # ASK at the source for the keys moved
+            with node.client() as client:
+                assert client.cluster("COUNTKEYSINSLOT", slot) == keys
+        for _ in range(2):  # and the next cycle likewise: ASK needs no new slot map
+            samples = {spec.name: dict(part.items()) for spec, part in sampler.sample().metrics()}
+            now = time.time()
+            depths, ages = samples["queue_depth"], samples["queue_oldest_age_seconds"]
+            assert depths == {
+                ("migrating", "{orders}", "", "pending"): 21.0,
+                ("by_hash", "{orders}", "", "pending"): 2.0,
+            }
+            # the oldest head of the six lists is p1's (moved); the job hash it names moved too
+            assert abs(ages[("migrating", "{orders}", "", "pending")] - (now - 1_000_001)) < 60
+            assert abs(ages[("by_hash", "{orders}", "", "pending")] - (now - 2_000_000)) < 60
+            assert [report.errors for report in telemetry.health.key_groups()] == [{}, {}]
+        for node in cluster.nodes:
+            with node.client() as client:
+                assert client.acl_log() == []  # nothing refused
+    finally:
+        sampler.close()
+        _finish_move(source, target, slot)
+        for node in cluster.nodes:
+            with node.client() as client:
+                client.execute_command("ACL", "DELUSER", "sampler")
+
+
 def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
     expected = _write(cluster)
     with cluster.client() as writer:
@@ -108,7 +213,7 @@ def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
         },
     }
     rules = redis_acl.acl_rules(config_module.from_dict(raw))
-    assert "+cluster|slots" in rules and "+readonly" in rules
+    assert "+cluster|slots" in rules and "+readonly" in rules and "+asking" in rules
     for node in cluster.nodes:
         with node.client() as client:
             client.execute_command(

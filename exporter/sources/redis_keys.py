@@ -3,8 +3,9 @@
 One cycle: find the keys (SCAN MATCH per group, or keys built from enumerated values),
 read them in pipelines of `pipeline_size` commands (one depth command per key or priority
 band, one for the head item, one for the due count), then one more pipelined round for the
-items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. On one Redis, each
-SCAN travels in the round trip that reads the keys the previous SCAN found.
+items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. Each SCAN travels
+in the round trip that reads the keys the previous SCAN found; on a Redis Cluster every shard
+is scanned at once, each node's SCAN in the round trip of its own reads.
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
@@ -25,7 +26,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from exporter.catalog import BY_NAME, QUEUE_LABELS, SOURCE_LABEL, SYSTEM_QUEUE, MetricSpec
+from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_cluster import ClusterNodes
@@ -59,6 +60,8 @@ log = logging.getLogger(__name__)
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 MAX_DEPTH = BY_NAME["queue_max_depth"]
+# The label naming the Redis a series comes from, when there are several.
+SOURCE_LABEL = "redis_source"
 # The label value of items split_by could not attribute: beyond max_items, or with no value.
 UNREAD = "__unread__"
 
@@ -90,7 +93,8 @@ REASON_WORDS = {
     "stream_group_missing": "the stream has no such consumer group",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "label_unreadable": "items without the split_by field count as __unread__",
-    "slot_moved": "its cluster slot moved or is not served (MOVED, ASK, CLUSTERDOWN, TRYAGAIN): "
+    "slot_moved": "its cluster slot moved or is not served (MOVED, CLUSTERDOWN, TRYAGAIN, or ASK "
+    "to an unknown node): "
     "the group's series are withdrawn this cycle and the slot map is read again",
     "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
     "this cycle",
@@ -173,6 +177,13 @@ class GroupTally:
         )
 
 
+# A cluster node's error for a read its script made of a key that is not there: in a migrating
+# slot, a key already moved (the node would answer a command of its own with ASK).
+_NOT_LOCAL = "ERR Script attempted to access a non local key"
+# Marks a command sent again to the node an ASK reply named: (ASKED, (node name, client), args).
+ASKED = object()
+
+
 # Marks a read whose reply is one queue item (a head item, the hash field it names, a stream
 # entry): its arguments are (ITEM_READ, key, script_read(...)). Item reads travel in one
 # bounded_reads per round, so an item over max_item_bytes stays in Redis.
@@ -184,6 +195,8 @@ OnReply = Callable[[Any], "Command | None"]
 # it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
 # at 100k keys.
 Command = tuple[tuple[Any, ...], OnReply, GroupTally]
+# A SCAN per cluster node, by node name: its client and the SCAN command.
+NodeScans = dict[str, tuple[redis.Redis, Args]]
 
 
 class Labels(NamedTuple):
@@ -270,6 +283,7 @@ class RedisKeySampler:
         # keys this cycle: their series are withdrawn, never served partly summed.
         self._nodes: ClusterNodes | None = None
         self._lost_groups: set[int] = set()
+        self._node_answered = False  # some cluster node answered this cycle: the source is up
         self._partial_values: set[str] = set()  # values_from_keys scanned without some node
         # Per scanned key group (by id), what last cycle's keys gave (their placeholders and
         # labels, or None: not the pattern's): the same keys come back every cycle, and
@@ -286,6 +300,7 @@ class RedisKeySampler:
         self._values_found = {}
         self._partial_values = set()
         self._lost_groups = set()
+        self._node_answered = False
         cycle = _Cycle(time.time(), SampleSet(), self._large_heads)
         self._large_heads_now = set()
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
@@ -299,8 +314,8 @@ class RedisKeySampler:
         known, self._known = self._known, {}
         for tally in tallies:
             last_cycle = known.get(id(tally.group), {})
-            plain = None  # on a cluster each command goes to its key's node: no bulk rounds
-            if self._nodes is None and _PlainGroup.suits(tally.group):
+            plain = None
+            if _PlainGroup.suits(tally.group):
                 plain = _PlainGroup(tally, cycle)
             for key, match in self._keys(client, tally, rounds, last_cycle):
                 tally.keys += 1
@@ -385,7 +400,7 @@ class RedisKeySampler:
     ) -> Iterator[bytes]:
         glob, count = scan_glob(pattern), self.config.scan_count
         if self._nodes is not None:
-            return self._scan_nodes(self._nodes, glob, tally)
+            return self._scan_nodes(self._nodes, glob, tally, rounds or _Rounds(self, client, None))
         if rounds is not None:
             return self._scan_with_reads(rounds, glob, count)
         return client.scan_iter(match=glob, count=count)
@@ -404,20 +419,37 @@ class RedisKeySampler:
             if not rounds.carried:
                 return
 
-    def _scan_nodes(self, nodes: ClusterNodes, glob: str, tally: GroupTally) -> Iterator[bytes]:
-        """SCAN on every shard (each holds its own slots' keys). A node that does not answer
-        loses the group its keys: withdrawn this cycle, unless no node answered."""
+    def _scan_nodes(
+        self, nodes: ClusterNodes, glob: str, tally: GroupTally, rounds: _Rounds
+    ) -> Iterator[bytes]:
+        """SCAN on every shard at once (each holds its own slots' keys), each node's SCAN in the
+        round trip that reads the keys its previous page found, as on one server. A node that
+        does not answer loses the group its keys: withdrawn this cycle, unless no node answered."""
         shards = nodes.shards()
+        cursors: dict[str, tuple[redis.Redis, Any]] = {name: (c, b"0") for name, c in shards}
         failed = 0
-        for name, node_client in shards:
-            try:
-                yield from node_client.scan_iter(match=glob, count=self.config.scan_count)
-            except redis.RedisError as error:
-                failed += 1
-                if failed == len(shards):
-                    raise
-                nodes.noticed(error)
-                self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(error)}")
+        while cursors:
+            scans = {
+                name: (node, ("SCAN", cursor, "MATCH", glob, "COUNT", self.config.scan_count))
+                for name, (node, cursor) in cursors.items()
+            }
+            found: list[bytes] = []
+            for name, reply in rounds.flush(leading=scans).items():
+                node, _ = cursors.pop(name)
+                if isinstance(reply, Exception):
+                    failed += 1
+                    if failed == len(shards):
+                        raise reply
+                    nodes.noticed(reply)
+                    detail = f"node {name}: {redis_error_reason(reply)}"
+                    self._lose_group(tally, glob.encode(), detail)
+                    continue
+                cursor, keys = reply
+                if cursor not in (b"0", 0):
+                    cursors[name] = (node, cursor)
+                found += keys
+            rounds.carried = bool(cursors)  # the next SCANs take these pages' reads
+            yield from found
 
     def _lose_group(
         self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
@@ -502,7 +534,7 @@ class RedisKeySampler:
         the groups of the keys it holds, unless every node failed.
         """
         if self._nodes is not None:
-            yield from self._execute_on_nodes(self._nodes, commands)
+            yield from self._execute_on_nodes(self._nodes, commands)[1]
             return
         yield from self._handle(commands, self._send(client, commands))
 
@@ -544,42 +576,114 @@ class RedisKeySampler:
         ]
         return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
 
-    def _execute_on_nodes(self, nodes: ClusterNodes, commands: list[Command]) -> Iterator[Command]:
-        by_node: dict[str, tuple[redis.Redis, list[Command]]] = {}
+    def _execute_on_nodes(
+        self,
+        nodes: ClusterNodes,
+        commands: list[Command],
+        scans: NodeScans | None = None,
+        plain: list[PlainKey] | None = None,
+    ) -> tuple[dict[str, Any], Iterator[Command]]:
+        """One round on a cluster: each node's commands and plain keys in a round trip of its
+        own, the nodes in parallel, a node's SCAN (`scans`: node name -> its client and SCAN)
+        first in its round trip. Commands that follow an ASK go after ASKING, in a round trip of
+        their own. Returns each SCAN's reply (the error where its node failed) and the replies'
+        follow-ups."""
+        scans = scans or {}
+        shares: dict[tuple[str, bool], _NodeShare] = {
+            (name, False): _NodeShare(node_client) for name, (node_client, _) in scans.items()
+        }
         for command in commands:
-            name, node_client = nodes.node_of(_key_of(command[0]))
-            by_node.setdefault(name, (node_client, []))[1].append(command)
-        batches = list(by_node.items())
-        futures = nodes.in_parallel(
-            [
-                functools.partial(self._send, node_client, batch)
-                for _, (node_client, batch) in batches
-            ]
-        )
+            asked = command[0][0] is ASKED
+            name, node_client = command[0][1] if asked else nodes.node_of(_key_of(command[0]))
+            shares.setdefault((name, asked), _NodeShare(node_client)).commands.append(command)
+        for key in plain or ():
+            name, node_client = nodes.node_of(key[1])
+            shares.setdefault((name, False), _NodeShare(node_client)).plain.append(key)
+        calls = [
+            functools.partial(self._send_asked, share.client, share.commands)
+            if asked
+            else functools.partial(
+                self._send_round,
+                share.client,
+                share.commands,
+                scans[name][1] if name in scans else None,
+                share.plain,
+            )
+            for (name, asked), share in shares.items()
+        ]
+        scanned: dict[str, Any] = {}
+        follow_ups: list[Iterable[Command]] = []
         failures = 0
-        for (name, (_, batch)), future in zip(batches, futures, strict=True):
+        futures = nodes.in_parallel(calls)
+        for ((name, asked), share), future in zip(shares.items(), futures, strict=True):
             try:
                 replies = future.result()
             except redis.RedisError as error:
                 failures += 1
-                if failures == len(batches):
+                if failures == len(shares) and not self._node_answered:
                     raise  # no node answered: the source is down
                 nodes.noticed(error)
-                self._node_lost(name, batch, error)
+                self._node_lost(name, share, error)
+                if name in scans and not asked:
+                    scanned[name] = error
                 continue
-            yield from self._handle(batch, replies)
+            self._node_answered = True
+            if name in scans and not asked:
+                scanned[name] = replies.leading
+            commands_sent = share.commands
+            if asked:  # the replies are those of the commands the ASKED marks wrap
+                commands_sent = [
+                    (args[2], on_reply, tally) for args, on_reply, tally in commands_sent
+                ]
+            follow_ups.append(self._handle(commands_sent, replies.replies))
+            follow_ups.append(self._handle_plain(share.plain, replies.depths, replies.heads))
+        return scanned, itertools.chain.from_iterable(follow_ups)
 
-    def _node_lost(self, node: str, batch: list[Command], error: redis.RedisError) -> None:
+    def _send_asked(self, client: redis.Redis, commands: list[Command]) -> _Replies:
+        """Commands an ASK reply sent to the node importing their slot: each after ASKING (which
+        holds for the one command that follows it), in one round trip."""
+        pipeline: list[Args] = []
+        for args, _, _ in commands:
+            pipeline += [("ASKING",), args[2]]
+        return _Replies(None, round_trip(client, pipeline)[1::2], [], [])
+
+    def _redirect(
+        self, nodes: ClusterNodes, command: Command, reply: redis.ResponseError
+    ) -> Command | None:
+        """A key whose slot is migrating and that has already moved: the command its node
+        answered with ASK, to the node the reply names (sent after ASKING); an item read the
+        node's script could not make, again on its own with its key declared (so that it meets
+        that ASK). None for any other error."""
+        args, on_reply, tally = command
+        if args[0] is ITEM_READ:
+            if not str(reply).startswith(_NOT_LOCAL):
+                return None
+            _, key, read = args
+            declared = bounded_reads([key], [read], self.config.max_item_bytes)
+            return declared, _one_read(on_reply), tally
+        target = nodes.asked(reply)
+        return None if target is None else ((ASKED, target, args), on_reply, tally)
+
+    def _node_lost(self, node: str, share: _NodeShare, error: redis.RedisError) -> None:
         detail = f"node {node}: {redis_error_reason(error)}"
-        for args, _, tally in batch:
+        for args, _, tally in share.commands:
             self._lose_group(tally, _key_of(args), detail)
+        for group, key, _ in share.plain:
+            self._lose_group(group.tally, key, detail)
 
     def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
-        for (args, on_reply, tally), reply in zip(commands, replies, strict=True):
+        for command, reply in zip(commands, replies, strict=True):
+            args, on_reply, tally = command
             if args[0] is ITEM_READ and type(reply) is int:  # its size: over the limit, in Redis
                 self._too_large(tally, args[1], reply)
                 continue
             if isinstance(reply, redis.ResponseError):
+                redirect = (
+                    None if self._nodes is None else self._redirect(self._nodes, command, reply)
+                )
+                if redirect is not None:
+                    yield redirect
+                    continue
                 reason = _response_reason(reply)
                 if self._nodes is not None and self._nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
@@ -600,9 +704,13 @@ class RedisKeySampler:
         self._large_heads_now.add(key)
         tally.failed(key, "item_too_large", f"{size} bytes")
 
-    def _handle_plain(self, keys: list[PlainKey], depths: list[Any], heads: list[Any]) -> None:
+    def _handle_plain(
+        self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
+    ) -> list[Command]:
         """The replies of plain groups' keys (see _PlainGroup): each key's depth, then its
-        head's age, failing alone as in _handle."""
+        head's age, failing alone as in _handle. On a cluster a key whose depth read failed is
+        read again the general way (returned), which follows ASK and withdraws on MOVED."""
+        again: list[Command] = []
         heads_left = iter(heads)
         group: _PlainGroup | None = None
         for (key_group, key, labels), depth in zip(keys, depths, strict=True):
@@ -614,6 +722,11 @@ class RedisKeySampler:
             if group.max_depth is not None:
                 _put(max_table, MAX_DEPTH, labels[:2], group.max_depth)  # (system, queue)
             if isinstance(depth, redis.ResponseError):
+                if self._nodes is not None:  # the key's head read failed alike, if it has one
+                    again += group.cycle.commands_for_key(tally, key, {}, labels)
+                    if group.oldest is not None:
+                        next(heads_left)
+                    continue
                 tally.failed(key, _response_reason(depth))
             else:
                 _put(depth_table, DEPTH, labels, float(depth))
@@ -633,6 +746,18 @@ class RedisKeySampler:
                         _put(age_table, OLDEST_AGE, labels, max(0.0, age))
                 except Exception as error:  # hostile data may raise anything
                     _unreadable(tally, key, error)
+        return again
+
+
+class _NodeShare:
+    """What one round sends a cluster node: its commands and its plain groups' keys."""
+
+    __slots__ = ("client", "commands", "plain")
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.commands: list[Command] = []
+        self.plain: list[PlainKey] = []
 
 
 # How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
@@ -649,7 +774,9 @@ class _Rounds:
         self.sampler = sampler
         self.client = client
         self.follow_ups = follow_ups
-        self.size = sampler.config.pipeline_size
+        # On a cluster, a round is a round trip per node, of about pipeline_size commands each.
+        nodes = sampler._nodes
+        self.size = sampler.config.pipeline_size * (len(nodes.primaries()) if nodes else 1)
         self.pending: list[Command] = []
         self.plain: list[PlainKey] = []
         self.plain_cost = 0  # the commands the plain keys take: one or two each
@@ -671,26 +798,33 @@ class _Rounds:
         if queued >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
             self.flush()
 
-    def flush(self, leading: Args | None = None) -> Any:
-        """Send the pending commands a round at a time, `leading` (a SCAN, single Redis only)
-        first in the first round, even with nothing pending; its reply is returned."""
+    def flush(self, leading: Args | NodeScans | None = None) -> Any:
+        """Send the pending commands a round at a time, `leading` (a SCAN; on a cluster a SCAN
+        per node) first in the first round, even with nothing pending; its reply is returned
+        (on a cluster, each node's)."""
         leading_reply = None
         while self.pending or self.plain or leading is not None:
             batch, self.pending = self.pending[: self.size], self.pending[self.size :]
             plain = self._take_plain(self.size - len(batch))
-            if leading is None and not plain:
+            nodes = self.sampler._nodes
+            if nodes is not None:  # each node's share in a round trip of its own, at once
+                scans = leading if isinstance(leading, dict) else None
+                scanned, next_round = self.sampler._execute_on_nodes(nodes, batch, scans, plain)
+                leading_reply = scanned if scans is not None else leading_reply
+            elif leading is None and not plain:
                 next_round = self.sampler.execute(self.client, batch)
             else:
+                assert not isinstance(leading, dict)  # a SCAN per node: on a cluster only
                 replies = self.sampler._send_round(self.client, batch, leading, plain)
                 if leading is not None:
-                    leading_reply, leading = replies.leading, None
+                    leading_reply = replies.leading
                 next_round = self.sampler._handle(batch, replies.replies)
                 self.sampler._handle_plain(plain, replies.depths, replies.heads)
+            leading = None
             if self.follow_ups is not None:
                 self.follow_ups.extend(next_round)
-            else:
-                for _ in next_round:  # follow-ups have no follow-ups of their own
-                    pass
+            else:  # a follow-up's own (a redirected read's hash read, on a cluster): next round
+                self.pending.extend(next_round)
         return leading_reply
 
     def _take_plain(self, room: int) -> list[PlainKey]:
@@ -1111,9 +1245,26 @@ def _exception_reason(error: Exception) -> str:
 
 
 def _key_of(args: tuple[Any, ...]) -> bytes:
-    """The key a command reads (XINFO GROUPS names it second)."""
-    key = args[2] if args[0] == "XINFO" else args[1]
+    """The key a command reads (XINFO GROUPS names it second, a one-key EVAL_RO third; a
+    command sent after an ASK wraps the command)."""
+    if args[0] is ASKED:
+        return _key_of(args[2])
+    key = args[2] if args[0] == "XINFO" else args[3] if args[0] == "EVAL_RO" else args[1]
     return key if isinstance(key, bytes) else str(key).encode()
+
+
+def _one_read(on_reply: OnReply) -> OnReply:
+    """The handler of a bounded_reads of one read, from that read's handler."""
+
+    def on_replies(replies: Any) -> Command | None:
+        reply = replies[0]
+        if type(reply) is int:  # its size: over max_item_bytes, left in Redis
+            raise ItemError("item_too_large")
+        if isinstance(reply, redis.ResponseError):
+            raise ItemError(_response_reason(reply))
+        return on_reply(reply)
+
+    return on_replies
 
 
 def _response_reason(error: redis.ResponseError) -> str:
