@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import difflib
 import re
-from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# The preset files sit beside this module: the package is installed as files (pip, the
+# Dockerfile), and reading them as such spares start-up importlib.resources (tempfile, shutil).
+_DIRECTORY = Path(__file__).parent
 
 
 # Top-level keys of a preset file that document it instead of configuring anything: the
@@ -32,7 +35,7 @@ class PresetError(ValueError):
 def available() -> list[str]:
     return sorted(
         entry.name.removesuffix(".yaml")
-        for entry in resources.files(__package__).iterdir()
+        for entry in _DIRECTORY.iterdir()
         if entry.name.endswith(".yaml")
     )
 
@@ -78,8 +81,9 @@ def read(name: str) -> dict[str, Any]:
         guess = difflib.get_close_matches(name, known, n=1)
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         raise PresetError(f"unknown preset {name!r} ({hint}known: {', '.join(known)})")
-    text = resources.files(__package__).joinpath(f"{name}.yaml").read_text()
-    document: dict[str, Any] = yaml.safe_load(text)
+    text = (_DIRECTORY / f"{name}.yaml").read_text()
+    # libyaml's loader when installed (PyYAML's wheels have it): 6x faster on these files
+    document: dict[str, Any] = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     return document
 
 
