@@ -1,6 +1,6 @@
 """Start-up: `queue-exporter serve` with one preset to its first 200, against a bare http.server.
 
-    .venv/bin/python bench/startup.py [--runs 9] [--preset orchestrata]
+    .venv/bin/python bench/startup.py [--runs 9] [--preset orchestrata] [--before DIR]
 
 A redis-server of the benchmark's own holds one queue of the preset. Each run starts a fresh
 process and polls its /metrics every few milliseconds until it answers 200; the time from
@@ -9,6 +9,10 @@ that answers HTTP: `python -m http.server`, started and polled the same way. The
 (after a warm-up run of each, which fills the page cache), so a busy host slows both alike;
 medians and their ratio are printed. Both must answer 200, and the exporter's first body must
 carry its own metrics, or the run fails.
+
+`--before DIR` also runs the exporter of another source tree (a checkout of an earlier
+commit, say) in the same rounds, so a change is measured against what it changed under the
+same load.
 
 Both run from compiled bytecode, as an installed package does (pip compiles it; the Dockerfile
 writes nothing at run time): the warm-up writes it under a bytecode directory of the
@@ -80,11 +84,24 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def exporter_run(redis_url: str, preset: str) -> Timing:
+def exporter_run(redis_url: str, preset: str, tree: str = "") -> Timing:
+    """`serve` of this tree, or of `tree` (its exporter package first on the path)."""
     port = free_port()
-    command = [sys.executable, "-m", "exporter", "serve", "--redis-url", redis_url]
-    command += ["--preset", preset, "--listen-address", f"127.0.0.1:{port}"]
-    return first_answer(command, f"http://127.0.0.1:{port}/metrics")
+    arguments = ["serve", "--redis-url", redis_url, "--preset", preset]
+    arguments += ["--listen-address", f"127.0.0.1:{port}"]
+    start = ["-c", _RUN_FROM_TREE.format(tree=tree)] if tree else ["-m", "exporter"]
+    command = [sys.executable, *start, *arguments]
+    timing = first_answer(command, f"http://127.0.0.1:{port}/metrics")
+    if b"queue_exporter_build_info" not in timing.body:
+        raise SystemExit("the exporter's first 200 carried none of its own metrics")
+    return timing
+
+
+# `python -c` with the other tree first on sys.path, then serve's arguments as its argv.
+_RUN_FROM_TREE = (
+    "import runpy, sys; sys.path.insert(0, {tree!r}); "
+    "runpy.run_module('exporter', run_name='__main__')"
+)
 
 
 def bare_run() -> Timing:
@@ -97,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--preset", default="orchestrata")
+    parser.add_argument("--before", default="", help="another source tree's exporter, too")
     args = parser.parse_args()
     CHILD_ENVIRONMENT.setdefault("PYTHONPATH", str(Path(__file__).resolve().parent.parent))
     CHILD_ENVIRONMENT.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -104,24 +122,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as bytecode, private_redis() as redis_url:
         CHILD_ENVIRONMENT["PYTHONPYCACHEPREFIX"] = bytecode
         redis.Redis.from_url(redis_url).rpush("orchestrata:queue:mail:p1", '{"queued_at": 1}')
-        warm_up = exporter_run(redis_url, args.preset)
-        if b"queue_exporter_" not in warm_up.body:
-            raise SystemExit("the exporter's first 200 carried none of its own metrics")
+        exporter_run(redis_url, args.preset)  # warm-ups: bytecode written, page cache filled
+        if args.before:
+            exporter_run(redis_url, args.preset, args.before)
         bare_run()
-        exporter_runs, bare_runs = [], []
+        exporter_runs, bare_runs, before_runs = [], [], []
         for _ in range(args.runs):
             exporter_runs.append(exporter_run(redis_url, args.preset))
             bare_runs.append(bare_run())
+            if args.before:
+                before_runs.append(exporter_run(redis_url, args.preset, args.before))
 
     print(f"{args.runs} runs each, interleaved; medians of the wall time from spawn to the first")
     print("200, and of the CPU time the process used (user + system, to its exit just after):")
     print(f"{'':36} {'wall':>8} {'CPU':>8}")
-    rows = (("python -m http.server", bare_runs), (f"serve --preset {args.preset}", exporter_runs))
+    rows = [("python -m http.server", bare_runs), (f"serve --preset {args.preset}", exporter_runs)]
+    if args.before:
+        rows.append((f"serve --preset {args.preset} (before)", before_runs))
     for name, runs in rows:
         print(f"{name:36} {_median(runs, 'wall'):7.3f}s {_median(runs, 'cpu'):7.3f}s")
     for measure in ("wall", "cpu"):
         ratio = _median(exporter_runs, measure) / _median(bare_runs, measure)
         print(f"exporter / bare ({measure}): {ratio:.2f}x")
+        if args.before:
+            ratio = _median(before_runs, measure) / _median(bare_runs, measure)
+            print(f"before / bare ({measure}): {ratio:.2f}x")
 
 
 def _median(runs: list[Timing], measure: str) -> float:
