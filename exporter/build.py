@@ -36,6 +36,7 @@ def build_sources(
                 config.sources.default_redis(),
                 event_metrics,
                 config.sample_interval,
+                config.sources.redis_source,
             )
         )
     return sources
@@ -46,14 +47,19 @@ def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | 
     events, readers = config.sources.events, config.sources.native
     if not (events is not None and events.streams) and not (readers and readers.enabled()):
         return None
-    return EventMetrics(telemetry, (events or EventsSourceConfig()).buckets())
+    buckets = (events or EventsSourceConfig()).buckets()
+    return EventMetrics(telemetry, buckets, by_redis=config.sources.several_redis())
 
 
 def stream_consumers(
     config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
 ) -> list[StreamConsumer]:
     return build_consumers(
-        config.sources.events, config.sources.default_redis(), telemetry, event_metrics
+        config.sources.events,
+        config.sources.default_redis(),
+        telemetry,
+        event_metrics,
+        config.sources.redis_source,
     )
 
 

@@ -15,6 +15,9 @@ Combine = Literal["sum", "max"]
 QUEUE_LABELS = ("system", "queue", "priority", "state")
 SYSTEM_QUEUE = ("system", "queue")
 JOB_LABELS = ("system", "queue", "job_type", "priority")
+# The label naming the Redis a series comes from, last, when sources.redis lists several
+# (key samples, events and native readers alike; README "Several Redis servers").
+SOURCE_LABEL = "redis_source"
 
 STATES = ("pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed")
 # Why the HTTP endpoint refused a login (queue_exporter_http_auth_failures_total): no or an

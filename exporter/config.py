@@ -60,8 +60,9 @@ RedisSources = Annotated[
 class SourcesConfig(StrictModel):
     redis: RedisSources | None = Field(
         None,
-        description="one Redis (a mapping), or several (a list, each with its own name; their "
-        "series then carry a redis_source label)",
+        description="one Redis (a mapping), or several (a list, each with its own name; every "
+        "queue and job series then carries a redis_source label: key samples, events and "
+        "native readers)",
     )
     events: EventsSourceConfig | None = None
     postgres: PostgresSourceConfig | None = None
@@ -92,6 +93,21 @@ class SourcesConfig(StrictModel):
         """The connection events, native readers and the lease use when they name none: the
         one Redis, or the first of several."""
         return next(iter(self.redis_list()), None)
+
+    def several_redis(self) -> bool:
+        """Whether series carry redis_source: sources.redis is a list (the key sampler's rule;
+        a repeated --redis-url makes one). One Redis, and nothing changes."""
+        return isinstance(self.redis, list) and bool(self.redis)
+
+    def redis_source(self, connection: RedisConnectionConfig | None) -> str | None:
+        """The redis_source of the series read from `connection` (None: the default one), when
+        there are several Redis sources: the name of the first listed source on the same
+        server, else the server itself (host:port/db, RedisConnectionConfig.server)."""
+        default = self.default_redis()
+        if not self.several_redis() or default is None:
+            return None
+        server = (connection or default).server
+        return next((s.name for s in self.redis_list() if s.server == server and s.name), server)
 
 
 class Config(StrictModel):

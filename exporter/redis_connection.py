@@ -158,6 +158,23 @@ class RedisConnectionConfig(StrictModel):
     def masked_url(self) -> str:
         return mask_connection_string(self.url.get_secret_value())
 
+    @property
+    def server(self) -> str:
+        """The Redis the URL names, without scheme or credentials: host:port/db (Sentinel:
+        the Sentinels' host:port list/service/db; unix: the socket's path/db). Two connections
+        with the same server read the same data; it names a stream's or a native reader's
+        Redis in redis_source when no listed source shares it."""
+        url = self.url.get_secret_value()
+        parts = urlsplit(url)
+        if parts.scheme == "unix":
+            return f"{parts.path}/{self.database}"
+        hosts = parts.netloc.rpartition("@")[2]
+        target = self.sentinel
+        default_port = 26379 if target is not None else 6379
+        nodes = ",".join(f"{host}:{port}" for host, port in _host_ports(hosts, default_port))
+        service = f"/{target.service}" if target is not None else ""
+        return f"{nodes}{service}/{self.database}"
+
     def connect(self, replica: bool = False) -> redis.Redis:
         """A client whose replies are bytes: decoding is left to the few values that need it.
         `replica`: behind Sentinel, a client of the master's replicas (the master when none)."""

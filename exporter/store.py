@@ -169,6 +169,7 @@ class MetricStore:
         self._next_sweep = 0.0
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._gauge_readers: list[GaugeReader] = []
+        self._event_label: str | None = None
         for spec in ALL:
             if spec.kind == "histogram":
                 self._set_bounds(spec.name, spec.buckets)
@@ -231,6 +232,16 @@ class MetricStore:
         return _one_spec_per_name(merged)
 
     # -- event counters and histograms -------------------------------------------------------
+
+    def label_events(self, label: str) -> None:
+        """Every event series (counters, histograms, worker gauges) carries `label`, last: its
+        feeds give its value (EventMetrics, with several Redis sources: redis_source)."""
+        self._event_label = label
+
+    def event_spec(self, name: str) -> MetricSpec:
+        """The family an event series of `name` is served under."""
+        spec = BY_NAME[name]
+        return spec if self._event_label is None else spec.with_label(self._event_label)
 
     def set_buckets(self, metric: str, bounds: Iterable[float]) -> None:
         """The bucket bounds of a histogram; fixed once it has an observation."""
@@ -337,7 +348,7 @@ class MetricStore:
             self._sweep_when_due(self.clock())
             for name, counted in self._counters.items():
                 if counted:
-                    numbers.setdefault(BY_NAME[name], []).append(Series((dict(counted),)))
+                    numbers.setdefault(self.event_spec(name), []).append(Series((dict(counted),)))
             histograms = {
                 name: {
                     labels: (list(state.buckets), state.sum, state.count)
@@ -361,6 +372,7 @@ class MetricStore:
                 families.append(NumberFamily(spec, _merged(numbers.pop(spec))))
             elif spec.name in histograms:
                 bounds = self._bounds[spec.name]
+                spec = self.event_spec(spec.name)
                 families.append(HistogramFamily(spec, bounds, histograms[spec.name]))
         # What is left: the families of SQL collectors, defined by the configuration.
         families += [NumberFamily(spec, _merged(feeds)) for spec, feeds in numbers.items()]

@@ -35,6 +35,9 @@ def metrics_page() -> str:
         "",
         "Generated from `exporter/catalog.py` by `scripts/generate_reference.py`; do not edit.",
         "Label values absent for a series are empty strings (which Prometheus treats as absent).",
+        "With several Redis sources (`sources.redis` a list) every queue and job family also",
+        f"carries `{catalog.SOURCE_LABEL}`, last: the name of the Redis the series was read from",
+        '(README, "Several Redis servers").',
         "",
     ]
     for origin, title in ORIGINS.items():

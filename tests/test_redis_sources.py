@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from exporter import config as config_module
 from exporter.events.producer import EventEmitter
-from tests.conftest import scrape_series, scrape_when, value, wait_for
+from tests.conftest import scrape, scrape_series, scrape_when, total, value, wait_for
 from tests.private_redis import PrivateRedis
 
+ROOT = Path(__file__).resolve().parent.parent
 GROUP = {"system": "billing", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
 
 
@@ -197,3 +201,166 @@ def test_rq_celery_and_sidekiq_readers_on_a_cluster_are_refused_by_name():
     )
     assert accepted.sources.default_redis().is_cluster
     assert accepted.sources.native.bullmq.enabled and accepted.sources.native.sidekiq.enabled
+
+
+def _events(url: str, key: str, system: str, completed: int) -> None:
+    with EventEmitter(url, key, system=system) as emitter:
+        for number in range(completed):
+            emitter.emit("completed", queue="q", job_type="t", job_id=f"j{number}", duration=0.1)
+        emitter.heartbeat("w1", "q", active=1, capacity=2)
+    assert emitter.sent == completed + 1
+
+
+def _rq_jobs(url: str, count: int) -> None:
+    """Real RQ jobs, run to completion by a real burst worker on that Redis."""
+    plan = json.dumps(
+        [{"queue": "default", "call": "sleep_for", "seconds": 0} for _ in range(count)]
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run(
+        [sys.executable, "-m", "tests.rq_app.driver", url, "enqueue", plan],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+    rq = Path(sys.executable).parent / "rq"
+    subprocess.run(
+        [rq, "worker", "--url", url, "--burst", "default"],
+        env=env,
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+
+
+def _by_source(series, name: str, **labels: str) -> dict[str | None, float]:
+    return {
+        dict(found).get("redis_source"): number
+        for (metric, found), number in series.items()
+        if metric == name and set(labels.items()) <= set(found)
+    }
+
+
+def test_events_and_a_native_reader_carry_the_name_of_their_redis(
+    redis_client, redis_url, second_redis, run_exporter
+):
+    """Streams and the RQ reader on two Redis sources (and a stream on a Redis no source lists)
+    carry redis_source like the key samples: each value from its own Redis."""
+    other_db = second_redis.url.removesuffix("/0") + "/1"  # a database no source samples
+    sources = [
+        {"name": "main", "url": redis_url, "key_groups": [GROUP]},
+        {"name": "eu", "url": second_redis.url, "key_groups": [GROUP]},
+    ]
+    streams = [
+        {"key": "events:a", "start": "0", "system": "ev"},
+        {"key": "events:b", "start": "0", "system": "ev", "redis": {"url": second_redis.url}},
+        {"key": "events:c", "start": "0", "system": "ev", "redis": {"url": other_db}},
+    ]
+    _events(redis_url, "events:a", "ev", 3)
+    _events(second_redis.url, "events:b", "ev", 2)
+    _events(other_db, "events:c", "ev", 1)
+    app = run_exporter(
+        {
+            "sample_interval": 0.3,
+            "presets": ["rq"],
+            "sources": {
+                "redis": sources,
+                "events": {"streams": streams},
+                "native": {"rq": {"redis": {"url": second_redis.url}}},
+            },
+        }
+    )
+    # The RQ reader's first read is its baseline: jobs run after it.
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:rq"))
+    _rq_jobs(second_redis.url, 2)
+
+    unlisted = other_db.split("//")[1]  # named by its server: host:port/db
+    completed = {"main": 3.0, "eu": 2.0, unlisted: 1.0}
+
+    def settled(series):
+        return (
+            _by_source(series, "queue_jobs_completed_total", system="ev") == completed
+            and _by_source(series, "queue_jobs_completed_total", system="rq") == {"eu": 2.0}
+            and series
+        )
+
+    series = wait_for(lambda: settled(scrape_series(app)), timeout=30)
+    busy = _by_source(series, "queue_workers", system="ev", state="busy")
+    assert busy == {"main": 1.0, "eu": 1.0, unlisted: 1.0}
+    runtimes = _by_source(series, "queue_job_execution_seconds_count", system="ev")
+    assert runtimes == completed
+    # The RQ reader's own series (its finished registry's depth) and the key samples of RQ's
+    # queues: under the Redis they come from, never summed across the two.
+    assert _by_source(series, "queue_depth", system="rq", queue="default", state="completed") == {
+        "eu": 2.0
+    }
+    text = app.telemetry.render(False).decode()
+    families = [
+        line
+        for line in text.splitlines()
+        if line.startswith("queue_") and not line.startswith("queue_exporter_")
+    ]
+    assert all('redis_source="' in line for line in families)
+    # The status page reads the labelled families too.
+    status = json.loads(scrape(app.server.port, "/status.json"))
+    assert {stream["stream"] for stream in status["streams"]} == {s["key"] for s in streams}
+    assert "native:rq" in scrape(app.server.port, "/")
+
+
+def test_one_redis_gives_events_and_native_series_no_label(redis_client, redis_url, run_exporter):
+    _events(redis_url, "events:a", "ev", 2)
+    app = run_exporter(
+        {
+            "sample_interval": 0.3,
+            "presets": ["rq"],
+            "sources": {
+                "redis": {"url": redis_url},
+                "events": {"streams": [{"key": "events:a", "start": "0", "system": "ev"}]},
+            },
+        }
+    )
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:rq"))
+    _rq_jobs(redis_url, 1)
+    series = wait_for(
+        lambda: (
+            (s := scrape_series(app))
+            and total(s, "queue_jobs_completed_total", system="rq") == 1
+            and s
+        ),
+        timeout=30,
+    )
+    assert _by_source(series, "queue_jobs_completed_total", system="ev") == {None: 2.0}
+    assert _by_source(series, "queue_workers", system="ev", state="busy") == {None: 1.0}
+    assert "redis_source" not in app.telemetry.render(False).decode()
+
+
+@pytest.mark.parametrize(
+    ("connection", "expected"),
+    [
+        (None, "a"),  # the default connection: the first listed source
+        ({"url": "redis://h2:6379"}, "b"),  # port and database as the source's, spelt out
+        ({"url": "redis://:pw@h2:6379/0"}, "b"),  # credentials do not make another Redis
+        ({"url": "redis://h2:6379/3"}, "h2:6379/3"),
+        ({"url": "redis+sentinel://s1,s2:26380/jobs/1"}, "s1:26379,s2:26380/jobs/1"),
+        ({"url": "unix:///run/redis.sock?db=2"}, "/run/redis.sock/2"),
+    ],
+)
+def test_a_stream_s_redis_is_named_by_the_source_on_the_same_server(connection, expected):
+    from exporter.redis_connection import RedisConnectionConfig
+
+    sources = config_module.from_dict(
+        {
+            "sources": {
+                "redis": [
+                    {"name": "a", "url": "redis://h1:6379/0"},
+                    {"name": "b", "url": "redis://h2:6379/0"},
+                ]
+            }
+        }
+    ).sources
+    own = None if connection is None else RedisConnectionConfig.model_validate(connection)
+    assert sources.redis_source(own) == expected
+    single = config_module.from_dict({"sources": {"redis": {"url": "redis://h1:6379/0"}}})
+    assert single.sources.redis_source(own) is None

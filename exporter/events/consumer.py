@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -67,6 +67,7 @@ class StreamConsumer:
         metrics: EventMetrics,
         health: HealthBoard | None = None,
         count_error: Any = None,
+        redis_source: str | None = None,
     ) -> None:
         self.stream = stream
         self.settings = settings
@@ -77,7 +78,7 @@ class StreamConsumer:
         self.name = f"events:{stream.key}"
         self.consumer = settings.consumer_name()
         self.workers: WorkerRegistry = metrics.worker_registry(
-            settings.worker_timeout, settings.max_workers
+            settings.worker_timeout, settings.max_workers, redis_source
         )
         self._key = stream.key.encode()
         self._client: redis.Redis | None = None
@@ -535,13 +536,18 @@ def build_consumers(
     default_connection: RedisConnectionConfig | None,
     telemetry: Telemetry,
     metrics: EventMetrics | None = None,
+    redis_source: Callable[[RedisConnectionConfig | None], str | None] = lambda _: None,
 ) -> list[StreamConsumer]:
     """One consumer per configured stream; the connection defaults to sources.redis's. The
-    EventMetrics may be shared with other feeds (native readers); one is made when none is."""
+    EventMetrics may be shared with other feeds (native readers); one is made when none is.
+    `redis_source` names a stream's Redis (its own connection, or None: the default one) in
+    the redis_source label (SourcesConfig.redis_source), or None with one Redis."""
     if settings is None or not settings.streams:
         return []
     connection = settings.redis or default_connection or RedisConnectionConfig()
-    metrics = metrics or EventMetrics(telemetry, settings.buckets())
+    names = [redis_source(stream.redis or settings.redis) for stream in settings.streams]
+    by_redis = any(name is not None for name in names)
+    metrics = metrics or EventMetrics(telemetry, settings.buckets(), by_redis)
     return [
         StreamConsumer(
             stream,
@@ -550,6 +556,7 @@ def build_consumers(
             metrics,
             telemetry.health,
             telemetry.count_error,
+            name,
         )
-        for stream in settings.streams
+        for stream, name in zip(settings.streams, names, strict=True)
     ]

@@ -12,14 +12,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 
-from exporter.catalog import BY_NAME, MetricSpec
+from exporter.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
 from exporter.events.wire import Event, InvalidEvent
 from exporter.samples import LabelValues, Series
 from exporter.store import OVERFLOW
 from exporter.telemetry import Telemetry
+
+_V = TypeVar("_V")
 
 # Failures after which the job is not retried: its attempts are final.
 FINAL_ERROR_TYPES = frozenset({"non_retryable", "handler_not_found"})
@@ -247,15 +250,19 @@ _SYSTEM_HANDLERS: dict[str, Handler] = {
 
 
 class WorkerRegistry:
-    """Live workers of one stream, from their heartbeats.
+    """Live workers of one stream (or native reader), from their heartbeats.
 
     A worker whose last heartbeat (by event time) is older than `timeout` is forgotten:
-    it leaves every worker series and no memory of it is kept.
+    it leaves every worker series and no memory of it is kept. `redis_source`: the name of
+    the Redis the feed reads, with several Redis sources; every series it feeds carries it.
     """
 
-    def __init__(self, timeout: float, max_workers: int) -> None:
+    def __init__(self, timeout: float, max_workers: int, redis_source: str | None = None) -> None:
         self.timeout = timeout
         self.max_workers = max_workers
+        self.redis_source = redis_source
+        # What the feed's label values end with: its redis_source, or nothing.
+        self.suffix: tuple[str, ...] = () if redis_source is None else (redis_source,)
         self._workers: dict[tuple[str, str, str], Heartbeat] = {}
         self._lock = threading.Lock()
 
@@ -271,7 +278,7 @@ class WorkerRegistry:
                 if known is None:
                     if len(workers) >= self.max_workers:
                         refused += 1
-                    elif admit(key[:2]):
+                    elif admit((*key[:2], *self.suffix)):
                         workers[key] = beat
                 elif beat.ts >= known.ts:  # consumers may deliver out of order
                     workers[key] = beat
@@ -284,19 +291,28 @@ class WorkerRegistry:
             for key in gone:
                 del self._workers[key]
 
-    def totals(self, now: float) -> dict[tuple[str, str], tuple[int, int, int, int]]:
-        """(system, queue) -> busy workers, idle workers, busy slots, free slots."""
+    def totals(self, now: float) -> dict[LabelValues, tuple[int, int, int, int]]:
+        """(system, queue[, redis_source]) -> busy workers, idle workers, busy slots, free
+        slots."""
         self.prune(now)
-        totals: dict[tuple[str, str], list[int]] = {}
+        totals: dict[LabelValues, list[int]] = {}
         with self._lock:
             beats = list(self._workers.values())
         for beat in beats:
-            entry = totals.setdefault((beat.system, beat.queue), [0, 0, 0, 0])
+            entry = totals.setdefault((beat.system, beat.queue, *self.suffix), [0, 0, 0, 0])
             busy = min(beat.active, beat.capacity)
             entry[0 if busy > 0 else 1] += 1
             entry[2] += busy
             entry[3] += beat.capacity - busy
         return {key: (a, b, c, d) for key, (a, b, c, d) in totals.items()}
+
+
+def _suffixed(
+    table: dict[tuple[str, LabelValues], _V], suffix: LabelValues
+) -> dict[tuple[str, LabelValues], _V]:
+    """A batch's updates under label values with `suffix` added, last (one entry per label
+    set of the batch, not per event)."""
+    return {(metric, (*labels, *suffix)): value for (metric, labels), value in table.items()}
 
 
 # -- the metrics of all streams of one exporter ------------------------------------------------
@@ -310,8 +326,18 @@ WORKER_QUEUES = "queue_workers"
 class EventMetrics:
     """Registers the event families and self-metrics once; consumers report batches to it."""
 
-    def __init__(self, telemetry: Telemetry, buckets: dict[str, tuple[float, ...]]) -> None:
+    def __init__(
+        self,
+        telemetry: Telemetry,
+        buckets: dict[str, tuple[float, ...]],
+        by_redis: bool = False,
+    ) -> None:
+        """`by_redis`: several Redis sources, so every feed names its Redis (worker_registry's
+        redis_source) and every event series carries it as redis_source."""
         self._store = telemetry.store
+        self._by_redis = by_redis
+        if by_redis:
+            self._store.label_events(SOURCE_LABEL)
         for name, bounds in buckets.items():
             self._store.set_buckets(name, bounds)
         self._store.guard.set_samples_per_series(WORKER_QUEUES, 2, folds=False)
@@ -335,15 +361,29 @@ class EventMetrics:
                 name, callbacks=[callback], description=BY_NAME[name].help
             )
 
-    def worker_registry(self, timeout: float, max_workers: int) -> WorkerRegistry:
-        registry = WorkerRegistry(timeout, max_workers)
+    def worker_registry(
+        self, timeout: float, max_workers: int, redis_source: str | None = None
+    ) -> WorkerRegistry:
+        """A feed's registry; `redis_source` names its Redis, when and only when by_redis."""
+        if self._by_redis != (redis_source is not None):
+            raise ValueError(
+                f"a feed's redis_source ({redis_source!r}) does not match by_redis={self._by_redis}"
+            )
+        registry = WorkerRegistry(timeout, max_workers, redis_source)
         with self._lock:
             self._registries.append(registry)
         return registry
 
     def record(self, stream: str, tally: Tally, workers: WorkerRegistry) -> None:
-        """One batch: its counters and observations, heartbeats and self-metrics."""
-        self._store.apply(tally.counts, tally.observations)
+        """One batch: its counters and observations (under the feed's redis_source, if any),
+        heartbeats and self-metrics."""
+        if workers.suffix:
+            self._store.apply(
+                _suffixed(tally.counts, workers.suffix),
+                _suffixed(tally.observations, workers.suffix),
+            )
+        else:
+            self._store.apply(tally.counts, tally.observations)
         if tally.heartbeats:
             refused = workers.record(tally.heartbeats, self._admit_worker_queue)
             if refused:
@@ -375,37 +415,38 @@ class EventMetrics:
         return self._store.guard.admit(WORKER_QUEUES, queue) != (OVERFLOW, OVERFLOW)
 
     def _worker_gauges(self) -> list[tuple[MetricSpec, Series]]:
-        """The worker gauges of every stream's live workers, summed per queue."""
+        """The worker gauges of every stream's live workers, summed per queue (and Redis)."""
         totals = self._worker_totals()
         self._store.guard.keep_only(WORKER_QUEUES, set(totals))  # queues left: room freed
         workers: dict[LabelValues, float] = {}
         slots: dict[LabelValues, float] = {}
         utilization: dict[LabelValues, float] = {}
-        for (system, queue), (busy, idle, busy_slots, free_slots) in totals.items():
-            workers[(system, queue, "busy")] = busy
-            workers[(system, queue, "idle")] = idle
-            slots[(system, queue, "busy")] = busy_slots
-            slots[(system, queue, "free")] = free_slots
+        for (system, queue, *source), (busy, idle, busy_slots, free_slots) in totals.items():
+            workers[(system, queue, "busy", *source)] = busy
+            workers[(system, queue, "idle", *source)] = idle
+            slots[(system, queue, "busy", *source)] = busy_slots
+            slots[(system, queue, "free", *source)] = free_slots
             if busy_slots + free_slots > 0:
-                utilization[(system, queue)] = busy_slots / (busy_slots + free_slots)
+                utilization[(system, queue, *source)] = busy_slots / (busy_slots + free_slots)
         gauges = (
             ("queue_workers", workers),
             ("queue_worker_slots", slots),
             ("queue_worker_utilization_ratio", utilization),
         )
-        return [(BY_NAME[name], Series((series,))) for name, series in gauges if series]
+        spec = self._store.event_spec
+        return [(spec(name), Series((series,))) for name, series in gauges if series]
 
-    def _worker_totals(self) -> dict[tuple[str, str], tuple[int, int, int, int]]:
+    def _worker_totals(self) -> dict[LabelValues, tuple[int, int, int, int]]:
         now = time.time()
-        merged: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        merged: dict[LabelValues, tuple[int, int, int, int]] = {}
         with self._lock:
             registries = list(self._registries)
         clip = self._store.guard.clip
         for registry in registries:
             for key, totals in registry.totals(now).items():
-                system, queue = clip(key)
-                previous = merged.get((system, queue), (0, 0, 0, 0))
-                merged[(system, queue)] = tuple(  # type: ignore[assignment]
+                key = clip(key)
+                previous = merged.get(key, (0, 0, 0, 0))
+                merged[key] = tuple(  # type: ignore[assignment]
                     a + b for a, b in zip(previous, totals, strict=True)
                 )
         return merged

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
+from exporter.catalog import BY_NAME, QUEUE_LABELS, SOURCE_LABEL, SYSTEM_QUEUE, MetricSpec
 from exporter.health import KeyGroupReport
 from exporter.logs import LogLimiter
 from exporter.redis_cluster import ClusterNodes
@@ -60,8 +60,6 @@ log = logging.getLogger(__name__)
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 MAX_DEPTH = BY_NAME["queue_max_depth"]
-# The label naming the Redis a series comes from, when there are several.
-SOURCE_LABEL = "redis_source"
 # The label value of items split_by could not attribute: beyond max_items, or with no value.
 UNREAD = "__unread__"
 

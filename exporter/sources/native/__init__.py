@@ -9,6 +9,7 @@ docs/presets.md says how to add one.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from exporter.redis_connection import RedisConnectionConfig
@@ -33,7 +34,10 @@ def build_sources(
     default_connection: RedisConnectionConfig | None,
     metrics: EventMetrics,
     default_interval: float,
+    redis_source: Callable[[RedisConnectionConfig | None], str | None] = lambda _: None,
 ) -> list[NativeSource]:
+    """A source per enabled reader; `redis_source` names a reader's Redis (its own connection,
+    or None: the default one) in the redis_source label, or None with one Redis."""
     if config is None:
         return []
     from exporter.sources.native.framework import NativeSource
@@ -43,7 +47,7 @@ def build_sources(
         connection = settings.redis or default_connection or RedisConnectionConfig()
         interval = settings.interval or default_interval
         make_reader = functools.partial(_reader, settings, connection, interval)
-        sources.append(NativeSource(make_reader, interval, metrics))
+        sources.append(NativeSource(make_reader, interval, metrics, redis_source(settings.redis)))
     return sources
 
 

@@ -42,6 +42,7 @@ from typing import Protocol
 
 import redis
 
+from exporter.catalog import SOURCE_LABEL
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
@@ -193,15 +194,17 @@ class NativeSource:
         make_reader: Callable[[], Reader],
         interval: float,
         metrics: EventMetrics,
+        redis_source: str | None = None,
     ) -> None:
         self.make_reader = make_reader
+        self.redis_source = redis_source  # with several Redis sources, on every series
         self.reader = make_reader()
         self.name = self.reader.name
         self.interval = interval
         self.deadline = interval  # a read that outlasts its interval is cut off (base.py)
         self.metrics = metrics
         self.workers: WorkerRegistry = metrics.worker_registry(
-            interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS
+            interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS, redis_source
         )
         self._gap = ReadGap(interval)
         metrics.declare_stream(self.name)
@@ -213,6 +216,8 @@ class NativeSource:
         signals = Signals(source=self.name)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
+        if self.redis_source is not None:
+            return signals.samples.with_label(SOURCE_LABEL, self.redis_source)
         return signals.samples
 
     def error_reason(self, error: Exception) -> str:
