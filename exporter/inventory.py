@@ -69,7 +69,7 @@ class Inventory:
 
 def take(config: Config) -> Inventory:
     sources: list[SourceTarget] = []
-    several = isinstance(config.sources.redis, list)
+    several = config.sources.several_redis()
     groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
     for redis in config.sources.redis_list():
         if redis.key_groups:
@@ -90,12 +90,18 @@ def take(config: Config) -> Inventory:
     readers = native.enabled_by_name() if native is not None else {}
     for name, reader in readers.items():
         connection = reader.redis or config.sources.default_redis() or RedisConnectionConfig()
-        sources.append(SourceTarget(f"native {name}", connection.masked_url(), "its own records"))
+        what = "its own records" + _labelled(config.sources.redis_source(reader.redis))
+        sources.append(SourceTarget(f"native {name}", connection.masked_url(), what))
     return Inventory(
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
         sources=tuple(sources),
         key_groups=tuple(f"{g.system} {g.pattern} ({g.type}, {g.state})" for g in groups),
-        streams=tuple(f"{s.key} ({s.format}, group {s.group})" for s in streams),
+        streams=tuple(
+            f"{s.key} ({s.format}, group {s.group}"
+            f"{_labelled(config.sources.redis_source(s.redis or events.redis))})"
+            for s in streams
+            if events is not None
+        ),
         sql_collectors=tuple(c.name for c in collectors),
         native_readers=tuple(readers),
     )
@@ -107,6 +113,11 @@ def events_redis(config: Config) -> RedisConnectionConfig:
     if events is not None and events.redis is not None:
         return events.redis
     return config.sources.default_redis() or RedisConnectionConfig()
+
+
+def _labelled(redis_source: str | None) -> str:
+    """Where a feed's series name their Redis (several Redis sources): say which name."""
+    return "" if redis_source is None else f", redis_source {redis_source}"
 
 
 def _count(number: int, noun: str) -> str:

@@ -364,3 +364,24 @@ def test_a_stream_s_redis_is_named_by_the_source_on_the_same_server(connection, 
     assert sources.redis_source(own) == expected
     single = config_module.from_dict({"sources": {"redis": {"url": "redis://h1:6379/0"}}})
     assert single.sources.redis_source(own) is None
+
+
+def test_the_inventory_says_which_redis_source_each_stream_and_reader_carries():
+    from exporter import inventory
+
+    raw = {
+        "presets": ["rq"],
+        "sources": {
+            "redis": [{"name": "a", "url": "redis://h1:6379/0"}],
+            "events": {"streams": ["e1", {"key": "e2", "redis": {"url": "redis://h9:6380/2"}}]},
+            "native": {"rq": {"redis": {"url": "redis://:pw@h1:6379/0"}}},
+        },
+    }
+    lines = inventory.take(config_module.from_dict(raw)).lines()
+    assert "events stream e1 (v1, group queue-exporter, redis_source a)" in lines
+    assert "events stream e2 (v1, group queue-exporter, redis_source h9:6380/2)" in lines
+    assert "source native rq: redis://:****@h1:6379/0 (its own records, redis_source a)" in lines
+    raw["sources"]["redis"] = raw["sources"]["redis"][0]
+    one = inventory.take(config_module.from_dict(raw)).lines()
+    assert "events stream e1 (v1, group queue-exporter)" in one
+    assert not any("redis_source" in line for line in one)
