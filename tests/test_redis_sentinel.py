@@ -71,8 +71,14 @@ def test_sampling_and_consuming_follow_a_sentinel_failover(sentinel_setup, run_e
             },
         }
     )
-    series = wait_for(lambda: (s := scrape_series(app)) and _completed(s) == 50 and s)
-    assert value(series, "queue_depth", queue="email") == 3
+    # Events and samples arrive on their own threads: wait for both before the failover.
+    wait_for(
+        lambda: (
+            (s := scrape_series(app))
+            and _completed(s) == 50
+            and value(s, "queue_depth", queue="email") == 3
+        )
+    )
     old_master = sentinel_setup.master.port
 
     # Mid-stream: events keep coming while the master changes under the consumer.
