@@ -20,7 +20,7 @@ class TcpProxy:
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = free_port()
-        self._listener: socket.socket | None = None
+        self._accepter: threading.Thread | None = None
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
         self._running = threading.Event()
@@ -33,19 +33,23 @@ class TcpProxy:
         listener.bind(("127.0.0.1", self.port))
         listener.listen(16)
         listener.settimeout(0.05)  # accept() polls, so cut() never waits on a blocked accept
-        self._listener = listener
         self._running.set()
-        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+        self._accepter = threading.Thread(target=self._accept, args=(listener,), daemon=True)
+        self._accepter.start()
         return self
 
     def cut(self) -> None:
-        """Refuse new connections and break every open one."""
+        """Refuse new connections and break every open one. Once it returns the port is free:
+        start() binds it again at once."""
         self._running.clear()
+        accepter, self._accepter = self._accepter, None
+        if accepter is not None:
+            # The accept thread closes its listener itself. Closed from here, the listener
+            # stayed listening while that thread's poll held it (up to its 50 ms), and a
+            # start() within that time failed with EADDRINUSE.
+            accepter.join()
         with self._lock:
             sockets, self._sockets = self._sockets, []
-            listener, self._listener = self._listener, None
-        if listener is not None:
-            listener.close()
         for sock in sockets:
             _close(sock)
         self._flowing.set()  # frozen pumps wake up, find their sockets closed and end
@@ -59,24 +63,25 @@ class TcpProxy:
         self._flowing.set()
 
     def _accept(self, listener: socket.socket) -> None:
-        while self._running.is_set():
-            try:
-                client, _ = listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                _close(client)
-                continue
-            client.settimeout(None)
-            upstream.settimeout(None)
-            with self._lock:
-                self._sockets += [client, upstream]
-            for source, target in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+        with listener:
+            while self._running.is_set():
+                try:
+                    client, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError:
+                    return
+                try:
+                    upstream = socket.create_connection(self.target, timeout=5)
+                except OSError:
+                    _close(client)
+                    continue
+                client.settimeout(None)
+                upstream.settimeout(None)
+                with self._lock:
+                    self._sockets += [client, upstream]
+                for source, target in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
 
     def _pump(self, source: socket.socket, target: socket.socket) -> None:
         try:

@@ -16,7 +16,6 @@ named and acknowledged (refusals.py), never a reason to read the batch again.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -133,6 +132,13 @@ class StreamConsumer:
                 started = time.monotonic()
                 try:
                     got = self.poll()
+                    backoff.succeeded()
+                    self._succeeded(time.monotonic() - started)
+                    if not got:
+                        # An idle consumer meets a hung Redis here: its wait times out and the
+                        # stream is down at once, not after the next read's deadline as well.
+                        started = time.monotonic()
+                        self.wait_for_entries()
                 except Exception as error:  # the thread must outlive any error
                     if stop.is_set():  # interrupted by shutdown: not a failure of the stream
                         break
@@ -140,17 +146,15 @@ class StreamConsumer:
                         log.exception("%s: unexpected error", self.name)
                     self._failed(error, time.monotonic() - started)
                     stop.wait(backoff.failed())
-                    continue
-                backoff.succeeded()
-                if self._failing:
-                    self._failing = False
-                    log.info("%s is back: reading again", self.name)
-                if self.health is not None:
-                    self.health.succeeded(self.name, time.monotonic() - started)
-                if not got:
-                    self.wait_for_entries()
         finally:
             self.close()
+
+    def _succeeded(self, duration: float) -> None:
+        if self._failing:
+            self._failing = False
+            log.info("%s is back: reading again", self.name)
+        if self.health is not None:
+            self.health.succeeded(self.name, duration)
 
     def interrupt(self) -> None:
         """From another thread, at shutdown, once the consumer had its chance to finish: a read
@@ -180,7 +184,9 @@ class StreamConsumer:
         return applied
 
     def wait_for_entries(self) -> None:
-        """Block until the stream holds an entry the group has not seen (or block_ms pass)."""
+        """Block until the stream holds an entry the group has not seen (or block_ms pass).
+        Its Redis errors are raised, a timeout included: an idle consumer of a hung Redis is
+        down after one socket_timeout."""
         client = self._connect()
         last = self._seen.last_id or "0-0"
         with self._wait_lock:
@@ -188,8 +194,7 @@ class StreamConsumer:
                 return
             self._waiting = True
         try:
-            with contextlib.suppress(redis.RedisError):  # the next poll reports it
-                client.xread({self._key: last}, count=1, block=self._block_ms)
+            client.xread({self._key: last}, count=1, block=self._block_ms)
         finally:
             with self._wait_lock:
                 self._waiting = False
