@@ -58,61 +58,52 @@ def main() -> None:
     """Queue metrics sidecar: Redis queues, PostgreSQL queue tables and job events."""
 
 
+def env_option(
+    name: str, *declarations: str, **settings: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The option --<name> (underscores as dashes), also read from QUEUE_EXPORTER_<NAME>."""
+    return click.option(f"--{name.replace('_', '-')}", *declarations, envvar=_env(name), **settings)
+
+
 # The options through which serve and check-config build their configuration: one list, so
 # check-config checks exactly what serve would run.
 _CONFIG_OPTIONS = (
-    click.option(
-        "--config",
+    env_option(
+        "config",
         "config_file",
         type=click.Path(path_type=Path),
-        envvar=_env("config"),
         help="YAML configuration file.",
     ),
-    click.option(
-        "--redis-url",
+    env_option(
+        "redis_url",
         multiple=True,
-        envvar=_env("redis_url"),
         help="Redis URL (redis://, rediss://, unix://); repeatable: one Redis source each, "
         "named redis1, redis2... in the redis_source label.",
     ),
-    click.option(
-        "--postgres-dsn",
-        envvar=_env("postgres_dsn"),
+    env_option(
+        "postgres_dsn",
         help="PostgreSQL DSN (postgresql://... or key=value) for SQL collectors and presets.",
     ),
-    click.option(
-        "--preset",
+    env_option(
+        "preset",
         multiple=True,
-        envvar=_env("preset"),
         help=f"Known queue layout, repeatable: {', '.join(presets.available())}.",
     ),
-    click.option(
-        "--events-stream",
+    env_option(
+        "events_stream",
         multiple=True,
-        envvar=_env("events_stream"),
         help="Redis stream of lifecycle events (docs/events.md) to consume, repeatable.",
     ),
-    click.option(
-        "--listen-address",
-        envvar=_env("listen_address"),
+    env_option(
+        "listen_address",
         help=f"HOST:PORT to serve on (default {config_module.DEFAULT_LISTEN_ADDRESS}).",
     ),
-    click.option(
-        "--sample-interval",
-        type=float,
-        envvar=_env("sample_interval"),
-        help="Seconds between samples (default 15).",
-    ),
-    click.option(
-        "--log-level",
-        type=click.Choice(["debug", "info", "warning", "error"]),
-        envvar=_env("log_level"),
-    ),
-    click.option("--log-format", type=click.Choice(["text", "json"]), envvar=_env("log_format")),
-    click.option(
-        "--web-config",
+    env_option("sample_interval", type=float, help="Seconds between samples (default 15)."),
+    env_option("log_level", type=click.Choice(["debug", "info", "warning", "error"])),
+    env_option("log_format", type=click.Choice(["text", "json"])),
+    env_option(
+        "web_config",
         type=click.Path(path_type=Path),
-        envvar=_env("web_config"),
         help="exporter-toolkit web config file (TLS, basic auth).",
     ),
 )

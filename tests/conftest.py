@@ -155,6 +155,25 @@ def scrape_when(app: App, name: str, **labels: str) -> Series:
     return result
 
 
+def wait_until_served_as_truth(
+    app: App, mismatches: Callable[[Series, float], list[str]], timeout: float = 20.0
+) -> None:
+    """Scrape until `mismatches(series, scraped_at)` (time.time() at the scrape: ages are
+    served between a library's truth and then) finds no difference between what is served and
+    what the real library says; at the deadline, fail listing the last differences."""
+    found: list[str] = []
+
+    def agrees() -> bool:
+        scraped_at = time.time()
+        found[:] = mismatches(scrape_series(app), scraped_at)
+        return not found
+
+    try:
+        wait_for(agrees, timeout=timeout, interval=0.3)
+    except AssertionError:
+        raise AssertionError("\n".join(found)) from None
+
+
 POSTGRES_ADMIN_DSN = os.environ.get(
     "QE_TEST_POSTGRES_DSN", "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 )

@@ -12,6 +12,7 @@ from typing import Any
 
 from alerts.config import RulesConfig
 from alerts.recording import recording_rules
+from tests.conftest import wait_for
 
 DASHBOARDS_DIR = Path(__file__).resolve().parent.parent / "dashboards"
 # What Grafana substitutes: every variable at "All", the rate interval a short window that
@@ -91,3 +92,25 @@ def short_of_data(
         if not expected <= found:
             short.append(f"{where} has {sorted(found)}, not {sorted(expected)}: {expr}")
     return short
+
+
+def wait_until_fed(
+    query: Callable[[str], list[dict[str, Any]]],
+    rules: RulesConfig,
+    systems: tuple[str, ...],
+    not_fed: NotFed,
+    timeout: float = 90.0,
+) -> None:
+    """Wait until no query is short_of_data; at the deadline, fail naming every one still short
+    (the last look, not just "condition not met")."""
+    short: list[str] = []
+
+    def fed() -> bool:
+        short[:] = short_of_data(query, rules, systems, not_fed)
+        return not short
+
+    try:
+        wait_for(fed, timeout=timeout, interval=2.0)
+    except AssertionError:
+        without = " or ".join(systems)
+        raise AssertionError(f"without {without} data:\n" + "\n".join(short)) from None

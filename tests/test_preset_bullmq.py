@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Series, scrape_series, wait_for
+from tests.conftest import Series, wait_until_served_as_truth
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 
 # BullMQ's states -> ours. Waiting (also a 5.x paused queue's list) and prioritized jobs are
@@ -88,17 +88,7 @@ def _value(series: Series, name: str, **labels: str) -> float | None:
 
 def _served_as_bullmq_says(app: Any, bullmq: BullMQ, queues: list[str]) -> None:
     truth = bullmq.truth(queues)
-    mismatches: list[str] = []
-
-    def agrees() -> bool:
-        scraped_ms = time.time() * 1000
-        mismatches[:] = _mismatches(scrape_series(app), truth, scraped_ms)
-        return not mismatches
-
-    try:
-        wait_for(agrees, timeout=20, interval=0.3)
-    except AssertionError:
-        raise AssertionError("\n".join(mismatches)) from None
+    wait_until_served_as_truth(app, lambda series, at: _mismatches(series, truth, at * 1000))
 
 
 def test_every_state_and_age_as_bullmq_counts_them(bullmq, redis_url, run_exporter):

@@ -7,13 +7,12 @@ DeadSet and Workers, per queue.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.conftest import Series, scrape_series, wait_for
+from tests.conftest import Series, wait_for, wait_until_served_as_truth
 from tests.real_queues import Sidekiq
 
 
@@ -80,17 +79,7 @@ def _mismatches(series: Series, truth: dict[str, Any], scraped_at: float) -> lis
 
 
 def _served_as_sidekiq_says(app: Any, truth: dict[str, Any]) -> None:
-    mismatches: list[str] = []
-
-    def agrees() -> bool:
-        scraped_at = time.time()
-        mismatches[:] = _mismatches(scrape_series(app), truth, scraped_at)
-        return not mismatches
-
-    try:
-        wait_for(agrees, timeout=20, interval=0.3)
-    except AssertionError:
-        raise AssertionError("\n".join(mismatches)) from None
+    wait_until_served_as_truth(app, lambda series, at: _mismatches(series, truth, at))
 
 
 def test_every_set_split_per_queue_as_sidekiq_counts_them(sidekiq, redis_url, run_exporter):

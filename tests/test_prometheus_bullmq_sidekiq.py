@@ -13,7 +13,7 @@ import pytest
 
 from exporter.app import App
 from tests.conftest import wait_for
-from tests.dashboard_queries import NotFed, short_of_data
+from tests.dashboard_queries import NotFed, wait_until_fed
 from tests.real_queues import BullMQ, Sidekiq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
 
@@ -111,16 +111,7 @@ def test_bullmq_and_sidekiq_dashboards_have_data(workers, redis_url, run_exporte
         wait_for(prometheus.ready, timeout=30)
         wait_for(lambda: prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1'), timeout=60)
         _produce(bullmq, sidekiq)
-        short: list[str] = []
-
-        def every_query_has_both() -> bool:
-            short[:] = short_of_data(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
-            return not short
-
-        try:
-            wait_for(every_query_has_both, timeout=90, interval=2.0)
-        except AssertionError:
-            raise AssertionError("without BullMQ or Sidekiq data:\n" + "\n".join(short)) from None
+        wait_until_fed(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
 
         p50 = prometheus.query(
             "max_over_time(queue_job_type:queue_job_execution_seconds:histogram_quantile"

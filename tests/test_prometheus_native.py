@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.dashboard_queries import NotFed, short_of_data
+from tests.dashboard_queries import NotFed, wait_until_fed
 from tests.test_native_celery import _stop as stop_celery
 from tests.test_native_rq import _stop as stop_rq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
@@ -114,16 +114,7 @@ def test_rq_and_celery_dashboards_have_data(redis_url, run_exporter, workers, tm
         wait_for(prometheus.ready, timeout=30)
         wait_for(lambda: prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1'), timeout=60)
         _produce(redis_url)
-        short: list[str] = []
-
-        def every_query_has_both() -> bool:
-            short[:] = short_of_data(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
-            return not short
-
-        try:
-            wait_for(every_query_has_both, timeout=90, interval=2.0)
-        except AssertionError:
-            raise AssertionError("without RQ or Celery data:\n" + "\n".join(short)) from None
+        wait_until_fed(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
         assert prometheus.query('queue_scheduled_due{system="rq"}')
     finally:
         prometheus.stop()

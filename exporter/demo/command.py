@@ -22,6 +22,7 @@ import redis
 
 from exporter import config as config_module
 from exporter import presets
+from exporter.cli import env_option
 from exporter.demo import sim_legacy, sim_orchestrata
 from exporter.demo.embedded import EmbeddedError, EmbeddedServers
 from exporter.demo.status import StatusLine
@@ -39,24 +40,17 @@ DEMO_PRESETS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
-def _env(flag: str) -> str:
-    return f"QUEUE_EXPORTER_{flag.upper()}"
-
-
 @click.command()
-@click.option(
-    "--redis-url",
-    envvar=_env("redis_url"),
+@env_option(
+    "redis_url",
     help="Use this Redis (an empty database) instead of an embedded one.",
 )
-@click.option(
-    "--postgres-dsn",
-    envvar=_env("postgres_dsn"),
+@env_option(
+    "postgres_dsn",
     help="Use this PostgreSQL database instead of an embedded one.",
 )
-@click.option(
-    "--listen-address",
-    envvar=_env("listen_address"),
+@env_option(
+    "listen_address",
     default=DEMO_LISTEN_ADDRESS,
     show_default=True,
     help="HOST:PORT of the exporter (port 0: any free port; 0.0.0.0:9839 for a Prometheus "
