@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/key_sampling.py [--sizes 10000,100000] [--unrelated 100000]
         [--runs 5] [--peer-up-to 100000] [--plot docs/key-sampling.png]
+        [--one-way-ms 0.1,0.25] [--delayed-runs 3]
 
 For each size: N Orchestrata queue lists (one JSON item each) among `--unrelated` other keys,
 in a redis-server of the benchmark's own. After a warm-up of each, the floor, the exporter and
@@ -19,7 +20,11 @@ figure on a shared host):
 - redis_exporter: a /metrics scrape of Debian's prometheus-redis-exporter --check-keys over the
   same keys, against the exporter's cycle plus the /metrics render of its result (a full scrape
   against a full scrape: the peer reads the keys when it is scraped).
-With --plot, the wall times against the number of keys go to a PNG (matplotlib).
+With --one-way-ms, all three also run through bench/delay_proxy.py (a process of its own in
+front of the same redis-server, delaying every chunk each way by that many milliseconds: Redis
+across a network, as it is from a pod), after the loopback runs; the round trip through it is
+measured and printed, and so is the proxy's own CPU, which is counted on neither side.
+With --plot, the loopback wall times against the number of keys go to a PNG (matplotlib).
 The /metrics render has its own benchmark: bench/exposition.py.
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -75,6 +81,30 @@ def private_redis() -> Iterator[str]:
             server.stop()
 
 
+@contextmanager
+def delayed(url: str, one_way: float) -> Iterator[tuple[str, int]]:
+    """bench/delay_proxy.py in front of the Redis at `url`: its URL and its process id."""
+    parts, port = urlsplit(url), free_port()
+    proxy = Path(__file__).with_name("delay_proxy.py")
+    target = f"{parts.hostname}:{parts.port}"
+    command = [sys.executable, str(proxy), str(port), target, repr(one_way)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the delaying proxy did not start")
+        yield f"redis://127.0.0.1:{port}{parts.path}", process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def process_cpu(pid: int) -> float:
+    """The CPU seconds a process has used (user and system, /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load_keys(client: redis.Redis, queues: int, unrelated: int) -> None:
     client.flushdb()
     item = json.dumps(
@@ -105,6 +135,15 @@ class RawRedis:
         parts = urlsplit(url)
         self.sock = socket.create_connection((parts.hostname, parts.port))
         self.reader = hiredis.Reader()
+
+    def round_trip_time(self, times: int = 200) -> float:
+        """The median time of a PING's round trip."""
+        durations = []
+        for _ in range(times):
+            start = time.perf_counter()
+            self.pipeline([("PING",)])
+            durations.append(time.perf_counter() - start)
+        return statistics.median(durations)
 
     def pipeline(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         self.sock.sendall(b"".join(hiredis.pack_command(command) for command in commands))
@@ -217,31 +256,42 @@ class Peer:
 
 
 class CostClock:
-    """Wall time, and CPU time of this process plus the redis-server's (INFO cpu)."""
+    """Wall time, and CPU time of this process plus the redis-server's (INFO cpu); apart, the
+    CPU of the delaying proxy in between, if any."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, proxy_pid: int | None = None) -> None:
         self.client = client
+        self.proxy_pid = proxy_pid
         self.wall: dict[str, list[float]] = {}
         self.cpu: dict[str, list[float]] = {}
+        self.proxy_cpu: dict[str, list[float]] = {}
 
     def _server_cpu(self) -> float:
         info = self.client.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
     def time(self, name: str, action: Callable[[], Any]) -> Any:
+        proxy = process_cpu(self.proxy_pid) if self.proxy_pid else 0.0
         cpu, server, wall = time.process_time(), self._server_cpu(), time.perf_counter()
         result = action()
         self.wall.setdefault(name, []).append(time.perf_counter() - wall)
         cpu_used = time.process_time() - cpu + self._server_cpu() - server
         self.cpu.setdefault(name, []).append(cpu_used)
+        if self.proxy_pid:
+            proxy_used = process_cpu(self.proxy_pid) - proxy
+            self.proxy_cpu.setdefault(name, []).append(proxy_used)
         return result
 
     def median(self, kind: str, name: str) -> float:
-        return statistics.median((self.wall if kind == "wall" else self.cpu)[name])
+        table = {"wall": self.wall, "cpu": self.cpu, "proxy": self.proxy_cpu}[kind]
+        return statistics.median(table[name])
 
 
-def measure(url: str, client: redis.Redis, size: int, args: argparse.Namespace) -> dict[str, float]:
-    load_keys(client, size, args.unrelated)
+def measure(
+    url: str, client: redis.Redis, size: int, args: argparse.Namespace, proxy_pid: int | None = None
+) -> dict[str, float]:
+    """The figures of the floor, the exporter and the peer reading the keys through `url` (the
+    server's own, or a delaying proxy's); `client` reaches the server directly."""
     config = config_module.from_dict(
         {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
     )
@@ -266,8 +316,8 @@ def measure(url: str, client: redis.Redis, size: int, args: argparse.Namespace) 
         body = peer.scrape()
         if body.count(b'redis_key_size{db="db0",key="orchestrata:queue:') != size:
             raise RuntimeError("the peer did not report every queue key")
-    clock = CostClock(client)
-    for _ in range(args.runs):
+    clock = CostClock(client, proxy_pid)
+    for _ in range(args.runs if proxy_pid is None else args.delayed_runs):
         clock.time("floor", lambda: floor_loop(raw))
         clock.time("floor, SCAN alone", lambda: floor_loop(raw, overlap=False))
         samples = clock.time("exporter", sampler.sample)
@@ -275,11 +325,9 @@ def measure(url: str, client: redis.Redis, size: int, args: argparse.Namespace) 
         if peer is not None:
             clock.time("scraped", scraped_cycle)
             clock.time("peer", peer.scrape)
-    figures = {
-        f"{kind} {name}": clock.median(kind, name)
-        for kind in ("wall", "cpu")
-        for name in clock.wall
-    }
+    kinds = ("wall", "cpu") if proxy_pid is None else ("wall", "cpu", "proxy")
+    figures = {f"{kind} {name}": clock.median(kind, name) for kind in kinds for name in clock.wall}
+    figures["round trip"] = raw.round_trip_time()
     raw.close()
     sampler.close()
     if peer is not None:
@@ -317,44 +365,71 @@ def plot(results: dict[int, dict[str, float]], path: str, load: str) -> None:
     figure.savefig(path)
 
 
+def print_row(size: int, path: str, figures: dict[str, float]) -> None:
+    floor, ours = figures["wall floor"], figures["wall exporter"]
+    floor_cpu, ours_cpu = figures["cpu floor"], figures["cpu exporter"]
+    peer_text = f"{'-':>8} {'-':>8} {'-':>7}"
+    if "wall peer" in figures:
+        peer, scraped = figures["wall peer"], figures["wall scraped"]
+        peer_text = f"{peer:8.2f} {scraped:8.3f} {peer / scraped:6.1f}x"
+    print(
+        f"{size:>10} {path:>9} {floor:8.3f} {ours:10.3f} {ours / floor:5.2f}x "
+        f"{floor_cpu:11.3f} {ours_cpu:14.3f} {ours_cpu / floor_cpu:5.2f}x {peer_text}",
+        flush=True,
+    )
+    alone, alone_cpu = figures["wall floor, SCAN alone"], figures["cpu floor, SCAN alone"]
+    details = [
+        f"PING round trip {figures['round trip'] * 1000:.3f} ms",
+        f"the floor with each SCAN in a round trip of its own: {alone:.3f} s "
+        f"({alone / floor:.2f}x), CPU {alone_cpu:.3f} s ({alone_cpu / floor_cpu:.2f}x)",
+    ]
+    proxy = {
+        name: figures[f"proxy {name}"]
+        for name in ("floor", "exporter", "peer", "scraped")
+        if f"proxy {name}" in figures
+    }
+    if proxy:
+        spent = ", ".join(f"{name} {cpu:.3f} s" for name, cpu in proxy.items())
+        details.append(f"the proxy's own CPU (counted on no side): {spent}")
+    for detail in details:
+        print(f"{'':>20} {detail}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--unrelated", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--peer-up-to", type=int, default=100_000)
-    parser.add_argument("--plot", help="write a PNG of the wall times against the keys")
+    parser.add_argument("--plot", help="write a PNG of the loopback wall times against the keys")
+    parser.add_argument(
+        "--one-way-ms",
+        default="",
+        help="also through a proxy delaying each way this much: 0.1,0.25",
+    )
+    parser.add_argument("--delayed-runs", type=int, default=3, help="runs through each proxy")
     args = parser.parse_args()
     if not shutil.which("prometheus-redis-exporter"):
         print("prometheus-redis-exporter absent: the Go peer is not measured")
+    delays = [float(ms) for ms in args.one_way_ms.split(",") if ms]
 
     results: dict[int, dict[str, float]] = {}
     loads = [load_average()]
     print(
-        f"{'queue keys':>10} {'floor s':>8} {'exporter s':>10} {'ratio':>6} "
+        f"{'queue keys':>10} {'one-way':>9} {'floor s':>8} {'exporter s':>10} {'ratio':>6} "
         f"{'floor cpu s':>11} {'exporter cpu s':>14} {'ratio':>6} "
         f"{'peer s':>8} {'scrape s':>8} {'faster':>7}"
     )
     with private_redis() as url:
         client = redis.Redis.from_url(url)
         for size in (int(s) for s in args.sizes.split(",")):
-            figures = results[size] = measure(url, client, size, args)
-            floor, ours = figures["wall floor"], figures["wall exporter"]
-            floor_cpu, ours_cpu = figures["cpu floor"], figures["cpu exporter"]
-            peer_text = f"{'-':>8} {'-':>8} {'-':>7}"
-            if "wall peer" in figures:
-                peer, scraped = figures["wall peer"], figures["wall scraped"]
-                peer_text = f"{peer:8.2f} {scraped:8.3f} {peer / scraped:6.1f}x"
-            print(
-                f"{size:>10} {floor:8.3f} {ours:10.3f} {ours / floor:5.2f}x "
-                f"{floor_cpu:11.3f} {ours_cpu:14.3f} {ours_cpu / floor_cpu:5.2f}x {peer_text}",
-                flush=True,
-            )
-            alone, alone_cpu = figures["wall floor, SCAN alone"], figures["cpu floor, SCAN alone"]
-            print(
-                f"{'':>10} the floor with each SCAN in a round trip of its own: {alone:.3f} s "
-                f"({alone / floor:.2f}x), CPU {alone_cpu:.3f} s ({alone_cpu / floor_cpu:.2f}x)"
-            )
+            load_keys(client, size, args.unrelated)
+            results[size] = measure(url, client, size, args)
+            print_row(size, "loopback", results[size])
+            for one_way in delays:
+                with delayed(url, one_way / 1000) as (proxy_url, proxy_pid):
+                    figures = measure(proxy_url, client, size, args, proxy_pid)
+                print_row(size, f"{one_way:g} ms", figures)
             loads.append(load_average())
         client.close()
     print(f"load average (1 min) at the start and after each size: {', '.join(loads)}")
