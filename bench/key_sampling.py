@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/key_sampling.py [--sizes 10000,100000] [--unrelated 100000]
         [--runs 5] [--peer-up-to 100000] [--plot docs/key-sampling.png]
-        [--one-way-ms 0.1,0.25] [--delayed-runs 3]
+        [--one-way-ms 0.1,0.25] [--delayed-runs 3] [--delayed-peer-up-to 10000]
 
 For each size: N Orchestrata queue lists (one JSON item each) among `--unrelated` other keys,
 in a redis-server of the benchmark's own. After a warm-up of each, the floor, the exporter and
@@ -301,7 +301,8 @@ def measure(
     raw = RawRedis(url)
     gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
     binary = shutil.which("prometheus-redis-exporter")
-    peer = Peer(binary, url) if binary and size <= args.peer_up_to else None
+    peer_up_to = args.peer_up_to if proxy_pid is None else args.delayed_peer_up_to
+    peer = Peer(binary, url) if binary and size <= peer_up_to else None
 
     def scraped_cycle() -> None:  # what a scrape of the peer does: read the keys, render
         telemetry.publish(sampler.name, sampler.sample())
@@ -408,6 +409,12 @@ def main() -> None:
         help="also through a proxy delaying each way this much: 0.1,0.25",
     )
     parser.add_argument("--delayed-runs", type=int, default=3, help="runs through each proxy")
+    parser.add_argument(
+        "--delayed-peer-up-to",
+        type=int,
+        default=10_000,
+        help="the peer through a proxy only up to this many keys (a round trip per command per key)",
+    )
     args = parser.parse_args()
     if not shutil.which("prometheus-redis-exporter"):
         print("prometheus-redis-exporter absent: the Go peer is not measured")

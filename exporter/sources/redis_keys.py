@@ -712,13 +712,14 @@ class RedisKeySampler:
         heads_left = iter(heads)
         group: _PlainGroup | None = None
         for (key_group, key, labels), depth in zip(keys, depths, strict=True):
-            if key_group is not group:  # a round's keys are mostly of one group
+            if key_group is not group:  # a round's keys are mostly of one group: its locals
                 group = key_group
-                tally, samples, now = group.tally, group.cycle.samples, group.cycle.now
-                depth_table, series = samples.table(DEPTH), tally.series
-                age_table, max_table = samples.table(OLDEST_AGE), samples.table(MAX_DEPTH)
-            if group.max_depth is not None:
-                _put(max_table, MAX_DEPTH, labels[:2], group.max_depth)  # (system, queue)
+                tally, oldest, max_depth = group.tally, group.oldest, group.max_depth
+                samples, now, series = group.cycle.samples, group.cycle.now, tally.series
+                depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
+                max_table = samples.table(MAX_DEPTH)
+            if max_depth is not None:
+                _put(max_table, MAX_DEPTH, labels[:2], max_depth)  # (system, queue)
             if isinstance(depth, redis.ResponseError):
                 if self._nodes is not None:  # the key's head read failed alike, if it has one
                     again += group.cycle.commands_for_key(tally, key, {}, labels)
@@ -729,7 +730,7 @@ class RedisKeySampler:
             else:
                 _put(depth_table, DEPTH, labels, float(depth))
                 series[labels] = None
-            if group.oldest is None:
+            if oldest is None:
                 continue
             head = next(heads_left)
             if type(head) is int:  # its size: over the limit, in Redis
@@ -740,7 +741,7 @@ class RedisKeySampler:
                 try:
                     item = _head_item(head)
                     if item is not None:
-                        age = now - _item_time(group.oldest, *item)
+                        age = now - _item_time(oldest, *item)
                         _put(age_table, OLDEST_AGE, labels, max(0.0, age))
                 except Exception as error:  # hostile data may raise anything
                     _unreadable(tally, key, error)
