@@ -112,7 +112,8 @@ def _group_row(group: dict[str, Any]) -> str:
         reads.append(f"`{group['due']['metric']}`")
     if group.get("max_depth") is not None:
         reads.append("`queue_max_depth`")
-    pattern = repr(group["pattern"])[1:-1].replace("|", "\\|")
+    # ${param|pattern} (the param as literal text of the pattern) reads as ${param} here
+    pattern = repr(group["pattern"].replace("|pattern}", "}"))[1:-1].replace("|", "\\|")
     return f"| `{pattern}` | {group['type']} | {group['state']} | {', '.join(reads)} |"
 
 

@@ -90,9 +90,10 @@ class BullMQ(Driver):
         db: int,
         port: int = REDIS_PORT,
         cluster: list[tuple[str, int]] | None = None,
+        prefix: str = "bull",
     ) -> None:
         """`cluster`: a Redis Cluster's seed nodes, which BullMQ then reaches through ioredis's
-        Cluster client (db and port are not used)."""
+        Cluster client (db and port are not used); `prefix`: BullMQ's key prefix."""
         node = shutil.which("node")
         install = TESTS / "node" / f"bullmq{major}"
         if node is None:
@@ -103,6 +104,7 @@ class BullMQ(Driver):
         self.connection: dict[str, Any] = {"host": REDIS_HOST, "port": port, "db": db}
         if cluster is not None:
             self.connection = {"cluster": [{"host": h, "port": p} for h, p in cluster]}
+        self.connection["prefix"] = prefix
 
     def steps(self, *steps: dict[str, Any]) -> None:
         assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"

@@ -24,6 +24,9 @@ from tests.test_events_runnerq import RunnerQ, _run_day, assert_the_day, wait_fo
 
 # BullMQ queues whose names are hash tags: each queue's keys in one slot, the queues spread.
 QUEUES = ("{emails}", "{reports}", "{images}")
+# Or a prefix that is a hash tag, as BullMQ's docs have it: every queue in one slot.
+TAGGED_PREFIX = "{bull}"
+PLAIN_QUEUES = ("emails", "reports", "images")
 NATIVE = "native:bullmq"
 LEASE = "queue-exporter:leader"
 
@@ -46,10 +49,10 @@ def _seeds(cluster: ClusterSetup) -> list[tuple[str, int]]:
     return [("127.0.0.1", node.port) for node in cluster.nodes[:2]]
 
 
-def _bullmq_work(bullmq: BullMQ) -> dict[str, tuple[int, int]]:
+def _bullmq_work(bullmq: BullMQ, queues: tuple[str, ...]) -> dict[str, tuple[int, int]]:
     """Jobs on every queue that a real BullMQ Worker completes or fails; (completed, failed)."""
     expected = {}
-    for number, queue in enumerate(QUEUES):
+    for number, queue in enumerate(queues):
         ok, broken = number + 2, number + 1
         bullmq.steps(
             {"op": "add", "queue": queue, "name": "ok", "count": ok},
@@ -76,17 +79,25 @@ def _bullmq_settled(app, truth: dict[str, Any]) -> bool:
     return True
 
 
-@pytest.mark.parametrize("major", BULLMQ_MAJORS, ids=lambda major: f"bullmq{major}")
-def test_bullmq_on_a_cluster_counts_what_bullmq_reports(empty, run_exporter, major):
+@pytest.mark.parametrize(
+    ("major", "prefix", "queues"),
+    [
+        *(pytest.param(m, "bull", QUEUES, id=f"bullmq{m}-tagged-queues") for m in BULLMQ_MAJORS),
+        pytest.param(BULLMQ_MAJORS[-1], TAGGED_PREFIX, PLAIN_QUEUES, id="tagged-prefix"),
+    ],
+)
+def test_bullmq_on_a_cluster_counts_what_bullmq_reports(empty, run_exporter, major, prefix, queues):
     cluster = empty
-    assert len({cluster.primary_of(f"bull:{queue}:events").port for queue in QUEUES}) > 1
-    bullmq = BullMQ(major, 0, cluster=_seeds(cluster))
+    events = {cluster.primary_of(f"{prefix}:{queue}:events").port for queue in queues}
+    assert (len(events) == 1) == (prefix == TAGGED_PREFIX)  # one slot, or spread over nodes
+    bullmq = BullMQ(major, 0, cluster=_seeds(cluster), prefix=prefix)
     try:
-        bullmq.steps(*({"op": "add", "queue": queue, "name": "first"} for queue in QUEUES))
-        app = run_exporter({"presets": ["bullmq"], "sources": {"redis": {"url": cluster.url}}})
+        bullmq.steps(*({"op": "add", "queue": queue, "name": "first"} for queue in queues))
+        preset = {"name": "bullmq", "params": {"prefix": prefix}}
+        app = run_exporter({"presets": [preset], "sources": {"redis": {"url": cluster.url}}})
         wait_for(lambda: (report := app.health.snapshot().get(NATIVE)) and report.up)
-        expected = _bullmq_work(bullmq)
-        truth = bullmq.truth(list(QUEUES))["queues"]
+        expected = _bullmq_work(bullmq, queues)
+        truth = bullmq.truth(list(queues))["queues"]
         for queue, (ok, broken) in expected.items():  # BullMQ's own word: what ran where
             assert (truth[queue]["counts"]["completed"], truth[queue]["counts"]["failed"]) == (
                 ok + 1,
@@ -102,6 +113,16 @@ def test_bullmq_on_a_cluster_counts_what_bullmq_reports(empty, run_exporter, maj
             assert enqueued == ok + broken
         assert total(series, "queue_exporter_events_lost_total", stream=NATIVE) == 0
         assert app.health.snapshot()[NATIVE].up
+
+        def sampled() -> dict[str, float]:  # the key sampler reads the same layout
+            return {
+                queue: total(
+                    scrape_series(app), "queue_depth", system="bullmq", queue=queue, state="failed"
+                )
+                for queue in queues
+            }
+
+        wait_for(lambda: sampled() == {q: truth[q]["counts"]["failed"] for q in queues})
     finally:
         bullmq.stop_all()
 

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from exporter.sources.key_groups import KeyGroup, fill, key_regex, scan_glob
+from exporter.config import from_dict
+from exporter.sources.key_groups import (
+    KeyGroup,
+    fill,
+    key_regex,
+    literal,
+    placeholders,
+    scan_glob,
+)
 
 
 def test_glob_escapes_literal_glob_characters():
@@ -63,3 +71,29 @@ def test_enumerated_only_when_every_placeholder_is_known():
     assert not _group().enumerated
     assert _group(values={"queue": ["a"]}).enumerated
     assert not _group(pattern="q:{queue}:{_x}", values={"queue": ["a"]}).enumerated
+
+
+def test_doubled_braces_are_literal_a_hash_tag_in_a_pattern():
+    pattern = "{{bull}}:{queue}:wait"
+    assert placeholders(pattern) == ["queue"]
+    assert scan_glob(pattern) == "{bull}:*:wait"
+    match = key_regex(pattern).match("{bull}:emails:wait")
+    assert match is not None and match.groupdict() == {"queue": "emails"}
+    assert key_regex(pattern).match("bull:emails:wait") is None
+    assert fill("{{bull}}:{queue}:{item}", {"queue": "emails", "item": "7"}) == "{bull}:emails:7"
+    assert literal("{bull}") == "{{bull}}" and placeholders(literal("{a}:{b}")) == []
+    _group(pattern=pattern)  # {bull} is no placeholder to refuse
+    with pytest.raises(ValidationError, match=r"placeholder \{bull\} is not a label"):
+        _group(pattern="{bull}:{queue}:wait")
+
+
+def test_the_bullmq_preset_takes_a_hash_tagged_prefix():
+    config = from_dict({"presets": [{"name": "bullmq", "params": {"prefix": "{bull}"}}]})
+    group = config.sources.redis.key_groups[0]
+    assert group.pattern == "{{bull}}:{queue}:wait"
+    assert group.values_from_keys["queue"] == "{{bull}}:{value}:meta"
+    assert group.oldest.hash_key == "{{bull}}:{queue}:{item}"
+    assert config.sources.native.bullmq.prefix == "{bull}"  # a key prefix, not a pattern
+    assert from_dict({"presets": ["bullmq"]}).sources.redis.key_groups[0].pattern == (
+        "bull:{queue}:wait"
+    )

@@ -2,7 +2,9 @@
 
 A preset file holds `description`, `params` (defaults an operator may override), optionally
 `library` (the versions tested and how each state the library holds is served) and a piece
-of the ordinary configuration (`sources: ...`) in which `${param}` is substituted. Loading a
+of the ordinary configuration (`sources: ...`) in which `${param}` is substituted
+(`${param|pattern}`: as literal text of a key pattern, its braces doubled, so that a hash-tagged
+prefix such as BullMQ's `{bull}` is not read as a placeholder). Loading a
 preset merges that piece into the configuration: lists are extended, so a preset's key
 groups join the operator's own.
 """
@@ -16,7 +18,9 @@ from typing import Any
 
 import yaml
 
-_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+from exporter.sources.key_groups import literal
+
+_PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\|pattern)?\}")
 # The preset files sit beside this module: the package is installed as files (pip, the
 # Dockerfile), and reading them as such spares start-up importlib.resources (tempfile, shutil).
 _DIRECTORY = Path(__file__).parent
@@ -95,9 +99,14 @@ def _substitute(value: Any, params: dict[str, Any], preset: str) -> Any:
     if not isinstance(value, str):
         return value
     whole = _PARAM.fullmatch(value)
-    if whole:  # a whole-string reference keeps the parameter's type (lists, maps, numbers)
+    if whole and not whole.group(2):  # a whole-string reference keeps the parameter's type
         return _param(whole.group(1), params, preset)
-    return _PARAM.sub(lambda match: str(_param(match.group(1), params, preset)), value)
+    return _PARAM.sub(lambda match: _text(match, params, preset), value)
+
+
+def _text(match: re.Match[str], params: dict[str, Any], preset: str) -> str:
+    text = str(_param(match.group(1), params, preset))
+    return literal(text) if match.group(2) else text
 
 
 def _param(name: str, params: dict[str, Any], preset: str) -> Any:

@@ -2,12 +2,15 @@
 
 A key group is a key pattern with named placeholders that become labels
 (``orchestrata:queue:{queue}:p{priority}``), the key's type, the state its items are in,
-and optionally how to read the time of the item at the head of the queue. Presets are
+and optionally how to read the time of the item at the head of the queue. ``{{`` and ``}}``
+are literal braces, as in Python's format strings: a Redis Cluster hash tag in a pattern
+(BullMQ's ``prefix: '{bull}'`` is ``{{bull}}:{queue}:wait``). Presets are
 lists of key groups; operators write their own in the same form.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal, get_args
 
@@ -23,7 +26,8 @@ if set(STATES) != set(get_args(State)):
     raise RuntimeError(f"key_groups.State {get_args(State)} differ from catalog.STATES {STATES}")
 
 LABEL_PLACEHOLDERS = ("queue", "priority")
-_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# A placeholder, or a doubled brace (a literal one).
+_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 
 
@@ -105,7 +109,8 @@ class KeyGroup(StrictModel):
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
         min_length=1,
-        description="key pattern; {queue} and {priority} become labels, {_name} is a wildcard",
+        description="key pattern; {queue} and {priority} become labels, {_name} is a wildcard, "
+        "{{ and }} are literal braces (a hash tag: {{bull}}:{queue}:wait)",
     )
     type: KeyType = Field(description="the Redis type of the keys")
     state: State = Field(description="the state label of the items the keys hold")
@@ -195,27 +200,51 @@ class KeyGroup(StrictModel):
         return all(name in known for name in placeholders(self.pattern))
 
 
+def literal(text: str) -> str:
+    """`text` as a pattern that matches it alone (its braces doubled)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts(pattern: str) -> tuple[str, ...]:
+    """Literal text and placeholder names, alternating (literal first, literal last), with
+    each doubled brace made one. Cached: fill() runs per item read, on a few patterns."""
+    parts: list[str] = []
+    text, at = "", 0
+    for match in _TOKEN.finditer(pattern):
+        text += pattern[at : match.start()]
+        at = match.end()
+        if match.group(1) is None:
+            text += match.group(0)[0]
+        else:
+            parts += [text, match.group(1)]
+            text = ""
+    return (*parts, text + pattern[at:])
+
+
 def placeholders(pattern: str) -> list[str]:
-    return _PLACEHOLDER.findall(pattern)
+    return list(_parts(pattern)[1::2])
 
 
 def scan_glob(pattern: str) -> str:
     """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
-    parts = _PLACEHOLDER.split(pattern)
     return "".join(
-        "*" if index % 2 else _GLOB_SPECIAL.sub(r"\\\1", part) for index, part in enumerate(parts)
+        "*" if index % 2 else _GLOB_SPECIAL.sub(r"\\\1", part)
+        for index, part in enumerate(_parts(pattern))
     )
 
 
 def key_regex(pattern: str) -> re.Pattern[str]:
     """A regex that matches a key of the pattern and captures each placeholder by name."""
-    parts = _PLACEHOLDER.split(pattern)
     body = "".join(
-        f"(?P<{part}>.+)" if index % 2 else re.escape(part) for index, part in enumerate(parts)
+        f"(?P<{part}>.+)" if index % 2 else re.escape(part)
+        for index, part in enumerate(_parts(pattern))
     )
     return re.compile(f"^{body}$", re.DOTALL)
 
 
 def fill(pattern: str, values: dict[str, str]) -> str:
     """Substitute placeholders; used for enumerated keys and hash_key patterns."""
-    return _PLACEHOLDER.sub(lambda match: values[match.group(1)], pattern)
+    return "".join(
+        values[part] if index % 2 else part for index, part in enumerate(_parts(pattern))
+    )

@@ -49,7 +49,7 @@ from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.key_groups import key_regex, scan_glob
+from exporter.sources.key_groups import key_regex, literal, scan_glob
 from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import RedisReader, Signals
 
@@ -109,7 +109,7 @@ class BullmqReader(RedisReader):
         self._names: dict[tuple[str, bytes], str] = {}
         self._runnable: dict[tuple[str, bytes], float] = {}
         self._starts: dict[tuple[str, bytes], float] = {}
-        self._meta = key_regex(f"{config.prefix}:{{value}}:meta")
+        self._meta = key_regex(f"{literal(config.prefix)}:{{value}}:meta")
         self._nodes: ClusterNodes | None = None  # on a Redis Cluster
 
     def interrupt(self) -> None:
@@ -192,7 +192,7 @@ class BullmqReader(RedisReader):
 
     def _queues(self, client: redis.Redis | RedisCluster) -> list[str]:
         """Every queue has a meta hash (the Queue constructor and every add write it)."""
-        pattern = scan_glob(f"{self.config.prefix}:{{_q}}:meta")
+        pattern = scan_glob(f"{literal(self.config.prefix)}:{{_q}}:meta")
         names = set()
         for key in client.scan_iter(match=pattern, count=1000):
             match = self._meta.match(key.decode("utf-8", "replace"))

@@ -12,7 +12,7 @@ from pydantic import Field
 
 from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.key_groups import scan_glob
+from exporter.sources.key_groups import literal, scan_glob
 
 # RQ's job registries the RQ reader reads (rq:<registry>:<queue>).
 RQ_REGISTRIES = ("wip", "finished", "failed")
@@ -104,7 +104,8 @@ class BullmqReaderConfig(ReaderConfig):
     ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget")
 
     def acl_read_keys(self) -> list[str]:
-        return [scan_glob(self.prefix) + ":*"]  # meta hashes, events streams, job hashes
+        # meta hashes, events streams, job hashes (a hash-tagged prefix is literal text)
+        return [scan_glob(literal(self.prefix)) + ":*"]
 
     @property
     def positions_key(self) -> str:
