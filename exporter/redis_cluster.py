@@ -4,7 +4,8 @@ node that owns each key's slot, the nodes' round trips in parallel.
 redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
 and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
 clients unchanged (its bounded-reads script is flagged allow-cross-slot-keys: one script per
-node and round, whatever slots its keys are in). A node that fails costs only the keys it
+node and round, whatever slots its keys are in), each node's share of a round sent before any
+is read, so the nodes work at once. A node that fails costs only the keys it
 owns. An ASK reply (a key already moved to the node importing its slot) is followed: the
 command is sent again to that node after ASKING. A MOVED reply costs its key's group this
 cycle, and the slot map is read again before the next one.
@@ -33,6 +34,10 @@ class ClusterNodes:
         self.read_from_replicas = read_from_replicas
         self._stale_map = False
         self._pool: ThreadPoolExecutor | None = None
+        # The node of each slot met since the slot map was last read: routing a key costs one
+        # lookup. Kept for the one map it was made from (a map read again is a new dict).
+        self._routes: dict[int, tuple[str, redis.Redis]] = {}
+        self._routes_from: object = None
 
     def refresh_if_moved(self) -> None:
         """Read the slot map again if the last cycle met a sign that it changed."""
@@ -67,11 +72,18 @@ class ClusterNodes:
     def node_of(self, key: bytes) -> tuple[str, redis.Redis]:
         """The node that serves the key's slot: its primary, or with read_from_replicas its
         first replica where it has one (the same one SCAN reads)."""
-        nodes = self.cluster.nodes_manager.slots_cache.get(key_slot(key))
-        if not nodes:
-            raise redis.ConnectionError(f"no node serves slot {key_slot(key)}")
-        node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
-        return node.name, self._client(node)
+        slot_map = self.cluster.nodes_manager.slots_cache
+        if slot_map is not self._routes_from:
+            self._routes, self._routes_from = {}, slot_map
+        slot = key_slot(key)
+        route = self._routes.get(slot)
+        if route is None:
+            nodes = slot_map.get(slot)
+            if not nodes:
+                raise redis.ConnectionError(f"no node serves slot {slot}")
+            node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
+            route = self._routes[slot] = (node.name, self._client(node))
+        return route
 
     def asked(self, reply: Exception) -> tuple[str, redis.Redis] | None:
         """The node an ASK reply ("ASK <slot> <host>:<port>") names, if it is one the slot map

@@ -80,22 +80,45 @@ return replies
 
 def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
     """Send all commands at once; one reply per command, a ResponseError where one failed."""
-    pool = client.connection_pool
-    connection = pool.get_connection()
-    try:
-        packed = b"".join(hiredis.pack_command(args) for args in commands)
-        connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
-        # The connection's socket is private to redis-py (`_sock`): pyproject.toml pins the
-        # redis range this is tested with (CI runs the floor, the dev venv the newest).
-        sock: socket.socket | None = getattr(connection, "_sock", None)
-        if sock is None:
-            raise redis.ConnectionError("the connection has no socket after sending")
-        return _read_replies(sock, len(commands))
-    except BaseException:
-        connection.disconnect()  # type: ignore[no-untyped-call]  # a half-read stream is unusable
-        raise
-    finally:
-        pool.release(connection)
+    return SentCommands(client, commands).replies()
+
+
+class SentCommands:
+    """Commands sent at once on one of the client's connections, their replies not yet read:
+    several servers (a cluster's nodes) work on theirs at the same time while one thread reads
+    each in turn. Redis buffers its replies however many, so sending never waits on reading."""
+
+    def __init__(self, client: redis.Redis, commands: Sequence[Args]) -> None:
+        self._pool = client.connection_pool
+        self._connection = self._pool.get_connection()
+        self._count = len(commands)
+        try:
+            packed = b"".join(hiredis.pack_command(args) for args in commands)
+            self._connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
+        except BaseException:
+            self._done(failed=True)
+            raise
+
+    def replies(self) -> list[Any]:
+        """One reply per command (a ResponseError where one failed); the connection goes back
+        to its pool, or is dropped if reading failed."""
+        failed = True
+        try:
+            # The connection's socket is private to redis-py (`_sock`): pyproject.toml pins the
+            # redis range this is tested with (CI runs the floor, the dev venv the newest).
+            sock: socket.socket | None = getattr(self._connection, "_sock", None)
+            if sock is None:
+                raise redis.ConnectionError("the connection has no socket after sending")
+            replies = _read_replies(sock, self._count)
+            failed = False
+            return replies
+        finally:
+            self._done(failed)
+
+    def _done(self, failed: bool) -> None:
+        if failed:
+            self._connection.disconnect()  # type: ignore[no-untyped-call]  # a half-read stream is unusable
+        self._pool.release(self._connection)
 
 
 def transaction(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:

@@ -15,7 +15,6 @@ an empty queue.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
@@ -37,6 +36,7 @@ from exporter.redis_connection import (
 )
 from exporter.redis_pipeline import (
     Args,
+    SentCommands,
     bound_each,
     bounded_reads,
     probe_first,
@@ -550,6 +550,13 @@ class RedisKeySampler:
         """One round trip for the commands and the keys of plain groups. Item reads (the
         commands' and the plain keys' heads) travel in one bounded_reads (on a cluster node its
         keys may be of several slots). A `leading` command (a SCAN riding along) goes first."""
+        direct, reads = self._round_commands(commands, leading, plain)
+        return _round_replies(commands, leading, round_trip(client, direct), reads)
+
+    def _round_commands(
+        self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
+    ) -> tuple[list[Args], int]:
+        """What _send_round sends, and how many item reads its bounded_reads holds."""
         direct = [] if leading is None else [leading]
         direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
@@ -564,15 +571,7 @@ class RedisKeySampler:
         if keys:
             limit, any_slot = self.config.max_item_bytes, self._nodes is not None
             direct.append(bounded_reads(keys, read_args, limit, any_slot))
-        replies = round_trip(client, direct)
-        read_replies = _each(replies.pop(), len(keys)) if keys else iter(())
-        direct_replies = iter(replies)
-        leading_reply = None if leading is None else next(direct_replies)
-        ordered = [
-            next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
-            for args, _, _ in commands
-        ]
-        return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
+        return direct, len(keys)
 
     def _execute_on_nodes(
         self,
@@ -597,25 +596,24 @@ class RedisKeySampler:
         for key in plain or ():
             name, node_client = nodes.node_of(key[1])
             shares.setdefault((name, False), _NodeShare(node_client)).plain.append(key)
-        calls = [
-            functools.partial(self._send_asked, share.client, share.commands)
-            if asked
-            else functools.partial(
-                self._send_round,
-                share.client,
-                share.commands,
-                scans[name][1] if name in scans else None,
-                share.plain,
-            )
-            for (name, asked), share in shares.items()
-        ]
+        sent: list[tuple[tuple[str, bool], _NodeShare, SentCommands | Exception]] = []
+        for (name, asked), share in shares.items():  # all sent, then each read: nodes at once
+            share.scan = scans[name][1] if name in scans and not asked else None
+            try:
+                sending: SentCommands | Exception = SentCommands(
+                    share.client, self._share_commands(share, asked)
+                )
+            except redis.RedisError as error:
+                sending = error
+            sent.append(((name, asked), share, sending))
         scanned: dict[str, Any] = {}
         follow_ups: list[Iterable[Command]] = []
         failures = 0
-        futures = nodes.in_parallel(calls)
-        for ((name, asked), share), future in zip(shares.items(), futures, strict=True):
+        for (name, asked), share, sending in sent:
             try:
-                replies = future.result()
+                if isinstance(sending, Exception):
+                    raise sending
+                replies = self._share_replies(share, asked, sending.replies())
             except redis.RedisError as error:
                 failures += 1
                 if failures == len(shares) and not self._node_answered:
@@ -637,13 +635,21 @@ class RedisKeySampler:
             follow_ups.append(self._handle_plain(share.plain, replies.depths, replies.heads))
         return scanned, itertools.chain.from_iterable(follow_ups)
 
-    def _send_asked(self, client: redis.Redis, commands: list[Command]) -> _Replies:
-        """Commands an ASK reply sent to the node importing their slot: each after ASKING (which
-        holds for the one command that follows it), in one round trip."""
+    def _share_commands(self, share: _NodeShare, asked: bool) -> list[Args]:
+        """What a node's share of a round sends. Commands an ASK reply sent to the node
+        importing their slot: each after ASKING (which holds for the one command after it)."""
+        if not asked:
+            direct, share.reads = self._round_commands(share.commands, share.scan, share.plain)
+            return direct
         pipeline: list[Args] = []
-        for args, _, _ in commands:
+        for args, _, _ in share.commands:
             pipeline += [("ASKING",), args[2]]
-        return _Replies(None, round_trip(client, pipeline)[1::2], [], [])
+        return pipeline
+
+    def _share_replies(self, share: _NodeShare, asked: bool, replies: list[Any]) -> _Replies:
+        if asked:
+            return _Replies(None, replies[1::2], [], [])
+        return _round_replies(share.commands, share.scan, replies, share.reads)
 
     def _redirect(
         self, nodes: ClusterNodes, command: Command, reply: redis.ResponseError
@@ -749,14 +755,32 @@ class RedisKeySampler:
 
 
 class _NodeShare:
-    """What one round sends a cluster node: its commands and its plain groups' keys."""
+    """What one round sends a cluster node: its commands, its plain groups' keys and the SCAN
+    that rides along (and how many item reads its bounded_reads holds)."""
 
-    __slots__ = ("client", "commands", "plain")
+    __slots__ = ("client", "commands", "plain", "reads", "scan")
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.commands: list[Command] = []
         self.plain: list[PlainKey] = []
+        self.scan: Args | None = None
+        self.reads = 0
+
+
+def _round_replies(
+    commands: list[Command], leading: Args | None, replies: list[Any], reads: int
+) -> _Replies:
+    """A round trip's replies (RedisKeySampler._round_commands) sorted out: the leading
+    command's, the commands' in order, the plain keys' depths and item reads."""
+    read_replies = _each(replies.pop(), reads) if reads else iter(())
+    direct_replies = iter(replies)
+    leading_reply = None if leading is None else next(direct_replies)
+    ordered = [
+        next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
+        for args, _, _ in commands
+    ]
+    return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
 
 
 # How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
