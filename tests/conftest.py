@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -224,6 +225,15 @@ class ServeProcess:
 
         result: Series = wait_for(scraped, timeout=timeout)
         return result
+
+    def sigterm(self) -> tuple[float, str]:
+        """SIGTERM, then the exit: the seconds it took and stderr; an exit other than 0 fails."""
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGTERM)
+        _, stderr = self.process.communicate(timeout=30)
+        stopped_in = time.monotonic() - started
+        assert self.process.returncode == 0, stderr[-2000:]
+        return stopped_in, stderr
 
     def stop(self) -> None:
         if self.process.poll() is None:

@@ -42,6 +42,7 @@ from tests.conftest import (
     value,
     wait_for,
 )
+from tests.plain_source import PlainSource
 from tests.private_redis import PrivateRedis, free_port
 from tests.tcp_proxy import TcpProxy
 
@@ -359,10 +360,9 @@ def test_leader_killed_sampling_moves_within_the_takeover_bound(redis_client, re
 # -- a slow backend: cycles that overrun are skipped, never piled up ------------------------------
 
 
-class _SlowSource:
+class _SlowSource(PlainSource):
     name = "slow"
     interval = 0.1
-    deadline = 10.0
 
     def __init__(self) -> None:
         self.cycles: list[tuple[float, float]] = []
@@ -377,15 +377,6 @@ class _SlowSource:
         self.cycles.append((started, time.monotonic()))
         self.active -= 1
         return SampleSet()
-
-    def error_reason(self, error: Exception) -> str:
-        return "other"
-
-    def interrupt(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class _StopRecordingWaits(threading.Event):

@@ -21,6 +21,7 @@ from exporter.samples import SampleSet
 from exporter.sources.base import SourceRunner
 from exporter.telemetry import Telemetry
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape, scrape_series, value, wait_for
+from tests.plain_source import PlainSource
 from tests.tcp_proxy import TcpProxy
 
 KEY = "queue-exporter:leader"
@@ -109,12 +110,11 @@ def test_leader_steps_down_when_redis_is_unreachable_for_the_lease_time(redis_db
         proxy.cut()
 
 
-class _Source:
+class _Source(PlainSource):
     """A sampling source whose cycle can run a callback in the middle (a lease change)."""
 
     name = "fake"
     interval = 0.05
-    deadline = 10.0
 
     def __init__(self, during=None) -> None:
         self.during = during
@@ -127,15 +127,6 @@ class _Source:
         samples = SampleSet()
         samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
         return samples
-
-    def error_reason(self, error: Exception) -> str:
-        return "other"
-
-    def interrupt(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):
