@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from redis.cluster import RedisCluster
 
 from exporter import config as config_module
 from exporter import redis_acl
@@ -21,6 +22,7 @@ from tests.conftest import scrape_series, total, wait_for
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 from tests.redis_topology import ClusterSetup
 from tests.test_events_runnerq import RunnerQ, _run_day, assert_the_day, wait_for_the_day
+from tests.test_leader import FakeClock
 
 # BullMQ queues whose names are hash tags: each queue's keys in one slot, the queues spread.
 QUEUES = ("{emails}", "{reports}", "{images}")
@@ -162,11 +164,11 @@ def test_runnerq_stream_on_a_cluster_reads_activity_hashes_of_every_slot(empty, 
     assert_the_day(wait_for_the_day(app, entries))
 
 
-def _leadership(cluster: ClusterSetup, ttl: float, identity: str) -> Leadership:
+def _leadership(cluster: ClusterSetup, ttl: float, identity: str, clock=time.monotonic):
     config = LeaderElectionConfig(
         enabled=True, lease_ttl=ttl, renew_interval=ttl / 4, identity=identity
     )
-    return Leadership(config, RedisConnectionConfig(url=cluster.url, socket_timeout=1))
+    return Leadership(config, RedisConnectionConfig(url=cluster.url, socket_timeout=1), clock)
 
 
 def test_the_lease_on_a_cluster_is_held_by_one_and_taken_over(empty):
@@ -279,3 +281,28 @@ def _move_slot(cluster: ClusterSetup, key: str) -> None:
         for node in (dst, src):
             node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", target_id)
     assert cluster.primary_of(key) == target
+
+
+def test_the_lease_is_kept_through_its_primary_killed(empty):
+    """The lease's primary dies; once its replica took over, the leader renews there under the
+    same token and no follower gets in. (Runs last: it kills a primary for good.)"""
+    cluster, clock = empty, FakeClock()
+    leader = _leadership(cluster, 30.0, "leader", clock)
+    follower = _leadership(cluster, 30.0, "other")
+    assert leader.renew() and leader.token() == 1
+    victim = cluster.primary_of(LEASE)
+    with victim.client() as primary:
+        assert primary.execute_command("WAIT", 1, 5000) == 1  # the replica has the lease
+    victim.stop()
+    assert leader.is_leader()  # within the lease it renewed before
+    # Past that lease by the leader's own clock (Redis keeps it 30 s): renew() is True now
+    # only for a renewal that succeeded, on the promoted replica.
+    clock.now += 31
+    assert not leader.is_leader()
+    wait_for(leader.renew, timeout=60, interval=0.2)
+    assert leader.token() == 1
+    assert not follower.renew()
+    survivor = next(node for node in cluster.nodes if node is not victim)
+    with RedisCluster(host="127.0.0.1", port=survivor.port) as client:
+        assert client.get_node_from_key(LEASE).port != victim.port
+        assert client.get(LEASE).decode() == f"1:{leader.holder}"
