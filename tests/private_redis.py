@@ -50,6 +50,9 @@ class PrivateRedis:
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
+            if self.process.poll() is not None:  # said now, not after waiting out the deadline
+                message = f"redis-server on port {self.port} exited ({self.process.returncode})"
+                raise RuntimeError(message + ": its port taken, or an argument refused")
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
                     return self

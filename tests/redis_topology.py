@@ -189,14 +189,31 @@ def sleep_cycles(interval: float, cycles: int) -> None:
     time.sleep(interval * cycles)
 
 
-def cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too; ephemeral ports (those
-    free_port hands out) are often too high for that."""
-    for _ in range(200):
-        port = random.randrange(20000, 30000)
-        if all(_free(number) for number in (port, port + 10000)):
-            return port
-    raise RuntimeError("no free port pair for a cluster node")
+def cluster_ports(count: int) -> list[int]:
+    """Ports for `count` cluster nodes, each with its cluster bus port (port + 10000) free too,
+    all of them distinct and below the ephemeral range. A bus port in that range (as one over
+    30000 was) could be taken, between this choice and its node's start, as the local port of
+    any process's outgoing connection, or handed out by free_port(); the node then failed to
+    start. Drawn by a generator of their own: a test seeding `random` cannot repeat them."""
+    below = max(_ephemeral_low() - 10_000, 10_001)
+    draw = random.SystemRandom()
+    chosen: list[int] = []
+    for _ in range(1000):
+        port = draw.randrange(10_000, below)
+        pair = {port, port + 10_000}
+        taken = {*chosen, *(number + 10_000 for number in chosen)}
+        if not pair & taken and all(_free(number) for number in pair):
+            chosen.append(port)
+            if len(chosen) == count:
+                return chosen
+    raise RuntimeError("no free port pairs for the cluster's nodes")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def _free(port: int) -> bool:
@@ -220,10 +237,9 @@ class ClusterSetup:
         self.tls = tls
         self.client_options = _tls_client_options(tls)
         self.nodes = []
-        for index in range(6):
+        for index, port in enumerate(cluster_ports(6)):
             path = directory / f"node{index}"
             path.mkdir(parents=True, exist_ok=True)
-            port = cluster_port()
             self.nodes.append(
                 PrivateRedis(
                     path,

@@ -24,6 +24,9 @@ from tests.redis_topology import ClusterSetup, eventually
 from tests.tls_certs import make_pki
 
 INTERVAL = 0.3
+# A cycle deadline for the tests about nodes and slots, not about deadlines: the default (the
+# interval) timed cycles out on a loaded machine, withdrawing every series at random moments.
+UNHURRIED = 10.0
 PRIORITIES = [str(number) for number in range(1, 10)]
 SPREAD = {
     "system": "spread",
@@ -262,7 +265,12 @@ def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run
             "sample_interval": INTERVAL,
             "presets": [{"name": "bullmq", "params": {"native": False}}],
             "sources": {
-                "redis": {"url": cluster.url, "socket_timeout": 1, "key_groups": [SPREAD, by_value]}
+                "redis": {
+                    "url": cluster.url,
+                    "socket_timeout": 1,
+                    "cycle_timeout": UNHURRIED,
+                    "key_groups": [SPREAD, by_value],
+                }
             },
         }
     )
@@ -285,12 +293,18 @@ def test_sampling_reads_every_primary_and_survives_a_primary_killed(cluster, run
     # partly summed; once a replica took over, every series is back whole.
     victim = cluster.primary_of("jobs:email:p1")
     victim.stop()
-    while_down = eventually(lambda: (s := scrape_series(app)) and "email" not in depths(s) and s)
-    # Source up: the other primaries answered. A queue named by value on a live node stays.
-    assert value(while_down, "queue_exporter_source_up", source="redis") == 1
-    assert depths(while_down).get(pinned) == 1
-    reasons = {r.pattern: r.errors for r in app.health.key_groups()}
-    assert reasons[SPREAD["pattern"]].get("node_down") == 1
+
+    def down_but_up():
+        # Source up: the other primaries answered. Read together, in one wait: the scrape and
+        # the key group's report each come from whichever cycle was last when they were read.
+        series = scrape_series(app)
+        reports = {r.pattern: r.errors for r in app.health.key_groups()}
+        node_down = reports.get(SPREAD["pattern"], {}).get("node_down") == 1
+        up = value(series, "queue_exporter_source_up", source="redis") == 1
+        return series if up and node_down and "email" not in depths(series) else None
+
+    while_down = eventually(down_but_up)
+    assert depths(while_down).get(pinned) == 1  # a queue named by value on a live node stays
     seen_while_down = []
 
     def back_whole():
@@ -350,13 +364,15 @@ def test_a_stream_is_consumed_on_its_slot_and_through_its_primary_killed(own_clu
     assert group["entries-read"] == 50 and group["pending"] == 0  # read and acked there
 
     produced = [50]
-    paused, stop = threading.Event(), threading.Event()
+    paused, idle, stop = threading.Event(), threading.Event(), threading.Event()
 
     def produce() -> None:
         while not stop.is_set():
             if paused.is_set():
+                idle.set()  # no write in flight: every one made so far was acknowledged
                 stop.wait(0.01)
                 continue
+            idle.clear()
             try:
                 _emit(writer, produced[0])
                 produced[0] += 1
@@ -370,7 +386,7 @@ def test_a_stream_is_consumed_on_its_slot_and_through_its_primary_killed(own_clu
         # Every event written so far is on the replica (WAIT): none is lost with the primary,
         # so the stream the new primary holds is exactly what was written.
         paused.set()
-        time.sleep(0.05)
+        assert idle.wait(timeout=30)  # the write in flight, if any, acknowledged (no sleep)
         with victim.client() as client:
             assert client.execute_command("WAIT", 1, 5000) == 1
         victim.stop()
