@@ -56,6 +56,19 @@ def panel_queries() -> list[PanelQuery]:
 NotFed = Mapping[str, tuple[frozenset[str], str]]
 
 
+def not_fed_by_redis_alone(systems: frozenset[str]) -> NotFed:
+    """What no system read from its own Redis records feeds: depth limits, leases and
+    Attune's tables (the other layouts' and Attune's, tested with them)."""
+    return {
+        "max_depth": (systems, "no depth limit"),
+        "capacity_used": (systems, "no depth limit"),
+        "leases_expired": (systems, "no leases"),
+        "concurrency": (systems, "no concurrency limit in Redis (Attune's)"),
+        "stats_age": (systems, "Attune's statistics table"),
+        "queue_executions": (systems, "Attune's executions"),
+    }
+
+
 def expected_systems(expr: str, systems: tuple[str, ...], not_fed: NotFed) -> set[str]:
     """The systems that must appear in the query's result."""
     expected = set(systems)

@@ -13,7 +13,7 @@ import pytest
 
 from exporter.app import App
 from tests.conftest import wait_for
-from tests.dashboard_queries import NotFed, wait_until_fed
+from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
 from tests.real_queues import BullMQ, Sidekiq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
 
@@ -22,12 +22,7 @@ BOTH = frozenset(SYSTEMS)
 BULLMQ = frozenset({"bullmq"})
 SIDEKIQ = frozenset({"sidekiq"})
 NOT_FED: NotFed = {
-    "max_depth": (BOTH, "no depth limit"),
-    "capacity_used": (BOTH, "no depth limit"),
-    "leases_expired": (BOTH, "no leases"),
-    "concurrency": (BOTH, "no concurrency limit in Redis (Attune's)"),
-    "stats_age": (BOTH, "Attune's statistics table"),
-    "queue_executions": (BOTH, "Attune's executions"),
+    **not_fed_by_redis_alone(BOTH),
     "dequeue": (BOTH, "neither records a dequeue apart from a start"),
     "timed_out": (BOTH, "neither has a job timeout of its own"),
     "dead_lettered": (

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
-from tests.dashboard_queries import NotFed, wait_until_fed
+from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
 from tests.test_native_celery import _stop as stop_celery
 from tests.test_native_rq import _stop as stop_rq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
@@ -28,12 +28,7 @@ BOTH = frozenset(SYSTEMS)
 # the families (depth, started/completed/failed/retried/timed-out jobs, execution, wait and
 # total times, workers) must show both.
 NOT_FED: NotFed = {
-    "max_depth": (BOTH, "no depth limit"),
-    "capacity_used": (BOTH, "no depth limit"),
-    "leases_expired": (BOTH, "no leases"),
-    "concurrency": (BOTH, "no concurrency limit in Redis (Attune's)"),
-    "stats_age": (BOTH, "Attune's statistics table"),
-    "queue_executions": (BOTH, "Attune's executions"),
+    **not_fed_by_redis_alone(BOTH),
     "dead_letter": (BOTH, "no dead-letter queue: final failures are failed"),
     "requeued": (BOTH, "RQ never requeues; Celery only a rejected task"),
     "max_retries_exceeded": (BOTH, "a final failure is counted as failed"),
