@@ -24,12 +24,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import redis
 import redis.asyncio
 
 from exporter.events import wire
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +58,34 @@ def classify_error(error: BaseException) -> str:
     return "other"
 
 
+# A client the emitter makes from a URL gives up on a hung Redis after these seconds.
+URL_CLIENT_TIMEOUTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
+
+
+class EmitterOptions(TypedDict, total=False):
+    """The emitters' keyword options; their defaults are _Emitter's."""
+
+    system: str | None
+    maxlen: int
+    buffer_size: int
+    batch_size: int
+    flush_interval: float
+    retry_interval: float
+
+
 class _Emitter:
     """Buffering, counting and the job helpers shared by the sync and asyncio emitters."""
 
     def __init__(
         self,
         stream: str,
-        system: str | None,
-        maxlen: int,
-        buffer_size: int,
-        batch_size: int,
-        flush_interval: float,
-        retry_interval: float,
+        *,
+        system: str | None = None,
+        maxlen: int = 1_000_000,
+        buffer_size: int = 10_000,
+        batch_size: int = 500,
+        flush_interval: float = 0.05,
+        retry_interval: float = 1.0,
     ) -> None:
         self.stream = stream
         self.system = system
@@ -209,22 +228,11 @@ class EventEmitter(_Emitter):
     """Thread-based emitter for synchronous code (safe to share between threads)."""
 
     def __init__(
-        self,
-        client: redis.Redis | str,
-        stream: str,
-        *,
-        system: str | None = None,
-        maxlen: int = 1_000_000,
-        buffer_size: int = 10_000,
-        batch_size: int = 500,
-        flush_interval: float = 0.05,
-        retry_interval: float = 1.0,
+        self, client: redis.Redis | str, stream: str, **options: Unpack[EmitterOptions]
     ) -> None:
-        super().__init__(
-            stream, system, maxlen, buffer_size, batch_size, flush_interval, retry_interval
-        )
+        super().__init__(stream, **options)
         self._client = (
-            redis.Redis.from_url(client, socket_timeout=2, socket_connect_timeout=2)
+            redis.Redis.from_url(client, **URL_CLIENT_TIMEOUTS)
             if isinstance(client, str)
             else client
         )
@@ -294,22 +302,11 @@ class AsyncEventEmitter(_Emitter):
     started on the first emit inside a running loop. Close with `await aclose()`."""
 
     def __init__(
-        self,
-        client: redis.asyncio.Redis | str,
-        stream: str,
-        *,
-        system: str | None = None,
-        maxlen: int = 1_000_000,
-        buffer_size: int = 10_000,
-        batch_size: int = 500,
-        flush_interval: float = 0.05,
-        retry_interval: float = 1.0,
+        self, client: redis.asyncio.Redis | str, stream: str, **options: Unpack[EmitterOptions]
     ) -> None:
-        super().__init__(
-            stream, system, maxlen, buffer_size, batch_size, flush_interval, retry_interval
-        )
+        super().__init__(stream, **options)
         self._client = (
-            redis.asyncio.Redis.from_url(client, socket_timeout=2, socket_connect_timeout=2)
+            redis.asyncio.Redis.from_url(client, **URL_CLIENT_TIMEOUTS)
             if isinstance(client, str)
             else client
         )
