@@ -309,6 +309,22 @@ def sever(client: redis.Redis | None) -> None:
         client.connection_pool.disconnect(inuse_connections=True)
 
 
+def is_cluster_state_error(error: BaseException) -> bool:
+    """A Redis Cluster's answer about its slots or nodes, not about a key: MOVED or ASK (a slot
+    resharded), TRYAGAIN, CLUSTERDOWN, or no node to be reached. The read is to be tried again
+    later (with the slot map read again), never taken as a fault of the record it was for."""
+    from redis.exceptions import (
+        AskError,
+        ClusterDownError,
+        ClusterError,
+        RedisClusterException,
+        TryAgainError,
+    )
+
+    cluster_state = (AskError, ClusterDownError, ClusterError, RedisClusterException, TryAgainError)
+    return isinstance(error, cluster_state)
+
+
 def redis_error_reason(error: Exception) -> str:
     """A short, bounded label value for a Redis failure."""
     import redis

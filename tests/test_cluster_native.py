@@ -6,18 +6,25 @@ the ACL `queue-exporter redis-acl` prints. RQ, Celery and Sidekiq readers stay r
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from redis.cluster import RedisCluster
+from redis.exceptions import MovedError
 
 from exporter import config as config_module
 from exporter import redis_acl
+from exporter.events.metrics import Tally
+from exporter.events.refusals import Refusals
+from exporter.events.runnerq import RunnerQDecoder
 from exporter.leader import Leadership
 from exporter.leader_config import LeaderElectionConfig
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.framework import Signals
 from tests.conftest import scrape_series, total, wait_for
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 from tests.redis_topology import ClusterSetup
@@ -162,6 +169,28 @@ def test_runnerq_stream_on_a_cluster_reads_activity_hashes_of_every_slot(empty, 
     with cluster.client() as client:
         day.replay(client)
     assert_the_day(wait_for_the_day(app, entries))
+
+
+def test_a_redirect_is_a_read_to_retry_not_a_fault_of_the_record(empty):
+    """A node that does not own a key answers MOVED: the Runner-Q decoder and a native reader's
+    record boundary raise it (the read is tried again with the slot map read anew) instead of
+    refusing the entry or the record."""
+    cluster, key = empty, "activity:4b1d"
+    owner = cluster.primary_of(key)
+    with cluster.client() as client:
+        client.hset(key, mapping={"activity_type": "ping", "priority": '"High"'})
+        primaries = [node for node in client.get_primaries() if node.port != owner.port]
+    event = {"activity_id": "4b1d", "timestamp": "2026-01-01T00:00:00Z", "event_type": "Enqueued"}
+    entry = (b"1-0", {b"event": json.dumps(event).encode()})
+    tally = Tally()
+    with redis.Redis(port=primaries[0].port) as elsewhere:
+        decoder = RunnerQDecoder("runnerq", "default", cache_size=10, max_future=60)
+        with pytest.raises(MovedError):
+            decoder.decode(elsewhere, [entry], time.time(), tally, Refusals("s"))
+        signals = Signals()
+        with pytest.raises(MovedError), signals.record(key):
+            elsewhere.hmget(key, ["activity_type"])
+    assert tally.invalid == {} and signals.tally.invalid == {}
 
 
 def _leadership(cluster: ClusterSetup, ttl: float, identity: str, clock=time.monotonic):

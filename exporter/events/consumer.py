@@ -34,7 +34,12 @@ from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse
 from exporter.health import HealthBoard
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
+from exporter.redis_connection import (
+    RedisConnectionConfig,
+    is_cluster_state_error,
+    redis_error_reason,
+    sever,
+)
 from exporter.redis_pipeline import Args, transaction
 from exporter.telemetry import Telemetry
 
@@ -342,8 +347,15 @@ class StreamConsumer:
         tally: Tally,
     ) -> None:
         if self._runnerq is not None:
-            hashes = self._activity_client(client)
-            self._runnerq.decode(hashes, entries, now, tally, self._refusals)
+            try:
+                hashes = self._activity_client(client)
+                self._runnerq.decode(hashes, entries, now, tally, self._refusals)
+            except Exception as error:
+                if not is_cluster_state_error(error):
+                    raise
+                # Not the entries' fault: the batch stays pending and is read again once
+                # the cluster answers (a new cluster client reads the slot map again).
+                raise redis.ConnectionError(f"cluster: {error}") from error
         else:
             decode_v1(
                 entries, self.stream.system, now, self.settings.max_future, tally, self._refusals

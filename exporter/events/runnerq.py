@@ -30,6 +30,7 @@ import redis
 from exporter.events.metrics import Tally, apply
 from exporter.events.refusals import Refusals
 from exporter.events.wire import Event, InvalidEvent
+from exporter.redis_connection import is_cluster_state_error
 from exporter.sources.item_time import TimeParseError, parse_time
 
 if TYPE_CHECKING:
@@ -140,8 +141,9 @@ class RunnerQDecoder:
     ) -> None:
         """Parse, enrich and apply a batch; a broken entry or activity hash costs its own event.
 
-        Anything but InvalidEvent and Redis connection errors propagates: the consumer then
-        decodes the batch entry by entry, so that only the entry that raised is refused.
+        Anything but InvalidEvent, Redis connection errors and a Redis Cluster's answers about
+        its slots or nodes (redis_connection.is_cluster_state_error) propagates: the consumer
+        then decodes the batch entry by entry, so that only the entry that raised is refused.
         """
         events: list[tuple[bytes, ActivityEvent]] = []
         horizon = now + self.max_future
@@ -186,6 +188,8 @@ class RunnerQDecoder:
             pipe.hmget(f"activity:{activity_id}", _HASH_FIELDS)
         # Per-key errors (WRONGTYPE: the key is not a hash) come back as replies, one per key.
         for activity_id, values in zip(wanted, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(values, redis.ResponseError) and is_cluster_state_error(values):
+                raise values  # the batch is read again, not this activity refused
             if isinstance(values, redis.ResponseError):
                 known[activity_id] = None
                 continue

@@ -45,7 +45,12 @@ import redis
 from exporter.catalog import SOURCE_LABEL
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
 from exporter.logs import LogLimiter
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
+from exporter.redis_connection import (
+    RedisConnectionConfig,
+    is_cluster_state_error,
+    redis_error_reason,
+    sever,
+)
 from exporter.samples import SampleSet
 
 # Workers a reader reported are forgotten after this many of its intervals without a report:
@@ -85,15 +90,13 @@ class Signals:
         named); a failure of the backend still fails the whole read."""
         try:
             yield
-        except BACKEND_ERRORS:
-            raise
         except Exception as error:
             self.unreadable(key, error)
 
     def unreadable(self, key: str | bytes, error: Exception) -> None:
         """Count and name a record that cannot be read (e.g. a pipeline's error reply); a
         backend failure is raised instead, since then the whole read cannot tell the truth."""
-        if isinstance(error, BACKEND_ERRORS):
+        if isinstance(error, BACKEND_ERRORS) or is_cluster_state_error(error):
             raise error
         reason = record_reason(error)
         self.tally.refuse(reason)
