@@ -219,11 +219,18 @@ def test_the_lease_on_a_cluster_is_held_by_one_and_taken_over(empty):
         assert client.get(LEASE) is None
 
 
-def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(empty, run_exporter):
+@pytest.mark.parametrize(
+    ("prefix", "queue"),
+    [("bull", QUEUES[0]), (TAGGED_PREFIX, PLAIN_QUEUES[0])],
+    ids=["tagged-queue", "tagged-prefix"],
+)
+def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(
+    empty, run_exporter, prefix, queue
+):
     cluster = empty
-    bullmq = BullMQ(BULLMQ_MAJORS[-1], 0, cluster=_seeds(cluster))
+    bullmq = BullMQ(BULLMQ_MAJORS[-1], 0, cluster=_seeds(cluster), prefix=prefix)
     raw = {
-        "presets": ["bullmq", "runnerq"],
+        "presets": [{"name": "bullmq", "params": {"prefix": prefix}}, "runnerq"],
         "leader_election": {"enabled": True, "lease_ttl": 2, "renew_interval": 0.5},
         "sources": {
             "redis": {"url": cluster.url, "username": "exporter", "password": "acl-secret-2"}
@@ -235,11 +242,12 @@ def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(empty, run_expo
             client.execute_command(
                 "ACL", "SETUSER", "exporter", "reset", "on", ">acl-secret-2", *rules
             )
+            client.execute_command("ACL", "LOG", "RESET")
     try:
-        bullmq.steps({"op": "add", "queue": QUEUES[0], "name": "first"})
+        bullmq.steps({"op": "add", "queue": queue, "name": "first"})
         app = run_exporter(raw)
         wait_for(lambda: (report := app.health.snapshot().get(NATIVE)) and report.up)
-        bullmq.steps({"op": "work", "queue": QUEUES[0], "completed": 1})
+        bullmq.steps({"op": "work", "queue": queue, "completed": 1})
         day = _DayOnACluster()
         entries = _run_day(RunnerQ(day), time.time() - 100)
         with cluster.client() as client:
@@ -248,12 +256,20 @@ def test_runs_on_a_cluster_with_exactly_the_acl_redis_acl_prints(empty, run_expo
 
         def completed() -> float:
             series = scrape_series(app)
-            return total(series, "queue_jobs_completed_total", system="bullmq", queue=QUEUES[0])
+            return total(series, "queue_jobs_completed_total", system="bullmq", queue=queue)
 
-        wait_for(lambda: completed() == 1)
+        def sampled() -> float:
+            series = scrape_series(app)
+            return total(series, "queue_depth", system="bullmq", queue=queue, state="completed")
+
+        wait_for(lambda: completed() == 1 and sampled() == 1)
         assert app.leadership is not None and app.leadership.is_leader()
         snapshot = app.health.snapshot()
         assert all(report.up for report in snapshot.values()), snapshot
+        assert all(report.errors == {} for report in app.health.key_groups())
+        for node in cluster.nodes:  # not one command refused, not even one a client ignores
+            with node.client() as client:
+                assert client.execute_command("ACL", "LOG") == [], node.port
     finally:
         bullmq.stop_all()
         for node in cluster.nodes:
