@@ -193,6 +193,53 @@ def test_a_redirect_is_a_read_to_retry_not_a_fault_of_the_record(empty):
     assert tally.invalid == {} and signals.tally.invalid == {}
 
 
+@pytest.fixture
+def own_cluster(tmp_path) -> Iterator[ClusterSetup]:
+    """A cluster of its own: the test kills a primary for good."""
+    setup = ClusterSetup(tmp_path).start()
+    yield setup
+    setup.stop()
+
+
+def test_runnerq_events_whose_hashes_lie_on_a_killed_primary_wait_for_its_replica(
+    own_cluster, run_exporter
+):
+    """The node of some activity hashes dies as their events arrive: the batch is not applied
+    (no entry refused, no event counted without its type) until the replica took over, then
+    every event is counted once with what its hash says."""
+    cluster, stream = own_cluster, "default:events_stream"
+    settings = {"url": cluster.url, "socket_timeout": 1}
+    app = run_exporter({"presets": ["runnerq"], "sources": {"redis": settings}})
+    wait_for(lambda: app.health.snapshot()[f"events:{stream}"].up)
+    stream_node = cluster.primary_of(stream)
+    with cluster.client() as client:
+        rq = RunnerQ(client)
+        activities = [rq.new("ping", "High", time.time()) for _ in range(30)]
+    victim = next(
+        cluster.primary_of(f"activity:{a}")
+        for a in activities
+        if cluster.primary_of(f"activity:{a}") is not stream_node
+    )
+    on_victim = [a for a in activities if cluster.primary_of(f"activity:{a}") is victim]
+    with victim.client() as primary:
+        assert primary.execute_command("WAIT", 1, 5000) == 1  # the replica has the hashes
+    victim.stop()
+    with stream_node.client() as writer:  # the stream's node is alive: the events go in
+        for activity in activities:
+            RunnerQ(writer).event(activity, "Enqueued", time.time(), None, {"priority": "High"})
+
+    def enqueued() -> float:
+        series = scrape_series(app)
+        return total(series, "queue_jobs_enqueued_total", system="runnerq", job_type="ping")
+
+    wait_for(lambda: enqueued() == len(activities), timeout=60)
+    series = scrape_series(app)
+    assert total(series, "queue_jobs_enqueued_total", system="runnerq") == len(activities)
+    assert total(series, "queue_exporter_events_invalid_total") == 0
+    assert total(series, "queue_exporter_source_errors_total", source=f"events:{stream}") >= 1
+    assert on_victim  # some of them waited for the replica
+
+
 def _leadership(cluster: ClusterSetup, ttl: float, identity: str, clock=time.monotonic):
     config = LeaderElectionConfig(
         enabled=True, lease_ttl=ttl, renew_interval=ttl / 4, identity=identity
