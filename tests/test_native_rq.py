@@ -126,8 +126,13 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
                 key: total(series, "queue_depth", system="rq", queue=key[0], state=key[1])
                 for key in expected
             }
+            # Completions and failures are read from different registries, possibly in
+            # different cycles: wait for all of them, not the completions alone.
             done = total(series, "queue_jobs_completed_total", system="rq", queue="default")
-            return series if depths == expected and done == 4 else None
+            failed = total(series, "queue_jobs_failed_total", system="rq", queue="default")
+            started = total(series, "queue_jobs_started_total", system="rq", queue="default")
+            counted = (done, failed, started) == (4, 4, 8)
+            return series if depths == expected and counted else None
 
         series = wait_for(settled, timeout=30)
 
