@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -74,6 +76,15 @@ def scrape(port: int, path: str = "/metrics") -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
         body: bytes = response.read()
     return body.decode()
+
+
+def is_ready(port: int) -> bool:
+    """/readyz says ready (200); False on its 503, any other answer fails."""
+    try:
+        return json.loads(scrape(port, "/readyz"))["ready"] is True
+    except urllib.error.HTTPError as error:
+        assert error.code == 503
+        return False
 
 
 def value(series: Series, name: str, **labels: str) -> float | None:

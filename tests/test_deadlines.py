@@ -9,14 +9,12 @@ both backends are frozen mid-cycle.
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
 
 import psycopg
 import pytest
@@ -35,7 +33,7 @@ from tests.conftest import (
     POSTGRES_ADMIN_DSN,
     REDIS_HOST,
     REDIS_PORT,
-    scrape,
+    is_ready,
     scrape_series,
     value,
     wait_for,
@@ -74,14 +72,6 @@ def _series_when(app, check, timeout):
     return wait_for(attempt, timeout=timeout)
 
 
-def _ready(app) -> bool:
-    try:
-        return json.loads(scrape(app.server.port, "/readyz"))["ready"] is True
-    except urllib.error.HTTPError as error:
-        assert error.code == 503
-        return False
-
-
 def _timeouts(series, source):
     return value(series, "queue_exporter_source_errors_total", source=source, reason="timeout")
 
@@ -97,7 +87,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     app = run_exporter({"sample_interval": interval, "sources": {"redis": source}})
     depth = {"queue": "emails", "state": "pending"}
     _series_when(app, lambda s: value(s, "queue_depth", **depth) == 2, timeout=20)
-    assert _ready(app)
+    assert is_ready(app.server.port)
 
     caplog.set_level(logging.INFO, logger="exporter.sources.base")
     redis_proxy.freeze()
@@ -112,7 +102,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     )
     assert value(series, "queue_depth", **depth) is None  # withdrawn, not served stale
     assert _timeouts(series, "redis") >= 1
-    assert not _ready(app)
+    assert not is_ready(app.server.port)
     assert "no answer within its 1s deadline" in caplog.text
     # Every cycle keeps failing and is counted, but the outage is logged once.
     _series_when(app, lambda s: (_timeouts(s, "redis") or 0) >= 3, timeout=20)
@@ -122,7 +112,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     redis_proxy.thaw()
     series = _series_when(app, lambda s: value(s, "queue_depth", **depth) == 3, timeout=20)
     assert value(series, "queue_exporter_source_up", source="redis") == 1
-    assert _ready(app)
+    assert is_ready(app.server.port)
     assert "source redis is back" in caplog.text
 
 
@@ -140,7 +130,7 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
     app = run_exporter({"sample_interval": interval, "sources": {"postgres": postgres}})
     source = "postgres:backlog"
     _series_when(app, lambda s: value(s, "app_backlog", queue="emails") == 4, timeout=20)
-    assert _ready(app)
+    assert is_ready(app.server.port)
 
     caplog.set_level(logging.WARNING, logger="exporter.sources.base")
     postgres_proxy.freeze()  # the server never answers; statement_timeout cannot fire
@@ -155,7 +145,7 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
     )
     assert value(series, "app_backlog", queue="emails") is None
     assert _timeouts(series, source) >= 1
-    assert not _ready(app)
+    assert not is_ready(app.server.port)
     assert f"source {source} failed (timeout)" in caplog.text
 
     time.sleep(interval)  # the pool's reconnects meet the frozen server too, and time out
@@ -164,7 +154,7 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
         app, lambda s: value(s, "queue_exporter_source_up", source=source) == 1, timeout=30
     )
     assert value(series, "app_backlog", queue="emails") == 4
-    assert _ready(app)
+    assert is_ready(app.server.port)
 
 
 def test_connecting_to_a_frozen_postgres_fails_within_connect_timeout(postgres_proxy, postgres_dsn):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.conftest import scrape, scrape_series, scrape_when, value, wait_for
+from tests.conftest import is_ready, scrape, scrape_series, scrape_when, value, wait_for
 from tests.layouts import iso
 from tests.private_redis import PrivateRedis
 
@@ -31,7 +31,8 @@ def test_outage_drops_series_and_recovers(private_redis, run_exporter):
     )
     app = run_exporter(redis_url=private_redis.url, preset=["orchestrata"])
     scrape_when(app, "queue_depth", queue="billing")
-    assert json.loads(scrape(app.server.port, "/readyz"))["ready"] is True
+    # Waited for: a cycle's series are published a moment before its source is marked up.
+    wait_for(lambda: is_ready(app.server.port))
 
     private_redis.stop()
 
