@@ -160,10 +160,11 @@ class RawRedis:
         self.sock.close()
 
 
-def floor_loop(raw: RawRedis, overlap: bool = True) -> Found:
+def floor_loop(raw: RawRedis, overlap: bool = True, any_slot: bool = False) -> Found:
     """Depth and head age of every key of the preset's patterns, in the leanest loop: each
     round trip carries the next SCAN and the reads of the keys the last one found (without
-    `overlap`, each SCAN waits for a round trip of its own)."""
+    `overlap`, each SCAN waits for a round trip of its own). `any_slot`: a cluster node, whose
+    keys are of several slots (the script as the exporter sends it there)."""
     found: Found = {}
     now = time.time()
     head_read = script_read("LINDEX", 0)
@@ -178,7 +179,9 @@ def floor_loop(raw: RawRedis, overlap: bool = True) -> Found:
                 keys = [key for key in keys if key not in found]  # SCAN may repeat a key
                 reads: list[tuple[Any, ...]] = [("LLEN", key) for key in keys]
                 if keys:
-                    reads.append(bounded_reads(keys, [head_read] * len(keys), MAX_ITEM_BYTES))
+                    reads.append(
+                        bounded_reads(keys, [head_read] * len(keys), MAX_ITEM_BYTES, any_slot)
+                    )
                 if overlap:
                     replies = raw.pipeline(scan + reads)
                     scanned, replies = replies[: len(scan)], replies[len(scan) :]
