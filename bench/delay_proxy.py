@@ -11,11 +11,13 @@ delay is a floor: a sleeping thread wakes a little late (tens of microseconds, m
 host), which is why bench/key_sampling.py measures the round trip through it and prints that.
 
 It runs as a process of its own so its CPU is billed to neither side of a benchmark; it prints
-"ready" once it listens and runs until killed.
+"ready" once it listens, and runs until killed or until its standard input closes (the
+benchmark that started it ended, however it ended).
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import sys
@@ -66,6 +68,11 @@ def _connected(client: socket.socket, target: tuple[str, int], delay: float) -> 
     threading.Thread(target=_pump, args=(server, client, delay), daemon=True).start()
 
 
+def _exit_with_parent() -> None:
+    sys.stdin.buffer.read()  # returns at end of file: whoever held the other end is gone
+    os._exit(0)
+
+
 def main() -> None:
     port, target_text, delay_text = sys.argv[1:4]
     host, _, target_port = target_text.rpartition(":")
@@ -74,6 +81,7 @@ def main() -> None:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", int(port)))
     listener.listen(64)
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
     print("ready", flush=True)
     while True:
         client, _ = listener.accept()

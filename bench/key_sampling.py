@@ -88,7 +88,8 @@ def delayed(url: str, one_way: float) -> Iterator[tuple[str, int]]:
     proxy = Path(__file__).with_name("delay_proxy.py")
     target = f"{parts.hostname}:{parts.port}"
     command = [sys.executable, str(proxy), str(port), target, repr(one_way)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE)
+    # its stdin is a pipe from this process: it ends with it, even if this one is killed
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert process.stdout is not None
         if process.stdout.readline().strip() != b"ready":
