@@ -592,10 +592,12 @@ class RedisKeySampler:
         for command in commands:
             asked = command[0][0] is ASKED
             name, node_client = command[0][1] if asked else nodes.node_of(_key_of(command[0]))
-            shares.setdefault((name, asked), _NodeShare(node_client)).commands.append(command)
+            _share(shares, name, asked, node_client).commands.append(command)
+        node_of = nodes.node_of
         for key in plain or ():
-            name, node_client = nodes.node_of(key[1])
-            shares.setdefault((name, False), _NodeShare(node_client)).plain.append(key)
+            name, node_client = node_of(key[1])
+            share = shares.get((name, False))  # a round's keys are on a few nodes: made once each
+            (share or _share(shares, name, False, node_client)).plain.append(key)
         sent: list[tuple[tuple[str, bool], _NodeShare, SentCommands | Exception]] = []
         for (name, asked), share in shares.items():  # all sent, then each read: nodes at once
             share.scan = scans[name][1] if name in scans and not asked else None
@@ -766,6 +768,16 @@ class _NodeShare:
         self.plain: list[PlainKey] = []
         self.scan: Args | None = None
         self.reads = 0
+
+
+def _share(
+    shares: dict[tuple[str, bool], _NodeShare], name: str, asked: bool, client: redis.Redis
+) -> _NodeShare:
+    """The share of the round for this node (and kind: ASKED or not), made if new."""
+    share = shares.get((name, asked))
+    if share is None:
+        share = shares[name, asked] = _NodeShare(client)
+    return share
 
 
 def _round_replies(
