@@ -64,6 +64,10 @@ class Telemetry:
     ) -> None:
         self.health = health
         self.limits = limits or LimitsConfig()
+        # Held while a sampled source's series and its health change together (SourceRunner)
+        # and while a render reads both: no scrape serves a source's new series beside its old
+        # queue_exporter_source_up, or its old series beside the new.
+        self.source_change = threading.Lock()
         return_large_buffers_to_the_system()
         self._self_registry = CollectorRegistry(auto_describe=False)
         limits_by_class: dict[type, int] = {
@@ -129,11 +133,13 @@ class Telemetry:
         return self._renders[openmetrics]()
 
     def _render(self, openmetrics: bool) -> bytes:
-        if openmetrics:
-            own = _write_openmetrics(self._self_registry).removesuffix(_EOF)
-        else:
-            own = _write_text(self._self_registry)
-        chunks = exposition.render(self.store.families(), openmetrics)
+        with self.source_change:
+            if openmetrics:
+                own = _write_openmetrics(self._self_registry).removesuffix(_EOF)
+            else:
+                own = _write_text(self._self_registry)
+            families = self.store.families()
+        chunks = exposition.render(families, openmetrics)
         return b"".join([own, *chunks, _EOF if openmetrics else b""])
 
     # -- self-metrics --------------------------------------------------------------------------

@@ -128,8 +128,9 @@ class SourceRunner:
             log.info("source %s: lease lost during the cycle, its sample is dropped", name)
             self.stand_by()
             return True
-        self.telemetry.publish(name, samples)
-        self.telemetry.health.succeeded(name, duration)
+        with self.telemetry.source_change:
+            self.telemetry.publish(name, samples)
+            self.telemetry.health.succeeded(name, duration)
         if self.failing:
             self.failing = False
             log.info("source %s is back: its series are served again", name)
@@ -143,9 +144,10 @@ class SourceRunner:
     def _failed(self, reason: str, duration: float, why: str) -> None:
         """Withdraw the source's series (never served stale), mark it down, count and log why."""
         name = self.source.name
-        self.telemetry.withdraw(name)
-        self.telemetry.count_error(name, reason)
-        self.telemetry.health.failed(name, duration, reason)
+        with self.telemetry.source_change:
+            self.telemetry.withdraw(name)
+            self.telemetry.count_error(name, reason)
+            self.telemetry.health.failed(name, duration, reason)
         if not self.failing:
             self.failing = True
             self.outages += 1
@@ -184,8 +186,9 @@ class SourceRunner:
         """Another replica samples: serve none of this source's series, and do not fail."""
         if not self.standing_by:
             self.standing_by = True
-            self.telemetry.withdraw(self.source.name)
-            self.telemetry.health.standby(self.source.name)
+            with self.telemetry.source_change:
+                self.telemetry.withdraw(self.source.name)
+                self.telemetry.health.standby(self.source.name)
 
 
 def _describe(error: Exception) -> str:
