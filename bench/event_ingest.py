@@ -118,8 +118,8 @@ def bare_loop(raw: RawRedis, group: str, batch: int) -> Result:
             return counts, execution, wait
         entries = reply[0][1]
         for _, flat in entries:
-            pairs = iter(flat)
-            fields = dict(zip(pairs, pairs, strict=True))
+            pairs = iter(flat)  # a Redis entry has whole pairs: no strict zip's check
+            fields = dict(zip(pairs, pairs, strict=False))
             if fields[b"v"] != b"1":
                 raise ValueError("not a v1 event")
             ts = float(fields[b"ts"])

@@ -285,7 +285,9 @@ class MetricStore:
 
     def _observe(self, metric: str, labels: LabelValues, values: list[float]) -> LabelValues:
         bounds = self._bounds[metric]
-        series = self._histograms.setdefault(metric, {})
+        series = self._histograms.get(metric)
+        if series is None:  # not setdefault: it would build an empty dict per call
+            series = self._histograms[metric] = {}
         state = series.get(labels)
         if state is None:
             labels = self.guard.admit(metric, labels)

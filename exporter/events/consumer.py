@@ -534,14 +534,16 @@ def _stream_entries(reply: Any) -> list[Entry]:
     if not reply:
         return []
     streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply]
-    return [(entry_id, _fields(flat)) for entries in streams for entry_id, flat in entries]
-
-
-def _fields(flat: list[bytes] | dict[bytes, bytes] | None) -> dict[bytes, bytes] | None:
-    if flat is None or isinstance(flat, dict):
-        return flat
-    pairs = iter(flat)
-    return dict(zip(pairs, pairs, strict=True))
+    # Built inline, with no function call per entry; Redis sends whole pairs, so zip's strict
+    # check would only cost time.
+    return [
+        (
+            entry_id,
+            dict(zip(pairs := iter(flat), pairs, strict=False)) if flat.__class__ is list else flat,
+        )
+        for entries in streams
+        for entry_id, flat in entries
+    ]
 
 
 def _text(value: bytes | str) -> str:

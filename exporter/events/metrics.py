@@ -56,9 +56,10 @@ class Tally:
 
     def observe(self, metric: str, labels: LabelValues, value: float) -> None:
         key = (metric, labels)
-        values = self.observations.get(key)
+        observations = self.observations
+        values = observations.get(key)
         if values is None:
-            self.observations[key] = [value]
+            observations[key] = [value]
         else:
             values.append(value)
 
