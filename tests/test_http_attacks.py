@@ -39,7 +39,7 @@ from exporter.http_server import (
     Render,
     SharedCompression,
 )
-from exporter.web_config import FailureLimiter
+from exporter.web_config import BasicAuthenticator, FailureLimiter
 from tests.conftest import ServeProcess, parse_exposition, wait_for
 from tests.tools import require, run
 
@@ -455,6 +455,9 @@ def test_failed_logins_are_counted_and_limited_per_client(
     run_exporter, redis_url, tmp_path, hashes, monkeypatch
 ):
     monkeypatch.setattr(FailureLimiter, "RATE", 0.001)  # no token earned back during the test
+    # The refusals below take seconds each on a busy host: the first login must stay
+    # remembered for the whole test, or a later scrape needs a check the client has no token for.
+    monkeypatch.setattr(BasicAuthenticator, "CACHE_SECONDS", 3600.0)
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump({"basic_auth_users": hashes}))
     app = run_exporter(redis_url=redis_url, preset=["orchestrata"], web_config=str(path))
@@ -494,8 +497,10 @@ def test_failed_logins_are_counted_and_limited_per_client(
 def _metrics_text(port: int) -> str:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     connection.request("GET", "/metrics", headers=auth_header("cheap", PASSWORD))
-    body = connection.getresponse().read().decode()
+    response = connection.getresponse()
+    body = response.read().decode()
     connection.close()
+    assert response.status == 200, (response.status, body)
     return body
 
 
