@@ -40,7 +40,6 @@ from exporter.redis_pipeline import (
     bound_each,
     bounded_reads,
     probe_first,
-    round_trip,
     script_read,
 )
 from exporter.samples import SampleSet
@@ -523,8 +522,18 @@ class RedisKeySampler:
             self._lose_group(tally, pattern.encode(), "values scanned without a node")
         return self._values_found[pattern]
 
-    def execute(self, client: redis.Redis, commands: list[Command]) -> Iterator[Command]:
-        """Pipeline the commands in one round trip; yield the follow-ups their replies ask for.
+    def send_round(
+        self,
+        client: redis.Redis,
+        commands: list[Command],
+        leading: Args | NodeScans | None,
+        plain: list[PlainKey],
+    ) -> _SentRound | _NodesRound:
+        """Send one round: the commands and the keys of plain groups in one round trip (on a
+        cluster one per node, the nodes at once), a `leading` command (a SCAN riding along; on
+        a cluster a SCAN per node) first. Its replies are read and handled later, apart: the
+        next round is sent before this one's replies are handled, so Redis works on it
+        meanwhile, never waiting on this process's parsing.
 
         A reply that cannot be read fails only what it is about, whatever it raises: the item
         or key is counted and named, and the rest of the cycle goes on. Only the round trip
@@ -532,31 +541,15 @@ class RedisKeySampler:
         the groups of the keys it holds, unless every node failed.
         """
         if self._nodes is not None:
-            yield from self._execute_on_nodes(self._nodes, commands)[1]
-            return
-        yield from self._handle(commands, self._send(client, commands))
-
-    def _send(self, client: redis.Redis, commands: list[Command]) -> list[Any]:
-        """One round trip: one reply per command, in order."""
-        return self._send_round(client, commands, None, []).replies
-
-    def _send_round(
-        self,
-        client: redis.Redis,
-        commands: list[Command],
-        leading: Args | None,
-        plain: list[PlainKey],
-    ) -> _Replies:
-        """One round trip for the commands and the keys of plain groups. Item reads (the
-        commands' and the plain keys' heads) travel in one bounded_reads (on a cluster node its
-        keys may be of several slots). A `leading` command (a SCAN riding along) goes first."""
-        direct, reads = self._round_commands(commands, leading, plain)
-        return _round_replies(commands, leading, round_trip(client, direct), reads)
+            scans = leading if isinstance(leading, dict) else {}
+            return _NodesRound(self, self._nodes, commands, scans, plain)
+        assert not isinstance(leading, dict)  # a SCAN per node: on a cluster only
+        return _SentRound(self, client, commands, leading, plain)
 
     def _round_commands(
         self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
     ) -> tuple[list[Args], int]:
-        """What _send_round sends, and how many item reads its bounded_reads holds."""
+        """What a round sends, and how many item reads its bounded_reads holds."""
         direct = [] if leading is None else [leading]
         direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
@@ -572,86 +565,6 @@ class RedisKeySampler:
             limit, any_slot = self.config.max_item_bytes, self._nodes is not None
             direct.append(bounded_reads(keys, read_args, limit, any_slot))
         return direct, len(keys)
-
-    def _execute_on_nodes(
-        self,
-        nodes: ClusterNodes,
-        commands: list[Command],
-        scans: NodeScans | None = None,
-        plain: list[PlainKey] | None = None,
-    ) -> tuple[dict[str, Any], Iterator[Command]]:
-        """One round on a cluster: each node's commands and plain keys in a round trip of its
-        own, the nodes in parallel, a node's SCAN (`scans`: node name -> its client and SCAN)
-        first in its round trip. Commands that follow an ASK go after ASKING, in a round trip of
-        their own. Returns each SCAN's reply (the error where its node failed) and the replies'
-        follow-ups."""
-        scans = scans or {}
-        shares: dict[tuple[str, bool], _NodeShare] = {
-            (name, False): _NodeShare(node_client) for name, (node_client, _) in scans.items()
-        }
-        for command in commands:
-            asked = command[0][0] is ASKED
-            name, node_client = command[0][1] if asked else nodes.node_of(_key_of(command[0]))
-            _share(shares, name, asked, node_client).commands.append(command)
-        node_of = nodes.node_of
-        for key in plain or ():
-            name, node_client = node_of(key[1])
-            share = shares.get((name, False))  # a round's keys are on a few nodes: made once each
-            (share or _share(shares, name, False, node_client)).plain.append(key)
-        sent: list[tuple[tuple[str, bool], _NodeShare, SentCommands | Exception]] = []
-        for (name, asked), share in shares.items():  # all sent, then each read: nodes at once
-            share.scan = scans[name][1] if name in scans and not asked else None
-            try:
-                sending: SentCommands | Exception = SentCommands(
-                    share.client, self._share_commands(share, asked)
-                )
-            except redis.RedisError as error:
-                sending = error
-            sent.append(((name, asked), share, sending))
-        scanned: dict[str, Any] = {}
-        follow_ups: list[Iterable[Command]] = []
-        failures = 0
-        for (name, asked), share, sending in sent:
-            try:
-                if isinstance(sending, Exception):
-                    raise sending
-                replies = self._share_replies(share, asked, sending.replies())
-            except redis.RedisError as error:
-                failures += 1
-                if failures == len(shares) and not self._node_answered:
-                    raise  # no node answered: the source is down
-                nodes.noticed(error)
-                self._node_lost(name, share, error)
-                if name in scans and not asked:
-                    scanned[name] = error
-                continue
-            self._node_answered = True
-            if name in scans and not asked:
-                scanned[name] = replies.leading
-            commands_sent = share.commands
-            if asked:  # the replies are those of the commands the ASKED marks wrap
-                commands_sent = [
-                    (args[2], on_reply, tally) for args, on_reply, tally in commands_sent
-                ]
-            follow_ups.append(self._handle(commands_sent, replies.replies))
-            follow_ups.append(self._handle_plain(share.plain, replies.depths, replies.heads))
-        return scanned, itertools.chain.from_iterable(follow_ups)
-
-    def _share_commands(self, share: _NodeShare, asked: bool) -> list[Args]:
-        """What a node's share of a round sends. Commands an ASK reply sent to the node
-        importing their slot: each after ASKING (which holds for the one command after it)."""
-        if not asked:
-            direct, share.reads = self._round_commands(share.commands, share.scan, share.plain)
-            return direct
-        pipeline: list[Args] = []
-        for args, _, _ in share.commands:
-            pipeline += [("ASKING",), args[2]]
-        return pipeline
-
-    def _share_replies(self, share: _NodeShare, asked: bool, replies: list[Any]) -> _Replies:
-        if asked:
-            return _Replies(None, replies[1::2], [], [])
-        return _round_replies(share.commands, share.scan, replies, share.reads)
 
     def _redirect(
         self, nodes: ClusterNodes, command: Command, reply: redis.ResponseError
@@ -670,11 +583,11 @@ class RedisKeySampler:
         target = nodes.asked(reply)
         return None if target is None else ((ASKED, target, args), on_reply, tally)
 
-    def _node_lost(self, node: str, share: _NodeShare, error: redis.RedisError) -> None:
+    def _node_lost(self, node: str, lost: _SentRound | _NodeShare, error: redis.RedisError) -> None:
         detail = f"node {node}: {redis_error_reason(error)}"
-        for args, _, tally in share.commands:
+        for args, _, tally in lost.commands:
             self._lose_group(tally, _key_of(args), detail)
-        for group, key, _ in share.plain:
+        for group, key, _ in lost.plain:
             self._lose_group(group.tally, key, detail)
 
     def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
@@ -756,18 +669,129 @@ class RedisKeySampler:
         return again
 
 
-class _NodeShare:
-    """What one round sends a cluster node: its commands, its plain groups' keys and the SCAN
-    that rides along (and how many item reads its bounded_reads holds)."""
+class _SentRound:
+    """One round trip on one server (or cluster node), sent: its replies read by receive(),
+    then handled by handle() once the next round is sent. Commands an ASK reply sent to the
+    node importing their slot (`asked`) go each after ASKING, which holds for the one command
+    after it."""
 
-    __slots__ = ("client", "commands", "plain", "reads", "scan")
+    __slots__ = ("commands", "leading", "plain", "reads", "replies", "sampler", "sent")
+
+    def __init__(
+        self,
+        sampler: RedisKeySampler,
+        client: redis.Redis,
+        commands: list[Command],
+        leading: Args | None,
+        plain: list[PlainKey],
+        asked: bool = False,
+    ) -> None:
+        self.sampler, self.leading, self.plain = sampler, leading, plain
+        self.replies: _Replies | None = None
+        if asked:  # the replies are those of the commands the ASKED marks wrap
+            self.commands = [(args[2], on_reply, tally) for args, on_reply, tally in commands]
+            direct = [part for args, _, _ in self.commands for part in (("ASKING",), args)]
+            self.reads = -1
+        else:
+            self.commands = commands
+            direct, self.reads = sampler._round_commands(commands, leading, plain)
+        self.sent = SentCommands(client, direct)
+
+    def receive(self) -> Any:
+        """Read the replies; the leading command's is returned."""
+        replies = self.sent.replies()
+        if self.reads < 0:  # after ASKING: every other reply
+            replies, self.reads = replies[1::2], 0
+        self.replies = _round_replies(self.commands, self.leading, replies, self.reads)
+        return self.replies.leading
+
+    def handle(self) -> list[Command]:
+        """Handle the replies read; the follow-up commands they ask for."""
+        replies, sampler = self.replies, self.sampler
+        assert replies is not None
+        follow_ups = list(sampler._handle(self.commands, replies.replies))
+        return follow_ups + sampler._handle_plain(self.plain, replies.depths, replies.heads)
+
+
+class _NodesRound:
+    """One round on a cluster: each node's commands and plain keys in a round trip of its own
+    (a _SentRound), all sent before any is read, so the nodes work at once; a node's SCAN
+    (`scans`: node name -> its client and SCAN) first in its round trip. A node that fails
+    loses the groups of its keys; if no node answered this cycle, the source is down."""
+
+    def __init__(
+        self,
+        sampler: RedisKeySampler,
+        nodes: ClusterNodes,
+        commands: list[Command],
+        scans: NodeScans,
+        plain: list[PlainKey],
+    ) -> None:
+        self.sampler, self.nodes, self.scans = sampler, nodes, scans
+        self.answered: list[_SentRound] = []
+        shares: dict[tuple[str, bool], _NodeShare] = {
+            (name, False): _NodeShare(node_client) for name, (node_client, _) in scans.items()
+        }
+        for command in commands:
+            asked = command[0][0] is ASKED
+            name, node_client = command[0][1] if asked else nodes.node_of(_key_of(command[0]))
+            _share(shares, name, asked, node_client).commands.append(command)
+        node_of = nodes.node_of
+        for key in plain:
+            name, node_client = node_of(key[1])
+            share = shares.get((name, False))  # a round's keys are on a few nodes: made once each
+            (share or _share(shares, name, False, node_client)).plain.append(key)
+        self.sent = {where: self._send(where, share) for where, share in shares.items()}
+
+    def _send(self, where: tuple[str, bool], share: _NodeShare) -> _SentRound | _NodeShare:
+        name, asked = where
+        scan = self.scans[name][1] if name in self.scans and not asked else None
+        try:
+            return _SentRound(self.sampler, share.client, share.commands, scan, share.plain, asked)
+        except redis.RedisError as error:
+            share.error = error
+            return share
+
+    def receive(self) -> dict[str, Any]:
+        """Read each node's replies: each SCAN's reply (the error where its node failed)."""
+        sampler, scanned = self.sampler, {}
+        failures = 0
+        for (name, asked), sent in self.sent.items():
+            try:
+                if isinstance(sent, _NodeShare):  # sending failed
+                    assert sent.error is not None
+                    raise sent.error
+                reply = sent.receive()
+            except redis.RedisError as error:
+                failures += 1
+                if failures == len(self.sent) and not sampler._node_answered:
+                    raise  # no node answered: the source is down
+                self.nodes.noticed(error)
+                sampler._node_lost(name, sent, error)
+                reply = error
+            else:
+                sampler._node_answered = True
+                self.answered.append(sent)
+            if name in self.scans and not asked:
+                scanned[name] = reply
+        return scanned
+
+    def handle(self) -> list[Command]:
+        """Handle the replies of the nodes that answered; their follow-ups."""
+        return [command for sent in self.answered for command in sent.handle()]
+
+
+class _NodeShare:
+    """What one round sends a cluster node: its commands and its plain groups' keys (and the
+    error sending them met)."""
+
+    __slots__ = ("client", "commands", "error", "plain")
 
     def __init__(self, client: redis.Redis) -> None:
         self.client = client
         self.commands: list[Command] = []
         self.plain: list[PlainKey] = []
-        self.scan: Args | None = None
-        self.reads = 0
+        self.error: redis.RedisError | None = None
 
 
 def _share(
@@ -818,6 +842,7 @@ class _Rounds:
         # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
         # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
         self.carried = False
+        self.unhandled: _SentRound | _NodesRound | None = None  # read, not yet handled
 
     def extend(self, commands: Iterable[Command]) -> None:
         self.pending.extend(commands)
@@ -836,31 +861,34 @@ class _Rounds:
     def flush(self, leading: Args | NodeScans | None = None) -> Any:
         """Send the pending commands a round at a time, `leading` (a SCAN; on a cluster a SCAN
         per node) first in the first round, even with nothing pending; its reply is returned
-        (on a cluster, each node's)."""
+        (on a cluster, each node's). Each round's replies are handled once the next round is
+        sent (the last round's: at the next flush, or once nothing is left to send)."""
         leading_reply = None
-        while self.pending or self.plain or leading is not None:
+        while self.pending or self.plain or leading is not None or self.unhandled is not None:
+            if not (self.pending or self.plain or leading is not None):
+                self._handle_unhandled()  # may queue follow-ups: another round
+                continue
             batch, self.pending = self.pending[: self.size], self.pending[self.size :]
             plain = self._take_plain(self.size - len(batch))
-            nodes = self.sampler._nodes
-            if nodes is not None:  # each node's share in a round trip of its own, at once
-                scans = leading if isinstance(leading, dict) else None
-                scanned, next_round = self.sampler._execute_on_nodes(nodes, batch, scans, plain)
-                leading_reply = scanned if scans is not None else leading_reply
-            elif leading is None and not plain:
-                next_round = self.sampler.execute(self.client, batch)
-            else:
-                assert not isinstance(leading, dict)  # a SCAN per node: on a cluster only
-                replies = self.sampler._send_round(self.client, batch, leading, plain)
-                if leading is not None:
-                    leading_reply = replies.leading
-                next_round = self.sampler._handle(batch, replies.replies)
-                self.sampler._handle_plain(plain, replies.depths, replies.heads)
-            leading = None
-            if self.follow_ups is not None:
-                self.follow_ups.extend(next_round)
-            else:  # a follow-up's own (a redirected read's hash read, on a cluster): next round
-                self.pending.extend(next_round)
+            sent = self.sampler.send_round(self.client, batch, leading, plain)
+            self._handle_unhandled()  # while Redis works on the round just sent
+            reply = sent.receive()
+            self.unhandled = sent
+            if leading is not None:
+                leading_reply, leading = reply, None
         return leading_reply
+
+    def _handle_unhandled(self) -> None:
+        """Handle the replies of the round read last; its follow-ups go to the follow-up
+        rounds, or (a follow-up's own: a redirected read's hash read, on a cluster) to the next
+        round of these."""
+        if self.unhandled is None:
+            return
+        follow_ups, self.unhandled = self.unhandled.handle(), None
+        if self.follow_ups is not None:
+            self.follow_ups.extend(follow_ups)
+        else:
+            self.pending.extend(follow_ups)
 
     def _take_plain(self, room: int) -> list[PlainKey]:
         """The plain keys whose commands fit in `room` (at least one key in an empty round)."""
