@@ -268,16 +268,20 @@ class MetricStore:
         now = self.clock()
         touched = self._touched
         with self._lock:
-            for (metric, labels), amount in counts.items():
+            for key, amount in counts.items():
+                metric, labels = key
                 series = counters.get(metric)
                 if series is None:
                     series = counters[metric] = {}
-                if labels in series:  # admitted before: skip the guard (the common case)
-                    series[labels] += amount
+                value = series.get(labels)
+                if value is not None:  # admitted before: skip the guard (the common case)
+                    series[labels] = value + amount
                 else:
-                    labels = admit(metric, labels)
-                    series[labels] = series.get(labels, 0.0) + amount
-                touched[(metric, labels)] = now
+                    admitted = admit(metric, labels)
+                    series[admitted] = series.get(admitted, 0.0) + amount
+                    if admitted is not labels:
+                        key = (metric, admitted)
+                touched[key] = now
             for (metric, labels), values in observations.items():
                 labels = self._observe(metric, labels, values)
                 touched[(metric, labels)] = now

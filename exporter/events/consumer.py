@@ -53,7 +53,10 @@ log = logging.getLogger(__name__)
 # would otherwise look like a quiet system.
 _missing_streams = LogLimiter(log)
 
-Entry = tuple[bytes, dict[bytes, bytes] | None]
+# An entry's fields: a dict (redis-py's replies) or the flat list hiredis parses, made a dict
+# only as it is decoded (decode_v1).
+Fields = dict[bytes, bytes] | list[bytes]
+Entry = tuple[bytes, Fields | None]
 
 # The longest wait between attempts while the stream's Redis fails (exporter/backoff.py): a
 # Redis that answers again is read within one socket_timeout plus MAX_RETRY.
@@ -317,7 +320,7 @@ class StreamConsumer:
     def _apply_one_by_one(
         self,
         client: redis.Redis,
-        entries: list[tuple[bytes, dict[bytes, bytes]]],
+        entries: list[tuple[bytes, Fields]],
         now: float,
         lost: int,
     ) -> None:
@@ -342,14 +345,15 @@ class StreamConsumer:
     def _decode(
         self,
         client: redis.Redis,
-        entries: list[tuple[bytes, dict[bytes, bytes]]],
+        entries: list[tuple[bytes, Fields]],
         now: float,
         tally: Tally,
     ) -> None:
         if self._runnerq is not None:
+            dicts = [(entry_id, _as_dict(fields)) for entry_id, fields in entries]
             try:
                 hashes = self._activity_client(client)
-                self._runnerq.decode(hashes, entries, now, tally, self._refusals)
+                self._runnerq.decode(hashes, dicts, now, tally, self._refusals)
             except Exception as error:
                 if not is_cluster_state_error(error):
                     raise
@@ -508,7 +512,7 @@ class StreamConsumer:
 
 
 def decode_v1(
-    entries: Iterable[tuple[bytes, dict[bytes, bytes]]],
+    entries: Iterable[tuple[bytes, Fields]],
     system: str,
     now: float,
     max_future: float,
@@ -519,8 +523,12 @@ def decode_v1(
     consumed = 0
     for entry_id, fields in entries:
         consumed += 1
+        if fields.__class__ is list:
+            # Made a dict here, inline, and dropped with the event: the batch's entries are
+            # not all held as dicts at once, which the collector would keep walking.
+            fields = dict(zip(pairs := iter(fields), pairs, strict=False))
         try:
-            event = parse(fields, now, max_future)
+            event = parse(fields, now, max_future)  # type: ignore[arg-type]
         except InvalidEvent as error:
             refusals.refuse(tally, entry_id, error.reason, error.detail)
             continue
@@ -530,20 +538,18 @@ def decode_v1(
 
 def _stream_entries(reply: Any) -> list[Entry]:
     """The entries of an XREADGROUP reply as hiredis parses it (RESP2: [[key, entries]],
-    RESP3: {key: entries}, nil when none), each entry's flat field list as a dict."""
+    RESP3: {key: entries}, nil when none): each an entry id and its flat field list."""
     if not reply:
         return []
     streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply]
-    # Built inline, with no function call per entry; Redis sends whole pairs, so zip's strict
-    # check would only cost time.
-    return [
-        (
-            entry_id,
-            dict(zip(pairs := iter(flat), pairs, strict=False)) if flat.__class__ is list else flat,
-        )
-        for entries in streams
-        for entry_id, flat in entries
-    ]
+    return [(entry_id, flat) for entries in streams for entry_id, flat in entries]
+
+
+def _as_dict(fields: Fields) -> dict[bytes, bytes]:
+    if isinstance(fields, dict):
+        return fields
+    pairs = iter(fields)  # Redis sends whole pairs: no strict check
+    return dict(zip(pairs, pairs, strict=False))
 
 
 def _text(value: bytes | str) -> str:

@@ -154,7 +154,9 @@ def parse(
     rare = not _RARE.isdisjoint(fields)
     # One try for the whole entry: float(), int() and decode() raise ValueError subclasses.
     try:
-        event = Event(name, _epoch(ts_raw, horizon))
+        # Valid times are taken inline: only a refusal calls _epoch or _seconds.
+        ts = float(ts_raw)
+        event = Event(name, ts if 0 <= ts <= horizon else _epoch(ts_raw, horizon))
         _labels(event, get, rare)
         _numbers(event, get, horizon, rare)
     except InvalidEvent:
@@ -237,12 +239,14 @@ def _oversized(raw: bytes) -> str:
 def _numbers(event: Event, get: _Getter, horizon: float, rare: bool) -> None:
     raw = get(b"enqueued_at")
     if raw is not None:
-        event.enqueued_at = _epoch(raw, horizon)
+        value = float(raw)
+        event.enqueued_at = value if 0 <= value <= horizon else _epoch(raw, horizon)
     if rare:
         _rare_times(event, get, horizon)
     raw = get(b"duration")
     if raw is not None:
-        event.duration = _seconds(raw)
+        value = float(raw)
+        event.duration = value if 0 <= value < _BIG else _seconds(raw)
     if rare:
         raw = get(b"delay")
         if raw is not None:
