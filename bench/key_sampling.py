@@ -445,7 +445,7 @@ def main() -> None:
         client.close()
     print(f"load average (1 min) at the start and after each size: {', '.join(loads)}")
     if args.plot:
-        plot(results, args.plot, f"{min(loads)}-{max(loads)}")
+        plot(results, args.plot, f"{min(loads, key=float)}-{max(loads, key=float)}")
 
 
 if __name__ == "__main__":
