@@ -41,6 +41,8 @@ ERROR_TYPES = ("retryable", "non_retryable", "timeout", "handler_not_found", "ot
 DURATION_REQUIRED = frozenset({"backend_op", "reaper_cycle", "scheduler_cycle"})
 # Events whose queue label is required: every job event and the per-queue ones.
 QUEUE_REQUIRED = frozenset(JOB_EVENTS + QUEUE_EVENTS)
+# Events that require nothing but their queue.
+_QUEUE_ONLY = QUEUE_REQUIRED - DURATION_REQUIRED - {"worker_heartbeat"}
 
 # Limits that keep one hostile entry cheap to refuse.
 MAX_FIELDS = 64
@@ -108,7 +110,7 @@ class Event:
     active: int | None = None
     capacity: int | None = None
 
-    def __init__(self, name: str, ts: float) -> None:
+    def __init__(self, name: str, ts: float) -> None:  # parse() sets the same two fields
         self.name = name
         self.ts = ts
 
@@ -130,6 +132,9 @@ class Event:
         return isinstance(other, Event) and vars(self) == vars(other)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+_new_event = object.__new__
 
 
 def parse(
@@ -156,7 +161,11 @@ def parse(
     try:
         # Valid times are taken inline: only a refusal calls _epoch or _seconds.
         ts = float(ts_raw)
-        event = Event(name, ts if 0 <= ts <= horizon else _epoch(ts_raw, horizon))
+        # Event(name, ts) without its __init__: no call from C into Python per event (with the
+        # required-fields check below taken without a call, 2.5% of the consumer's instructions).
+        event = _new_event(Event)
+        event.name = name
+        event.ts = ts if 0 <= ts <= horizon else _epoch(ts_raw, horizon)
         _labels(event, get, rare)
         _numbers(event, get, horizon, rare)
     except InvalidEvent:
@@ -165,7 +174,8 @@ def parse(
         raise InvalidEvent("bad_encoding") from None
     except (ValueError, OverflowError):
         raise InvalidEvent("bad_number") from None
-    _check_required(event)
+    if not event.queue or name not in _QUEUE_ONLY:  # the common case needs no call
+        _check_required(event)
     return event
 
 
