@@ -5,7 +5,9 @@ read them in pipelines of `pipeline_size` commands (one depth command per key or
 band, one for the head item, one for the due count), then one more pipelined round for the
 items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. Each SCAN travels
 in the round trip that reads the keys the previous SCAN found; on a Redis Cluster every shard
-is scanned at once, each node's SCAN in the round trip of its own reads.
+is scanned at once, each node's SCAN in the round trip of its own reads. Each round is sent
+before the previous one's replies are handled: Redis (each node) works on it while this process
+parses those.
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
