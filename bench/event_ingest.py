@@ -104,6 +104,36 @@ def preload(
     pipe.execute()
 
 
+def floor_decode(
+    entries: list[Any], counts: dict[tuple[str, str, str, str], int]
+) -> tuple[float, float]:
+    """The floor's work on a batch: each entry decoded and counted by event and label set; the
+    batch's execution and wait seconds summed."""
+    execution = wait = 0.0
+    for _, flat in entries:
+        pairs = iter(flat)  # a Redis entry has whole pairs: no strict zip's check
+        fields = dict(zip(pairs, pairs, strict=False))
+        if fields[b"v"] != b"1":
+            raise ValueError("not a v1 event")
+        ts = float(fields[b"ts"])
+        key = (
+            fields[b"event"].decode(),
+            fields[b"queue"].decode(),
+            fields[b"job_type"].decode(),
+            fields[b"priority"].decode(),
+        )
+        counts[key] = counts.get(key, 0) + 1
+        enqueued_at, duration = fields.get(b"enqueued_at"), fields.get(b"duration")
+        if enqueued_at is not None:
+            wait += max(ts - float(enqueued_at), 0.0)
+        if duration is not None:
+            execution += float(duration)
+        attempt = fields.get(b"attempt")
+        if attempt is not None:
+            int(attempt)
+    return execution, wait
+
+
 def bare_loop(raw: RawRedis, group: str, batch: int) -> Result:
     """Read, decode and count every entry; each round trip acks the batch before."""
     raw.pipeline([("XGROUP", "CREATE", STREAM, group, "0")])
@@ -117,27 +147,9 @@ def bare_loop(raw: RawRedis, group: str, batch: int) -> Result:
         if not reply:
             return counts, execution, wait
         entries = reply[0][1]
-        for _, flat in entries:
-            pairs = iter(flat)  # a Redis entry has whole pairs: no strict zip's check
-            fields = dict(zip(pairs, pairs, strict=False))
-            if fields[b"v"] != b"1":
-                raise ValueError("not a v1 event")
-            ts = float(fields[b"ts"])
-            key = (
-                fields[b"event"].decode(),
-                fields[b"queue"].decode(),
-                fields[b"job_type"].decode(),
-                fields[b"priority"].decode(),
-            )
-            counts[key] = counts.get(key, 0) + 1
-            enqueued_at, duration = fields.get(b"enqueued_at"), fields.get(b"duration")
-            if enqueued_at is not None:
-                wait += max(ts - float(enqueued_at), 0.0)
-            if duration is not None:
-                execution += float(duration)
-            attempt = fields.get(b"attempt")
-            if attempt is not None:
-                int(attempt)
+        spent, waited = floor_decode(entries, counts)
+        execution += spent
+        wait += waited
         acks = [entry_id for entry_id, _ in entries]
 
 
