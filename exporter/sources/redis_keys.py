@@ -7,7 +7,7 @@ items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. Each 
 in the round trip that reads the keys the previous SCAN found; on a Redis Cluster every shard
 is scanned at once, each node's SCAN in the round trip of its own reads. Each round is sent
 before the previous one's replies are handled: Redis (each node) works on it while this process
-parses those.
+parses those (the rounds: key_rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import redis
@@ -38,7 +38,6 @@ from exporter.redis_connection import (
 )
 from exporter.redis_pipeline import (
     Args,
-    SentCommands,
     bound_each,
     bounded_reads,
     probe_first,
@@ -52,6 +51,15 @@ from exporter.sources.key_groups import (
     fill,
     key_regex,
     scan_glob,
+)
+from exporter.sources.key_rounds import (
+    ASKED,
+    ITEM_READ,
+    NodeShare,
+    NodesRound,
+    Rounds,
+    SentRound,
+    key_of,
 )
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
@@ -179,14 +187,6 @@ class GroupTally:
 # A cluster node's error for a read its script made of a key that is not there: in a migrating
 # slot, a key already moved (the node would answer a command of its own with ASK).
 _NOT_LOCAL = "ERR Script attempted to access a non local key"
-# Marks a command sent again to the node an ASK reply named: (ASKED, (node name, client), args).
-ASKED = object()
-
-
-# Marks a read whose reply is one queue item (a head item, the hash field it names, a stream
-# entry): its arguments are (ITEM_READ, key, script_read(...)). Item reads travel in one
-# bounded_reads per round, so an item over max_item_bytes stays in Redis.
-ITEM_READ = object()
 
 
 OnReply = Callable[[Any], "Command | None"]
@@ -304,8 +304,8 @@ class RedisKeySampler:
         self._large_heads_now = set()
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # one round of commands at a time, however large the keyspace.
-        follow_ups = _Rounds(self, client, None)
-        rounds = _Rounds(self, client, follow_ups)
+        follow_ups = self._rounds(client, None)
+        rounds = self._rounds(client, follow_ups)
         tallies = [
             GroupTally(group, self.name, self.telemetry, self._warnings)
             for group in self.config.key_groups
@@ -395,16 +395,16 @@ class RedisKeySampler:
         return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
 
     def _scan(
-        self, client: redis.Redis, pattern: str, tally: GroupTally, rounds: _Rounds | None = None
+        self, client: redis.Redis, pattern: str, tally: GroupTally, rounds: Rounds | None = None
     ) -> Iterator[bytes]:
         glob, count = scan_glob(pattern), self.config.scan_count
         if self._nodes is not None:
-            return self._scan_nodes(self._nodes, glob, tally, rounds or _Rounds(self, client, None))
+            return self._scan_nodes(self._nodes, glob, tally, rounds or self._rounds(client, None))
         if rounds is not None:
             return self._scan_with_reads(rounds, glob, count)
         return client.scan_iter(match=glob, count=count)
 
-    def _scan_with_reads(self, rounds: _Rounds, glob: str, count: int) -> Iterator[bytes]:
+    def _scan_with_reads(self, rounds: Rounds, glob: str, count: int) -> Iterator[bytes]:
         """SCAN, each SCAN travelling in the round trip that reads the keys the previous one
         found: the server's SCAN work no longer waits alone for a round trip of its own."""
         cursor: Any = b"0"
@@ -419,7 +419,7 @@ class RedisKeySampler:
                 return
 
     def _scan_nodes(
-        self, nodes: ClusterNodes, glob: str, tally: GroupTally, rounds: _Rounds
+        self, nodes: ClusterNodes, glob: str, tally: GroupTally, rounds: Rounds
     ) -> Iterator[bytes]:
         """SCAN on every shard at once (each holds its own slots' keys), each node's SCAN in the
         round trip that reads the keys its previous page found, as on one server. A node that
@@ -461,7 +461,7 @@ class RedisKeySampler:
         self,
         client: redis.Redis,
         tally: GroupTally,
-        rounds: _Rounds,
+        rounds: Rounds,
         last_cycle: dict[bytes, KeyMatch | None],
     ) -> Iterator[tuple[bytes, KeyMatch]]:
         group = tally.group
@@ -524,13 +524,20 @@ class RedisKeySampler:
             self._lose_group(tally, pattern.encode(), "values scanned without a node")
         return self._values_found[pattern]
 
+    def _rounds(self, client: redis.Redis, follow_ups: Rounds | None) -> Rounds:
+        """Rounds to send commands in, their follow-ups to `follow_ups` (if given)."""
+        # On a cluster, a round is a round trip per node, of about pipeline_size commands each.
+        nodes = self._nodes
+        size = self.config.pipeline_size * (len(nodes.primaries()) if nodes else 1)
+        return Rounds(self.send_round, client, size, follow_ups)
+
     def send_round(
         self,
         client: redis.Redis,
         commands: list[Command],
         leading: Args | NodeScans | None,
         plain: list[PlainKey],
-    ) -> _SentRound | _NodesRound:
+    ) -> SentRound | NodesRound:
         """Send one round: the commands and the keys of plain groups in one round trip (on a
         cluster one per node, the nodes at once), a `leading` command (a SCAN riding along; on
         a cluster a SCAN per node) first. Its replies are read and handled later, apart: the
@@ -544,9 +551,9 @@ class RedisKeySampler:
         """
         if self._nodes is not None:
             scans = leading if isinstance(leading, dict) else {}
-            return _NodesRound(self, self._nodes, commands, scans, plain)
+            return NodesRound(self, self._nodes, commands, scans, plain)
         assert not isinstance(leading, dict)  # a SCAN per node: on a cluster only
-        return _SentRound(self, client, commands, leading, plain)
+        return SentRound(self, client, commands, leading, plain)
 
     def _round_commands(
         self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
@@ -585,10 +592,10 @@ class RedisKeySampler:
         target = nodes.asked(reply)
         return None if target is None else ((ASKED, target, args), on_reply, tally)
 
-    def _node_lost(self, node: str, lost: _SentRound | _NodeShare, error: redis.RedisError) -> None:
+    def _node_lost(self, node: str, lost: SentRound | NodeShare, error: redis.RedisError) -> None:
         detail = f"node {node}: {redis_error_reason(error)}"
         for args, _, tally in lost.commands:
-            self._lose_group(tally, _key_of(args), detail)
+            self._lose_group(tally, key_of(args), detail)
         for group, key, _ in lost.plain:
             self._lose_group(group.tally, key, detail)
 
@@ -608,14 +615,14 @@ class RedisKeySampler:
                 reason = _response_reason(reply)
                 if self._nodes is not None and self._nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
-                    self._lose_group(tally, _key_of(args), str(reply)[:80], reason)
+                    self._lose_group(tally, key_of(args), str(reply)[:80], reason)
                 else:
-                    tally.failed(_key_of(args), reason)
+                    tally.failed(key_of(args), reason)
                 continue
             try:
                 follow_up = on_reply(reply)
             except Exception as error:  # hostile data may raise anything
-                _unreadable(tally, _key_of(args), error)
+                _unreadable(tally, key_of(args), error)
                 continue
             if follow_up is not None:
                 yield follow_up
@@ -671,239 +678,6 @@ class RedisKeySampler:
         return again
 
 
-class _SentRound:
-    """One round trip on one server (or cluster node), sent: its replies read by receive(),
-    then handled by handle() once the next round is sent. Commands an ASK reply sent to the
-    node importing their slot (`asked`) go each after ASKING, which holds for the one command
-    after it."""
-
-    __slots__ = ("commands", "leading", "plain", "reads", "replies", "sampler", "sent")
-
-    def __init__(
-        self,
-        sampler: RedisKeySampler,
-        client: redis.Redis,
-        commands: list[Command],
-        leading: Args | None,
-        plain: list[PlainKey],
-        asked: bool = False,
-    ) -> None:
-        self.sampler, self.leading, self.plain = sampler, leading, plain
-        self.replies: _Replies | None = None
-        if asked:  # the replies are those of the commands the ASKED marks wrap
-            self.commands = [(args[2], on_reply, tally) for args, on_reply, tally in commands]
-            direct = [part for args, _, _ in self.commands for part in (("ASKING",), args)]
-            self.reads = -1
-        else:
-            self.commands = commands
-            direct, self.reads = sampler._round_commands(commands, leading, plain)
-        self.sent = SentCommands(client, direct)
-
-    def receive(self) -> Any:
-        """Read the replies; the leading command's is returned."""
-        replies = self.sent.replies()
-        if self.reads < 0:  # after ASKING: every other reply
-            replies, self.reads = replies[1::2], 0
-        self.replies = _round_replies(self.commands, self.leading, replies, self.reads)
-        return self.replies.leading
-
-    def handle(self) -> list[Command]:
-        """Handle the replies read; the follow-up commands they ask for."""
-        replies, sampler = self.replies, self.sampler
-        assert replies is not None
-        follow_ups = list(sampler._handle(self.commands, replies.replies))
-        return follow_ups + sampler._handle_plain(self.plain, replies.depths, replies.heads)
-
-
-class _NodesRound:
-    """One round on a cluster: each node's commands and plain keys in a round trip of its own
-    (a _SentRound), all sent before any is read, so the nodes work at once; a node's SCAN
-    (`scans`: node name -> its client and SCAN) first in its round trip. A node that fails
-    loses the groups of its keys; if no node answered this cycle, the source is down."""
-
-    def __init__(
-        self,
-        sampler: RedisKeySampler,
-        nodes: ClusterNodes,
-        commands: list[Command],
-        scans: NodeScans,
-        plain: list[PlainKey],
-    ) -> None:
-        self.sampler, self.nodes, self.scans = sampler, nodes, scans
-        self.answered: list[_SentRound] = []
-        shares: dict[tuple[str, bool], _NodeShare] = {
-            (name, False): _NodeShare(node_client) for name, (node_client, _) in scans.items()
-        }
-        for command in commands:
-            asked = command[0][0] is ASKED
-            name, node_client = command[0][1] if asked else nodes.node_of(_key_of(command[0]))
-            _share(shares, name, asked, node_client).commands.append(command)
-        node_of = nodes.node_of
-        for key in plain:
-            name, node_client = node_of(key[1])
-            share = shares.get((name, False))  # a round's keys are on a few nodes: made once each
-            (share or _share(shares, name, False, node_client)).plain.append(key)
-        self.sent = {where: self._send(where, share) for where, share in shares.items()}
-
-    def _send(self, where: tuple[str, bool], share: _NodeShare) -> _SentRound | _NodeShare:
-        name, asked = where
-        scan = self.scans[name][1] if name in self.scans and not asked else None
-        try:
-            return _SentRound(self.sampler, share.client, share.commands, scan, share.plain, asked)
-        except redis.RedisError as error:
-            share.error = error
-            return share
-
-    def receive(self) -> dict[str, Any]:
-        """Read each node's replies: each SCAN's reply (the error where its node failed)."""
-        sampler, scanned = self.sampler, {}
-        failures = 0
-        for (name, asked), sent in self.sent.items():
-            try:
-                if isinstance(sent, _NodeShare):  # sending failed
-                    assert sent.error is not None
-                    raise sent.error
-                reply = sent.receive()
-            except redis.RedisError as error:
-                failures += 1
-                if failures == len(self.sent) and not sampler._node_answered:
-                    raise  # no node answered: the source is down
-                self.nodes.noticed(error)
-                sampler._node_lost(name, sent, error)
-                reply = error
-            else:
-                sampler._node_answered = True
-                self.answered.append(sent)
-            if name in self.scans and not asked:
-                scanned[name] = reply
-        return scanned
-
-    def handle(self) -> list[Command]:
-        """Handle the replies of the nodes that answered; their follow-ups."""
-        return [command for sent in self.answered for command in sent.handle()]
-
-
-class _NodeShare:
-    """What one round sends a cluster node: its commands and its plain groups' keys (and the
-    error sending them met)."""
-
-    __slots__ = ("client", "commands", "error", "plain")
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.commands: list[Command] = []
-        self.plain: list[PlainKey] = []
-        self.error: redis.RedisError | None = None
-
-
-def _share(
-    shares: dict[tuple[str, bool], _NodeShare], name: str, asked: bool, client: redis.Redis
-) -> _NodeShare:
-    """The share of the round for this node (and kind: ASKED or not), made if new."""
-    share = shares.get((name, asked))
-    if share is None:
-        share = shares[name, asked] = _NodeShare(client)
-    return share
-
-
-def _round_replies(
-    commands: list[Command], leading: Args | None, replies: list[Any], reads: int
-) -> _Replies:
-    """A round trip's replies (RedisKeySampler._round_commands) sorted out: the leading
-    command's, the commands' in order, the plain keys' depths and item reads."""
-    read_replies = _each(replies.pop(), reads) if reads else iter(())
-    direct_replies = iter(replies)
-    leading_reply = None if leading is None else next(direct_replies)
-    ordered = [
-        next(read_replies) if args[0] is ITEM_READ else next(direct_replies)
-        for args, _, _ in commands
-    ]
-    return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
-
-
-# How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
-# of keys with two reads each is about two).
-_CARRIED_ROUNDS = 4
-
-
-class _Rounds:
-    """Collects commands and sends them a pipeline_size round at a time."""
-
-    def __init__(
-        self, sampler: RedisKeySampler, client: redis.Redis, follow_ups: _Rounds | None
-    ) -> None:
-        self.sampler = sampler
-        self.client = client
-        self.follow_ups = follow_ups
-        # On a cluster, a round is a round trip per node, of about pipeline_size commands each.
-        nodes = sampler._nodes
-        self.size = sampler.config.pipeline_size * (len(nodes.primaries()) if nodes else 1)
-        self.pending: list[Command] = []
-        self.plain: list[PlainKey] = []
-        self.plain_cost = 0  # the commands the plain keys take: one or two each
-        # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
-        # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
-        self.carried = False
-        self.unhandled: _SentRound | _NodesRound | None = None  # read, not yet handled
-
-    def extend(self, commands: Iterable[Command]) -> None:
-        self.pending.extend(commands)
-        self._flush_if_full()
-
-    def add_plain(self, group: _PlainGroup, key: bytes, labels: Labels) -> None:
-        self.plain.append((group, key, labels))
-        self.plain_cost += group.cost
-        self._flush_if_full()
-
-    def _flush_if_full(self) -> None:
-        queued = len(self.pending) + self.plain_cost
-        if queued >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
-            self.flush()
-
-    def flush(self, leading: Args | NodeScans | None = None) -> Any:
-        """Send the pending commands a round at a time, `leading` (a SCAN; on a cluster a SCAN
-        per node) first in the first round, even with nothing pending; its reply is returned
-        (on a cluster, each node's). Each round's replies are handled once the next round is
-        sent (the last round's: at the next flush, or once nothing is left to send)."""
-        leading_reply = None
-        while self.pending or self.plain or leading is not None or self.unhandled is not None:
-            if not (self.pending or self.plain or leading is not None):
-                self._handle_unhandled()  # may queue follow-ups: another round
-                continue
-            batch, self.pending = self.pending[: self.size], self.pending[self.size :]
-            plain = self._take_plain(self.size - len(batch))
-            sent = self.sampler.send_round(self.client, batch, leading, plain)
-            self._handle_unhandled()  # while Redis works on the round just sent
-            reply = sent.receive()
-            self.unhandled = sent
-            if leading is not None:
-                leading_reply, leading = reply, None
-        return leading_reply
-
-    def _handle_unhandled(self) -> None:
-        """Handle the replies of the round read last; its follow-ups go to the follow-up
-        rounds, or (a follow-up's own: a redirected read's hash read, on a cluster) to the next
-        round of these."""
-        if self.unhandled is None:
-            return
-        follow_ups, self.unhandled = self.unhandled.handle(), None
-        if self.follow_ups is not None:
-            self.follow_ups.extend(follow_ups)
-        else:
-            self.pending.extend(follow_ups)
-
-    def _take_plain(self, room: int) -> list[PlainKey]:
-        """The plain keys whose commands fit in `room` (at least one key in an empty round)."""
-        taken = cost = 0
-        for group, _, _ in self.plain:
-            if cost + group.cost > room and (taken or room < self.size):
-                break
-            taken, cost = taken + 1, cost + group.cost
-        batch, self.plain = self.plain[:taken], self.plain[taken:]
-        self.plain_cost -= cost
-        return batch
-
-
 class _PlainGroup:
     """A key group read in bulk: per key a depth command and, for a list or zset, the read of
     its head or tail item, whose time is in the item or its score. No follow-up read (hash
@@ -952,16 +726,6 @@ class _PlainGroup:
 
 # A plain group's key to read: its group, the key, its series' labels.
 PlainKey = tuple[_PlainGroup, bytes, Labels]
-
-
-class _Replies(NamedTuple):
-    """One round's replies: the leading command's, the commands' in order, and the plain
-    keys' depths and item reads."""
-
-    leading: Any
-    replies: list[Any]
-    depths: list[Any]
-    heads: list[Any]
 
 
 # The read of a list's or zset's item at either end, in the form bounded_reads takes.
@@ -1245,11 +1009,6 @@ def _json_field(item: bytes, field: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _each(reply: Any, count: int) -> Iterator[Any]:
-    """The replies of a bounded_reads; if the whole command failed, its error for each read."""
-    return iter(reply) if isinstance(reply, list) else itertools.repeat(reply, count)
-
-
 def _as_map(reply: Any) -> dict[bytes, Any]:
     """A RESP3 map arrives as a dict, its RESP2 form as a flat [key, value, ...] list."""
     if isinstance(reply, dict):
@@ -1307,15 +1066,6 @@ def _exception_reason(error: Exception) -> str:
         if isinstance(error, kind):
             return reason
     return "item_unreadable"
-
-
-def _key_of(args: tuple[Any, ...]) -> bytes:
-    """The key a command reads (XINFO GROUPS names it second, a one-key EVAL_RO third; a
-    command sent after an ASK wraps the command)."""
-    if args[0] is ASKED:
-        return _key_of(args[2])
-    key = args[2] if args[0] == "XINFO" else args[3] if args[0] == "EVAL_RO" else args[1]
-    return key if isinstance(key, bytes) else str(key).encode()
 
 
 def _one_read(on_reply: OnReply) -> OnReply:
