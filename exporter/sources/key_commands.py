@@ -1,0 +1,374 @@
+"""The per-key commands of the Redis key sampler, and what their replies mean.
+
+A Cycle turns each key of a key group into the commands that read it (depth, head or tail
+item, priority bands, split_by items, due count, stream and consumer group) and the reply
+handlers that turn their replies into samples; the helpers below read the replies (RESP2 or
+RESP3) and the item's time, and name what hostile data raised. Sending them is the rounds'
+(key_rounds.py), which key groups and keys there are is the sampler's (redis_keys.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from exporter.catalog import BY_NAME, MetricSpec
+from exporter.redis_pipeline import bound_each, probe_first, script_read
+from exporter.samples import SampleSet
+from exporter.sources.item_time import TimeParseError, parse_time
+from exporter.sources.key_groups import OldestItem, fill
+from exporter.sources.key_rounds import ITEM_READ
+
+if TYPE_CHECKING:  # types only: the sampler imports this module
+    from exporter.sources.redis_keys import Command, GroupTally, Labels, OnReply
+
+
+DEPTH = BY_NAME["queue_depth"]
+OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
+MAX_DEPTH = BY_NAME["queue_max_depth"]
+# The label value of items split_by could not attribute: beyond max_items, or with no value.
+UNREAD = "__unread__"
+
+DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
+
+
+class ItemError(Exception):
+    """An item whose time cannot be read; `reason` is the error counter's label."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# Exceptions a reply handler may meet in hostile data, and their reason; anything else is
+# item_unreadable. A fixed table, so hostile data cannot grow the reason label.
+_EXCEPTION_REASONS: tuple[tuple[type[Exception], str], ...] = (
+    (TimeParseError, "time_unparsable"),
+    (RecursionError, "item_too_deep"),
+    (UnicodeDecodeError, "item_not_utf8"),
+)
+
+
+# The read of a list's or zset's item at either end, in the form bounded_reads takes.
+END_READS = {
+    ("list", "head"): script_read("LINDEX", 0),
+    ("list", "tail"): script_read("LINDEX", -1),
+    ("zset", "head"): script_read("ZRANGE", 0, 0, "WITHSCORES"),
+    ("zset", "tail"): script_read("ZRANGE", -1, -1, "WITHSCORES"),
+}
+
+
+class Cycle:
+    """One sample cycle: turns each key into commands whose replies fill `samples`."""
+
+    def __init__(self, now: float, samples: SampleSet, large_heads: set[bytes]) -> None:
+        self.now = now
+        self.samples = samples
+        self.large_heads = large_heads
+
+    def commands_for_key(
+        self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
+    ) -> Iterator[Command]:
+        group = tally.group
+        if group.max_depth is not None:
+            self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
+        if group.type == "stream":
+            yield from self._stream(tally, key, labels)
+        elif group.priority_bands is not None:
+            yield from self._bands(tally, key, labels, captured)
+        elif group.split_by is not None:
+            yield from self._split(tally, key, labels)
+            return
+        else:
+            yield (DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
+            if group.oldest is not None and group.type in ("list", "zset"):
+                read = END_READS[group.type, group.oldest.end]
+                if group.oldest.end == "head" and key in self.large_heads:
+                    read = probe_first(read)
+                yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
+        if group.due is not None:
+            limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
+            count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
+            yield count_due, self._record(BY_NAME[group.due.metric], labels), tally
+
+    def _bands(
+        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
+    ) -> Iterator[Command]:
+        """A zset whose score encodes the priority: depth and head item per band."""
+        group = tally.group
+        bands = group.priority_bands
+        assert bands is not None
+        for band, priority in sorted(bands.names.items()):
+            low, high = f"{band * bands.width!r}", f"({(band + 1) * bands.width!r}"
+            band_labels = labels._replace(priority=priority)
+            yield ("ZCOUNT", key, low, high), self._depth(tally, band_labels), tally
+            if group.oldest is None:
+                continue
+            command, start, end = (
+                ("ZREVRANGEBYSCORE", high, low)
+                if group.oldest.end == "tail"
+                else ("ZRANGEBYSCORE", low, high)
+            )
+            yield (
+                (ITEM_READ, key, script_read(command, start, end, "LIMIT", 0, 1, "WITHSCORES")),
+                self._head_time(tally, band_labels, captured),
+                tally,
+            )
+
+    def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
+        """Depth (and head age, due count) per label value read from each item. The key's
+        depth comes first, so items beyond max_items still count, under __unread__."""
+        group = tally.group
+        split = group.split_by
+        assert split is not None
+        depth = [0]
+
+        def on_depth(reply: Any) -> None:
+            depth[0] = int(reply)
+
+        yield (DEPTH_COMMAND[group.type], key), on_depth, tally
+        last = split.max_items - 1
+        read = {
+            "list": script_read("LRANGE", 0, last),
+            "zset": script_read("ZRANGE", 0, last, "WITHSCORES"),
+            "hash": script_read("HVALS"),
+        }[group.type]
+        items = (ITEM_READ, key, bound_each(read))
+        yield items, self._split_items(tally, key, labels, depth), tally
+
+    def _split_items(
+        self, tally: GroupTally, key: bytes, labels: Labels, depth: list[int]
+    ) -> OnReply:
+        group = tally.group
+        split = group.split_by
+        assert split is not None
+        due = BY_NAME[group.due.metric] if group.due is not None else None
+        due_limit = 0.0
+        if group.due is not None:
+            due_limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
+        keep_last = group.oldest is not None and group.oldest.end == "tail"
+
+        def on_items(reply: Any) -> None:
+            items = _listed_items(reply, scored=group.type == "zset")
+            heads: dict[str, tuple[bytes | int, float | None]] = {}
+            unreadable = too_large = 0
+            for item, score in items:
+                if isinstance(item, int):  # its size: over max_item_bytes, left in Redis
+                    too_large += 1
+                    value: str | None = UNREAD
+                else:
+                    value = _json_field(item, split.field)
+                if value is None:
+                    unreadable += 1
+                    value = UNREAD
+                item_labels = labels._replace(**{split.label: value})
+                self.samples.add_labelled(DEPTH, item_labels, 1.0)
+                tally.series[item_labels] = None
+                if due is not None and score is not None:
+                    self.samples.add_labelled(
+                        due, item_labels.for_metric(due), float(score < due_limit)
+                    )
+                if keep_last or value not in heads:
+                    heads[value] = (item, score)
+            unread = depth[0] - len(items)
+            if unread > 0:
+                self._depth(tally, labels._replace(**{split.label: UNREAD}))(unread)
+                tally.failed(key, "items_unread", f"{unread} beyond max_items")
+            if unreadable:
+                tally.failed(key, "label_unreadable", f"{unreadable} item(s)")
+            if too_large:
+                tally.failed(key, "item_too_large", f"{too_large} item(s)")
+            if group.oldest is not None:
+                self._split_ages(tally, key, labels, heads)
+
+        return on_items
+
+    def _split_ages(
+        self,
+        tally: GroupTally,
+        key: bytes,
+        labels: Labels,
+        heads: dict[str, tuple[bytes | int, float | None]],
+    ) -> None:
+        """The age of each label value's head item; one that cannot be read fails alone."""
+        oldest, split = tally.group.oldest, tally.group.split_by
+        assert oldest is not None and split is not None
+        for value, (item, score) in heads.items():
+            if isinstance(item, int):  # too large to read (counted): only a score tells its time
+                if oldest.time_in != "score":
+                    continue
+                item = b""
+            try:
+                self._age(labels._replace(**{split.label: value}), item_time(oldest, item, score))
+            except Exception as error:  # hostile data may raise anything
+                tally.failed(key, exception_reason(error))
+
+    def _stream(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
+        group = tally.group
+        if group.stream_group:
+            yield ("XINFO", "GROUPS", key), self._stream_group(tally, key, labels), tally
+            return
+        yield ("XLEN", key), self._depth(tally, labels), tally
+        if group.oldest is not None:
+            first = (
+                script_read("XRANGE", "-", "+", "COUNT", 1)
+                if group.oldest.end == "head"
+                else script_read("XREVRANGE", "+", "-", "COUNT", 1)
+            )
+            yield (ITEM_READ, key, first), self._stream_head(labels), tally
+
+    # -- reply handlers --------------------------------------------------------------------
+
+    def _record(self, spec: MetricSpec, labels: Labels) -> OnReply:
+        series = labels.for_metric(spec)
+        add = self.samples.add_labelled
+
+        def record(reply: Any) -> None:
+            add(spec, series, float(reply))
+
+        return record
+
+    def _depth(self, tally: GroupTally, labels: Labels) -> OnReply:
+        add = self.samples.add_labelled
+
+        def record(reply: Any) -> None:
+            add(DEPTH, labels, float(reply))
+            tally.series[labels] = None
+
+        return record
+
+    def _age(self, labels: Labels, item_time: float) -> None:
+        self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - item_time))
+
+    def _head_time(self, tally: GroupTally, labels: Labels, captured: dict[str, str]) -> OnReply:
+        oldest = tally.group.oldest
+        assert oldest is not None
+
+        def on_head(reply: Any) -> Command | None:
+            head = head_item(reply)
+            if head is None:
+                return None  # empty: no age
+            item, score = head
+            if oldest.time_in == "hash":
+                hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
+                read = (ITEM_READ, hash_key.encode(), script_read("HGET", oldest.field))
+                return read, self._hash_time(oldest, labels), tally
+            self._age(labels, item_time(oldest, item, score))
+            return None
+
+        return on_head
+
+    def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
+        def on_field(reply: Any) -> None:
+            if reply is None:
+                raise ItemError("time_missing")
+            self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
+
+        return on_field
+
+    def _stream_head(self, labels: Labels) -> OnReply:
+        def on_entries(reply: Any) -> None:
+            if reply:
+                self._age(labels, _stream_id_time(reply[0][0]))
+
+        return on_entries
+
+    def _stream_group(self, tally: GroupTally, key: bytes, labels: Labels) -> OnReply:
+        group = tally.group
+        wanted = (group.stream_group or "").encode()
+
+        def on_groups(reply: Any) -> Command | None:
+            groups = (_as_map(entry) for entry in reply)
+            info = next((entry for entry in groups if entry.get(b"name") == wanted), None)
+            if info is None:
+                raise ItemError("stream_group_missing")
+            self.samples.add_labelled(DEPTH, labels, float(info.get(b"lag") or 0))
+            pending = float(info.get(b"pending") or 0)
+            active = labels._replace(state="active")
+            self.samples.add_labelled(DEPTH, active, pending)
+            tally.series.update(dict.fromkeys((labels, active)))
+            if group.oldest is None:
+                return None
+            # The oldest undelivered entry is the first after the group's last delivered id.
+            after = b"(" + info.get(b"last-delivered-id", b"0-0")
+            read = (ITEM_READ, key, script_read("XRANGE", after, "+", "COUNT", 1))
+            return read, self._stream_head(labels), tally
+
+        return on_groups
+
+
+def head_item(reply: Any) -> tuple[bytes, float | None] | None:
+    """(item, score) from LINDEX (bytes) or ZRANGE ... WITHSCORES: [member, score] in RESP2,
+    [[member, score]] in RESP3."""
+    if isinstance(reply, bytes):  # an empty string is an item too (not JSON, not a time)
+        return reply, None
+    if not reply:
+        return None
+    member, score = reply[0] if isinstance(reply[0], list) else reply[:2]
+    return member, float(score)
+
+
+def _listed_items(reply: Any, scored: bool) -> list[tuple[bytes | int, float | None]]:
+    """(item, score) pairs of LRANGE / HVALS, or of ZRANGE ... WITHSCORES: a flat
+    [member, score, ...] list in RESP2, [[member, score], ...] in RESP3. An item over
+    max_item_bytes is its size (bound_each)."""
+    if not scored:
+        return [(item, None) for item in reply]
+    if reply and isinstance(reply[0], list):
+        return [(member, float(score)) for member, score in reply]
+    return [(member, float(score)) for member, score in zip(reply[::2], reply[1::2], strict=True)]
+
+
+def _json_field(item: bytes, field: str) -> str | None:
+    """A field of the item's JSON as a label value; None when there is none to read (not JSON,
+    nested past the recursion limit, no such string field): the item counts as __unread__."""
+    try:
+        document = json.loads(item)
+    except (ValueError, RecursionError):
+        return None
+    value = document.get(field) if isinstance(document, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _as_map(reply: Any) -> dict[bytes, Any]:
+    """A RESP3 map arrives as a dict, its RESP2 form as a flat [key, value, ...] list."""
+    if isinstance(reply, dict):
+        return reply
+    return dict(zip(reply[::2], reply[1::2], strict=True))
+
+
+def item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
+    if oldest.time_in == "score":
+        if score is None:
+            raise ItemError("time_missing")
+        return parse_time(score, oldest.format, oldest.divisor)
+    if oldest.time_in == "item":
+        return parse_time(item, oldest.format, oldest.divisor)
+    text = item.decode("utf-8", "replace")
+    if oldest.json_after is not None:
+        _, separator, text = text.partition(oldest.json_after)
+        if not separator:
+            raise ItemError("item_not_json")
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise ItemError("item_not_json") from error
+    value = document.get(oldest.field) if isinstance(document, dict) else None
+    if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
+        raise ItemError("time_missing")
+    return parse_time(value, oldest.format, oldest.divisor)
+
+
+def _stream_id_time(entry_id: bytes) -> float:
+    return int(entry_id.split(b"-", 1)[0]) / 1000.0
+
+
+def exception_reason(error: Exception) -> str:
+    """The reason label for what a reply handler raised."""
+    if isinstance(error, ItemError):
+        return error.reason
+    for kind, reason in _EXCEPTION_REASONS:
+        if isinstance(error, kind):
+            return reason
+    return "item_unreadable"
