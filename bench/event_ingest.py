@@ -188,8 +188,8 @@ def exporter_result(telemetry: Telemetry) -> Result:
             event = name.removeprefix("queue_jobs_").removesuffix("_total")
             if event in JOB_COUNTERS:
                 for labels, value in family.series.items():
-                    key = (event, *labels[1:4])
-                    counts[key] = counts.get(key, 0) + int(value)  # type: ignore[assignment]
+                    key = (event, labels[1], labels[2], labels[3])
+                    counts[key] = counts.get(key, 0) + int(value)
         elif isinstance(family, HistogramFamily) and name == "queue_job_execution_seconds":
             execution = sum(point[1] for point in family.series.values())
         elif isinstance(family, HistogramFamily) and name == "queue_job_wait_seconds":

@@ -523,12 +523,15 @@ def decode_v1(
     consumed = 0
     for entry_id, fields in entries:
         consumed += 1
-        if fields.__class__ is list:
-            # Made a dict here, inline, and dropped with the event: the batch's entries are
-            # not all held as dicts at once, which the collector would keep walking.
-            fields = dict(zip(pairs := iter(fields), pairs, strict=False))
+        # A flat list is made a dict here, inline, and dropped with the event: the batch's
+        # entries are not all held as dicts at once, which the collector would keep walking.
+        mapping = (
+            fields
+            if isinstance(fields, dict)
+            else dict(zip(pairs := iter(fields), pairs, strict=False))
+        )
         try:
-            event = parse(fields, now, max_future)  # type: ignore[arg-type]
+            event = parse(mapping, now, max_future)
         except InvalidEvent as error:
             refusals.refuse(tally, entry_id, error.reason, error.detail)
             continue

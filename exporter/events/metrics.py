@@ -450,11 +450,14 @@ class EventMetrics:
             registries = list(self._registries)
         clip = self._store.guard.clip
         for registry in registries:
-            for key, totals in registry.totals(now).items():
-                key = clip(key)
-                previous = merged.get(key, (0, 0, 0, 0))
-                merged[key] = tuple(  # type: ignore[assignment]
-                    a + b for a, b in zip(previous, totals, strict=True)
+            for labels, (busy, idle, busy_slots, free_slots) in registry.totals(now).items():
+                key = clip(labels)
+                was = merged.get(key, (0, 0, 0, 0))
+                merged[key] = (
+                    was[0] + busy,
+                    was[1] + idle,
+                    was[2] + busy_slots,
+                    was[3] + free_slots,
                 )
         return merged
 
