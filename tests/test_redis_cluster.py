@@ -212,7 +212,7 @@ def test_runs_with_exactly_the_acl_redis_acl_prints(cluster, run_exporter):
                 "read_from": "replica",
                 "key_groups": [SPREAD],
             },
-            "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+            "events": _stream_from_start(),
         },
     }
     rules = redis_acl.acl_rules(config_module.from_dict(raw))
@@ -326,6 +326,19 @@ def _completed(series):
     return value(series, "queue_jobs_completed_total", system="billing", queue="q")
 
 
+def _stream_from_start() -> dict:
+    return {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100}
+
+
+def _sampled_and_consumed(url: str) -> dict:
+    """Keys sampled and STREAM consumed on the cluster at `url`, with a 1 s socket timeout."""
+    sampled = {"url": url, "socket_timeout": 1, "key_groups": [SPREAD]}
+    return {
+        "sample_interval": INTERVAL,
+        "sources": {"redis": sampled, "events": _stream_from_start()},
+    }
+
+
 def _emit(client, number: int) -> None:
     fields = {"v": "1", "event": "completed", "ts": f"{time.time():.3f}", "system": "billing"}
     fields |= {"queue": "q", "job_id": f"j{number}", "job_type": "t", "runtime": "0.1"}
@@ -349,15 +362,7 @@ def test_a_stream_is_consumed_on_its_slot_and_through_its_primary_killed(own_clu
     for number in range(50):
         _emit(writer, number)
     victim = own_cluster.primary_of(STREAM)
-    app = run_exporter(
-        {
-            "sample_interval": INTERVAL,
-            "sources": {
-                "redis": {"url": own_cluster.url, "socket_timeout": 1, "key_groups": [SPREAD]},
-                "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
-            },
-        }
-    )
+    app = run_exporter(_sampled_and_consumed(own_cluster.url))
     wait_for(lambda: _completed(scrape_series(app)) == 50)
     with victim.client() as client:
         group = client.xinfo_groups(STREAM)[0]
@@ -434,7 +439,7 @@ def test_a_tls_cluster_is_sampled_and_its_stream_consumed(tmp_path, run_exporter
                 "sample_interval": INTERVAL,
                 "sources": {
                     "redis": {"url": setup.url, **tls_files, "key_groups": [SPREAD]},
-                    "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
+                    "events": _stream_from_start(),
                 },
             }
         )
@@ -469,15 +474,7 @@ def test_a_stream_whose_slot_is_migrated_is_followed_to_its_new_node(own_cluster
     )
     with target.client() as client:
         target_id = client.cluster("MYID").decode()
-    app = run_exporter(
-        {
-            "sample_interval": INTERVAL,
-            "sources": {
-                "redis": {"url": own_cluster.url, "socket_timeout": 1, "key_groups": [SPREAD]},
-                "events": {"streams": [{"key": STREAM, "start": "0"}], "block_ms": 100},
-            },
-        }
-    )
+    app = run_exporter(_sampled_and_consumed(own_cluster.url))
     wait_for(lambda: _completed(scrape_series(app)) == 20)
 
     with source.client() as src, target.client() as dst:
