@@ -11,6 +11,9 @@ from alerts.recording import Names, without
 
 Severity = Literal["critical", "warning", "info"]
 QUEUE = "{{ $labels.system }}/{{ $labels.queue }}"
+# A stream as the status page names it: its key, and with several Redis sources @<redis_source>
+# (one key may live on two servers).
+STREAM = "{{ $labels.stream }}{{ with $labels.redis_source }}@{{ . }}{{ end }}"
 
 
 @dataclass(frozen=True)
@@ -278,9 +281,9 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "warning",
             f"max {without(c)} (queue_exporter_stream_lag) > {c.stream_lag_entries}",
             c.stream_lag_for,
-            "queue-exporter falls behind on {{ $labels.stream }}.",
+            f"queue-exporter falls behind on {STREAM}.",
             "The consumer group {{ $labels.group }} is {{ $value | humanize }} entries behind "
-            f"on {{{{ $labels.stream }}}} for {c.stream_lag_for}.",
+            f"on {STREAM} for {c.stream_lag_for}.",
             "Events arrive faster than the exporter reads them; event metrics are late and, "
             "if the stream is trimmed, events will be lost.",
             "Exporter dashboard: *Stream lag* and *Events read*; the exporter's CPU.",
@@ -291,8 +294,8 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "warning",
             f"sum {without(c)} (increase(queue_exporter_events_lost_total[{c.events_lost_window}])) > 0",
             "0m",
-            "queue-exporter lost events on {{ $labels.stream }}.",
-            "{{ $value | humanize }} entries of {{ $labels.stream }} were gone before the "
+            f"queue-exporter lost events on {STREAM}.",
+            f"{{{{ $value | humanize }}}} entries of {STREAM} were gone before the "
             f"exporter read them in the last {c.events_lost_window}; event counters undercount.",
             "The stream's MAXLEN trimmed entries the exporter had not consumed (it lagged or "
             "was down), or Redis lost them (restarted without its data, or from an older copy).",
@@ -306,8 +309,8 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "info",
             f"sum {without(c)} (increase(queue_exporter_events_invalid_total[{c.events_invalid_window}])) > 0",
             "0m",
-            "Invalid events on {{ $labels.stream }}.",
-            "{{ $value | humanize }} entries of {{ $labels.stream }} were invalid "
+            f"Invalid events on {STREAM}.",
+            f"{{{{ $value | humanize }}}} entries of {STREAM} were invalid "
             "({{ $labels.reason }}) in the last " + c.events_invalid_window + ".",
             "A producer writes entries the exporter cannot read (missing fields, unknown "
             "version, a Runner-Q activity key of another type); they are counted, acknowledged "

@@ -6,6 +6,11 @@ from grafana_foundation_sdk.builders import dashboard
 
 from dashboards.common import RATE, TARGET, Query, new_dashboard, panel
 
+# A stream is its key and, with several Redis sources, its Redis (redis_source): one key on two
+# servers is two streams. With one Redis the label is absent and the grouping is by key alone.
+STREAM = "stream, redis_source"
+STREAM_LEGEND = "{{stream}} {{redis_source}}"
+
 
 def _rate(metric: str, by: str) -> str:
     return f"sum by ({by}) (rate({metric}{{{TARGET}}}[{RATE}]))"
@@ -128,9 +133,9 @@ def build() -> dashboard.Dashboard:
             panel(
                 "timeseries",
                 "Events read",
-                "Lifecycle events consumed per second, by stream.",
+                "Lifecycle events consumed per second, by stream (and Redis, with several).",
                 "ops",
-                Query(_rate("queue_exporter_events_total", "stream"), "{{stream}}"),
+                Query(_rate("queue_exporter_events_total", STREAM), STREAM_LEGEND),
                 width=8,
             )
         )
@@ -141,8 +146,8 @@ def build() -> dashboard.Dashboard:
                 "Entries of each stream not yet delivered to the exporter's consumer group.",
                 "short",
                 Query(
-                    f"max by (stream, group) (queue_exporter_stream_lag{{{TARGET}}})",
-                    "{{stream}} {{group}}",
+                    f"max by ({STREAM}, group) (queue_exporter_stream_lag{{{TARGET}}})",
+                    STREAM_LEGEND + " {{group}}",
                 ),
                 width=8,
             )
@@ -154,8 +159,8 @@ def build() -> dashboard.Dashboard:
                 "Entries delivered to a consumer but not yet acknowledged.",
                 "short",
                 Query(
-                    f"max by (stream, group) (queue_exporter_stream_pending{{{TARGET}}})",
-                    "{{stream}} {{group}}",
+                    f"max by ({STREAM}, group) (queue_exporter_stream_pending{{{TARGET}}})",
+                    STREAM_LEGEND + " {{group}}",
                 ),
                 width=8,
             )
@@ -166,7 +171,7 @@ def build() -> dashboard.Dashboard:
                 "Lost events",
                 "Entries trimmed from a stream before the exporter read them, per second.",
                 "ops",
-                Query(_rate("queue_exporter_events_lost_total", "stream"), "{{stream}}"),
+                Query(_rate("queue_exporter_events_lost_total", STREAM), STREAM_LEGEND),
             )
         )
         .with_panel(
@@ -176,8 +181,8 @@ def build() -> dashboard.Dashboard:
                 "Entries skipped as invalid per second, by reason.",
                 "ops",
                 Query(
-                    _rate("queue_exporter_events_invalid_total", "stream, reason"),
-                    "{{stream}} {{reason}}",
+                    _rate("queue_exporter_events_invalid_total", f"{STREAM}, reason"),
+                    STREAM_LEGEND + " {{reason}}",
                 ),
             )
         )

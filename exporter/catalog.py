@@ -16,7 +16,8 @@ QUEUE_LABELS = ("system", "queue", "priority", "state")
 SYSTEM_QUEUE = ("system", "queue")
 JOB_LABELS = ("system", "queue", "job_type", "priority")
 # The label naming the Redis a series comes from, last, when sources.redis lists several
-# (key samples, events and native readers alike; README "Several Redis servers").
+# (key samples, events and native readers alike; README "Several Redis servers"). The families
+# that carry it then are the ones with MetricSpec.per_redis.
 SOURCE_LABEL = "redis_source"
 
 STATES = ("pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed")
@@ -46,6 +47,10 @@ class MetricSpec:
     combine: Combine = "sum"
     # Histograms: the default explicit bucket bounds (configurable per histogram).
     buckets: tuple[float, ...] = ()
+    # With several Redis sources, the family also carries SOURCE_LABEL, last: every queue and
+    # job family, and the self-metrics of a stream or native reader (two servers may each
+    # hold a stream of the same key). Not in `labels`: one Redis alone never gives it.
+    per_redis: bool = False
 
     def __hash__(self) -> int:
         """The name's (cached by str): specs key the tables a sampling cycle adds each series
@@ -63,11 +68,13 @@ class MetricSpec:
 def _sampled(
     name: str, kind: Kind, labels: tuple[str, ...], help: str, combine: Combine = "sum"
 ) -> MetricSpec:
-    return MetricSpec(name, kind, labels, help, "sampled", combine)
+    return MetricSpec(name, kind, labels, help, "sampled", combine, per_redis=True)
 
 
-def _self(name: str, kind: Kind, labels: tuple[str, ...], help: str) -> MetricSpec:
-    return MetricSpec(name, kind, labels, help, "self")
+def _self(
+    name: str, kind: Kind, labels: tuple[str, ...], help: str, per_redis: bool = False
+) -> MetricSpec:
+    return MetricSpec(name, kind, labels, help, "self", per_redis=per_redis)
 
 
 SAMPLED: tuple[MetricSpec, ...] = (
@@ -194,7 +201,7 @@ SELF: tuple[MetricSpec, ...] = (
 def _event(
     name: str, kind: Kind, labels: tuple[str, ...], help: str, buckets: tuple[float, ...] = ()
 ) -> MetricSpec:
-    return MetricSpec(name, kind, labels, help, "events", buckets=buckets)
+    return MetricSpec(name, kind, labels, help, "events", buckets=buckets, per_redis=True)
 
 
 # Default buckets (seconds unless noted), each suited to what it measures.
@@ -327,30 +334,42 @@ EVENTS: tuple[MetricSpec, ...] = (
         SYSTEM_QUEUE,
         "Busy slots over all slots of live workers.",
     ),
-    _self("queue_exporter_events_total", "counter", ("stream",), "Events consumed, per stream."),
+    # A stream's or native reader's own series: `stream` is the stream's key (native:<system>
+    # for a reader), and with several Redis sources redis_source says whose.
+    _self(
+        "queue_exporter_events_total",
+        "counter",
+        ("stream",),
+        "Events consumed, per stream.",
+        per_redis=True,
+    ),
     _self(
         "queue_exporter_events_invalid_total",
         "counter",
         ("stream", "reason"),
         "Events refused as invalid (acknowledged and skipped), by reason.",
+        per_redis=True,
     ),
     _self(
         "queue_exporter_events_lost_total",
         "counter",
         ("stream",),
         "Stream entries the consumer group can no longer read: trimmed, or lost by Redis, unread.",
+        per_redis=True,
     ),
     _self(
         "queue_exporter_stream_lag",
         "gauge",
         ("stream", "group"),
         "Entries of the stream not yet delivered to the consumer group.",
+        per_redis=True,
     ),
     _self(
         "queue_exporter_stream_pending",
         "gauge",
         ("stream", "group"),
         "Entries delivered to the consumer group but not yet acknowledged.",
+        per_redis=True,
     ),
 )
 

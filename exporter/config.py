@@ -62,7 +62,7 @@ class SourcesConfig(StrictModel):
         None,
         description="one Redis (a mapping), or several (a list, each with its own name; every "
         "queue and job series then carries a redis_source label: key samples, events and "
-        "native readers)",
+        "native readers, and so do the exporter's own series of each stream and reader)",
     )
     events: EventsSourceConfig | None = None
     postgres: PostgresSourceConfig | None = None
@@ -82,6 +82,26 @@ class SourcesConfig(StrictModel):
         if duplicated:
             raise ValueError(f"Redis name listed twice: {', '.join(duplicated)}")
         return value
+
+    @model_validator(mode="after")
+    def _streams_told_apart(self) -> SourcesConfig:
+        """A stream key listed twice is refused unless its series can tell the two apart:
+        with several Redis sources, on two servers (each its own redis_source)."""
+        events = self.events
+        if events is None:
+            return self
+        places = [(s.key, self.redis_source(s.redis or events.redis)) for s in events.streams]
+        twice = sorted({place for place in places if places.count(place) > 1}, key=str)
+        if not twice:
+            return self
+        if not self.several_redis():
+            keys = ", ".join(key for key, _ in twice)
+            raise ValueError(
+                f"stream listed twice: {keys} (a key on two servers needs sources.redis as a "
+                "list: their series then carry redis_source)"
+            )
+        named = ", ".join(f"{key} (redis_source {source})" for key, source in twice)
+        raise ValueError(f"stream listed twice on one Redis: {named}")
 
     def redis_list(self) -> list[RedisSourceConfig]:
         """Every Redis source, whichever form configured them."""

@@ -27,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from exporter import __version__
-from exporter.catalog import BY_NAME, MetricSpec
+from exporter.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
+from exporter.events.config import CONSUMER_PREFIX, stream_name
 from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
 from exporter.samples import Series
 
@@ -145,28 +146,45 @@ def _top(sampled: dict[MetricSpec, Series], name: str) -> list[dict[str, Any]]:
 
 
 def _streams(samples: list[Sample]) -> list[dict[str, Any]]:
-    lost = _by_label(samples, "queue_exporter_events_lost_total", "stream")
-    invalid = _by_label(samples, "queue_exporter_events_invalid_total", "stream")
-    consumed = _by_label(samples, "queue_exporter_events_total", "stream")
+    """A row per stream and group; with several Redis sources two servers' streams of one key
+    are two rows, told apart by their redis_source (None with one Redis)."""
+    lost = _by_stream(samples, "queue_exporter_events_lost_total")
+    invalid = _by_stream(samples, "queue_exporter_events_invalid_total")
+    consumed = _by_stream(samples, "queue_exporter_events_total")
     pending = {
-        (s.labels["stream"], s.labels["group"]): s.value
+        (*_stream_of(s), s.labels["group"]): s.value
         for s in _named(samples, "queue_exporter_stream_pending")
     }
     streams = []
     for sample in _named(samples, "queue_exporter_stream_lag"):
-        stream, group = sample.labels["stream"], sample.labels["group"]
+        stream, group = _stream_of(sample), sample.labels["group"]
         streams.append(
             {
-                "stream": stream,
+                "stream": stream[0],
+                "redis_source": stream[1],
+                "name": stream_name(*stream),
                 "group": group,
                 "lag": sample.value,
-                "pending": pending.get((stream, group)),
+                "pending": pending.get((*stream, group)),
                 "lost": lost.get(stream, 0.0),
                 "invalid": invalid.get(stream, 0.0),
                 "consumed": consumed.get(stream, 0.0),
             }
         )
     return streams
+
+
+def _stream_of(sample: Sample) -> tuple[str, str | None]:
+    """A stream self-metric's stream key and Redis (redis_source, absent with one Redis)."""
+    return sample.labels["stream"], sample.labels.get(SOURCE_LABEL)
+
+
+def _by_stream(samples: list[Sample], name: str) -> dict[tuple[str, str | None], float]:
+    totals: dict[tuple[str, str | None], float] = {}
+    for sample in _named(samples, name):
+        stream = _stream_of(sample)
+        totals[stream] = totals.get(stream, 0.0) + sample.value
+    return totals
 
 
 # -- the view: what the page shows, in plain words -----------------------------------------------
@@ -196,22 +214,21 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
                 f"key group {report.pattern} ({report.system}, {report.type}): "
                 f"{report.last_warning}"
             )
-    reported = {stream["stream"] for stream in facts["streams"]}
+    reported = {CONSUMER_PREFIX + stream["name"] for stream in facts["streams"]}
     for source in facts["sources"]:
-        stream_key = source["name"].removeprefix("events:")  # consumers are events:<key>
-        if source["name"].startswith("events:") and stream_key not in reported:
+        if source["name"].startswith(CONSUMER_PREFIX) and source["name"] not in reported:
             warnings.append(
-                f"stream {stream_key} has reported no lag yet: does the stream exist? "
-                "(nothing is consumed until a producer writes it)"
+                f"stream {source['name'].removeprefix(CONSUMER_PREFIX)} has reported no lag "
+                "yet: does the stream exist? (nothing is consumed until a producer writes it)"
             )
     for stream in facts["streams"]:
         if stream["lost"]:
             warnings.append(
-                f"stream {stream['stream']}: {stream['lost']:g} events were trimmed "
+                f"stream {stream['name']}: {stream['lost']:g} events were trimmed "
                 "before the group read them"
             )
         if stream["invalid"]:
-            warnings.append(f"stream {stream['stream']}: {stream['invalid']:g} events refused")
+            warnings.append(f"stream {stream['name']}: {stream['invalid']:g} events refused")
     for metric, count in sorted(facts["overflow"].items()):
         warnings.append(
             f"{metric}: {count:g} label sets folded into __overflow__ "
@@ -254,7 +271,7 @@ def _tables(facts: dict[str, Any], now: float) -> list[Table]:
             "Event streams",
             ["stream", "group", "lag", "pending", "lost", "invalid", "consumed"],
             [
-                [stream["stream"], stream["group"]]
+                [stream["name"], stream["group"]]
                 + [_number(stream[field]) for field in ("lag", "pending", "lost", "invalid")]
                 + [_number(stream["consumed"])]
                 for stream in facts["streams"]

@@ -35,9 +35,10 @@ def metrics_page() -> str:
         "",
         "Generated from `exporter/catalog.py` by `scripts/generate_reference.py`; do not edit.",
         "Label values absent for a series are empty strings (which Prometheus treats as absent).",
-        "With several Redis sources (`sources.redis` a list) every queue and job family also",
-        f"carries `{catalog.SOURCE_LABEL}`, last: the name of the Redis the series was read from",
-        '(README, "Several Redis servers").',
+        f"`[{catalog.SOURCE_LABEL}]`: with several Redis sources (`sources.redis` a list) the",
+        "family also carries this label, last: the name of the Redis the series was read from",
+        '(README, "Several Redis servers"); with one Redis it is not there. Every queue and job',
+        "family carries it, and so do the exporter's own series of a stream or native reader.",
         "",
     ]
     for origin, title in ORIGINS.items():
@@ -47,6 +48,8 @@ def metrics_page() -> str:
             if spec.buckets:
                 meaning += " Buckets: " + ", ".join(f"{bound:g}" for bound in spec.buckets) + "."
             labels = ", ".join(spec.labels) or "—"
+            if spec.per_redis:
+                labels += f", [{catalog.SOURCE_LABEL}]"
             lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {meaning} |")
         lines.append("")
     return "\n".join(lines)

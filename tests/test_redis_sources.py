@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
+from exporter import catalog
 from exporter import config as config_module
 from exporter.events.producer import EventEmitter
 from tests.conftest import scrape, scrape_series, scrape_when, total, value, wait_for
@@ -303,6 +305,12 @@ def test_events_and_a_native_reader_carry_the_name_of_their_redis(
         if line.startswith("queue_") and not line.startswith("queue_exporter_")
     ]
     assert all('redis_source="' in line for line in families)
+    # The exporter's own series of each stream and of the reader carry it too.
+    consumed = _by_source(series, "queue_exporter_events_total", stream="native:rq")
+    assert list(consumed) == ["eu"] and consumed["eu"] >= 0
+    assert _by_source(series, "queue_exporter_events_total", stream="events:b") == {"eu": 3.0}
+    assert _by_source(series, "queue_exporter_events_total", stream="events:c") == {unlisted: 2.0}
+    _assert_per_redis_self_series_carry_the_label(text)
     # The status page reads the labelled families too.
     status = json.loads(scrape(app.server.port, "/status.json"))
     assert {stream["stream"] for stream in status["streams"]} == {s["key"] for s in streams}
@@ -333,7 +341,10 @@ def test_one_redis_gives_events_and_native_series_no_label(redis_client, redis_u
     )
     assert _by_source(series, "queue_jobs_completed_total", system="ev") == {None: 2.0}
     assert _by_source(series, "queue_workers", system="ev", state="busy") == {None: 1.0}
+    assert _by_source(series, "queue_exporter_events_total", stream="events:a") == {None: 3.0}
+    assert list(_by_source(series, "queue_exporter_events_total", stream="native:rq")) == [None]
     assert "redis_source" not in app.telemetry.render(False).decode()
+    assert "events:events:a" in app.health.snapshot()  # the consumer named as it always was
 
 
 @pytest.mark.parametrize(
@@ -385,3 +396,110 @@ def test_the_inventory_says_which_redis_source_each_stream_and_reader_carries():
     one = inventory.take(config_module.from_dict(raw)).lines()
     assert "events stream e1 (v1, group queue-exporter)" in one
     assert not any("redis_source" in line for line in one)
+
+
+def _assert_per_redis_self_series_carry_the_label(text: str) -> None:
+    """Every line of the exporter's own families that name a stream or reader (the catalog's
+    per_redis self-metrics) carries redis_source."""
+    names = [s.name for s in catalog.ALL if s.origin == "self" and s.per_redis]
+    lines = [line for line in text.splitlines() if line.split("{")[0] in names]
+    assert {line.split("{")[0] for line in lines} >= {
+        "queue_exporter_events_total",
+        "queue_exporter_stream_lag",
+    }
+    assert all('redis_source="' in line for line in lines), lines
+
+
+SAME_KEY = "queue-events"
+
+
+def _held_pending(url: str, count: int) -> None:
+    """`count` entries of SAME_KEY delivered to another consumer of the exporter's group and
+    not acknowledged: pending there (claimed by the exporter only after claim_idle)."""
+    _events(url, SAME_KEY, "ev", count - 1)
+    client = redis.Redis.from_url(url)
+    client.xgroup_create(SAME_KEY, "queue-exporter", id="0")
+    assert len(client.xreadgroup("queue-exporter", "elsewhere", {SAME_KEY: ">"})[0][1]) == count
+    client.close()
+
+
+def test_streams_of_one_key_on_two_servers_are_counted_apart(
+    redis_client, redis_url, second_redis, run_exporter
+):
+    """Issue 15: the same stream key on two servers is two streams, in every series, its source
+    name and the status page; the lag and pending of one never hide the other's."""
+    _held_pending(second_redis.url, 2)
+    _events(redis_url, SAME_KEY, "ev", 5)
+    redis_client.xadd(SAME_KEY, {"not": "an event"})
+    _events(second_redis.url, SAME_KEY, "ev", 3)
+    sources = [{"name": "main", "url": redis_url}, {"name": "eu", "url": second_redis.url}]
+    streams = [
+        {"key": SAME_KEY, "start": "0", "system": "ev"},
+        {"key": SAME_KEY, "start": "0", "system": "ev", "redis": {"url": second_redis.url}},
+    ]
+    events = {"streams": streams, "stats_interval": 0.2, "claim_idle": 600}
+    app = run_exporter({"sources": {"redis": sources, "events": events}})
+
+    def settled(series):
+        pending = _by_source(series, "queue_exporter_stream_pending", stream=SAME_KEY)
+        return (
+            _by_source(series, "queue_exporter_events_total", stream=SAME_KEY)
+            == {"main": 7.0, "eu": 4.0}
+            and pending == {"main": 0.0, "eu": 2.0}
+            and series
+        )
+
+    series = wait_for(lambda: settled(scrape_series(app)))
+    lag = _by_source(series, "queue_exporter_stream_lag", stream=SAME_KEY, group="queue-exporter")
+    assert lag == {"main": 0.0, "eu": 0.0}
+    assert _by_source(series, "queue_exporter_events_invalid_total", stream=SAME_KEY) == {
+        "main": 1.0
+    }
+    assert _by_source(series, "queue_exporter_events_lost_total", stream=SAME_KEY) == {
+        "main": 0.0,
+        "eu": 0.0,
+    }
+    assert _by_source(series, "queue_jobs_completed_total", system="ev") == {
+        "main": 5.0,
+        "eu": 3.0,
+    }
+    # Each consumer its own source: one failing would not be hidden by the other.
+    for name in ("main", "eu"):
+        assert value(series, "queue_exporter_source_up", source=f"{SAME_KEY}@{name}") is None
+        assert value(series, "queue_exporter_source_up", source=f"events:{SAME_KEY}@{name}") == 1
+    _assert_per_redis_self_series_carry_the_label(app.telemetry.render(False).decode())
+
+    status = json.loads(scrape(app.server.port, "/status.json"))
+    rows = {(r["name"], r["stream"], r["redis_source"], r["pending"]) for r in status["streams"]}
+    assert rows == {
+        (f"{SAME_KEY}@main", SAME_KEY, "main", 0.0),
+        (f"{SAME_KEY}@eu", SAME_KEY, "eu", 2.0),
+    }
+    assert f"stream {SAME_KEY}@main: 1 events refused" in status["view"]["warnings"]
+    page = scrape(app.server.port, "/")
+    assert f"<td>{SAME_KEY}@main</td>" in page and f"<td>{SAME_KEY}@eu</td>" in page
+
+
+@pytest.mark.parametrize(
+    ("redis", "message"),
+    [
+        (
+            {"url": "redis://h1:6379/0"},
+            "stream listed twice: s (a key on two servers needs sources.redis as a list",
+        ),
+        (
+            [{"name": "a", "url": "redis://h1:6379/0"}, {"name": "b", "url": "redis://h2/0"}],
+            "stream listed twice on one Redis: s (redis_source a)",
+        ),
+    ],
+)
+def test_one_key_twice_is_refused_unless_on_two_listed_servers(redis, message):
+    """The second entry names the first Redis's server: the same stream, listed twice."""
+    twice = ["s", {"key": "s", "redis": {"url": "redis://h1:6379"}}]
+    with pytest.raises(config_module.ConfigError) as refused:
+        config_module.from_dict({"sources": {"redis": redis, "events": {"streams": twice}}})
+    assert message in str(refused.value)
+    apart = ["s", {"key": "s", "redis": {"url": "redis://h2:6379/0"}}]
+    several = [{"name": "a", "url": "redis://h1:6379/0"}, {"name": "b", "url": "redis://h2/0"}]
+    config = config_module.from_dict({"sources": {"redis": several, "events": {"streams": apart}}})
+    assert [stream.key for stream in config.sources.events.streams] == ["s", "s"]

@@ -16,8 +16,24 @@ from exporter.redis_connection import RedisConnectionConfig
 RUNNERQ_SUFFIX = ":events_stream"
 
 
+# A stream consumer's source name (source_up, source errors, the status page, its log lines)
+# is this prefix and its stream_name.
+CONSUMER_PREFIX = "events:"
+
+
+def stream_name(key: str, redis_source: str | None) -> str:
+    """How a stream is named to people: its key, with several Redis sources <key>@<redis_source>,
+    since two servers may each hold a stream of that key."""
+    return key if redis_source is None else f"{key}@{redis_source}"
+
+
 class StreamConfig(StrictModel):
-    key: str = Field(min_length=1, description="the stream's Redis key")
+    key: str = Field(
+        min_length=1,
+        description="the stream's Redis key; listed once per Redis (with several Redis sources "
+        "one key may be listed for each server: its series carry redis_source, its source name "
+        "is events:<key>@<redis_source>)",
+    )
     system: str = Field(
         "custom", min_length=1, description="system label of events that carry none"
     )
@@ -88,15 +104,6 @@ class EventsSourceConfig(StrictModel):
                 raise ValueError(f"{name!r} is not an event histogram")
             if not bounds or any(b >= a for b, a in itertools.pairwise(bounds)):
                 raise ValueError(f"{name}: bounds must be a non-empty increasing list")
-        return value
-
-    @field_validator("streams")
-    @classmethod
-    def _distinct_keys(cls, value: list[StreamConfig]) -> list[StreamConfig]:
-        keys = [stream.key for stream in value]
-        duplicated = sorted({key for key in keys if keys.count(key) > 1})
-        if duplicated:
-            raise ValueError(f"stream listed twice: {', '.join(duplicated)}")
         return value
 
     def consumer_name(self) -> str:

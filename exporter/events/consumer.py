@@ -26,7 +26,12 @@ import redis
 from redis.exceptions import AskError
 
 from exporter.backoff import Backoff
-from exporter.events.config import EventsSourceConfig, StreamConfig
+from exporter.events.config import (
+    CONSUMER_PREFIX,
+    EventsSourceConfig,
+    StreamConfig,
+    stream_name,
+)
 from exporter.events.group_position import POSITION_SCRIPT, Seen
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
 from exporter.events.refusals import Refusals
@@ -82,7 +87,9 @@ class StreamConsumer:
         self.metrics = metrics
         self.health = health
         self._count_error = count_error
-        self.name = f"events:{stream.key}"
+        # With several Redis sources its key and Redis (one key may live on two servers).
+        self.stream_name = stream_name(stream.key, redis_source)
+        self.name = CONSUMER_PREFIX + self.stream_name
         self.consumer = settings.consumer_name()
         self.workers: WorkerRegistry = metrics.worker_registry(
             settings.worker_timeout, settings.max_workers, redis_source
@@ -100,7 +107,7 @@ class StreamConsumer:
         self._next_claim = 0.0
         self._next_stats = 0.0
         self._block_ms = min(settings.block_ms, int(connection.socket_timeout * 800))
-        self._refusals = Refusals(stream.key)
+        self._refusals = Refusals(self.stream_name)
         # Lost entries are counted in queue_exporter_events_lost_total; this names the stream
         # and the cause, once per cause every few minutes.
         self._gaps = LogLimiter(log)
@@ -121,16 +128,14 @@ class StreamConsumer:
         self._wait_lock = threading.Lock()
         self._waiting = False
         self._stopping = False
-        metrics.declare_stream(stream.key)
+        metrics.declare_stream(stream.key, self.workers)
         if health is not None:
             health.expect(self.name)
 
     # -- running ------------------------------------------------------------------------------
 
     def start(self, stop: threading.Event) -> None:
-        self.thread = threading.Thread(
-            target=self.run, args=(stop,), name=f"events:{self.stream.key}", daemon=True
-        )
+        self.thread = threading.Thread(target=self.run, args=(stop,), name=self.name, daemon=True)
         self.thread.start()
 
     def run(self, stop: threading.Event) -> None:
@@ -267,7 +272,7 @@ class StreamConsumer:
                 self.name,
                 "events stream %r (group %s) does not exist: nothing to consume until it is "
                 "written [stream_missing]",
-                self.stream.key,
+                self.stream_name,
                 self.stream.group,
             )
             self._start = "0"  # never seen: whatever it holds when it appears is new
@@ -444,6 +449,7 @@ class StreamConsumer:
                 self.metrics.set_stream_stats(
                     self.stream.key,
                     self.stream.group,
+                    self.workers,
                     float(lag) if lag is not None else None,
                     float(pending) if pending is not None else None,
                 )

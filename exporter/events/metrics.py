@@ -322,6 +322,13 @@ def _suffixed(
     return {(metric, (*labels, *suffix)): value for (metric, labels), value in table.items()}
 
 
+def stream_attributes(redis_source: str | None, **labels: str) -> dict[str, str]:
+    """The labels of a stream's (or native reader's) self-metrics, in the catalog's order,
+    then the name of its Redis with several Redis sources: one key on two servers is two
+    series."""
+    return labels if redis_source is None else {**labels, SOURCE_LABEL: redis_source}
+
+
 # -- the metrics of all streams of one exporter ------------------------------------------------
 
 # The guard's name for the (system, queue) pairs of the three worker gauges: each pair is two
@@ -358,7 +365,10 @@ class EventMetrics:
         self._invalid = counter("queue_exporter_events_invalid_total")
         self._lost = counter("queue_exporter_events_lost_total")
         self._registries: list[WorkerRegistry] = []
-        self._stream_stats: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+        # (stream, group, redis_source or None) -> the group's lag and pending entries.
+        self._stream_stats: dict[
+            tuple[str, str, str | None], tuple[float | None, float | None]
+        ] = {}
         self._lock = threading.Lock()
         for name, callback in (
             ("queue_exporter_stream_lag", self._observe_stream(0)),
@@ -395,25 +405,33 @@ class EventMetrics:
             refused = workers.record(tally.heartbeats, self._admit_worker_queue)
             if refused:
                 self._store.guard.refused(WORKER_QUEUES, refused)
-        attributes = {"stream": stream}
+        source = workers.redis_source
+        attributes = stream_attributes(source, stream=stream)
         if tally.consumed:
             self._events.add(tally.consumed, attributes)
         for reason, count in tally.invalid.items():
-            self._invalid.add(count, {"stream": stream, "reason": reason})
+            self._invalid.add(count, stream_attributes(source, stream=stream, reason=reason))
         if tally.lost:
             self._lost.add(tally.lost, attributes)
 
-    def declare_stream(self, stream: str) -> None:
+    def declare_stream(self, stream: str, workers: WorkerRegistry) -> None:
         """Zero-valued self-metrics from the start: no empty series until the first event."""
-        attributes = {"stream": stream}
+        attributes = stream_attributes(workers.redis_source, stream=stream)
         self._events.add(0, attributes)
         self._lost.add(0, attributes)
 
     def set_stream_stats(
-        self, stream: str, group: str, lag: float | None, pending: float | None
+        self,
+        stream: str,
+        group: str,
+        workers: WorkerRegistry,
+        lag: float | None,
+        pending: float | None,
     ) -> None:
+        """The group's lag and pending entries, as of its last XINFO GROUPS; `workers` is the
+        feed's registry, which names its Redis."""
         with self._lock:
-            self._stream_stats[(stream, group)] = (lag, pending)
+            self._stream_stats[(stream, group, workers.redis_source)] = (lag, pending)
 
     # -- gauges ------------------------------------------------------------------------------
 
@@ -465,9 +483,10 @@ class EventMetrics:
         def observe(_: CallbackOptions) -> Iterator[Observation]:
             with self._lock:
                 stats = list(self._stream_stats.items())
-            for (stream, group), values in stats:
+            for (stream, group, redis_source), values in stats:
                 value = values[index]
                 if value is not None:
-                    yield Observation(value, {"stream": stream, "group": group})
+                    labels = stream_attributes(redis_source, stream=stream, group=group)
+                    yield Observation(value, labels)
 
         return observe

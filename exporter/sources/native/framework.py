@@ -210,7 +210,7 @@ class NativeSource:
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS, redis_source
         )
         self._gap = ReadGap(interval)
-        metrics.declare_stream(self.name)
+        metrics.declare_stream(self.name, self.workers)
 
     def sample(self) -> SampleSet:
         if self._gap.passed():
