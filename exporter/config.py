@@ -32,7 +32,6 @@ _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
 # Native readers of systems that do not run on a Redis Cluster: RQ (rq/rq#1048), kombu's
 # Redis transport (celery/kombu#2204, not merged) and Sidekiq (its wiki, "Using Redis").
 _NOT_ON_A_CLUSTER = ("rq", "celery", "sidekiq")
-_PLAIN = RedisConnectionConfig()
 
 
 class ConfigError(Exception):
@@ -167,7 +166,7 @@ class Config(StrictModel):
         clustered = [
             f"sources.native.{name}"
             for name, reader in readers
-            if name in _NOT_ON_A_CLUSTER and (reader.redis or default or _PLAIN).is_cluster
+            if name in _NOT_ON_A_CLUSTER and _is_cluster(reader.redis or default)
         ]
         if clustered:
             raise ValueError(
@@ -182,6 +181,11 @@ class Config(StrictModel):
     def host_port(self) -> tuple[str, int]:
         host, _, port = self.listen_address.rpartition(":")
         return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _is_cluster(connection: RedisConnectionConfig | None) -> bool:
+    # No connection at all: the default, redis://localhost, is one server.
+    return connection is not None and connection.is_cluster
 
 
 # Flags and their QUEUE_EXPORTER_* variables: where each lands in the file's structure.

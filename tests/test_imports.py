@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -33,6 +34,28 @@ def test_reading_a_configuration_loads_no_client_sdk_or_server():
     )
     assert packages(modules) & set(HEAVY) == set()
     assert "exporter.config" in modules  # the import itself did happen
+
+
+def test_validating_a_configuration_looks_for_no_pydantic_plugins():
+    """Looking for plugins reads the metadata of every installed distribution (start-up time);
+    the exporter uses none, so the look-up never runs: pydantic's cache of plugins stays unset."""
+    script = (
+        "import os\n"
+        "from exporter import config\n"
+        "config.from_dict({'presets': ['orchestrata'], 'sources': {'redis': {}}})\n"
+        "from pydantic.plugin import _loader\n"
+        "print(os.environ['PYDANTIC_DISABLE_PLUGINS'], _loader._plugins)"
+    )
+    environment = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    output = subprocess.run(
+        [sys.executable, "-c", script],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    ).stdout
+    assert output.split() == ["__all__", "None"]
 
 
 @pytest.mark.parametrize(
