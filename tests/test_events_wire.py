@@ -115,6 +115,42 @@ def test_parser_and_metrics_survive_arbitrary_field_maps(fields):
         assert all(isinstance(label, str) for label in labels)
 
 
+def _outcome(parse, fields):
+    try:
+        return parse(fields, now=NOW)
+    except wire.InvalidEvent as error:
+        return error.reason
+
+
+@settings(max_examples=600, deadline=None)
+@given(st.lists(st.tuples(st.one_of(_KEYS, st.binary(max_size=10)), _VALUES), max_size=20))
+def test_a_flat_entry_parses_as_its_dict_does(pairs):
+    """hiredis's flat list (read by its layout) and the same entry as a dict give the same
+    event or the same refusal, a name given twice included (its last value counts)."""
+    flat = [item for pair in pairs for item in pair]
+    for _ in range(2):  # the second time through the layout remembered the first time
+        expected = _outcome(wire.parse, dict(pairs))
+        assert _outcome(wire.parse_flat, flat) == expected
+        assert _outcome(wire.parse_flat, [bytes(item) for item in flat]) == expected
+
+
+def test_layouts_are_remembered_within_bounds():
+    fields = [b"v", b"1", b"event", b"enqueued", b"ts", b"1", b"queue", b"q"]
+    assert wire.parse_flat(fields, now=NOW).queue == "q"
+    assert wire._layouts[(b"v", b"event", b"ts", b"queue")].queue == 3
+    for n in range(wire.MAX_LAYOUTS + 10):  # a producer naming its fields anew every time
+        event = wire.parse_flat([*fields, b"extra-%d" % n, b"x"], now=NOW)
+        assert event.queue == "q"
+    assert len(wire._layouts) <= wire.MAX_LAYOUTS
+    long_name = b"n" * 4096  # used, not kept: hostile names cost no memory
+    assert wire.parse_flat([*fields, long_name, b"x"], now=NOW).queue == "q"
+    assert not any(long_name in names for names in wire._layouts)
+    many = [item for n in range(wire.MAX_FIELDS + 1) for item in (b"f%d" % n, b"1")]
+    with pytest.raises(wire.InvalidEvent) as refused:
+        wire.parse_flat([*fields, *many], now=NOW)
+    assert refused.value.reason == "oversized_field"
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     st.dictionaries(

@@ -36,7 +36,7 @@ from exporter.events.group_position import POSITION_SCRIPT, Seen
 from exporter.events.metrics import EventMetrics, Tally, WorkerRegistry, apply
 from exporter.events.refusals import Refusals
 from exporter.events.runnerq import RunnerQDecoder
-from exporter.events.wire import InvalidEvent, parse
+from exporter.events.wire import InvalidEvent, parse, parse_flat
 from exporter.health import HealthBoard
 from exporter.logs import LogLimiter
 from exporter.redis_connection import (
@@ -58,8 +58,8 @@ log = logging.getLogger(__name__)
 # would otherwise look like a quiet system.
 _missing_streams = LogLimiter(log)
 
-# An entry's fields: a dict (redis-py's replies) or the flat list hiredis parses, made a dict
-# only as it is decoded (decode_v1).
+# An entry's fields: a dict (redis-py's replies) or the flat list hiredis parses, which v1's
+# parse reads as it is (decode_v1).
 Fields = dict[bytes, bytes] | list[bytes]
 Entry = tuple[bytes, Fields | None]
 
@@ -529,15 +529,14 @@ def decode_v1(
     consumed = 0
     for entry_id, fields in entries:
         consumed += 1
-        # A flat list is made a dict here, inline, and dropped with the event: the batch's
-        # entries are not all held as dicts at once, which the collector would keep walking.
-        mapping = (
-            fields
-            if isinstance(fields, dict)
-            else dict(zip(pairs := iter(fields), pairs, strict=False))
-        )
         try:
-            event = parse(mapping, now, max_future)
+            # hiredis's flat lists are read as they are (never made dicts), redis-py's dicts
+            # as dicts: the same parse, field by field (wire.Layout).
+            event = (
+                parse(fields, now, max_future)
+                if isinstance(fields, dict)
+                else parse_flat(fields, now, max_future)
+            )
         except InvalidEvent as error:
             refusals.refuse(tally, entry_id, error.reason, error.detail)
             continue
