@@ -100,7 +100,8 @@ def _counter(metric: str) -> Handler:
 def _dequeued(tally: Tally, event: Event, job: LabelValues) -> None:
     counts, key = tally.counts, ("queue_jobs_dequeued_total", job)
     counts[key] = counts.get(key, 0.0) + 1.0
-    tally.count("queue_dequeue_attempts_total", (job[0], job[1], "hit"))
+    key = ("queue_dequeue_attempts_total", (job[0], job[1], "hit"))
+    counts[key] = counts.get(key, 0.0) + 1.0
 
 
 def _started(tally: Tally, event: Event, job: LabelValues) -> None:
@@ -121,15 +122,19 @@ def _attempt_ended(tally: Tally, event: Event, job: LabelValues) -> None:
     duration = event.duration
     if duration is None and event.started_at is not None:
         duration = max(event.ts - event.started_at, 0.0)
+    # setdefault's spare list costs less than a call to tally.observe (every job's last event).
+    observations = tally.observations
     if duration is not None:
-        tally.observe("queue_job_execution_seconds", job, duration)
+        observations.setdefault(("queue_job_execution_seconds", job), []).append(duration)
     if event.enqueued_at is not None:
-        tally.observe("queue_job_total_seconds", job, max(event.ts - event.enqueued_at, 0.0))
+        total = max(event.ts - event.enqueued_at, 0.0)
+        observations.setdefault(("queue_job_total_seconds", job), []).append(total)
 
 
 def _attempts(tally: Tally, event: Event, job: LabelValues) -> None:
     if event.attempt is not None:
-        tally.observe("queue_job_attempts", job, float(event.attempt))
+        key = ("queue_job_attempts", job)
+        tally.observations.setdefault(key, []).append(float(event.attempt))
 
 
 def _completed(tally: Tally, event: Event, job: LabelValues) -> None:

@@ -162,7 +162,8 @@ def parse(
     fields: Mapping[bytes, bytes], now: float | None = None, max_future: float = DEFAULT_MAX_FUTURE
 ) -> Event:
     """A stream entry's fields as an Event; raises InvalidEvent naming the reason."""
-    return _parse(_layout(tuple(fields)), list(fields.values()), now, max_future)
+    names = tuple(fields)
+    return _parse(_layouts.get(names) or _learn(names), list(fields.values()), now, max_future)
 
 
 def parse_flat(
@@ -170,7 +171,8 @@ def parse_flat(
 ) -> Event:
     """parse() of an entry as hiredis reads it, names and values alternating, without making
     it a dict: the entry's Layout says where each field is."""
-    return _parse(_layout(tuple(flat[0::2])), flat[1::2], now, max_future)
+    names = tuple(flat[0::2])
+    return _parse(_layouts.get(names) or _learn(names), flat[1::2], now, max_future)
 
 
 class Layout:
@@ -227,14 +229,13 @@ MAX_LAYOUTS = 1_000
 _MAX_LAYOUT_BYTES = 2048
 
 
-def _layout(names: tuple[bytes, ...]) -> Layout:
-    layout = _layouts.get(names)
-    if layout is None:
-        layout = Layout(names)
-        if len(names) <= MAX_FIELDS and sum(map(len, names)) <= _MAX_LAYOUT_BYTES:
-            if len(_layouts) >= MAX_LAYOUTS:
-                _layouts.clear()
-            _layouts[names] = layout
+def _learn(names: tuple[bytes, ...]) -> Layout:
+    """The layout of names not seen before, remembered unless they are many or long."""
+    layout = Layout(names)
+    if len(names) <= MAX_FIELDS and sum(map(len, names)) <= _MAX_LAYOUT_BYTES:
+        if len(_layouts) >= MAX_LAYOUTS:
+            _layouts.clear()
+        _layouts[names] = layout
     return layout
 
 
