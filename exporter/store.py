@@ -33,6 +33,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from exporter.catalog import ALL, BY_NAME, MetricSpec
 from exporter.samples import LabelValues, SampleSet, Series, longest_label, padded
@@ -141,13 +142,36 @@ class SeriesGuard:
         return tuple(value[:cap] for value in labels)
 
 
-class _HistogramSeries:
+# A series keeps the time of its last update itself: a batch then looks each of its label sets
+# up once, where a table of times by (metric, labels) hashed them twice more per update.
+
+
+class _Series:
+    __slots__ = ("touched",)
+
+    def __init__(self) -> None:
+        self.touched = 0.0  # the clock's time of the last update
+
+
+class _CounterSeries(_Series):
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.value = 0.0
+
+
+class _HistogramSeries(_Series):
     __slots__ = ("buckets", "count", "sum")
 
     def __init__(self, size: int) -> None:
+        super().__init__()
         self.buckets = [0] * size  # per bucket (not cumulative); the last one is +Inf
         self.sum = 0.0
         self.count = 0
+
+
+_S = TypeVar("_S", bound=_Series)
 
 
 class MetricStore:
@@ -163,9 +187,8 @@ class MetricStore:
         self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
         self._snapshot_lock = threading.Lock()
         self._lock = threading.Lock()  # counters, histograms and their bookkeeping
-        self._counters: dict[str, dict[LabelValues, float]] = {}
+        self._counters: dict[str, dict[LabelValues, _CounterSeries]] = {}
         self._histograms: dict[str, dict[LabelValues, _HistogramSeries]] = {}
-        self._touched: dict[SeriesKey, float] = {}  # (metric, labels) -> last update
         self._next_sweep = 0.0
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._gauge_readers: list[GaugeReader] = []
@@ -263,47 +286,51 @@ class MetricStore:
         self, counts: dict[SeriesKey, float], observations: dict[SeriesKey, list[float]]
     ) -> None:
         """Add one batch: counter increments and histogram observations by metric and labels."""
-        admit = self.guard.admit
         counters = self._counters
         now = self.clock()
-        touched = self._touched
         with self._lock:
-            for key, amount in counts.items():
-                metric, labels = key
+            for (metric, labels), amount in counts.items():
                 series = counters.get(metric)
-                if series is None:
+                if series is None:  # not setdefault: it would build an empty dict per call
                     series = counters[metric] = {}
-                value = series.get(labels)
-                if value is not None:  # admitted before: skip the guard (the common case)
-                    series[labels] = value + amount
-                else:
-                    admitted = admit(metric, labels)
-                    series[admitted] = series.get(admitted, 0.0) + amount
-                    if admitted is not labels:
-                        key = (metric, admitted)
-                touched[key] = now
+                state = series.get(labels)
+                if state is None:  # not admitted before: ask the guard (the rare case)
+                    state = self._new_series(series, metric, labels, _CounterSeries)
+                state.value += amount
+                state.touched = now
             for (metric, labels), values in observations.items():
-                labels = self._observe(metric, labels, values)
-                touched[(metric, labels)] = now
+                self._observe(metric, labels, values, now)
             self._sweep_when_due(now)
 
-    def _observe(self, metric: str, labels: LabelValues, values: list[float]) -> LabelValues:
+    def _new_series(
+        self,
+        series: dict[LabelValues, _S],
+        metric: str,
+        labels: LabelValues,
+        new: Callable[[], _S],
+    ) -> _S:
+        """The series to update for labels not seen before: theirs, new, or the overflow's."""
+        labels = self.guard.admit(metric, labels)
+        state = series.get(labels)
+        if state is None:
+            state = series[labels] = new()
+        return state
+
+    def _observe(self, metric: str, labels: LabelValues, values: list[float], now: float) -> None:
         bounds = self._bounds[metric]
         series = self._histograms.get(metric)
-        if series is None:  # not setdefault: it would build an empty dict per call
+        if series is None:
             series = self._histograms[metric] = {}
         state = series.get(labels)
         if state is None:
-            labels = self.guard.admit(metric, labels)
-            state = series.get(labels)
-            if state is None:
-                state = series[labels] = _HistogramSeries(len(bounds) + 1)
+            size = len(bounds) + 1
+            state = self._new_series(series, metric, labels, lambda: _HistogramSeries(size))
         buckets = state.buckets
         for value in values:
             buckets[bisect_left(bounds, value)] += 1
         state.sum += sum(values)
         state.count += len(values)
-        return labels
+        state.touched = now
 
     def series_count(self) -> int:
         """Event counter and histogram series held."""
@@ -327,14 +354,17 @@ class MetricStore:
         if self.idle_timeout is None:
             return 0
         oldest = now - self.idle_timeout
-        idle = [key for key, last in self._touched.items() if last < oldest]
-        for key in idle:
-            del self._touched[key]
-            metric, labels = key
-            self._counters.get(metric, {}).pop(labels, None)
-            self._histograms.get(metric, {}).pop(labels, None)
-            self.guard.forget(metric, labels)
-        return len(idle)
+        return self._drop_idle(self._counters, oldest) + self._drop_idle(self._histograms, oldest)
+
+    def _drop_idle(self, table: dict[str, dict[LabelValues, _S]], oldest: float) -> int:
+        dropped = 0
+        for metric, series in table.items():
+            idle = [labels for labels, state in series.items() if state.touched < oldest]
+            for labels in idle:
+                del series[labels]
+                self.guard.forget(metric, labels)
+            dropped += len(idle)
+        return dropped
 
     # -- event gauges ------------------------------------------------------------------------
 
@@ -354,7 +384,8 @@ class MetricStore:
             self._sweep_when_due(self.clock())
             for name, counted in self._counters.items():
                 if counted:
-                    numbers.setdefault(self.event_spec(name), []).append(Series((dict(counted),)))
+                    values = {labels: state.value for labels, state in counted.items()}
+                    numbers.setdefault(self.event_spec(name), []).append(Series((values,)))
             histograms = {
                 name: {
                     labels: (list(state.buckets), state.sum, state.count)
