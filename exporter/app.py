@@ -40,11 +40,13 @@ OTLP_SHUTDOWN_TIMEOUT = 0.5
 
 class App:
     def __init__(self, config: Config, *, listen_first: bool = False) -> None:
-        """Build everything, or with `listen_first` only telemetry and the HTTP listener: then
+        """Build everything, or with `listen_first` only the store and the HTTP listener: then
         start() serves before it builds the sources (serve's start-up; see _build_sources)."""
         self.config = config
         self.health = HealthBoard()
-        self.telemetry = Telemetry(self.health, config.limits, config.otlp)
+        self.telemetry = Telemetry(
+            self.health, config.limits, config.otlp, self_metrics_later=listen_first
+        )
         self.stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
         self._shut_down = False
@@ -74,10 +76,12 @@ class App:
             self._build_sources()
 
     def _build_sources(self) -> None:
-        """The samplers, consumers and lease of the configuration. Here redis-py and the
-        readers are imported: with `listen_first` the HTTP listener is up meanwhile, its
-        /metrics carrying the exporter's own metrics and /readyz answering 503 (not ready)
-        until the sources are built and have each succeeded."""
+        """The self-metrics' SDK, then the samplers, consumers and lease of the configuration.
+        Here the OpenTelemetry SDK, redis-py and the readers are imported: with `listen_first`
+        the HTTP listener is up meanwhile, its /metrics carrying queue_exporter_build_info (then
+        the rest of the exporter's own metrics) and /readyz answering 503 (not ready) until the
+        sources are built and have each succeeded."""
+        self.telemetry.build_self_metrics()
         from exporter import build
         from exporter.leader import register_leader_gauge
         from exporter.sources.base import SourceRunner
@@ -94,7 +98,7 @@ class App:
 
     def listen(self) -> None:
         """Serve HTTP (once). With `listen_first` nothing is ready until start() has built the
-        sources: /metrics carries the exporter's own metrics, /readyz answers 503."""
+        sources: /metrics carries queue_exporter_build_info, /readyz answers 503."""
         if self._listening:
             return
         self._listening = True

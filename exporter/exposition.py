@@ -24,15 +24,17 @@ from itertools import accumulate, islice
 from operator import itemgetter
 from typing import Any, cast
 
-from prometheus_client.utils import floatToGoString
-
 from exporter.samples import Series, flat_rows
 from exporter.store import Family, HistogramFamily, NumberFamily
 
+# The formats' media types, as prometheus_client names them (CONTENT_TYPE_PLAIN_0_0_4 and the
+# OpenMetrics CONTENT_TYPE_LATEST, tests/test_exposition.py): spelled here, since serve answers
+# its first scrapes before prometheus_client loads (exporter/self_metrics.py).
+TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 CHUNK = 2048  # lines joined at a time
 _LABELS = "\x00"  # where a histogram template takes a series' labels (never in a name or bound)
 _last = itemgetter(-1)
-_go_float = cast(Callable[[float], str], floatToGoString)  # Go's spelling, as Prometheus writes
 
 
 def render(families: Iterable[Family], openmetrics: bool) -> list[bytes]:
@@ -46,6 +48,10 @@ def render(families: Iterable[Family], openmetrics: bool) -> list[bytes]:
         else:
             _write_histogram(out, family)
     return out
+
+
+def content_type(openmetrics: bool) -> str:
+    return OPENMETRICS_CONTENT_TYPE if openmetrics else TEXT_CONTENT_TYPE
 
 
 def _header(name: str, help: str, kind: str, openmetrics: bool) -> bytes:
@@ -128,3 +134,12 @@ def number(value: float) -> str:
     if math.isfinite(value):
         return str(value)
     return _go_float(value)
+
+
+def _go_float(value: float) -> str:
+    """Go's spelling, as Prometheus writes: prometheus_client's, loaded at the first special
+    value or histogram, so that serve's first answers (finite gauges) wait for no
+    prometheus_client (exporter/self_metrics.py)."""
+    from prometheus_client.utils import floatToGoString
+
+    return cast(Callable[[float], str], floatToGoString)(value)

@@ -30,15 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS_TYPE
 from pydantic import SecretStr
 from tornado.httpserver import HTTPServer
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
 
-from exporter import __version__
+from exporter import __version__, exposition
 from exporter.health import HealthBoard
 from exporter.http_config import HttpConfig
 from exporter.logs import LogLimiter
@@ -295,8 +293,7 @@ class _Handler(RequestHandler):
             return
         if gzipped:
             self.set_header("Content-Encoding", "gzip")
-        content_type = OPENMETRICS_TYPE if openmetrics else CONTENT_TYPE_PLAIN_0_0_4
-        await self._send(200, body, content_type)
+        await self._send(200, body, exposition.content_type(openmetrics))
 
     async def _readyz(self, detailed: bool) -> None:
         statuses = self.front.health.snapshot()

@@ -21,16 +21,16 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
-
-from prometheus_client.parser import text_string_to_metric_families
-from prometheus_client.samples import Sample
+from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
 from exporter.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
 from exporter.events.config import CONSUMER_PREFIX, stream_name
 from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
 from exporter.samples import Series
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample
 
 TOP_QUEUES = 10
 REFRESH_SECONDS = 5
@@ -96,7 +96,10 @@ class StatusPage:
 
 
 def _own_samples(exposition: bytes) -> list[Sample]:
-    """The samples of the exporter's own families (queue_exporter_*): a few lines of many."""
+    """The samples of the exporter's own families (queue_exporter_*): a few lines of many.
+    (prometheus_client's parser loads at the first page: serve listens before it.)"""
+    from prometheus_client.parser import text_string_to_metric_families
+
     own = b"\n".join(
         line for line in exposition.splitlines() if line.startswith(b"queue_exporter_")
     )

@@ -2,7 +2,7 @@
 
 Everything the catalog's queue and job families hold lives in one store (store.py) and is
 written by one renderer (exposition.py) for /metrics, and read by OTLP at export time
-(otlp.py). OpenTelemetry has two roles, no more:
+(otlp.py). OpenTelemetry has two roles, no more (self_metrics.py):
 - the API of the exporter's own instruments (source up, durations, errors by reason, series
   overflow, events consumed...): a dozen self-metrics, exposed through
   opentelemetry-exporter-prometheus into the same exposition, under names the store never uses;
@@ -14,45 +14,29 @@ A source that fails withdraws its snapshot: its series disappear instead of goin
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import functools
 import platform
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from typing import Any, cast
-
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.sdk.metrics import (
-    Counter,
-    Histogram,
-    MeterProvider,
-    ObservableCounter,
-    ObservableGauge,
-    UpDownCounter,
-)
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import generate_latest as _untyped_text
-from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from exporter import __version__, exposition
-from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
+from exporter.catalog import BY_NAME
 from exporter.health import HealthBoard
-from exporter.otlp import StoreExporter
-from exporter.samples import SampleSet
-from exporter.store import Family, MetricStore, SeriesGuard
+from exporter.samples import SampleSet, Series
+from exporter.store import MetricStore, NumberFamily, SeriesGuard
 from exporter.telemetry_config import LimitsConfig, OtlpConfig
 
-# The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
-_SDK_CARDINALITY = 1_000_000
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+
+    from exporter.self_metrics import SelfMetrics
+
 _EOF = b"# EOF\n"
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
-_Writer = Callable[[CollectorRegistry], bytes]
-_write_text = cast(_Writer, _untyped_text)
-_write_openmetrics = cast(_Writer, _untyped_openmetrics)
 
 
 class Telemetry:
@@ -61,58 +45,59 @@ class Telemetry:
         health: HealthBoard,
         limits: LimitsConfig | None = None,
         otlp: OtlpConfig | None = None,
+        *,
+        self_metrics_later: bool = False,
     ) -> None:
+        """With `self_metrics_later` the SDK's instruments wait for build_self_metrics() (serve
+        answers its first scrapes before the SDK loads): until then /metrics carries
+        queue_exporter_build_info alone, and refused logins are counted when they are built."""
         self.health = health
         self.limits = limits or LimitsConfig()
+        self.otlp = otlp
         # Held while a sampled source's series and its health change together (SourceRunner)
         # and while a render reads both: no scrape serves a source's new series beside its old
         # queue_exporter_source_up, or its old series beside the new.
         self.source_change = threading.Lock()
         return_large_buffers_to_the_system()
-        self._self_registry = CollectorRegistry(auto_describe=False)
-        limits_by_class: dict[type, int] = {
-            kind: _SDK_CARDINALITY
-            for kind in (Counter, UpDownCounter, Histogram, ObservableGauge, ObservableCounter)
-        }
-        readers: list[MetricReader] = [
-            PrometheusMetricReader(
-                disable_target_info=True,
-                scope_info_enabled=False,
-                registry=self._self_registry,
-                cardinality_limits=limits_by_class,
-            )
-        ]
-        if otlp is not None and otlp.enabled:
-            # Reads the store at each push; the store itself is made below, once the provider
-            # has the overflow counter its guard counts into.
-            readers.append(_otlp_reader(otlp, lambda: self.store.families()))
-        self.provider = MeterProvider(metric_readers=readers, resource=_resource())
-        self.meter = self.provider.get_meter("queue-exporter", __version__)
-        overflow = self.meter.create_counter(
-            "queue_exporter_series_overflow_total",
-            description=BY_NAME["queue_exporter_series_overflow_total"].help,
-        )
-        self._auth_failures = self.meter.create_counter(
-            "queue_exporter_http_auth_failures_total",
-            description=BY_NAME["queue_exporter_http_auth_failures_total"].help,
-        )
-        for reason in AUTH_FAILURE_REASONS:  # 0 from the start: rate() sees the first failure
-            self._auth_failures.add(0, {"reason": reason})
-        self._source_errors = self.meter.create_counter(
-            "queue_exporter_source_errors_total",
-            description=BY_NAME["queue_exporter_source_errors_total"].help,
-        )
+        self.build_labels = {"version": __version__, "python": platform.python_version()}
+        self._self_metrics: SelfMetrics | None = None
+        self._handover = threading.Lock()  # auth failures held vs the self-metrics being built
+        self._held_auth_failures: collections.Counter[str] = collections.Counter()
         guard = SeriesGuard(
             self.limits.max_series_per_metric,
             self.limits.label_value_max_length,
-            lambda metric, count: overflow.add(count, {"metric": metric}),
+            lambda metric, count: self._built().count_overflow(metric, count),
         )
         self.store = MetricStore(guard, self.limits.series_idle_timeout)
-        self._register_self_gauges()
         self._renders = {
             openmetrics: SharedRender(functools.partial(self._render, openmetrics))
             for openmetrics in (False, True)
         }
+        if not self_metrics_later:
+            self.build_self_metrics()
+
+    def build_self_metrics(self) -> None:
+        """The SDK's instruments, once; the sources are built after them (they count into them)."""
+        if self._self_metrics is not None:
+            return
+        from exporter.self_metrics import SelfMetrics
+
+        built = SelfMetrics(self.health, self.build_labels, self.otlp, self.store.families)
+        with self._handover:
+            for reason, count in self._held_auth_failures.items():
+                built.count_auth_failure(reason, count)
+            self._held_auth_failures.clear()
+            self._self_metrics = built
+
+    @property
+    def meter(self) -> Meter:
+        """The SDK's meter, for the instruments of event streams, readers and the lease."""
+        return self._built().meter
+
+    def _built(self) -> SelfMetrics:
+        if self._self_metrics is None:
+            raise RuntimeError("the self-metrics are not built yet (build_self_metrics)")
+        return self._self_metrics
 
     # -- sampled snapshots -------------------------------------------------------------------
 
@@ -134,72 +119,43 @@ class Telemetry:
 
     def _render(self, openmetrics: bool) -> bytes:
         with self.source_change:
-            if openmetrics:
-                own = _write_openmetrics(self._self_registry).removesuffix(_EOF)
-            else:
-                own = _write_text(self._self_registry)
+            own = self._own(openmetrics)
             families = self.store.families()
         chunks = exposition.render(families, openmetrics)
-        return b"".join([own, *chunks, _EOF if openmetrics else b""])
+        return b"".join([*own, *chunks, _EOF if openmetrics else b""])
+
+    def _own(self, openmetrics: bool) -> list[bytes]:
+        if self._self_metrics is not None:
+            return [self._self_metrics.render(openmetrics)]
+        # Before the SDK is loaded: the build, written by the store's own writer.
+        spec = BY_NAME["queue_exporter_build_info"]
+        build = tuple(self.build_labels[label] for label in spec.labels)
+        return exposition.render([NumberFamily(spec, Series([{build: 1.0}]))], openmetrics)
 
     # -- self-metrics --------------------------------------------------------------------------
 
     def count_auth_failure(self, reason: str) -> None:
-        self._auth_failures.add(1, {"reason": reason})
+        built = self._self_metrics
+        if built is None:
+            with self._handover:  # held until build_self_metrics, unless it just finished
+                built = self._self_metrics
+                if built is None:
+                    self._held_auth_failures[reason] += 1
+                    return
+        built.count_auth_failure(reason)
 
     def count_error(
         self, source: str, reason: str, count: int = 1, system: str = "", pattern: str = ""
     ) -> None:
         """Count an error; a key group's carries its system and pattern (else they are empty)."""
         labels = {"source": source, "reason": reason, "system": system, "pattern": pattern}
-        self._source_errors.add(count, labels)
-
-    def _register_self_gauges(self) -> None:
-        build = {"version": __version__, "python": platform.python_version()}
-
-        def build_info(_: CallbackOptions) -> Iterable[Observation]:
-            yield Observation(1, build)
-
-        def health_gauge(field: str) -> Any:
-            def observe(_: CallbackOptions) -> Iterator[Observation]:
-                for source, status in self.health.snapshot().items():
-                    if status.standby:  # a follower's sampler: the leader reports it
-                        continue
-                    value = {
-                        "up": 1.0 if status.up else 0.0,
-                        "duration": status.last_duration,
-                        "last_success": status.last_success,
-                    }[field]
-                    if value is not None:
-                        yield Observation(value, {"source": source})
-
-            return observe
-
-        def keys_matched(_: CallbackOptions) -> Iterator[Observation]:
-            # The board holds no findings of a failing or standing-by source: none go stale.
-            for report in self.health.key_groups():
-                labels = {
-                    "source": report.source,
-                    "system": report.system,
-                    "pattern": report.pattern,
-                }
-                yield Observation(report.keys_matched, labels)
-
-        for name, callback in (
-            ("queue_exporter_build_info", build_info),
-            ("queue_exporter_keys_matched", keys_matched),
-            ("queue_exporter_source_up", health_gauge("up")),
-            ("queue_exporter_source_duration_seconds", health_gauge("duration")),
-            ("queue_exporter_source_last_success_timestamp_seconds", health_gauge("last_success")),
-        ):
-            self.meter.create_observable_gauge(
-                name, callbacks=[callback], description=BY_NAME[name].help
-            )
+        self._built().count_error(labels, count)
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Stop, pushing a last OTLP export if enabled, within `timeout` seconds (the SDK
         abandons the push then: a hung collector must not hold the exit)."""
-        self.provider.shutdown(timeout_millis=timeout * 1000)
+        if self._self_metrics is not None:
+            self._self_metrics.shutdown(timeout)
 
 
 class SharedRender:
@@ -252,20 +208,3 @@ def return_large_buffers_to_the_system() -> None:
     except (AttributeError, OSError):
         return
     mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
-
-
-def _resource() -> Resource:
-    return Resource.create({"service.name": "queue-exporter", "service.version": __version__})
-
-
-def _otlp_reader(otlp: OtlpConfig, read: Callable[[], list[Family]]) -> MetricReader:
-    try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-    except ImportError as error:  # the extra is optional
-        raise RuntimeError(
-            "OTLP push needs the otlp extra: pip install 'queue-exporter[otlp]'"
-        ) from error
-    return PeriodicExportingMetricReader(
-        StoreExporter(OTLPMetricExporter(), read, _resource()),
-        export_interval_millis=int(otlp.interval * 1000),
-    )

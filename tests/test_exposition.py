@@ -8,6 +8,7 @@ is bounded by the cap, and concurrent scrapes share one render.
 from __future__ import annotations
 
 import math
+import platform
 import threading
 import time
 
@@ -18,6 +19,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
+from exporter import __version__, exposition
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally
 from exporter.health import HealthBoard
@@ -118,6 +120,38 @@ def test_every_family_passes_promtool_and_both_parsers():
     for name in ("queue_workers", "queue_worker_slots", "queue_worker_utilization_ratio"):
         assert any(key[0] == name for key in read), name
     assert any(key[0] == "queue_exporter_source_errors_total" for key in read)
+    telemetry.shutdown()
+
+
+def test_the_media_types_name_the_formats_prometheus_client_writes():
+    """The self-metrics are written by prometheus_client: the header names its formats."""
+    from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+    from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST
+
+    assert exposition.content_type(False) == CONTENT_TYPE_PLAIN_0_0_4
+    assert exposition.content_type(True) == CONTENT_TYPE_LATEST
+
+
+def test_before_the_self_metrics_are_built_the_build_alone_is_served_and_logins_wait():
+    """serve's first answers (self_metrics_later): queue_exporter_build_info, the same series
+    the SDK serves after; a login refused meanwhile is counted once the SDK is up."""
+    telemetry = Telemetry(HealthBoard(), self_metrics_later=True)
+    telemetry.count_auth_failure("unknown_user")
+    early = telemetry.render(False).decode()
+    checked = run("promtool", "check", "metrics", stdin=early)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    build = (
+        "queue_exporter_build_info",
+        (("python", platform.python_version()), ("version", __version__)),
+    )
+    assert _samples(early, False) == {build: 1.0}
+    assert _samples(telemetry.render(True).decode(), True) == {build: 1.0}
+
+    telemetry.build_self_metrics()
+    built = _samples(telemetry.render(False).decode(), False)
+    assert built[build] == 1.0
+    assert built[("queue_exporter_http_auth_failures_total", (("reason", "unknown_user"),))] == 1
+    assert built[("queue_exporter_http_auth_failures_total", (("reason", "missing"),))] == 0
     telemetry.shutdown()
 
 

@@ -56,8 +56,10 @@ def test_listening_first_serves_own_metrics_and_is_not_ready_until_the_sources_a
         metrics = scrape(app.server.port)
         assert "queue_exporter_build_info" in metrics
         assert "queue_depth" not in metrics  # nothing sampled is served before it is sampled
+        assert "queue_exporter_http_auth_failures_total" not in metrics  # the SDK's, not yet
         app.start()
         assert len(app.runners) == 1
+        assert "queue_exporter_http_auth_failures_total" in scrape(app.server.port)
         scrape_when(app, "queue_depth", queue="billing")
         assert wait_for(lambda: _get(app.server.port, "/readyz")[0] == 200)
     finally:

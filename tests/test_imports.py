@@ -97,19 +97,24 @@ def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: l
     assert [name for name in absent if name in modules or name in packages(modules)] == []
 
 
-def test_serve_answers_before_loading_redis_py_or_the_sources():
-    """`serve` listens (App with listen_first) before the sources' imports: its first answer
-    waits for no redis-py, reader or PostgreSQL driver."""
+def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
+    """`serve` listens (App with listen_first) before the sources' and the SDK's imports: its
+    first answer waits for no redis-py, reader, PostgreSQL driver or OpenTelemetry SDK."""
     modules = loaded_after(
+        "import urllib.request\n"
         "from exporter import cli, config\n"
         "from exporter.app import App\n"
         "parsed = config.from_dict({'presets': ['orchestrata'], 'listen_address': '127.0.0.1:0',"
         " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}})\n"
         "app = App(parsed, listen_first=True)\n"
         "app.listen()\n"
+        "url = f'http://127.0.0.1:{app.server.port}/metrics'\n"
+        "assert b'queue_exporter_build_info' in urllib.request.urlopen(url, timeout=10).read()\n"
         "app.shutdown()"
     )
     assert "exporter.http_server" in modules  # the listener was built
     absent = ["redis", "hiredis", "psycopg", "psycopg_pool", "exporter.demo"]
     absent += ["exporter.build", "exporter.sources.native.framework", "exporter.events.consumer"]
-    assert [name for name in absent if name in modules] == []
+    # nor the self-metrics' OpenTelemetry SDK and prometheus_client
+    absent += ["opentelemetry", "prometheus_client", "psutil", "exporter.self_metrics"]
+    assert [name for name in absent if name in modules or name in packages(modules)] == []
