@@ -107,9 +107,11 @@ class App:
         # What start-up built (modules, models, the configuration) lives as long as the process:
         # frozen, the cyclic GC never walks it again, so the collections that a cycle's or a
         # batch's short-lived objects trigger stay cheap. Threads start after, so none of their
-        # work is frozen. (No process-wide GC switch: gc.disable() in one thread would hold
-        # collection off for all of them, across their network waits.)
+        # work is frozen. (No process-wide GC switch once they run: gc.disable() in one thread
+        # would hold collection off for all of them, across their network waits. serve's
+        # start-up, one thread, ran without it: exporter/__main__.py; it is on from here.)
         gc.freeze()
+        gc.enable()
         self.health.building(not self._sources_built)
         self.server.start()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import gc
 import importlib
 import logging
 import os
@@ -54,8 +55,12 @@ class _LazyGroup(click.Group):
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="queue-exporter")
-def main() -> None:
+@click.pass_context
+def main(context: click.Context) -> None:
     """Queue metrics sidecar: Redis queues, PostgreSQL queue tables and job events."""
+    if context.invoked_subcommand != "serve":
+        gc.enable()  # off while the command line loaded (exporter/__main__.py); serve's start-up
+        # keeps it off until it listens (App.listen)
 
 
 def env_option(

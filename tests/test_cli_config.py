@@ -34,6 +34,22 @@ def test_version():
     assert "queue-exporter" in result.stdout
 
 
+def test_the_gc_is_back_on_for_every_command_but_serve_which_turns_it_on_listening():
+    """exporter/__main__.py turns the cyclic GC off while the command line loads."""
+    script = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('gc on' if gc.isenabled() else 'gc off'))\n"
+        "sys.argv = ['queue-exporter', 'presets']\n"
+        "from exporter.__main__ import main\n"
+        "main()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "orchestrata" in result.stdout and result.stdout.splitlines()[-1] == "gc on"
+
+
 BAD_CONFIG = """
 sample_interval: 0
 listen_address: nowhere

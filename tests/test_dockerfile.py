@@ -128,7 +128,7 @@ def test_entrypoint_is_the_console_script(parsed: tuple[dict[str, str], list[Sta
     assert json.loads(entrypoint) == ["queue-exporter"]  # exec form: signals reach the process
     assert json.loads(final.all("CMD")[-1]) == ["serve"]
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts["queue-exporter"] == "exporter.cli:main"
+    assert scripts["queue-exporter"] == "exporter.__main__:main"  # as python -m exporter
     env = " ".join(final.all("ENV"))
     assert "PATH=/opt/queue-exporter/bin:" in env
     assert "PYTHONDONTWRITEBYTECODE=1" in env  # the root filesystem is read-only

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import urllib.error
@@ -47,9 +48,15 @@ def test_listening_first_serves_own_metrics_and_is_not_ready_until_the_sources_a
     """serve's start-up: the listener answers before redis-py and the sources are loaded."""
     redis_client.rpush("orchestrata:dlq:billing", "{}")
     config = {"presets": ["orchestrata"], "sources": {"redis": {"url": redis_url}}}
-    app = App(from_dict({**config, "listen_address": "127.0.0.1:0"}), listen_first=True)
+    gc.disable()  # as serve's start-up runs (exporter/__main__.py)
     try:
+        app = App(from_dict({**config, "listen_address": "127.0.0.1:0"}), listen_first=True)
         app.listen()
+    finally:
+        listening_with_gc = gc.isenabled()
+        gc.enable()
+    try:
+        assert listening_with_gc  # on from the listener's start
         assert app.runners == []  # nothing built yet
         status, _, body = _get(app.server.port, "/readyz")
         assert (status, json.loads(body)["ready"]) == (503, False)
