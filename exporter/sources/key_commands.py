@@ -10,7 +10,8 @@ RESP3) and the item's time, and name what hostile data raised. Sending them is t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from exporter.catalog import BY_NAME, MetricSpec
@@ -358,6 +359,52 @@ def item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
     if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
         raise ItemError("time_missing")
     return parse_time(value, oldest.format, oldest.divisor)
+
+
+# A JSON document parsed without json.loads's layers (its checks for bytes and for whitespace
+# around the document cost as much as the parse of a small queue item itself).
+_parse_document = json.JSONDecoder().raw_decode
+_from_iso = datetime.fromisoformat
+# What a JSON item's time field may be for parse_time; anything else goes to item_time.
+_TIME_VALUES = (str, int, float)
+
+
+def head_time(oldest: OldestItem) -> Callable[[Any], float | None]:
+    """The time of the item a head read returned (LINDEX's item, ZRANGE's member and score;
+    None for an empty queue), as head_item and item_time read it, for a loop over many keys.
+
+    A list's JSON item (the common layout) is read the short way when it is a plain JSON
+    object: decoded strictly, parsed whole from its first character, its field a string or a
+    number. Any other reply goes the general way, which reads it as it always did or raises
+    what is wrong with it: both ways give the same time or the same error."""
+
+    def general(reply: Any) -> float | None:
+        head = head_item(reply)
+        return None if head is None else item_time(oldest, *head)
+
+    field = oldest.field
+    if oldest.time_in != "json" or oldest.json_after is not None or field is None:
+        return general
+    time_format, divisor = oldest.format, oldest.divisor
+    iso = time_format == "iso"
+
+    def json_item(reply: Any) -> float | None:
+        if type(reply) is bytes:
+            try:
+                text = reply.decode()
+                document, end = _parse_document(text)
+                value, whole = document[field], end == len(text)
+                if whole and iso and type(value) is str:
+                    parsed = _from_iso(value)  # as parse_time reads it, when it has its offset
+                    if parsed.tzinfo is not None:
+                        return parsed.timestamp()
+                elif whole and type(value) in _TIME_VALUES:
+                    return parse_time(value, time_format, divisor)
+            except Exception:  # hostile data may raise anything: the general way names it
+                pass
+        return general(reply)
+
+    return json_item
 
 
 def _stream_id_time(entry_id: bytes) -> float:

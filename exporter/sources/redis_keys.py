@@ -50,8 +50,7 @@ from exporter.sources.key_commands import (
     Cycle,
     ItemError,
     exception_reason,
-    head_item,
-    item_time,
+    head_time,
 )
 from exporter.sources.key_groups import (
     KeyGroup,
@@ -216,6 +215,11 @@ if Labels._fields != QUEUE_LABELS:
     raise RuntimeError(f"redis_keys.Labels {Labels._fields} differ from catalog {QUEUE_LABELS}")
 if any(spec.labels not in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH)):
     raise RuntimeError("redis_keys: a sampled family has labels for_metric() cannot build")
+# _handle_plain combines samples inline: depths add up, ages and limits keep the largest.
+if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max"):
+    raise RuntimeError("redis_keys: _handle_plain combines a sampled family the wrong way")
+# Below any age or limit: what a series not yet in a table compares as, when keeping the largest.
+_LEAST = float("-inf")
 
 
 def redis_samplers(
@@ -619,44 +623,57 @@ class RedisKeySampler:
     ) -> list[Command]:
         """The replies of plain groups' keys (see _PlainGroup): each key's depth, then its
         head's age, failing alone as in _handle. On a cluster a key whose depth read failed is
-        read again the general way (returned), which follows ASK and withdraws on MOVED."""
+        read again the general way (returned), which follows ASK and withdraws on MOVED.
+
+        Samples go straight into the tables, combined as their specs say (depths add up, ages
+        and limits keep the largest: checked where this module is loaded), without a call per
+        sample: this loop runs once per key."""
         again: list[Command] = []
         heads_left = iter(heads)
         group: _PlainGroup | None = None
         for (key_group, key, labels), depth in zip(keys, depths, strict=True):
             if key_group is not group:  # a round's keys are mostly of one group: its locals
                 group = key_group
-                tally, oldest, max_depth = group.tally, group.oldest, group.max_depth
+                tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
                 samples, now, series = group.cycle.samples, group.cycle.now, tally.series
                 depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
                 max_table = samples.table(MAX_DEPTH)
+                depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
             if max_depth is not None:
-                _put(max_table, MAX_DEPTH, labels[:2], max_depth)  # (system, queue)
+                queue = labels[:2]  # (system, queue)
+                if not max_of(queue, _LEAST) >= max_depth:
+                    max_table[queue] = max_depth
             if isinstance(depth, redis.ResponseError):
                 if self._nodes is not None:  # the key's head read failed alike, if it has one
                     again += group.cycle.commands_for_key(tally, key, {}, labels)
-                    if group.oldest is not None:
+                    if read_time is not None:
                         next(heads_left)
                     continue
                 tally.failed(key, _response_reason(depth))
             else:
-                _put(depth_table, DEPTH, labels, float(depth))
+                depth_table[labels] = depth_of(labels, 0.0) + float(depth)
                 series[labels] = None
-            if oldest is None:
+            if read_time is None:
                 continue
             head = next(heads_left)
             if type(head) is int:  # its size: over the limit, in Redis
                 self._too_large(tally, key, head)
-            elif isinstance(head, redis.ResponseError):
+                continue
+            if isinstance(head, redis.ResponseError):
                 tally.failed(key, _response_reason(head))
-            else:
-                try:
-                    item = head_item(head)
-                    if item is not None:
-                        age = now - item_time(oldest, *item)
-                        _put(age_table, OLDEST_AGE, labels, max(0.0, age))
-                except Exception as error:  # hostile data may raise anything
-                    _unreadable(tally, key, error)
+                continue
+            try:
+                head_at = read_time(head)
+            except Exception as error:  # hostile data may raise anything
+                _unreadable(tally, key, error)
+                continue
+            if head_at is None:  # the queue is empty
+                continue
+            age = now - head_at
+            if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
+                age = 0.0
+            if not age_of(labels, _LEAST) >= age:
+                age_table[labels] = age
         return again
 
 
@@ -675,6 +692,7 @@ class _PlainGroup:
         "cost",
         "cycle",
         "depth_command",
+        "head_time",
         "max_depth",
         "oldest",
         "probe_read",
@@ -689,7 +707,9 @@ class _PlainGroup:
         self.oldest = group.oldest if group.type in ("list", "zset") else None
         self.read: Args | None = None
         self.probe_read: Args | None = None
+        self.head_time: Callable[[Any], float | None] | None = None
         if self.oldest is not None:
+            self.head_time = head_time(self.oldest)
             self.read = END_READS[group.type, self.oldest.end]
             # a head found too large last cycle is probed before it is copied (probe_first)
             self.probe_read = probe_first(self.read) if self.oldest.end == "head" else self.read
@@ -712,12 +732,6 @@ PlainKey = tuple[_PlainGroup, bytes, Labels]
 
 def _text(value: bytes | str) -> str:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-def _put(table: dict[Any, float], spec: MetricSpec, labels: tuple[str, ...], value: float) -> None:
-    """Add a sample to one of SampleSet.table's tables, combined as add_labelled does."""
-    previous = table.get(labels)
-    table[labels] = value if previous is None else spec.combined(previous, value)
 
 
 def _unreadable(tally: GroupTally, key: bytes, error: Exception) -> None:
