@@ -18,7 +18,7 @@ from exporter.redis_cluster import ClusterNodes
 from exporter.redis_pipeline import Args, SentCommands
 
 if TYPE_CHECKING:  # types only: the sampler imports this module
-    from exporter.sources.redis_keys import Command, Labels, NodeScans, PlainKey, _PlainGroup
+    from exporter.sources.redis_keys import Command, NodeScans, PlainKey, _PlainGroup
 
 
 # How a round is sent (RedisKeySampler.send_round): the client, the commands, a leading SCAN
@@ -247,9 +247,10 @@ class Rounds:
         self.pending.extend(commands)
         self._flush_if_full()
 
-    def add_plain(self, group: _PlainGroup, key: bytes, labels: Labels) -> None:
-        self.plain.append((group, key, labels))
-        self.plain_cost += group.cost
+    def add_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+        """Keys of one plain group (a page of them), sent once rounds fill."""
+        self.plain += keys
+        self.plain_cost += group.cost * len(keys)
         self._flush_if_full()
 
     def _flush_if_full(self) -> None:

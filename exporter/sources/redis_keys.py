@@ -121,6 +121,12 @@ class GroupTally:
         self.last_warning: str | None = None
         self._failed: set[tuple[bytes, str]] = set()
 
+    def matched(self, page: list[tuple[bytes, KeyMatch]]) -> None:
+        """Count a page of keys the group matched; the first ones are its examples."""
+        if self.keys < EXAMPLES:
+            self.example_keys += [key for key, _ in page[: EXAMPLES - self.keys]]
+        self.keys += len(page)
+
     def failed(self, key: bytes, reason: str, detail: str = "") -> None:
         """Count and name a key the group could not read (rate-limited per group and reason).
 
@@ -302,13 +308,12 @@ class RedisKeySampler:
             plain = None
             if _PlainGroup.suits(tally.group):
                 plain = _PlainGroup(tally, cycle)
-            for key, match in self._keys(client, tally, rounds, last_cycle):
-                tally.keys += 1
-                if tally.keys <= EXAMPLES:
-                    tally.example_keys.append(key)
+            for page in self._keys(client, tally, rounds, last_cycle):
+                tally.matched(page)
                 if plain is not None:
-                    rounds.add_plain(plain, key, match.labels)
-                else:
+                    rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
+                    continue
+                for key, match in page:
                     rounds.extend(cycle.commands_for_key(tally, key, *match))
         rounds.flush()
         follow_ups.flush()
@@ -382,15 +387,17 @@ class RedisKeySampler:
 
     def _scan(
         self, client: redis.Redis, pattern: str, tally: GroupTally, rounds: Rounds | None = None
-    ) -> Iterator[bytes]:
+    ) -> Iterator[list[bytes]]:
+        """The keys of the pattern, a page at a time (a SCAN reply's, on a cluster a round's):
+        a page's keys are matched and queued in one loop, not a generator step each."""
         glob, count = scan_glob(pattern), self.config.scan_count
         if self._nodes is not None:
             return self._scan_nodes(self._nodes, glob, tally, rounds or self._rounds(client, None))
         if rounds is not None:
             return self._scan_with_reads(rounds, glob, count)
-        return client.scan_iter(match=glob, count=count)
+        return _scan_pages(client, glob, count)
 
-    def _scan_with_reads(self, rounds: Rounds, glob: str, count: int) -> Iterator[bytes]:
+    def _scan_with_reads(self, rounds: Rounds, glob: str, count: int) -> Iterator[list[bytes]]:
         """SCAN, each SCAN travelling in the round trip that reads the keys the previous one
         found: the server's SCAN work no longer waits alone for a round trip of its own."""
         cursor: Any = b"0"
@@ -400,13 +407,13 @@ class RedisKeySampler:
                 raise reply
             cursor, keys = reply
             rounds.carried = cursor not in (b"0", 0)  # the next SCAN takes this page's reads
-            yield from keys
+            yield keys
             if not rounds.carried:
                 return
 
     def _scan_nodes(
         self, nodes: ClusterNodes, glob: str, tally: GroupTally, rounds: Rounds
-    ) -> Iterator[bytes]:
+    ) -> Iterator[list[bytes]]:
         """SCAN on every shard at once (each holds its own slots' keys), each node's SCAN in the
         round trip that reads the keys its previous page found, as on one server. A node that
         does not answer loses the group its keys: withdrawn this cycle, unless no node answered."""
@@ -434,7 +441,7 @@ class RedisKeySampler:
                     cursors[name] = (node, cursor)
                 found += keys
             rounds.carried = bool(cursors)  # the next SCANs take these pages' reads
-            yield from found
+            yield found
 
     def _lose_group(
         self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
@@ -449,29 +456,34 @@ class RedisKeySampler:
         tally: GroupTally,
         rounds: Rounds,
         last_cycle: dict[bytes, KeyMatch | None],
-    ) -> Iterator[tuple[bytes, KeyMatch]]:
+    ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
+        """The group's keys and what each gives, a page at a time."""
         group = tally.group
         if group.enumerated:
-            for key, values in self._enumerated_keys(client, tally):
-                yield key, KeyMatch(values, labels_for(group, values))
+            built = self._enumerated_keys(client, tally)
+            while values := list(itertools.islice(built, self.config.scan_count)):
+                yield [(key, KeyMatch(found, labels_for(group, found))) for key, found in values]
             return
         regex = self._regexes[group.pattern]
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
         matches: dict[bytes, KeyMatch | None] = {}
         self._known[id(group)] = matches
-        for key in self._scan(client, group.pattern, tally, rounds):
-            if key in matches:
-                continue
-            match = last_cycle.get(key, _UNKNOWN)
-            if match is _UNKNOWN:
-                found = regex.match(key.decode("utf-8", "replace"))
-                match = None
-                if found:
-                    captured: dict[str, str] = found.groupdict()
-                    match = KeyMatch(captured, labels_for(group, captured))
-            matches[key] = match
-            if match is not None:
-                yield key, match
+        for keys in self._scan(client, group.pattern, tally, rounds):
+            page = []
+            for key in keys:
+                if key in matches:
+                    continue
+                match = last_cycle.get(key, _UNKNOWN)
+                if match is _UNKNOWN:
+                    found = regex.match(key.decode("utf-8", "replace"))
+                    match = None
+                    if found:
+                        captured: dict[str, str] = found.groupdict()
+                        match = KeyMatch(captured, labels_for(group, captured))
+                matches[key] = match
+                if match is not None:
+                    page.append((key, match))
+            yield page
 
     def _enumerated_keys(
         self, client: redis.Redis, tally: GroupTally
@@ -500,7 +512,7 @@ class RedisKeySampler:
             regex = key_regex(pattern)
             lost = len(self._lost_groups)
             found = self._scan(client, pattern, tally)
-            matches = (regex.match(_text(key)) for key in found)
+            matches = (regex.match(_text(key)) for page in found for key in page)
             self._values_found[pattern] = sorted(
                 {match.group("value") for match in matches if match}
             )
@@ -728,6 +740,16 @@ class _PlainGroup:
 
 # A plain group's key to read: its group, the key, its series' labels.
 PlainKey = tuple[_PlainGroup, bytes, Labels]
+
+
+def _scan_pages(client: redis.Redis, glob: str, count: int) -> Iterator[list[bytes]]:
+    """SCAN MATCH, a reply's page of keys at a time (bytes, as the sampler's clients give)."""
+    cursor = 0
+    while True:
+        cursor, keys = client.scan(cursor, match=glob, count=count)
+        yield [key if isinstance(key, bytes) else key.encode() for key in keys]
+        if not cursor:
+            return
 
 
 def _text(value: bytes | str) -> str:
