@@ -16,10 +16,9 @@ import click
 
 from exporter import __version__, inventory, presets
 from exporter import config as config_module
+from exporter.http_access import WebConfigError
 from exporter.logs import configure as configure_logging
 from exporter.logs import register_model_secrets
-from exporter.web_config import WebConfigError
-from exporter.web_config import load as load_web_config
 
 log = logging.getLogger("exporter")
 
@@ -163,6 +162,8 @@ def check_config(
     config = _load_or_exit(file_argument or config_file, overrides)
     configure_logging("error", "text")  # what the sources would warn about is printed below
     if config.web_config_file is not None:  # its certificates and hashes too, as serve would
+        from exporter.web_config import load as load_web_config
+
         try:
             load_web_config(config.web_config_file)
         except WebConfigError as error:

@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 from tornado.httpserver import HTTPServer
@@ -38,17 +38,12 @@ from tornado.web import Application, RequestHandler
 
 from exporter import __version__, exposition
 from exporter.health import HealthBoard
+from exporter.http_access import FailureLimiter, describe, exposure_warning, parse_basic_auth
 from exporter.http_config import HttpConfig
 from exporter.logs import LogLimiter
-from exporter.web_config import (
-    FailureLimiter,
-    LoadedWebConfig,
-    WebConfigWatcher,
-    client_san_allowed,
-    describe,
-    exposure_warning,
-    parse_basic_auth,
-)
+
+if TYPE_CHECKING:
+    from exporter.web_config import LoadedWebConfig, WebConfigWatcher
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +80,11 @@ class MetricsServer:
         """Raises WebConfigError for a web config file that does not load (before binding).
         `pages` are served by path behind the same TLS and auth as /metrics."""
         self.host = host
-        self.web = WebConfigWatcher(web_config_file) if web_config_file is not None else None
+        self.web: WebConfigWatcher | None = None
+        if web_config_file is not None:  # its models, bcrypt and ssl contexts load only then
+            from exporter.web_config import WebConfigWatcher
+
+            self.web = WebConfigWatcher(web_config_file)
         self.settings = settings or HttpConfig()
         self.render = render
         self.compress = SharedCompression()
@@ -202,6 +201,8 @@ class _Server(HTTPServer):
         task.add_done_callback(self._handshakes.discard)
 
     async def _serve_tls(self, stream: IOStream, address: tuple[Any, ...]) -> None:
+        from exporter.web_config import client_san_allowed  # loaded with the file (self.web)
+
         assert self.web is not None
         loaded = self.web.current()
         try:

@@ -15,8 +15,6 @@ Every error is a WebConfigError naming the file and the setting; none quotes a s
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hmac
 import ipaddress
 import logging
@@ -27,7 +25,6 @@ import ssl
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -42,14 +39,11 @@ from pydantic import (
     model_validator,
 )
 
+from exporter.http_access import VERIFYING_CLIENT_AUTH, WebConfigError
 from exporter.logs import register_model_secrets
 from exporter.models import StrictModel
 
 log = logging.getLogger(__name__)
-
-
-class WebConfigError(Exception):
-    """The web config file cannot be used; the message names the file and the setting."""
 
 
 ClientAuthType = Literal[
@@ -106,8 +100,6 @@ _HEADER_VALUE = re.compile(r"^[\t\x20-\x7e]*$")  # no CR/LF: a value can never a
 _BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$(0[4-9]|[12][0-9]|3[01])\$[./A-Za-z0-9]{53}$")
 _GO_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
 _DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-VERIFYING_CLIENT_AUTH = ("RequireAnyClientCert", "RequireClientCert", "RequireAndVerifyClientCert")
 
 
 def _bcrypt_hash(hashed: SecretStr) -> SecretStr:
@@ -524,62 +516,6 @@ def _cost(hashed: SecretStr) -> int:
     return int(match.group(1)) if match else 10
 
 
-class FailureLimiter:
-    """Failed logins per client address: BURST at once, then one per 1/RATE seconds.
-
-    A check spends one of the client's tokens before bcrypt runs (a success gives it back),
-    so even many concurrent guesses cannot run more checks than the client has tokens. A
-    client without one is refused without a check (429) until it earns another: a password
-    guesser gets RATE guesses a second and takes no CPU from anyone else, while a client
-    whose login is remembered is never asked. At most MAX_CLIENTS addresses are tracked (the
-    least recently seen is forgotten first). Used from the server's event loop only.
-    """
-
-    BURST = 10
-    RATE = 1.0  # tokens a second earned back
-    TARPIT = 1.0  # seconds a refusal without a check is held before it is answered
-    MAX_CLIENTS = 10_000
-
-    def __init__(self) -> None:
-        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # tokens, when
-
-    def take(self, client: str) -> bool:
-        """Spend a token of `client` for a check; False (and nothing spent) when it has none."""
-        tokens = self._tokens(client)
-        if tokens < 1:
-            return False
-        self._set(client, tokens - 1)
-        return True
-
-    def give_back(self, client: str) -> None:
-        self._set(client, self._tokens(client) + 1)
-
-    def _set(self, client: str, tokens: float) -> None:
-        self._clients[client] = (min(tokens, float(self.BURST)), time.monotonic())
-        self._clients.move_to_end(client)
-        while len(self._clients) > self.MAX_CLIENTS:
-            self._clients.popitem(last=False)
-
-    def _tokens(self, client: str) -> float:
-        tokens, when = self._clients.get(client, (float(self.BURST), 0.0))
-        return min(float(self.BURST), tokens + (time.monotonic() - when) * self.RATE)
-
-
-def parse_basic_auth(header: str | None) -> tuple[str, bytes] | None:
-    """(user, password bytes) from an Authorization: Basic header; None when absent or malformed."""
-    if not header:
-        return None
-    scheme, _, encoded = header.strip().partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        decoded = base64.b64decode(encoded.strip(), validate=True)
-        user, separator, password = decoded.partition(b":")
-        return (user.decode(), password) if separator else None
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        return None
-
-
 def _bcrypt_matches(password: bytes, hashed: bytes) -> bool:
     try:
         return bool(bcrypt.checkpw(password, hashed))
@@ -699,43 +635,3 @@ def _stamps(paths: list[Path]) -> list[tuple[int, int] | None]:
         except (OSError, ValueError):
             stamps.append(None)
     return stamps
-
-
-# -- exposure ---------------------------------------------------------------------------------
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def exposure_warning(host: str, loaded: LoadedWebConfig | None) -> str | None:
-    """A warning when /metrics can be read by anyone who can reach a non-loopback address."""
-    if is_loopback(host):
-        return None
-    if loaded is not None and loaded.config.basic_auth_users:
-        return None
-    if (
-        loaded is not None
-        and loaded.tls.enabled
-        and loaded.tls.client_auth_type in VERIFYING_CLIENT_AUTH
-    ):
-        return None
-    return (
-        f"/metrics is served on {host or '0.0.0.0'} without authentication: anyone who can "
-        "reach the port can read it. Set basic_auth_users or client certificates in a web "
-        "config file (--web-config, docs/security.md), or listen on 127.0.0.1"
-    )
-
-
-def describe(loaded: LoadedWebConfig | None) -> str:
-    if loaded is None:
-        return "no web config: plain HTTP, no authentication"
-    tls = loaded.tls
-    parts = [f"TLS on ({tls.client_auth_type})" if tls.enabled else "TLS off"]
-    parts.append(f"basic auth for {len(loaded.config.basic_auth_users)} user(s)")
-    return f"web config {loaded.path}: " + ", ".join(parts)

@@ -29,6 +29,7 @@ import yaml
 
 from exporter import http_server
 from exporter.health import HealthBoard
+from exporter.http_access import FailureLimiter
 from exporter.http_config import HttpConfig
 from exporter.http_server import (
     BACKLOG,
@@ -39,7 +40,7 @@ from exporter.http_server import (
     Render,
     SharedCompression,
 )
-from exporter.web_config import BasicAuthenticator, FailureLimiter
+from exporter.web_config import BasicAuthenticator
 from tests.conftest import ServeProcess, parse_exposition, wait_for
 from tests.tools import require, run
 

@@ -115,6 +115,8 @@ def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
     assert "exporter.http_server" in modules  # the listener was built
     absent = ["redis", "hiredis", "psycopg", "psycopg_pool", "exporter.demo"]
     absent += ["exporter.build", "exporter.sources.native.framework", "exporter.events.consumer"]
-    # nor the self-metrics' OpenTelemetry SDK and prometheus_client
+    # nor the self-metrics' OpenTelemetry SDK and prometheus_client; no web config file given:
+    # nor its models and bcrypt
     absent += ["opentelemetry", "prometheus_client", "psutil", "exporter.self_metrics"]
+    absent += ["exporter.web_config", "bcrypt"]
     assert [name for name in absent if name in modules or name in packages(modules)] == []

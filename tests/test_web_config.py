@@ -25,8 +25,9 @@ from hypothesis import strategies as st
 from exporter import web_config
 from exporter.cli import main
 from exporter.health import HealthBoard
+from exporter.http_access import WebConfigError, parse_basic_auth
 from exporter.http_server import MetricsServer
-from exporter.web_config import WebConfigError, parse, parse_basic_auth
+from exporter.web_config import parse
 from tests.conftest import wait_for
 from tests.tls_certs import Pki, make_pki
 
