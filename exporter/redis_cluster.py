@@ -1,14 +1,17 @@
-"""A Redis Cluster as the key sampler reads it: every shard scanned, commands sent to the
-node that owns each key's slot, the nodes' round trips in parallel.
+"""A Redis Cluster as the key sampler reads it: every shard scanned, each key read on the
+node whose SCAN found it (other commands on the node that owns their key's slot), the nodes'
+round trips in parallel.
 
 redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
 and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
 clients unchanged (its bounded-reads script is flagged allow-cross-slot-keys: one script per
-node and round, whatever slots its keys are in), each node's share of a round sent before any
-is read, so the nodes work at once. A node that fails costs only the keys it
+node and round, whatever slots its keys are in), each node's rounds in a flow of its own
+(key_rounds.NodeFlows), so the nodes work at once. A node that fails costs only the keys it
 owns. An ASK reply (a key already moved to the node importing its slot) is followed: the
-command is sent again to that node after ASKING. A MOVED reply costs its key's group this
-cycle, and the slot map is read again before the next one.
+command is sent again to that node after ASKING. A MOVED reply naming the node the slot map
+already gives the key (it was read where SCAN found it, on the node importing its slot) sends
+it there; any other MOVED reply costs its key's group this cycle, and the slot map is read
+again before the next one.
 """
 
 from __future__ import annotations
@@ -84,6 +87,18 @@ class ClusterNodes:
             node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
             route = self._routes[slot] = (node.name, self._client(node))
         return route
+
+    def moved_to_its_node(self, reply: Exception, key: bytes) -> bool:
+        """A MOVED reply ("MOVED <slot> <host>:<port>") naming the node the slot map gives the
+        key: the command went to another node (where SCAN found the key: one importing its
+        slot, which answers MOVED without ASKING), not a sign that the map changed."""
+        words = str(reply).split()
+        if len(words) != 3 or words[0] != "MOVED":
+            return False
+        try:
+            return words[2] == self.node_of(key)[0]
+        except redis.ConnectionError:  # no node serves the slot
+            return False
 
     def asked(self, reply: Exception) -> tuple[str, redis.Redis] | None:
         """The node an ASK reply ("ASK <slot> <host>:<port>") names, if it is one the slot map

@@ -14,7 +14,9 @@ command: Redis runs them and sends back only the replies under a size limit.
 from __future__ import annotations
 
 import itertools
+import select
 import socket
+import ssl
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -86,39 +88,128 @@ def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
 class SentCommands:
     """Commands sent at once on one of the client's connections, their replies not yet read:
     several servers (a cluster's nodes) work on theirs at the same time while one thread reads
-    each in turn. Redis buffers its replies however many, so sending never waits on reading."""
+    each in turn, or whichever is in first (first_in). Redis buffers its replies however many,
+    so sending never waits on reading. Failing to send or to read is raised by replies()."""
+
+    __slots__ = ("_connection", "_count", "_error", "_pool", "_reader", "_replies", "_sock")
 
     def __init__(self, client: redis.Redis, commands: Sequence[Args]) -> None:
         self._pool = client.connection_pool
-        self._connection = self._pool.get_connection()
+        self._connection: Any = None
         self._count = len(commands)
+        self._replies: list[Any] = []
+        self._reader = hiredis.Reader(replyError=redis.ResponseError)
+        self._error: redis.RedisError | None = None
+        # The connection's socket while replies are awaited. It is private to redis-py
+        # (`_sock`): pyproject.toml pins the redis range this is tested with (CI runs the floor,
+        # the dev venv the newest).
+        self._sock: socket.socket | None = None
         try:
+            self._connection = self._pool.get_connection()
             packed = b"".join(hiredis.pack_command(args) for args in commands)
-            self._connection.send_packed_command([packed])  # type: ignore[no-untyped-call]
+            self._connection.send_packed_command([packed])
+            self._sock = getattr(self._connection, "_sock", None)
+            if self._sock is None:
+                raise redis.ConnectionError("the connection has no socket after sending")
+        except redis.RedisError as error:
+            self._fail(error)
         except BaseException:
             self._done(failed=True)
             raise
+        if not commands:
+            self._sock = None
+            self._done(failed=False)
 
     def replies(self) -> list[Any]:
         """One reply per command (a ResponseError where one failed); the connection goes back
         to its pool, or is dropped if reading failed."""
-        failed = True
+        while not self.read_some():
+            pass
+        if self._error is not None:
+            raise self._error
+        return self._replies
+
+    def read_some(self) -> bool:
+        """One read from the socket (waiting up to its timeout), its replies parsed: True once
+        every reply is in or reading failed (then replies() raises the error)."""
+        sock = self._sock
+        if sock is None:
+            return True
+        replies, reader, count = self._replies, self._reader, self._count
         try:
-            # The connection's socket is private to redis-py (`_sock`): pyproject.toml pins the
-            # redis range this is tested with (CI runs the floor, the dev venv the newest).
-            sock: socket.socket | None = getattr(self._connection, "_sock", None)
-            if sock is None:
-                raise redis.ConnectionError("the connection has no socket after sending")
-            replies = _read_replies(sock, self._count)
-            failed = False
-            return replies
-        finally:
-            self._done(failed)
+            reader.feed(_received(sock))
+            while len(replies) < count:
+                reply = reader.gets()
+                if reply is False:
+                    return False
+                replies.append(reply)
+        except redis.RedisError as error:
+            self._fail(error)
+            return True
+        except BaseException:
+            self._done(failed=True)  # a half-read stream is unusable
+            raise
+        self._sock = None
+        self._done(failed=False)
+        return True
+
+    def abandon(self) -> None:
+        """Replies no longer wanted (the cycle failed): the connection is dropped."""
+        if self._sock is not None:
+            self._fail(redis.ConnectionError("replies abandoned"))
+
+    def _fail(self, error: redis.RedisError) -> None:
+        self._error, self._sock = error, None
+        self._done(failed=True)
 
     def _done(self, failed: bool) -> None:
+        if self._connection is None:  # connecting failed
+            return
         if failed:
-            self._connection.disconnect()  # type: ignore[no-untyped-call]  # a half-read stream is unusable
+            self._connection.disconnect()  # a half-read stream is unusable
         self._pool.release(self._connection)
+
+
+def first_in(sent: Sequence[SentCommands]) -> SentCommands:
+    """The first of these whose replies are all in (or whose reading failed), reading each one's
+    replies as they arrive. If none of them sends anything for the socket timeout, they all
+    fail with a TimeoutError, as each would waiting alone."""
+    poller, by_fd = select.poll(), {}
+    for one in sent:
+        if one._sock is None:
+            return one
+        by_fd[one._sock.fileno()] = one
+        poller.register(one._sock, select.POLLIN)
+    timeout = sent[0]._connection.socket_timeout  # connected: it has a socket
+    while True:
+        ready = [one for one in sent if _buffered(one._sock)] or [
+            by_fd[fd] for fd, _ in poller.poll(None if timeout is None else timeout * 1000)
+        ]
+        if not ready:
+            for one in sent:
+                one._fail(redis.TimeoutError("timed out reading pipelined replies"))
+            return sent[0]
+        for one in ready:
+            if one.read_some():
+                return one
+
+
+def _received(sock: socket.socket) -> bytes:
+    """What one read from the socket gives (waiting up to its timeout)."""
+    try:
+        data = sock.recv(_READ_SIZE)
+    except TimeoutError as error:
+        raise redis.TimeoutError("timed out reading pipelined replies") from error
+    except OSError as error:
+        raise redis.ConnectionError(f"reading pipelined replies failed: {error}") from error
+    if not data:
+        raise redis.ConnectionError("connection closed while reading pipelined replies")
+    return data
+
+
+def _buffered(sock: socket.socket | None) -> bool:
+    """Data already read from the socket and held by TLS, which polling the socket cannot see."""
+    return isinstance(sock, ssl.SSLSocket) and sock.pending() > 0
 
 
 def transaction(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
@@ -139,26 +230,6 @@ def _as_raised(error: redis.ResponseError) -> redis.ResponseError:
     """The error reply as redis-py's own parser makes it (NoPermissionError for NOPERM, ...)."""
     parsed: redis.ResponseError = BaseParser.parse_error(str(error))  # type: ignore[no-untyped-call]
     return parsed
-
-
-def _read_replies(sock: socket.socket, count: int) -> list[Any]:
-    reader = hiredis.Reader(replyError=redis.ResponseError)
-    replies: list[Any] = []
-    while len(replies) < count:
-        reply = reader.gets()
-        if reply is not False:
-            replies.append(reply)
-            continue
-        try:
-            data = sock.recv(_READ_SIZE)
-        except TimeoutError as error:
-            raise redis.TimeoutError("timed out reading pipelined replies") from error
-        except OSError as error:
-            raise redis.ConnectionError(f"reading pipelined replies failed: {error}") from error
-        if not data:
-            raise redis.ConnectionError("connection closed while reading pipelined replies")
-        reader.feed(data)
-    return replies
 
 
 def script_read(command: str, *arguments: Any) -> Args:

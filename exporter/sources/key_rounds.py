@@ -1,32 +1,30 @@
 """The round machinery of the Redis key sampler: commands sent a pipeline_size round at a time.
 
-A round is one round trip (on a Redis Cluster, one per node, all sent before any is read); each
-round is sent before the previous one's replies are handled, so Redis works on it while this
-process parses those. What the replies mean is the sampler's (RoundSampler): these classes only
-batch, send, read and sort replies out, and hand them back to it.
+A round is one round trip. On one server (Rounds) each round is sent before the previous one's
+replies are handled, so Redis works on it while this process parses those. On a Redis Cluster
+(NodeFlows) each node has rounds of its own, and a node's next round goes out as soon as its own
+replies are in, whatever the other nodes are doing: the nodes never wait for one another, and
+this process parses one node's replies while the others work. The keys a node's SCAN finds are
+read on that node; other commands go to their slot's node. A node that fails loses the groups
+of the keys it was to read; if no node answered this cycle, the source is down.
+
+What the replies mean is the sampler's (RoundSampler): these classes only batch, send, read and
+sort replies out, and hand them back to it.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import redis
 
 from exporter.redis_cluster import ClusterNodes
-from exporter.redis_pipeline import Args, SentCommands
+from exporter.redis_pipeline import Args, SentCommands, first_in
 
 if TYPE_CHECKING:  # types only: the sampler imports this module
-    from exporter.sources.redis_keys import Command, NodeScans, PlainKey, _PlainGroup
-
-
-# How a round is sent (RedisKeySampler.send_round): the client, the commands, a leading SCAN
-# (on a cluster, one per node), the plain groups' keys.
-SendRound = Callable[
-    [redis.Redis, list["Command"], "Args | NodeScans | None", list["PlainKey"]],
-    "SentRound | NodesRound",
-]
+    from exporter.sources.redis_keys import Command, PlainKey, _PlainGroup
 
 
 class RoundSampler(Protocol):
@@ -46,7 +44,7 @@ class RoundSampler(Protocol):
     ) -> list[Command]: ...
 
     def _node_lost(
-        self, node: str, lost: SentRound | NodeShare, error: redis.RedisError
+        self, node: str, commands: list[Command], plain: list[PlainKey], error: redis.RedisError
     ) -> None: ...
 
 
@@ -114,97 +112,6 @@ class SentRound:
         return follow_ups + sampler._handle_plain(self.plain, replies.depths, replies.heads)
 
 
-class NodesRound:
-    """One round on a cluster: each node's commands and plain keys in a round trip of its own
-    (a SentRound), all sent before any is read, so the nodes work at once; a node's SCAN
-    (`scans`: node name -> its client and SCAN) first in its round trip. A node that fails
-    loses the groups of its keys; if no node answered this cycle, the source is down."""
-
-    def __init__(
-        self,
-        sampler: RoundSampler,
-        nodes: ClusterNodes,
-        commands: list[Command],
-        scans: NodeScans,
-        plain: list[PlainKey],
-    ) -> None:
-        self.sampler, self.nodes, self.scans = sampler, nodes, scans
-        self.answered: list[SentRound] = []
-        shares: dict[tuple[str, bool], NodeShare] = {
-            (name, False): NodeShare(node_client) for name, (node_client, _) in scans.items()
-        }
-        for command in commands:
-            asked = command[0][0] is ASKED
-            name, node_client = command[0][1] if asked else nodes.node_of(key_of(command[0]))
-            _share(shares, name, asked, node_client).commands.append(command)
-        node_of = nodes.node_of
-        for key in plain:
-            name, node_client = node_of(key[1])
-            share = shares.get((name, False))  # a round's keys are on a few nodes: made once each
-            (share or _share(shares, name, False, node_client)).plain.append(key)
-        self.sent = {where: self._send(where, share) for where, share in shares.items()}
-
-    def _send(self, where: tuple[str, bool], share: NodeShare) -> SentRound | NodeShare:
-        name, asked = where
-        scan = self.scans[name][1] if name in self.scans and not asked else None
-        try:
-            return SentRound(self.sampler, share.client, share.commands, scan, share.plain, asked)
-        except redis.RedisError as error:
-            share.error = error
-            return share
-
-    def receive(self) -> dict[str, Any]:
-        """Read each node's replies: each SCAN's reply (the error where its node failed)."""
-        sampler, scanned = self.sampler, {}
-        failures = 0
-        for (name, asked), sent in self.sent.items():
-            try:
-                if isinstance(sent, NodeShare):  # sending failed
-                    assert sent.error is not None
-                    raise sent.error
-                reply = sent.receive()
-            except redis.RedisError as error:
-                failures += 1
-                if failures == len(self.sent) and not sampler._node_answered:
-                    raise  # no node answered: the source is down
-                self.nodes.noticed(error)
-                sampler._node_lost(name, sent, error)
-                reply = error
-            else:
-                sampler._node_answered = True
-                self.answered.append(sent)
-            if name in self.scans and not asked:
-                scanned[name] = reply
-        return scanned
-
-    def handle(self) -> list[Command]:
-        """Handle the replies of the nodes that answered; their follow-ups."""
-        return [command for sent in self.answered for command in sent.handle()]
-
-
-class NodeShare:
-    """What one round sends a cluster node: its commands and its plain groups' keys (and the
-    error sending them met)."""
-
-    __slots__ = ("client", "commands", "error", "plain")
-
-    def __init__(self, client: redis.Redis) -> None:
-        self.client = client
-        self.commands: list[Command] = []
-        self.plain: list[PlainKey] = []
-        self.error: redis.RedisError | None = None
-
-
-def _share(
-    shares: dict[tuple[str, bool], NodeShare], name: str, asked: bool, client: redis.Redis
-) -> NodeShare:
-    """The share of the round for this node (and kind: ASKED or not), made if new."""
-    share = shares.get((name, asked))
-    if share is None:
-        share = shares[name, asked] = NodeShare(client)
-    return share
-
-
 def _round_replies(
     commands: list[Command], leading: Args | None, replies: list[Any], reads: int
 ) -> _Replies:
@@ -226,13 +133,18 @@ _CARRIED_ROUNDS = 4
 
 
 class Rounds:
-    """Collects commands and sends them a pipeline_size round at a time."""
+    """Collects commands for one server (or cluster node) and sends them a pipeline_size round
+    at a time; each round's follow-ups go to `follow_ups` (without: to these rounds)."""
 
     def __init__(
-        self, send_round: SendRound, client: redis.Redis, size: int, follow_ups: Rounds | None
+        self,
+        sampler: RoundSampler,
+        client: redis.Redis,
+        size: int,
+        follow_ups: Rounds | NodeFlows | None,
+        asked: bool = False,
     ) -> None:
-        self.send_round = send_round
-        self.client = client
+        self.sampler, self.client, self.asked = sampler, client, asked
         self.follow_ups = follow_ups
         self.size = size
         self.pending: list[Command] = []
@@ -241,7 +153,8 @@ class Rounds:
         # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
         # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
         self.carried = False
-        self.unhandled: SentRound | NodesRound | None = None  # read, not yet handled
+        self.in_flight: SentRound | None = None  # sent, not yet read
+        self.unhandled: SentRound | None = None  # read, not yet handled
 
     def extend(self, commands: Iterable[Command]) -> None:
         self.pending.extend(commands)
@@ -249,39 +162,66 @@ class Rounds:
 
     def add_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group (a page of them), sent once rounds fill."""
-        self.plain += keys
-        self.plain_cost += group.cost * len(keys)
+        self.queue_plain(group, keys)
         self._flush_if_full()
 
+    def queue_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+        """Add keys of one plain group to the next rounds, sending nothing yet."""
+        self.plain += keys
+        self.plain_cost += group.cost * len(keys)
+
+    def queued(self) -> int:
+        """How many commands wait to be sent."""
+        return len(self.pending) + self.plain_cost
+
     def _flush_if_full(self) -> None:
-        queued = len(self.pending) + self.plain_cost
-        if queued >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
+        if self.queued() >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
             self.flush()
 
-    def flush(self, leading: Args | NodeScans | None = None) -> Any:
-        """Send the pending commands a round at a time, `leading` (a SCAN; on a cluster a SCAN
-        per node) first in the first round, even with nothing pending; its reply is returned
-        (on a cluster, each node's). Each round's replies are handled once the next round is
-        sent (the last round's: at the next flush, or once nothing is left to send)."""
+    def flush(self, leading: Args | None = None) -> Any:
+        """Send the pending commands a round at a time, `leading` (a SCAN) first in the first
+        round, even with nothing pending; its reply is returned. Each round's replies are
+        handled once the next round is sent (the last round's: at the next flush, or once
+        nothing is left to send)."""
         leading_reply = None
         while self.pending or self.plain or leading is not None or self.unhandled is not None:
-            if not (self.pending or self.plain or leading is not None):
-                self._handle_unhandled()  # may queue follow-ups: another round
+            if not self.send(leading):
                 continue
-            batch, self.pending = self.pending[: self.size], self.pending[self.size :]
-            plain = self._take_plain(self.size - len(batch))
-            sent = self.send_round(self.client, batch, leading, plain)
-            self._handle_unhandled()  # while Redis works on the round just sent
-            reply = sent.receive()
-            self.unhandled = sent
+            reply = self.receive()
             if leading is not None:
                 leading_reply, leading = reply, None
         return leading_reply
 
+    def send(self, leading: Args | None = None) -> bool:
+        """Send the next round (`leading` first in it), then handle the replies of the round
+        read last while Redis works on this one. With nothing to send, only that round is
+        handled (which may queue follow-ups) and False returned."""
+        if not (self.pending or self.plain or leading is not None):
+            self._handle_unhandled()
+            return False
+        batch, self.pending = self.pending[: self.size], self.pending[self.size :]
+        plain = self._take_plain(self.size - len(batch))
+        self.in_flight = SentRound(self.sampler, self.client, batch, leading, plain, self.asked)
+        self._handle_unhandled()
+        return True
+
+    def receive(self) -> Any:
+        """Read the round sent last; its leading command's reply is returned."""
+        sent, self.in_flight = self.in_flight, None
+        assert sent is not None
+        reply = sent.receive()
+        self.unhandled = sent
+        return reply
+
+    def abandon(self) -> None:
+        """The cycle failed: the round in flight is not read (its connection is dropped)."""
+        if self.in_flight is not None:
+            self.in_flight.sent.abandon()
+            self.in_flight = None
+
     def _handle_unhandled(self) -> None:
         """Handle the replies of the round read last; its follow-ups go to the follow-up
-        rounds, or (a follow-up's own: a redirected read's hash read, on a cluster) to the next
-        round of these."""
+        rounds, or (a follow-up's own: a redirected read's hash read) to these."""
         if self.unhandled is None:
             return
         follow_ups, self.unhandled = self.unhandled.handle(), None
@@ -300,6 +240,196 @@ class Rounds:
         batch, self.plain = self.plain[:taken], self.plain[taken:]
         self.plain_cost -= cost
         return batch
+
+
+# What a node's SCAN gives the sampler: the keys of one page, or the error the node failed with.
+ScanPage = tuple[str, "list[bytes] | redis.RedisError"]
+
+
+class NodeFlows:
+    """A Redis Cluster's rounds: a Rounds of its own per node (and per node an ASK reply named,
+    whose commands go after ASKING), each node's next round sent as soon as its own replies
+    are in. While scan() yields a node's page of keys, the commands added are that node's (a
+    key is read where SCAN found it: no slot lookup); any other command goes to its slot's
+    node. Follow-ups go to `follow_ups` (without: to these flows, routed by slot)."""
+
+    def __init__(
+        self, sampler: RoundSampler, nodes: ClusterNodes, size: int, follow_ups: NodeFlows | None
+    ) -> None:
+        self.sampler, self.nodes, self.size = sampler, nodes, size
+        self.follow_ups = follow_ups or self
+        self.flows: dict[tuple[str, bool], Rounds] = {}  # by node name and ASKED or not
+        self.lost: dict[str, redis.RedisError] = {}  # the nodes that failed this cycle
+        self.into: Rounds | None = None  # the node whose SCAN page's keys are being added
+        self.running = False  # the flows are being stepped: none is flushed on its own
+
+    # -- queueing ------------------------------------------------------------------------------
+
+    def extend(self, commands: Iterable[Command]) -> None:
+        if self.into is not None:
+            self.into.pending.extend(commands)
+            return
+        for command in commands:
+            args = command[0]
+            asked = args[0] is ASKED
+            name, client = args[1] if asked else self.nodes.node_of(key_of(args))
+            if name in self.lost:
+                self.sampler._node_lost(name, [command], [], self.lost[name])
+                continue
+            self._flow(name, client, asked).pending.append(command)
+        self._flush_if_full()
+
+    def add_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+        if self.into is not None:
+            self.into.queue_plain(group, keys)
+            return
+        for plain_key in keys:  # keys not from a node's SCAN (built from values): by slot
+            name, client = self.nodes.node_of(plain_key[1])
+            if name in self.lost:
+                self.sampler._node_lost(name, [], [plain_key], self.lost[name])
+            else:
+                self._flow(name, client, False).queue_plain(group, [plain_key])
+        self._flush_if_full()
+
+    def _flow(self, name: str, client: redis.Redis, asked: bool) -> Rounds:
+        flow = self.flows.get((name, asked))
+        if flow is None:
+            flow = Rounds(self.sampler, client, self.size, self.follow_ups, asked)
+            self.flows[name, asked] = flow
+        return flow
+
+    def _flush_if_full(self) -> None:
+        if not self.running and any(flow.queued() >= self.size for flow in self.flows.values()):
+            self.flush()
+
+    # -- stepping the nodes --------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Send every node's commands, the nodes at once, until all are read and handled."""
+        for _ in self._run({}):
+            pass
+
+    def scan(
+        self, shards: list[tuple[str, redis.Redis]], glob: str, count: int
+    ) -> Iterator[ScanPage]:
+        """SCAN MATCH `glob` on every shard at once: each page of keys as it comes (their
+        commands then added are its node's), each node's next SCAN in the round that sends the
+        last commands queued for it (the keys its previous page found). A node that fails gives
+        its error in place of a page, once."""
+        scans: dict[str, Args] = {}
+        for name, client in shards:
+            if name in self.lost:  # failed earlier this cycle: not asked again
+                yield name, self.lost[name]
+            else:
+                self._flow(name, client, False)
+                scans[name] = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
+        yield from self._run(scans)
+
+    def _run(self, scans: dict[str, Args]) -> Iterator[ScanPage]:
+        """Step every node until none has anything left to send, read or handle (nor, in
+        `scans`, a SCAN to send): whichever node's replies are in first is read, the SCAN page
+        its round carried (if it did) yielded, its next round sent, and the replies just read
+        handled while it works on that one. If nodes failed and none answered this cycle, the
+        first failure is raised: the source is down."""
+        self.running = True
+        try:
+            while True:
+                for (name, _), flow in list(self.flows.items()):
+                    if flow.in_flight is None and name not in self.lost:
+                        self._send(name, flow, scans)
+                name, first = self._first_in()
+                if first is None:
+                    if self._idle():
+                        break
+                    continue  # replies handled last queued commands for a node already passed
+                flow, sent = first, first.in_flight
+                assert sent is not None
+                reply = self._receive(name, flow)
+                if isinstance(reply, redis.RedisError):
+                    if sent.leading is not None or scans.pop(name, None) is not None:
+                        yield name, reply  # its scan is cut short
+                    continue
+                if sent.leading is None:
+                    continue
+                cursor, keys = reply
+                if cursor not in (b"0", 0):
+                    scans[name] = (sent.leading[0], cursor, *sent.leading[2:])
+                self.into = flow
+                yield name, keys
+                self.into = None
+            if self.lost and not self.sampler._node_answered:
+                raise next(iter(self.lost.values()))
+        finally:
+            self.running, self.into = False, None
+
+    def _send(self, name: str, flow: Rounds, scans: dict[str, Args]) -> None:
+        """Send the node's next round, if it has one: its SCAN rides in the round that takes
+        the last of its queued commands, so that what a page finds is read before the next page
+        is asked for."""
+        while flow.in_flight is None:
+            scan = None
+            if name in scans and not flow.asked and flow.queued() <= self.size:
+                scan = scans.pop(name)
+            if not flow.send(scan) and not (flow.pending or flow.plain):
+                return  # nothing left: its last replies handled
+
+    def _idle(self) -> bool:
+        """No node has anything left to send or handle."""
+        return not any(
+            flow.pending or flow.plain or flow.unhandled
+            for (name, _), flow in self.flows.items()
+            if name not in self.lost
+        )
+
+    def _first_in(self) -> tuple[str, Rounds | None]:
+        """The node whose round in flight is read first (its replies all in), or None when no
+        round is in flight."""
+        in_flight = {
+            id(flow.in_flight.sent): (name, flow)
+            for (name, _), flow in self.flows.items()
+            if flow.in_flight is not None
+        }
+        if not in_flight:
+            return "", None
+        rounds = [flow.in_flight.sent for _, flow in in_flight.values() if flow.in_flight]
+        return in_flight[id(first_in(rounds))]
+
+    def _receive(self, name: str, flow: Rounds) -> Any:
+        """The node's round read: its leading reply, or the error that lost the node."""
+        sent = flow.in_flight
+        try:
+            reply = flow.receive()
+        except redis.RedisError as error:
+            assert sent is not None
+            self._lose(name, error, sent)
+            return error
+        self.sampler._node_answered = True
+        return reply
+
+    def _lose(self, name: str, error: redis.RedisError, sent: SentRound) -> None:
+        """A node failed: what it was to read (sent, in flight or queued) loses its groups,
+        and so does whatever is routed to it later this cycle; the replies it did give are
+        handled."""
+        self.nodes.noticed(error)
+        self.lost.setdefault(name, error)
+        commands, plain = list(sent.commands), list(sent.plain)
+        flows = [flow for (flow_name, _), flow in self.flows.items() if flow_name == name]
+        for flow in flows:
+            if flow.in_flight is not None:
+                commands += flow.in_flight.commands
+                plain += flow.in_flight.plain
+                flow.abandon()
+            commands += flow.pending
+            plain += flow.plain
+            flow.pending, flow.plain, flow.plain_cost = [], [], 0
+        self.sampler._node_lost(name, commands, plain, error)
+        for flow in flows:
+            flow.send()  # nothing to send: its last replies read are handled
+
+    def abandon(self) -> None:
+        """The cycle failed: no round in flight is read (their connections are dropped)."""
+        for flow in self.flows.values():
+            flow.abandon()
 
 
 def _each(reply: Any, count: int) -> Iterator[Any]:

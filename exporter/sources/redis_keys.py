@@ -4,10 +4,11 @@ One cycle: find the keys (SCAN MATCH per group, or keys built from enumerated va
 read them in pipelines of `pipeline_size` commands (one depth command per key or priority
 band, one for the head item, one for the due count: key_commands.py), then one more
 pipelined round for the items that point at a hash (RQ jobs, BullMQ jobs) or at a stream
-position. Each SCAN travels in the round trip that reads the keys the previous SCAN found; on
-a Redis Cluster every shard is scanned at once, each node's SCAN in the round trip of its own
-reads. Each round is sent before the previous one's replies are handled: Redis (each node)
-works on it while this process parses those (the rounds: key_rounds.py).
+position. Each SCAN travels in the round trip that reads the keys the previous SCAN found. Each
+round is sent before the previous one's replies are handled: Redis works on it while this
+process parses those. On a Redis Cluster every shard is scanned at once, each node in a flow of
+its own: the keys its SCAN finds are read on it, and its next round goes as soon as its own
+replies are in, never waiting for another node (the rounds and flows: key_rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
@@ -61,10 +62,8 @@ from exporter.sources.key_groups import (
 from exporter.sources.key_rounds import (
     ASKED,
     ITEM_READ,
-    NodeShare,
-    NodesRound,
+    NodeFlows,
     Rounds,
-    SentRound,
     key_of,
 )
 from exporter.sources.redis_keys_config import RedisSourceConfig
@@ -181,8 +180,6 @@ OnReply = Callable[[Any], "Command | None"]
 # it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
 # at 100k keys.
 Command = tuple[tuple[Any, ...], OnReply, GroupTally]
-# A SCAN per cluster node, by node name: its client and the SCAN command.
-NodeScans = dict[str, tuple[redis.Redis, Args]]
 
 
 class Labels(NamedTuple):
@@ -298,6 +295,26 @@ class RedisKeySampler:
         # one round of commands at a time, however large the keyspace.
         follow_ups = self._rounds(client, None)
         rounds = self._rounds(client, follow_ups)
+        try:
+            tallies = self._sample_groups(client, cycle, rounds, follow_ups)
+        finally:  # a cycle that failed leaves no reply unread on a connection
+            rounds.abandon()
+            follow_ups.abandon()
+        self._large_heads = self._large_heads_now
+        self._withdraw_lost_groups(cycle.samples, tallies)
+        self._report(tallies)
+        if self.source_label is not None:
+            return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
+        return cycle.samples
+
+    def _sample_groups(
+        self,
+        client: redis.Redis,
+        cycle: Cycle,
+        rounds: Rounds | NodeFlows,
+        follow_ups: Rounds | NodeFlows,
+    ) -> list[GroupTally]:
+        """Find and read every key group's keys; their tallies."""
         tallies = [
             GroupTally(group, self.name, self.telemetry, self._warnings)
             for group in self.config.key_groups
@@ -317,12 +334,7 @@ class RedisKeySampler:
                     rounds.extend(cycle.commands_for_key(tally, key, *match))
         rounds.flush()
         follow_ups.flush()
-        self._large_heads = self._large_heads_now
-        self._withdraw_lost_groups(cycle.samples, tallies)
-        self._report(tallies)
-        if self.source_label is not None:
-            return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
-        return cycle.samples
+        return tallies
 
     def error_reason(self, error: Exception) -> str:
         return redis_error_reason(error)
@@ -386,14 +398,20 @@ class RedisKeySampler:
         return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
 
     def _scan(
-        self, client: redis.Redis, pattern: str, tally: GroupTally, rounds: Rounds | None = None
+        self,
+        client: redis.Redis,
+        pattern: str,
+        tally: GroupTally,
+        rounds: Rounds | NodeFlows | None = None,
     ) -> Iterator[list[bytes]]:
-        """The keys of the pattern, a page at a time (a SCAN reply's, on a cluster a round's):
+        """The keys of the pattern, a page at a time (a SCAN reply's; on a cluster a node's):
         a page's keys are matched and queued in one loop, not a generator step each."""
         glob, count = scan_glob(pattern), self.config.scan_count
         if self._nodes is not None:
-            return self._scan_nodes(self._nodes, glob, tally, rounds or self._rounds(client, None))
-        if rounds is not None:
+            flows = rounds if rounds is not None else self._rounds(client, None)
+            assert isinstance(flows, NodeFlows)
+            return self._scan_nodes(self._nodes, glob, tally, flows)
+        if isinstance(rounds, Rounds):
             return self._scan_with_reads(rounds, glob, count)
         return _scan_pages(client, glob, count)
 
@@ -412,36 +430,21 @@ class RedisKeySampler:
                 return
 
     def _scan_nodes(
-        self, nodes: ClusterNodes, glob: str, tally: GroupTally, rounds: Rounds
+        self, nodes: ClusterNodes, glob: str, tally: GroupTally, flows: NodeFlows
     ) -> Iterator[list[bytes]]:
-        """SCAN on every shard at once (each holds its own slots' keys), each node's SCAN in the
-        round trip that reads the keys its previous page found, as on one server. A node that
-        does not answer loses the group its keys: withdrawn this cycle, unless no node answered."""
+        """SCAN on every shard at once (each holds its own slots' keys), each node's pages
+        read on that node as they come, whatever the others do (NodeFlows). A node that does
+        not answer loses the group its keys: withdrawn this cycle, unless no node answered."""
         shards = nodes.shards()
-        cursors: dict[str, tuple[redis.Redis, Any]] = {name: (c, b"0") for name, c in shards}
         failed = 0
-        while cursors:
-            scans = {
-                name: (node, ("SCAN", cursor, "MATCH", glob, "COUNT", self.config.scan_count))
-                for name, (node, cursor) in cursors.items()
-            }
-            found: list[bytes] = []
-            for name, reply in rounds.flush(leading=scans).items():
-                node, _ = cursors.pop(name)
-                if isinstance(reply, Exception):
-                    failed += 1
-                    if failed == len(shards):
-                        raise reply
-                    nodes.noticed(reply)
-                    detail = f"node {name}: {redis_error_reason(reply)}"
-                    self._lose_group(tally, glob.encode(), detail)
-                    continue
-                cursor, keys = reply
-                if cursor not in (b"0", 0):
-                    cursors[name] = (node, cursor)
-                found += keys
-            rounds.carried = bool(cursors)  # the next SCANs take these pages' reads
-            yield found
+        for name, page in flows.scan(shards, glob, self.config.scan_count):
+            if isinstance(page, redis.RedisError):
+                failed += 1
+                if failed == len(shards) and not self._node_answered:
+                    raise page
+                self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(page)}")
+                continue
+            yield page  # while flows.into is its node: the keys' reads go there
 
     def _lose_group(
         self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
@@ -454,7 +457,7 @@ class RedisKeySampler:
         self,
         client: redis.Redis,
         tally: GroupTally,
-        rounds: Rounds,
+        rounds: Rounds | NodeFlows,
         last_cycle: dict[bytes, KeyMatch | None],
     ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
         """The group's keys and what each gives, a page at a time."""
@@ -522,36 +525,23 @@ class RedisKeySampler:
             self._lose_group(tally, pattern.encode(), "values scanned without a node")
         return self._values_found[pattern]
 
-    def _rounds(self, client: redis.Redis, follow_ups: Rounds | None) -> Rounds:
-        """Rounds to send commands in, their follow-ups to `follow_ups` (if given)."""
-        # On a cluster, a round is a round trip per node, of about pipeline_size commands each.
-        nodes = self._nodes
-        size = self.config.pipeline_size * (len(nodes.primaries()) if nodes else 1)
-        return Rounds(self.send_round, client, size, follow_ups)
-
-    def send_round(
-        self,
-        client: redis.Redis,
-        commands: list[Command],
-        leading: Args | NodeScans | None,
-        plain: list[PlainKey],
-    ) -> SentRound | NodesRound:
-        """Send one round: the commands and the keys of plain groups in one round trip (on a
-        cluster one per node, the nodes at once), a `leading` command (a SCAN riding along; on
-        a cluster a SCAN per node) first. Its replies are read and handled later, apart: the
-        next round is sent before this one's replies are handled, so Redis works on it
-        meanwhile, never waiting on this process's parsing.
+    def _rounds(
+        self, client: redis.Redis, follow_ups: Rounds | NodeFlows | None
+    ) -> Rounds | NodeFlows:
+        """Rounds to send commands in (on a cluster, a flow per node), their follow-ups to
+        `follow_ups` (if given).
 
         A reply that cannot be read fails only what it is about, whatever it raises: the item
-        or key is counted and named, and the rest of the cycle goes on. Only the round trip
+        or key is counted and named, and the rest of the cycle goes on. Only a round trip
         itself (the backend) can fail the cycle; on a cluster, a node's round trip fails only
-        the groups of the keys it holds, unless every node failed.
+        the groups of the keys it holds, unless no node answered.
         """
+        size = self.config.pipeline_size
         if self._nodes is not None:
-            scans = leading if isinstance(leading, dict) else {}
-            return NodesRound(self, self._nodes, commands, scans, plain)
-        assert not isinstance(leading, dict)  # a SCAN per node: on a cluster only
-        return SentRound(self, client, commands, leading, plain)
+            assert follow_ups is None or isinstance(follow_ups, NodeFlows)
+            return NodeFlows(self, self._nodes, size, follow_ups)
+        assert follow_ups is None or isinstance(follow_ups, Rounds)
+        return Rounds(self, client, size, follow_ups)
 
     def _round_commands(
         self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
@@ -579,8 +569,12 @@ class RedisKeySampler:
         """A key whose slot is migrating and that has already moved: the command its node
         answered with ASK, to the node the reply names (sent after ASKING); an item read the
         node's script could not make, again on its own with its key declared (so that it meets
-        that ASK). None for any other error."""
+        that ASK); a command read where SCAN found its key and MOVED from there to the node the
+        slot map already names (the key sits on the node importing its slot), again to that
+        node. None for any other error."""
         args, on_reply, tally = command
+        if nodes.moved_to_its_node(reply, key_of(args)):
+            return command  # a follow-up: routed by slot
         if args[0] is ITEM_READ:
             if not str(reply).startswith(_NOT_LOCAL):
                 return None
@@ -590,11 +584,13 @@ class RedisKeySampler:
         target = nodes.asked(reply)
         return None if target is None else ((ASKED, target, args), on_reply, tally)
 
-    def _node_lost(self, node: str, lost: SentRound | NodeShare, error: redis.RedisError) -> None:
+    def _node_lost(
+        self, node: str, commands: list[Command], plain: list[PlainKey], error: redis.RedisError
+    ) -> None:
         detail = f"node {node}: {redis_error_reason(error)}"
-        for args, _, tally in lost.commands:
+        for args, _, tally in commands:
             self._lose_group(tally, key_of(args), detail)
-        for group, key, _ in lost.plain:
+        for group, key, _ in plain:
             self._lose_group(group.tally, key, detail)
 
     def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
