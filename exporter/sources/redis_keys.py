@@ -365,19 +365,19 @@ class RedisKeySampler:
                 tally.warn("no_keys", _NO_KEYS_ENUMERATED if tally.group.enumerated else _NO_KEYS)
         level = logging.DEBUG if self._reported_once else logging.INFO
         self._reported_once = True
-        for tally in tallies:
+        reports = [tally.report() for tally in tallies]  # its queues counted once, for both
+        for report in reports:
             log.log(
                 level,
                 "key group %r (system %s, %s): %d key(s) matched, %d queue(s), %d series%s",
-                tally.group.pattern,
-                tally.group.system,
-                tally.group.type,
-                tally.keys,
-                len({labels.queue for labels in tally.series}),
-                len(tally.series),
-                f", errors {dict(tally.errors)}" if tally.errors else "",
+                report.pattern,
+                report.system,
+                report.type,
+                report.keys_matched,
+                report.queues,
+                report.series,
+                f", errors {report.errors}" if report.errors else "",
             )
-        reports = [tally.report() for tally in tallies]
         self.telemetry.health.report_key_groups(self.name, reports)
 
     # -- finding keys and running commands ------------------------------------------------------
