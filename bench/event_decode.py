@@ -64,9 +64,10 @@ def exporter_side(url: str) -> tuple[Telemetry, Any]:
         settings.streams[0], settings, RedisConnectionConfig(url=url), metrics
     )
     key = STREAM.encode()
+    client = redis.Redis.from_url(url)  # what _apply reads with (a Runner-Q hash): unused here
 
     def one(_: Any, batch: Batch) -> None:
-        consumer._apply(None, consumer_module._stream_entries([[key, batch]]))  # type: ignore[arg-type]
+        consumer._apply(client, consumer_module._stream_entries([[key, batch]]))
 
     return telemetry, one
 

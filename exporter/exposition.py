@@ -32,6 +32,7 @@ from exporter.store import Family, HistogramFamily, NumberFamily
 # its first scrapes before prometheus_client loads (exporter/self_metrics.py).
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"
+OPENMETRICS_EOF = b"# EOF\n"  # the end of an OpenMetrics exposition, after every family
 CHUNK = 2048  # lines joined at a time
 _LABELS = "\x00"  # where a histogram template takes a series' labels (never in a name or bound)
 _last = itemgetter(-1)

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as _untyped_text
 from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
 
-from exporter import __version__
+from exporter import __version__, exposition
 from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
 from exporter.health import HealthBoard
 from exporter.otlp import StoreExporter
@@ -36,7 +36,6 @@ from exporter.telemetry_config import OtlpConfig
 
 # The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
 _SDK_CARDINALITY = 1_000_000
-_EOF = b"# EOF\n"
 _Writer = Callable[[CollectorRegistry], bytes]
 _write_text = cast(_Writer, _untyped_text)
 _write_openmetrics = cast(_Writer, _untyped_openmetrics)
@@ -91,7 +90,7 @@ class SelfMetrics:
     def render(self, openmetrics: bool) -> bytes:
         """These metrics in the exposition format (OpenMetrics without its `# EOF`)."""
         if openmetrics:
-            return _write_openmetrics(self._registry).removesuffix(_EOF)
+            return _write_openmetrics(self._registry).removesuffix(exposition.OPENMETRICS_EOF)
         return _write_text(self._registry)
 
     def count_overflow(self, metric: str, count: int) -> None:

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
     from exporter.self_metrics import SelfMetrics
 
-_EOF = b"# EOF\n"
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
@@ -122,7 +121,7 @@ class Telemetry:
             own = self._own(openmetrics)
             families = self.store.families()
         chunks = exposition.render(families, openmetrics)
-        return b"".join([*own, *chunks, _EOF if openmetrics else b""])
+        return b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
 
     def _own(self, openmetrics: bool) -> list[bytes]:
         if self._self_metrics is not None:
