@@ -9,8 +9,10 @@ in a redis-server of the benchmark's own. After a warm-up of each, the floor, th
 (up to `--peer-up-to` keys) the Go peer run in turn `--runs` times (medians); each is timed by
 the clock and by the CPU it costs, this process's and the redis-server's together (the steadier
 figure on a shared host):
-- floor: the same useful work in the leanest loop: SCAN MATCH of the preset's two patterns, each
-  SCAN sent with the reads of the keys the previous one found (as the exporter does), LLEN of
+- floor: the same useful work in the leanest loop: one SCAN MATCH of the preset's two patterns'
+  common prefix, its keys matched against both patterns (as the exporter shares one SCAN among
+  key groups: exporter/sources/key_scans.py), each SCAN sent with the reads of the keys the
+  previous one found (as the exporter does), LLEN of
   every key and its head item read inside the same bounded read-only script the exporter uses
   (max_item_bytes), over a raw socket with hiredis packing and parsing, every head's JSON
   parsed (JSONDecoder.raw_decode, as the exporter does) and its ISO-8601 time turned into an
@@ -35,6 +37,7 @@ import argparse
 import gc
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -62,9 +65,12 @@ from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
 from tests.private_redis import PrivateRedis, free_port
 
-QUEUE_GLOB = "orchestrata:queue:*"
 # The preset's two key groups: queue lists and dead-letter lists (none here, but scanned for).
 PRESET_GLOBS = ("orchestrata:queue:*:p*", "orchestrata:dlq:*")
+# Both found by one SCAN of their common prefix (as the exporter shares it: key_scans.py), each
+# key it returns matched against both patterns.
+SHARED_GLOB = "orchestrata:*"
+PRESET_KEYS = re.compile(rb"orchestrata:queue:.+:p.+|orchestrata:dlq:.+", re.DOTALL)
 MAX_ITEM_BYTES = 256 * 1024  # the exporter's default max_item_bytes
 SCAN_COUNT = 1000  # the exporter's default scan_count
 # A head's JSON parsed as the exporter parses it (key_commands.head_time): without json.loads's
@@ -175,33 +181,31 @@ def floor_loop(raw: RawRedis, overlap: bool = True, any_slot: bool = False) -> F
     head_read = script_read("LINDEX", 0)
     gc.disable()
     try:
-        for glob in PRESET_GLOBS:
-            cursor: Any = b"0"
-            keys: list[bytes] = []
-            scanning = True
-            while scanning or keys:
-                scan = [("SCAN", cursor, "MATCH", glob, "COUNT", SCAN_COUNT)] if scanning else []
-                keys = [key for key in keys if key not in found]  # SCAN may repeat a key
-                reads: list[tuple[Any, ...]] = [("LLEN", key) for key in keys]
-                if keys:
-                    reads.append(
-                        bounded_reads(keys, [head_read] * len(keys), MAX_ITEM_BYTES, any_slot)
-                    )
-                if overlap:
-                    replies = raw.pipeline(scan + reads)
-                    scanned, replies = replies[: len(scan)], replies[len(scan) :]
-                else:
-                    replies = raw.pipeline(reads) if reads else []
-                    scanned = raw.pipeline(scan) if scan else []
-                heads = replies[-1] if keys else []
-                for key, depth, head in zip(keys, replies[: len(keys)], heads, strict=True):
-                    document, _ = parse_document(head.decode())
-                    queued_at = datetime.fromisoformat(document["queued_at"])
-                    found[key] = (depth, now - queued_at.timestamp())
-                keys = []
-                if scanned:
-                    cursor, keys = scanned[0]
-                    scanning = cursor != b"0"
+        cursor: Any = b"0"
+        keys: list[bytes] = []
+        scanning = True
+        while scanning or keys:
+            scan = [("SCAN", cursor, "MATCH", SHARED_GLOB, "COUNT", SCAN_COUNT)] if scanning else []
+            # SCAN may repeat a key
+            keys = [key for key in keys if key not in found and PRESET_KEYS.match(key)]
+            reads: list[tuple[Any, ...]] = [("LLEN", key) for key in keys]
+            if keys:
+                reads.append(bounded_reads(keys, [head_read] * len(keys), MAX_ITEM_BYTES, any_slot))
+            if overlap:
+                replies = raw.pipeline(scan + reads)
+                scanned, replies = replies[: len(scan)], replies[len(scan) :]
+            else:
+                replies = raw.pipeline(reads) if reads else []
+                scanned = raw.pipeline(scan) if scan else []
+            heads = replies[-1] if keys else []
+            for key, depth, head in zip(keys, replies[: len(keys)], heads, strict=True):
+                document, _ = parse_document(head.decode())
+                queued_at = datetime.fromisoformat(document["queued_at"])
+                found[key] = (depth, now - queued_at.timestamp())
+            keys = []
+            if scanned:
+                cursor, keys = scanned[0]
+                scanning = cursor != b"0"
     finally:
         gc.enable()
     return found
@@ -238,7 +242,7 @@ class Peer:
             [
                 binary,
                 f"-redis.addr={url}",
-                f"-check-keys={QUEUE_GLOB}",
+                f"-check-keys={','.join(PRESET_GLOBS)}",
                 f"-check-keys-batch-size={SCAN_COUNT}",
                 f"-web.listen-address=127.0.0.1:{self.port}",
             ],

@@ -229,9 +229,24 @@ def placeholders(pattern: str) -> list[str]:
 def scan_glob(pattern: str) -> str:
     """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
     return "".join(
-        "*" if index % 2 else _GLOB_SPECIAL.sub(r"\\\1", part)
-        for index, part in enumerate(_parts(pattern))
+        "*" if index % 2 else _glob_literal(part) for index, part in enumerate(_parts(pattern))
     )
+
+
+def shared_glob(patterns: list[str]) -> str:
+    """A SCAN MATCH glob every key of the patterns matches: their common literal prefix (the
+    text before each one's first placeholder), escaped, then '*'."""
+    prefixes = [_parts(pattern)[0] for pattern in patterns]
+    first, last = min(prefixes), max(prefixes)  # the common prefix of all is theirs
+    size = next(
+        (at for at, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first)
+    )
+    return _glob_literal(first[:size]) + "*"
+
+
+def _glob_literal(text: str) -> str:
+    """`text` as a glob that matches it alone (glob metacharacters escaped)."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
 
 
 def key_regex(pattern: str) -> re.Pattern[str]:

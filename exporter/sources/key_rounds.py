@@ -1,7 +1,8 @@
 """The round machinery of the Redis key sampler: commands sent a pipeline_size round at a time.
 
-A round is one round trip. On one server (Rounds) each round is sent before the previous one's
-replies are handled, so Redis works on it while this process parses those. On a Redis Cluster
+A round is one round trip. On one server (Rounds) a round stays in flight while this process
+goes on, and each round is sent before the previous one's replies are handled, so Redis works on
+it while this process parses those. On a Redis Cluster
 (NodeFlows) each node has rounds of its own, and a node's next round goes out as soon as its own
 replies are in, whatever the other nodes are doing: the nodes never wait for one another, and
 this process parses one node's replies while the others work. The keys a node's SCAN finds are
@@ -127,11 +128,6 @@ def _round_replies(
     return _Replies(leading_reply, ordered, list(direct_replies), list(read_replies))
 
 
-# How many rounds of commands may wait for the next SCAN to carry them (a SCAN COUNT 1000 page
-# of keys with two reads each is about two).
-_CARRIED_ROUNDS = 4
-
-
 class Rounds:
     """Collects commands for one server (or cluster node) and sends them a pipeline_size round
     at a time; each round's follow-ups go to `follow_ups` (without: to these rounds)."""
@@ -150,9 +146,6 @@ class Rounds:
         self.pending: list[Command] = []
         self.plain: list[PlainKey] = []
         self.plain_cost = 0  # the commands the plain keys take: one or two each
-        # True while the next SCAN will carry the pending commands: they wait for it (a SCAN
-        # page's worth, bounded by _CARRIED_ROUNDS rounds) rather than go in a round of their own.
-        self.carried = False
         self.in_flight: SentRound | None = None  # sent, not yet read
         self.unhandled: SentRound | None = None  # read, not yet handled
 
@@ -175,22 +168,20 @@ class Rounds:
         return len(self.pending) + self.plain_cost
 
     def _flush_if_full(self) -> None:
-        if self.queued() >= self.size * (_CARRIED_ROUNDS if self.carried else 1):
-            self.flush()
+        """Send each full round, after reading the one in flight: one round stays in flight,
+        so Redis works on it while this process goes on (finding keys, queueing commands)."""
+        while self.queued() >= self.size:
+            if self.in_flight is not None:
+                self.receive()
+            self.send()
 
-    def flush(self, leading: Args | None = None) -> Any:
-        """Send the pending commands a round at a time, `leading` (a SCAN) first in the first
-        round, even with nothing pending; its reply is returned. Each round's replies are
-        handled once the next round is sent (the last round's: at the next flush, or once
-        nothing is left to send)."""
-        leading_reply = None
-        while self.pending or self.plain or leading is not None or self.unhandled is not None:
-            if not self.send(leading):
-                continue
-            reply = self.receive()
-            if leading is not None:
-                leading_reply, leading = reply, None
-        return leading_reply
+    def flush(self) -> None:
+        """Send every pending command a round at a time and read and handle every reply. Each
+        round's replies are handled once the next round is sent."""
+        while self.in_flight or self.pending or self.plain or self.unhandled:
+            if self.in_flight is not None:
+                self.receive()
+            self.send()
 
     def send(self, leading: Args | None = None) -> bool:
         """Send the next round (`leading` first in it), then handle the replies of the round

@@ -1,14 +1,15 @@
 """The Redis key sampler: depth and head-of-queue age of every key that matches a key group.
 
-One cycle: find the keys (SCAN MATCH per group, or keys built from enumerated values),
-read them in pipelines of `pipeline_size` commands (one depth command per key or priority
-band, one for the head item, one for the due count: key_commands.py), then one more
-pipelined round for the items that point at a hash (RQ jobs, BullMQ jobs) or at a stream
-position. Each SCAN travels in the round trip that reads the keys the previous SCAN found. Each
-round is sent before the previous one's replies are handled: Redis works on it while this
-process parses those. On a Redis Cluster every shard is scanned at once, each node in a flow of
-its own: the keys its SCAN finds are read on it, and its next round goes as soon as its own
-replies are in, never waiting for another node (the rounds and flows: key_rounds.py).
+One cycle: find the keys (one SCAN MATCH shared by the scanned groups while that pays, else
+one per group: key_scans.py; or keys built from enumerated values), read them in pipelines of
+`pipeline_size` commands (one depth command per key or priority band, one for the head item,
+one for the due count: key_commands.py), then one more pipelined round for the items that point
+at a hash (RQ jobs, BullMQ jobs) or at a stream position. On one server SCAN runs a page ahead
+on a connection of its own, and the reads' rounds go on another (a third takes the follow-up
+rounds): Redis works on the next page and the next round while this process parses the last
+ones. On a Redis Cluster every shard is scanned at once, each node in a flow of its own: the
+keys its SCAN finds are read on it, and its next round goes as soon as its own replies are in,
+never waiting for another node (the rounds and flows: key_rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
@@ -38,6 +39,7 @@ from exporter.redis_connection import (
 )
 from exporter.redis_pipeline import (
     Args,
+    SentCommands,
     bounded_reads,
     probe_first,
 )
@@ -66,6 +68,7 @@ from exporter.sources.key_rounds import (
     Rounds,
     key_of,
 )
+from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -201,7 +204,8 @@ class KeyMatch(NamedTuple):
     labels: Labels
 
 
-_UNKNOWN: Any = object()  # a key not seen last cycle (None means: seen, not the pattern's)
+# The key groups (positions among a SCAN's groups) that take a key, and what it gives each.
+Route = tuple[tuple[int, KeyMatch], ...]
 
 
 def labels_for(group: KeyGroup, captured: dict[str, str]) -> Labels:
@@ -273,10 +277,12 @@ class RedisKeySampler:
         self._lost_groups: set[int] = set()
         self._node_answered = False  # some cluster node answered this cycle: the source is up
         self._partial_values: set[str] = set()  # values_from_keys scanned without some node
-        # Per scanned key group (by id), what last cycle's keys gave (their placeholders and
-        # labels, or None: not the pattern's): the same keys come back every cycle, and
-        # matching each against the pattern's regex again cost more than reading it.
-        self._known: dict[int, dict[bytes, KeyMatch | None]] = {}
+        # The SCANs of each cycle: one shared by the scanned groups while that pays, or one each
+        self._scan_plan = ScanPlan(self.name, config.key_groups, config.scan_count)
+        # Per SCAN (by its groups), which groups took each key it found last cycle, and what
+        # the key gave them: the same keys come back every cycle, and matching each against
+        # the patterns' regexes again cost more than reading it.
+        self._known: dict[tuple[int, ...], dict[bytes, Route]] = {}
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -319,19 +325,26 @@ class RedisKeySampler:
             GroupTally(group, self.name, self.telemetry, self._warnings)
             for group in self.config.key_groups
         ]
+        plains = {id(t): _PlainGroup(t, cycle) for t in tallies if _PlainGroup.suits(t.group)}
+
+        def read(tally: GroupTally, page: list[tuple[bytes, KeyMatch]]) -> None:
+            tally.matched(page)
+            plain = plains.get(id(tally))
+            if plain is not None:
+                rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
+                return
+            for key, match in page:
+                rounds.extend(cycle.commands_for_key(tally, key, *match))
+
         known, self._known = self._known, {}
-        for tally in tallies:
-            last_cycle = known.get(id(tally.group), {})
-            plain = None
-            if _PlainGroup.suits(tally.group):
-                plain = _PlainGroup(tally, cycle)
-            for page in self._keys(client, tally, rounds, last_cycle):
-                tally.matched(page)
-                if plain is not None:
-                    rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
-                    continue
-                for key, match in page:
-                    rounds.extend(cycle.commands_for_key(tally, key, *match))
+        for scan in self._scan_plan.scans():
+            members = [tallies[index] for index in scan.groups]
+            last_cycle = known.get(scan.groups, {})
+            for tally, page in self._scanned_pages(client, scan, members, rounds, last_cycle):
+                read(tally, page)
+        for tally in (tally for tally in tallies if tally.group.enumerated):
+            for page in self._enumerated_pages(client, tally):
+                read(tally, page)
         rounds.flush()
         follow_ups.flush()
         return tallies
@@ -400,41 +413,26 @@ class RedisKeySampler:
     def _scan(
         self,
         client: redis.Redis,
-        pattern: str,
-        tally: GroupTally,
+        glob: str,
+        tallies: list[GroupTally],
         rounds: Rounds | NodeFlows | None = None,
     ) -> Iterator[list[bytes]]:
-        """The keys of the pattern, a page at a time (a SCAN reply's; on a cluster a node's):
-        a page's keys are matched and queued in one loop, not a generator step each."""
-        glob, count = scan_glob(pattern), self.config.scan_count
+        """The keys SCAN MATCH `glob` finds for the groups, a page at a time (a SCAN reply's;
+        on a cluster a node's): a page's keys are matched and queued in one loop, not a
+        generator step each."""
+        count = self.config.scan_count
         if self._nodes is not None:
             flows = rounds if rounds is not None else self._rounds(client, None)
             assert isinstance(flows, NodeFlows)
-            return self._scan_nodes(self._nodes, glob, tally, flows)
-        if isinstance(rounds, Rounds):
-            return self._scan_with_reads(rounds, glob, count)
-        return _scan_pages(client, glob, count)
-
-    def _scan_with_reads(self, rounds: Rounds, glob: str, count: int) -> Iterator[list[bytes]]:
-        """SCAN, each SCAN travelling in the round trip that reads the keys the previous one
-        found: the server's SCAN work no longer waits alone for a round trip of its own."""
-        cursor: Any = b"0"
-        while True:
-            reply = rounds.flush(leading=("SCAN", cursor, "MATCH", glob, "COUNT", count))
-            if isinstance(reply, Exception):
-                raise reply
-            cursor, keys = reply
-            rounds.carried = cursor not in (b"0", 0)  # the next SCAN takes this page's reads
-            yield keys
-            if not rounds.carried:
-                return
+            return self._scan_nodes(self._nodes, glob, tallies, flows)
+        return _scan_ahead(client, glob, count)
 
     def _scan_nodes(
-        self, nodes: ClusterNodes, glob: str, tally: GroupTally, flows: NodeFlows
+        self, nodes: ClusterNodes, glob: str, tallies: list[GroupTally], flows: NodeFlows
     ) -> Iterator[list[bytes]]:
         """SCAN on every shard at once (each holds its own slots' keys), each node's pages
         read on that node as they come, whatever the others do (NodeFlows). A node that does
-        not answer loses the group its keys: withdrawn this cycle, unless no node answered."""
+        not answer loses the groups their keys: withdrawn this cycle, unless no node answered."""
         shards = nodes.shards()
         failed = 0
         for name, page in flows.scan(shards, glob, self.config.scan_count):
@@ -442,7 +440,9 @@ class RedisKeySampler:
                 failed += 1
                 if failed == len(shards) and not self._node_answered:
                     raise page
-                self._lose_group(tally, glob.encode(), f"node {name}: {redis_error_reason(page)}")
+                detail = f"node {name}: {redis_error_reason(page)}"
+                for tally in tallies:
+                    self._lose_group(tally, glob.encode(), detail)
                 continue
             yield page  # while flows.into is its node: the keys' reads go there
 
@@ -453,40 +453,59 @@ class RedisKeySampler:
             self._lost_groups.add(id(tally))
             tally.failed(key, reason, detail)
 
-    def _keys(
+    def _scanned_pages(
         self,
         client: redis.Redis,
-        tally: GroupTally,
+        scan: KeyScan,
+        tallies: list[GroupTally],
         rounds: Rounds | NodeFlows,
-        last_cycle: dict[bytes, KeyMatch | None],
-    ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
-        """The group's keys and what each gives, a page at a time."""
-        group = tally.group
-        if group.enumerated:
-            built = self._enumerated_keys(client, tally)
-            while values := list(itertools.islice(built, self.config.scan_count)):
-                yield [(key, KeyMatch(found, labels_for(group, found))) for key, found in values]
-            return
-        regex = self._regexes[group.pattern]
+        last_cycle: dict[bytes, Route],
+    ) -> Iterator[tuple[GroupTally, list[tuple[bytes, KeyMatch]]]]:
+        """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
-        matches: dict[bytes, KeyMatch | None] = {}
-        self._known[id(group)] = matches
-        for keys in self._scan(client, group.pattern, tally, rounds):
-            page = []
+        routes: dict[bytes, Route] = {}
+        self._known[scan.groups] = routes
+        unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
+        for keys in self._scan(client, scan.glob, tallies, rounds):
+            pages: list[list[tuple[bytes, KeyMatch]]] = [[] for _ in tallies]
             for key in keys:
-                if key in matches:
+                if key in routes:
                     continue
-                match = last_cycle.get(key, _UNKNOWN)
-                if match is _UNKNOWN:
-                    found = regex.match(key.decode("utf-8", "replace"))
-                    match = None
-                    if found:
-                        captured: dict[str, str] = found.groupdict()
-                        match = KeyMatch(captured, labels_for(group, captured))
-                matches[key] = match
-                if match is not None:
-                    page.append((key, match))
-            yield page
+                route = last_cycle.get(key)
+                if route is None:
+                    route = self._route(key, tallies)
+                    if not route:
+                        unclaimed += 1
+                        continue
+                routes[key] = route
+                for index, match in route:
+                    pages[index].append((key, match))
+            for tally, page in zip(tallies, pages, strict=True):
+                if page:
+                    yield tally, page
+        if len(tallies) > 1:
+            self._scan_plan.shared_scan_found(scan, len(routes), unclaimed)
+
+    def _route(self, key: bytes, tallies: list[GroupTally]) -> Route:
+        """The groups (positions in `tallies`) whose pattern the key matches, and what it gives
+        each."""
+        text = key.decode("utf-8", "replace")
+        route = []
+        for index, tally in enumerate(tallies):
+            found = self._regexes[tally.group.pattern].match(text)
+            if found:
+                captured: dict[str, str] = found.groupdict()
+                route.append((index, KeyMatch(captured, labels_for(tally.group, captured))))
+        return tuple(route)
+
+    def _enumerated_pages(
+        self, client: redis.Redis, tally: GroupTally
+    ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
+        """The keys built from the group's values and what each gives, a page at a time."""
+        group = tally.group
+        built = self._enumerated_keys(client, tally)
+        while values := list(itertools.islice(built, self.config.scan_count)):
+            yield [(key, KeyMatch(found, labels_for(group, found))) for key, found in values]
 
     def _enumerated_keys(
         self, client: redis.Redis, tally: GroupTally
@@ -514,7 +533,7 @@ class RedisKeySampler:
         if pattern not in self._values_found:
             regex = key_regex(pattern)
             lost = len(self._lost_groups)
-            found = self._scan(client, pattern, tally)
+            found = self._scan(client, scan_glob(pattern), [tally])
             matches = (regex.match(_text(key)) for page in found for key in page)
             self._values_found[pattern] = sorted(
                 {match.group("value") for match in matches if match}
@@ -738,14 +757,25 @@ class _PlainGroup:
 PlainKey = tuple[_PlainGroup, bytes, Labels]
 
 
-def _scan_pages(client: redis.Redis, glob: str, count: int) -> Iterator[list[bytes]]:
-    """SCAN MATCH, a reply's page of keys at a time (bytes, as the sampler's clients give)."""
-    cursor = 0
-    while True:
-        cursor, keys = client.scan(cursor, match=glob, count=count)
-        yield [key if isinstance(key, bytes) else key.encode() for key in keys]
-        if not cursor:
-            return
+def _scan_ahead(client: redis.Redis, glob: str, count: int) -> Iterator[list[bytes]]:
+    """SCAN MATCH, a reply's page of keys at a time, the next SCAN sent before the page is
+    handed on, on a connection of its own: Redis works on it while this process matches the
+    page's keys and reads them (the reads' rounds go on another connection), so neither waits
+    for the other between pages."""
+    sent = SentCommands(client, [("SCAN", b"0", "MATCH", glob, "COUNT", count)])
+    try:
+        while True:
+            reply = sent.replies()[0]
+            if isinstance(reply, Exception):
+                raise reply
+            cursor, keys = reply
+            if cursor not in (b"0", 0):
+                sent = SentCommands(client, [("SCAN", cursor, "MATCH", glob, "COUNT", count)])
+            yield keys
+            if cursor in (b"0", 0):
+                return
+    finally:
+        sent.abandon()  # the cycle failed mid-scan: its connection is dropped
 
 
 def _text(value: bytes | str) -> str:
