@@ -236,12 +236,17 @@ def scan_glob(pattern: str) -> str:
 def shared_glob(patterns: list[str]) -> str:
     """A SCAN MATCH glob every key of the patterns matches: their common literal prefix (the
     text before each one's first placeholder), escaped, then '*'."""
-    prefixes = [_parts(pattern)[0] for pattern in patterns]
+    prefixes = [literal_prefix(pattern) for pattern in patterns]
     first, last = min(prefixes), max(prefixes)  # the common prefix of all is theirs
     size = next(
         (at for at, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first)
     )
     return _glob_literal(first[:size]) + "*"
+
+
+def literal_prefix(pattern: str) -> str:
+    """The text every key of the pattern starts with: what comes before its first placeholder."""
+    return _parts(pattern)[0]
 
 
 def _glob_literal(text: str) -> str:

@@ -59,6 +59,7 @@ from exporter.sources.key_groups import (
     KeyGroup,
     fill,
     key_regex,
+    literal_prefix,
     scan_glob,
 )
 from exporter.sources.key_rounds import (
@@ -263,6 +264,11 @@ class RedisKeySampler:
         self.telemetry = telemetry
         self._client: redis.Redis | None = None
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
+        # A key not starting with a pattern's literal prefix is not the pattern's: a shared
+        # SCAN's keys of other groups, and of none, are told apart without a regex
+        self._prefixes = {
+            group.pattern: literal_prefix(group.pattern).encode() for group in config.key_groups
+        }
         self._warnings = LogLimiter(log)
         # Keys whose head was too large last cycle, and this cycle: their head is probed first
         # (probe_first), so a stuck huge item is not copied inside Redis every cycle.
@@ -466,6 +472,7 @@ class RedisKeySampler:
         routes: dict[bytes, Route] = {}
         self._known[scan.groups] = routes
         unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
+        prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
         for keys in self._scan(client, scan.glob, tallies, rounds):
             pages: list[list[tuple[bytes, KeyMatch]]] = [[] for _ in tallies]
             for key in keys:
@@ -473,7 +480,7 @@ class RedisKeySampler:
                     continue
                 route = last_cycle.get(key)
                 if route is None:
-                    route = self._route(key, tallies)
+                    route = self._route(key, tallies) if key.startswith(prefixes) else ()
                     if not route:
                         unclaimed += 1
                         continue
@@ -492,7 +499,10 @@ class RedisKeySampler:
         text = key.decode("utf-8", "replace")
         route = []
         for index, tally in enumerate(tallies):
-            found = self._regexes[tally.group.pattern].match(text)
+            pattern = tally.group.pattern
+            if not key.startswith(self._prefixes[pattern]):
+                continue
+            found = self._regexes[pattern].match(text)
             if found:
                 captured: dict[str, str] = found.groupdict()
                 route.append((index, KeyMatch(captured, labels_for(tally.group, captured))))
