@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from typing import Any
 
 from exporter.catalog import MetricSpec
 
@@ -32,16 +31,12 @@ class SeriesColumns:
         return len(self.values)
 
     def items(self) -> Iterator[tuple[LabelValues, float]]:
-        rows = len(self.values)
-        parts = [repeat(label, rows) if isinstance(label, str) else label for label in self.labels]
-        label_sets = zip(*parts, strict=True) if parts else repeat((), rows)
-        return zip(label_sets, self.values, strict=True)
+        return zip(self.label_sets(), self.values, strict=True)
 
-    def rows(self) -> Iterator[tuple[Any, ...]]:
-        """One flat tuple per series: its label values, then its value."""
+    def label_sets(self) -> Iterator[LabelValues]:
         rows = len(self.values)
         parts = [repeat(label, rows) if isinstance(label, str) else label for label in self.labels]
-        return zip(*parts, self.values, strict=True)
+        return zip(*parts, strict=True) if parts else repeat((), rows)
 
     def disjoint_from(self, other: SeriesColumns) -> bool:
         """True when some label is a constant that differs (state="pending" / "active")."""
@@ -88,12 +83,12 @@ def padded(series: Series, width: int) -> Series:
     return Series(({(*labels, *blanks): value for labels, value in series.items()},))
 
 
-def flat_rows(part: SeriesPart) -> Iterator[tuple[Any, ...]]:
-    """One flat tuple per series of the part, label values then value (what a writer formats
-    in one go, with no tuple of label values made per series for columns)."""
+def label_sets_and_values(part: SeriesPart) -> tuple[Iterator[LabelValues], Iterator[float]]:
+    """The part's label sets and its values, in the same order: a writer that takes them apart
+    makes no (label values, value) pair per series."""
     if isinstance(part, SeriesColumns):
-        return part.rows()
-    return ((*labels, value) for labels, value in part.items())
+        return part.label_sets(), iter(part.values)
+    return iter(part), iter(part.values())
 
 
 def longest_label(series: Iterable[Series]) -> int:

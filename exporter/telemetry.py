@@ -68,6 +68,7 @@ class Telemetry:
             lambda metric, count: self._built().count_overflow(metric, count),
         )
         self.store = MetricStore(guard, self.limits.series_idle_timeout)
+        self._line_starts = exposition.LineStarts()
         self._renders = {
             openmetrics: SharedRender(functools.partial(self._render, openmetrics))
             for openmetrics in (False, True)
@@ -120,7 +121,7 @@ class Telemetry:
         with self.source_change:
             own = self._own(openmetrics)
             families = self.store.families()
-        chunks = exposition.render(families, openmetrics)
+        chunks = exposition.render(families, openmetrics, self._line_starts)
         return b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
 
     def _own(self, openmetrics: bool) -> list[bytes]:
@@ -129,7 +130,8 @@ class Telemetry:
         # Before the SDK is loaded: the build, written by the store's own writer.
         spec = BY_NAME["queue_exporter_build_info"]
         build = tuple(self.build_labels[label] for label in spec.labels)
-        return exposition.render([NumberFamily(spec, Series([{build: 1.0}]))], openmetrics)
+        family = NumberFamily(spec, Series([{build: 1.0}]))
+        return exposition.render([family], openmetrics, exposition.LineStarts())
 
     # -- self-metrics --------------------------------------------------------------------------
 

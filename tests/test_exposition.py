@@ -23,8 +23,8 @@ from exporter import __version__, exposition
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally
 from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.store import OVERFLOW
+from exporter.samples import SampleSet, Series
+from exporter.store import OVERFLOW, Family, NumberFamily
 from exporter.telemetry import SharedRender, Telemetry
 from exporter.telemetry_config import LimitsConfig
 from tests.conftest import scrape, scrape_when, wait_for
@@ -130,6 +130,26 @@ def test_the_media_types_name_the_formats_prometheus_client_writes():
 
     assert exposition.content_type(False) == CONTENT_TYPE_PLAIN_0_0_4
     assert exposition.content_type(True) == CONTENT_TYPE_LATEST
+
+
+def test_line_starts_are_kept_for_the_series_still_served_and_written_as_new():
+    """A render keeps each series' line start for the next (exposition.LineStarts): a kept
+    start, escaped or not, is written as a first render writes it, and the starts of label
+    sets or families no longer served are let go."""
+
+    def depths(*queues: str) -> list[Family]:
+        series = Series(({("app", queue, "1", "pending"): 2.5 for queue in queues},))
+        return [NumberFamily(DEPTH, series)]
+
+    starts = exposition.LineStarts()
+    for queues in (('say "hi"', "a"), ('say "hi"', "b"), ("b", "c\\")):
+        for openmetrics in (False, True):
+            kept = exposition.render(depths(*queues), openmetrics, starts)
+            assert kept == exposition.render(depths(*queues), openmetrics, exposition.LineStarts())
+        [by_labels] = starts.by_format.values()
+        assert [labels[1] for labels in by_labels] == list(queues)
+    exposition.render([], False, starts)
+    assert starts.by_format == {}
 
 
 def test_before_the_self_metrics_are_built_the_build_alone_is_served_and_logins_wait():
