@@ -90,7 +90,9 @@ def test_groups_share_one_scan_and_give_what_each_scanned_apart_gives(server):
 
         alone = [_cycle(server, sampler) for sampler in apart]
         assert sum(calls for _, calls in alone) >= 2 * _passes(server) - 2  # a pass each
-        depths, ages = ({k: v for part, _ in alone for k, v in part[name].items()} for name in NAMES)
+        depths, ages = (
+            {k: v for part, _ in alone for k, v in part[name].items()} for name in NAMES
+        )
         assert series["queue_depth"] == depths
         assert series["queue_oldest_age_seconds"].keys() == ages.keys()  # measured moments apart
         assert all(abs(series["queue_oldest_age_seconds"][k] - v) < 5 for k, v in ages.items())
