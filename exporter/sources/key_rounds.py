@@ -2,10 +2,10 @@
 
 A round is one round trip. On one server (Rounds) a round stays in flight while this process
 goes on, and each round is sent before the previous one's replies are handled, so Redis works on
-it while this process parses those. On a Redis Cluster
-(NodeFlows) each node has rounds of its own, and a node's next round goes out as soon as its own
-replies are in, whatever the other nodes are doing: the nodes never wait for one another, and
-this process parses one node's replies while the others work. The keys a node's SCAN finds are
+it while this process parses those. On a Redis Cluster (NodeFlows) each node has rounds of its
+own, and a node's next round goes out as soon as its own replies are in, whatever the other
+nodes are doing: the nodes never wait for one another, and this process parses one node's
+replies while the others work. The keys a node's SCAN finds are
 read on that node; other commands go to their slot's node. A node that fails loses the groups
 of the keys it was to read; if no node answered this cycle, the source is down.
 
