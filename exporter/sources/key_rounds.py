@@ -5,9 +5,10 @@ goes on, and each round is sent before the previous one's replies are handled, s
 it while this process parses those. On a Redis Cluster (NodeFlows) each node has rounds of its
 own, and a node's next round goes out as soon as its own replies are in, whatever the other
 nodes are doing: the nodes never wait for one another, and this process parses one node's
-replies while the others work. The keys a node's SCAN finds are
-read on that node; other commands go to their slot's node. A node that fails loses the groups
-of the keys it was to read; if no node answered this cycle, the source is down.
+replies while the others work. Each node's SCAN goes a page ahead of its reads, in rounds of
+its own on another connection. The keys a node's SCAN finds are read on that node; other
+commands go to their slot's node. A node that fails loses the groups of the keys it was to
+read; if no node answered this cycle, the source is down.
 
 What the replies mean is the sampler's (RoundSampler): these classes only batch, send, read and
 sort replies out, and hand them back to it.
@@ -250,6 +251,9 @@ class NodeFlows:
         self.sampler, self.nodes, self.size = sampler, nodes, size
         self.follow_ups = follow_ups or self
         self.flows: dict[tuple[str, bool], Rounds] = {}  # by node name and ASKED or not
+        # Per node, the rounds its SCAN goes in, a page ahead of its reads, on a connection of
+        # its own (as on one server: redis_keys._scan_ahead)
+        self.scanners: dict[str, Rounds] = {}
         self.lost: dict[str, redis.RedisError] = {}  # the nodes that failed this cycle
         self.into: Rounds | None = None  # the node whose SCAN page's keys are being added
         self.running = False  # the flows are being stepped: none is flushed on its own
@@ -304,30 +308,36 @@ class NodeFlows:
         self, shards: list[tuple[str, redis.Redis]], glob: str, count: int
     ) -> Iterator[ScanPage]:
         """SCAN MATCH `glob` on every shard at once: each page of keys as it comes (their
-        commands then added are its node's), each node's next SCAN in the round that sends the
-        last commands queued for it (the keys its previous page found). A node that fails gives
-        its error in place of a page, once."""
+        commands then added are its node's), each node's next SCAN sent as soon as its page is
+        in, a page ahead of the reads. A node that fails while it is scanned gives its error in
+        place of a page, once."""
         scans: dict[str, Args] = {}
         for name, client in shards:
             if name in self.lost:  # failed earlier this cycle: not asked again
                 yield name, self.lost[name]
             else:
                 self._flow(name, client, False)
+                if name not in self.scanners:
+                    self.scanners[name] = Rounds(self.sampler, client, self.size, None)
                 scans[name] = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
         yield from self._run(scans)
 
     def _run(self, scans: dict[str, Args]) -> Iterator[ScanPage]:
         """Step every node until none has anything left to send, read or handle (nor, in
-        `scans`, a SCAN to send): whichever node's replies are in first is read, the SCAN page
-        its round carried (if it did) yielded, its next round sent, and the replies just read
-        handled while it works on that one. If nodes failed and none answered this cycle, the
-        first failure is raised: the source is down."""
+        `scans`, a SCAN to send): whichever node's replies are in first is read (a SCAN page is
+        yielded, its node's next SCAN sent at once), its next round sent, and the replies just
+        read handled while it works on that one. If nodes failed and none answered this cycle,
+        the first failure is raised: the source is down."""
+        scanning = set(scans)  # nodes whose SCAN has more pages to give
         self.running = True
         try:
             while True:
                 for (name, _), flow in list(self.flows.items()):
                     if flow.in_flight is None and name not in self.lost:
-                        self._send(name, flow, scans)
+                        self._send(flow)
+                for name, scanner in self.scanners.items():
+                    if scanner.in_flight is None and name in scans and name not in self.lost:
+                        scanner.send(scans.pop(name))
                 name, first = self._first_in()
                 if first is None:
                     if self._idle():
@@ -337,15 +347,19 @@ class NodeFlows:
                 assert sent is not None
                 reply = self._receive(name, flow)
                 if isinstance(reply, redis.RedisError):
-                    if sent.leading is not None or scans.pop(name, None) is not None:
+                    if name in scanning:
+                        scanning.discard(name)
+                        scans.pop(name, None)
                         yield name, reply  # its scan is cut short
                     continue
                 if sent.leading is None:
                     continue
                 cursor, keys = reply
-                if cursor not in (b"0", 0):
-                    scans[name] = (sent.leading[0], cursor, *sent.leading[2:])
-                self.into = flow
+                if cursor not in (b"0", 0):  # the next page, asked while this one's keys are read
+                    flow.send((sent.leading[0], cursor, *sent.leading[2:]))
+                else:
+                    scanning.discard(name)
+                self.into = self.flows[name, False]
                 yield name, keys
                 self.into = None
             if self.lost and not self.sampler._node_answered:
@@ -353,15 +367,10 @@ class NodeFlows:
         finally:
             self.running, self.into = False, None
 
-    def _send(self, name: str, flow: Rounds, scans: dict[str, Args]) -> None:
-        """Send the node's next round, if it has one: its SCAN rides in the round that takes
-        the last of its queued commands, so that what a page finds is read before the next page
-        is asked for."""
+    def _send(self, flow: Rounds) -> None:
+        """Send the node's next round, if it has one."""
         while flow.in_flight is None:
-            scan = None
-            if name in scans and not flow.asked and flow.queued() <= self.size:
-                scan = scans.pop(name)
-            if not flow.send(scan) and not (flow.pending or flow.plain):
+            if not flow.send() and not (flow.pending or flow.plain):
                 return  # nothing left: its last replies handled
 
     def _idle(self) -> bool:
@@ -375,9 +384,10 @@ class NodeFlows:
     def _first_in(self) -> tuple[str, Rounds | None]:
         """The node whose round in flight is read first (its replies all in), or None when no
         round is in flight."""
+        flows = [(name, flow) for (name, _), flow in self.flows.items()]
         in_flight = {
             id(flow.in_flight.sent): (name, flow)
-            for (name, _), flow in self.flows.items()
+            for name, flow in flows + list(self.scanners.items())
             if flow.in_flight is not None
         }
         if not in_flight:
@@ -405,6 +415,8 @@ class NodeFlows:
         self.lost.setdefault(name, error)
         commands, plain = list(sent.commands), list(sent.plain)
         flows = [flow for (flow_name, _), flow in self.flows.items() if flow_name == name]
+        if name in self.scanners:
+            flows.append(self.scanners[name])
         for flow in flows:
             if flow.in_flight is not None:
                 commands += flow.in_flight.commands
@@ -419,7 +431,7 @@ class NodeFlows:
 
     def abandon(self) -> None:
         """The cycle failed: no round in flight is read (their connections are dropped)."""
-        for flow in self.flows.values():
+        for flow in [*self.flows.values(), *self.scanners.values()]:
             flow.abandon()
 
 

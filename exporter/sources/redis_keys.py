@@ -7,9 +7,9 @@ one for the due count: key_commands.py), then one more pipelined round for the i
 at a hash (RQ jobs, BullMQ jobs) or at a stream position. On one server SCAN runs a page ahead
 on a connection of its own, and the reads' rounds go on another (a third takes the follow-up
 rounds): Redis works on the next page and the next round while this process parses the last
-ones. On a Redis Cluster every shard is scanned at once, each node in a flow of its own: the
-keys its SCAN finds are read on it, and its next round goes as soon as its own replies are in,
-never waiting for another node (the rounds and flows: key_rounds.py).
+ones. On a Redis Cluster every shard is scanned at once, each node in a flow of its own (its
+SCAN a page ahead there too): the keys its SCAN finds are read on it, and its next round goes
+as soon as its own replies are in, never waiting for another node (key_rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
