@@ -22,14 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -40,36 +37,26 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.private_redis import free_port
+from bench.key_sampling import PRESET_GLOBS as APART
+from bench.key_sampling import PRESET_KEYS
+from bench.key_sampling import SHARED_GLOB as SHARED
+from tests.private_redis import PrivateRedis
 
-APART = ("orchestrata:queue:*:p*", "orchestrata:dlq:*")
-SHARED = "orchestrata:*"
 NOTHING = "nothing-matches:*"
 EVERYTHING = "*"
-PRESET_KEYS = re.compile(rb"orchestrata:queue:.+:p.+|orchestrata:dlq:.+", re.DOTALL)
 
 
 @contextmanager
 def server(binary: str) -> Iterator[redis.Redis]:
     """A redis-server of the benchmark's own from `binary` (a free port, a temp dir)."""
     with tempfile.TemporaryDirectory() as directory:
-        port = free_port()
-        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        command += ["--appendonly", "no", "--dir", directory]
-        process = subprocess.Popen(command, stdout=subprocess.DEVNULL)
-        client = redis.Redis(port=port)
+        private = PrivateRedis(Path(directory), binary=binary).start()
+        client = private.client()
         try:
-            for _ in range(200):
-                try:
-                    client.ping()
-                    break
-                except redis.ConnectionError:
-                    time.sleep(0.05)
             yield client
         finally:
             client.close()
-            process.terminate()
-            process.wait()
+            private.stop()
 
 
 def load(client: redis.Redis, queues: int, unrelated: int) -> None:

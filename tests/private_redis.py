@@ -18,10 +18,17 @@ def free_port() -> int:
 
 
 class PrivateRedis:
-    def __init__(self, directory: Path, *extra_args: str, port: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        *extra_args: str,
+        port: int | None = None,
+        binary: str | None = None,
+    ) -> None:
         self.directory = directory
         self.port = port or free_port()
         self.extra_args = extra_args
+        self.binary = binary or shutil.which("redis-server") or "redis-server"
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -29,10 +36,9 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> PrivateRedis:
-        binary = shutil.which("redis-server") or "redis-server"
         self.process = subprocess.Popen(
             [
-                binary,
+                self.binary,
                 "--port",
                 str(self.port),
                 "--bind",

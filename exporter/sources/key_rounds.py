@@ -169,20 +169,22 @@ class Rounds:
         return len(self.pending) + self.plain_cost
 
     def _flush_if_full(self) -> None:
-        """Send each full round, after reading the one in flight: one round stays in flight,
-        so Redis works on it while this process goes on (finding keys, queueing commands)."""
+        """Send each full round: one round stays in flight, so Redis works on it while this
+        process goes on (finding keys, queueing commands)."""
         while self.queued() >= self.size:
-            if self.in_flight is not None:
-                self.receive()
-            self.send()
+            self._step()
 
     def flush(self) -> None:
         """Send every pending command a round at a time and read and handle every reply. Each
         round's replies are handled once the next round is sent."""
         while self.in_flight or self.pending or self.plain or self.unhandled:
-            if self.in_flight is not None:
-                self.receive()
-            self.send()
+            self._step()
+
+    def _step(self) -> None:
+        """Read the round in flight, if any, then send the next one (handling the one read)."""
+        if self.in_flight is not None:
+            self.receive()
+        self.send()
 
     def send(self, leading: Args | None = None) -> bool:
         """Send the next round (`leading` first in it), then handle the replies of the round
@@ -301,7 +303,7 @@ class NodeFlows:
 
     def flush(self) -> None:
         """Send every node's commands, the nodes at once, until all are read and handled."""
-        for _ in self._run({}):
+        for _ in self._run(set()):
             pass
 
     def scan(
@@ -311,33 +313,31 @@ class NodeFlows:
         commands then added are its node's), each node's next SCAN sent as soon as its page is
         in, a page ahead of the reads. A node that fails while it is scanned gives its error in
         place of a page, once."""
-        scans: dict[str, Args] = {}
+        scanning: set[str] = set()  # nodes whose SCAN has more pages to give
         for name, client in shards:
             if name in self.lost:  # failed earlier this cycle: not asked again
                 yield name, self.lost[name]
-            else:
-                self._flow(name, client, False)
-                if name not in self.scanners:
-                    self.scanners[name] = Rounds(self.sampler, client, self.size, None)
-                scans[name] = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
-        yield from self._run(scans)
+                continue
+            self._flow(name, client, False)
+            scanner = self.scanners.get(name)
+            if scanner is None:
+                scanner = self.scanners[name] = Rounds(self.sampler, client, self.size, None)
+            scanner.send(("SCAN", b"0", "MATCH", glob, "COUNT", count))
+            scanning.add(name)
+        yield from self._run(scanning)
 
-    def _run(self, scans: dict[str, Args]) -> Iterator[ScanPage]:
-        """Step every node until none has anything left to send, read or handle (nor, in
-        `scans`, a SCAN to send): whichever node's replies are in first is read (a SCAN page is
-        yielded, its node's next SCAN sent at once), its next round sent, and the replies just
-        read handled while it works on that one. If nodes failed and none answered this cycle,
-        the first failure is raised: the source is down."""
-        scanning = set(scans)  # nodes whose SCAN has more pages to give
+    def _run(self, scanning: set[str]) -> Iterator[ScanPage]:
+        """Step every node until none has anything left to send, read or handle (nor, of the
+        nodes `scanning`, a SCAN page to give): whichever node's replies are in first is read (a
+        SCAN page is yielded, its node's next SCAN sent at once), its next round sent, and the
+        replies just read handled while it works on that one. If nodes failed and none answered
+        this cycle, the first failure is raised: the source is down."""
         self.running = True
         try:
             while True:
                 for (name, _), flow in list(self.flows.items()):
                     if flow.in_flight is None and name not in self.lost:
                         self._send(flow)
-                for name, scanner in self.scanners.items():
-                    if scanner.in_flight is None and name in scans and name not in self.lost:
-                        scanner.send(scans.pop(name))
                 name, first = self._first_in()
                 if first is None:
                     if self._idle():
@@ -349,7 +349,6 @@ class NodeFlows:
                 if isinstance(reply, redis.RedisError):
                     if name in scanning:
                         scanning.discard(name)
-                        scans.pop(name, None)
                         yield name, reply  # its scan is cut short
                     continue
                 if sent.leading is None:
