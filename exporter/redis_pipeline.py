@@ -171,29 +171,29 @@ class SentCommands:
             self._connection.disconnect()  # a half-read stream is unusable
         self._pool.release(self._connection)
 
-
-def first_in(sent: Sequence[SentCommands]) -> SentCommands:
-    """The first of these whose replies are all in (or whose reading failed), reading each one's
-    replies as they arrive. If none of them sends anything for the socket timeout, they all
-    fail with a TimeoutError, as each would waiting alone."""
-    poller, by_fd = select.poll(), {}
-    for one in sent:
-        if one._sock is None:
-            return one
-        by_fd[one._sock.fileno()] = one
-        poller.register(one._sock, select.POLLIN)
-    timeout = sent[0]._connection.socket_timeout  # connected: it has a socket
-    while True:
-        ready = [one for one in sent if _buffered(one._sock)] or [
-            by_fd[fd] for fd, _ in poller.poll(None if timeout is None else timeout * 1000)
-        ]
-        if not ready:
-            for one in sent:
-                one._fail(redis.TimeoutError("timed out reading pipelined replies"))
-            return sent[0]
-        for one in ready:
-            if one.read_some():
+    @staticmethod
+    def first_in(sent: Sequence[SentCommands]) -> SentCommands:
+        """The first of these whose replies are all in (or whose reading failed), reading each
+        one's replies as they arrive. If none of them sends anything for the socket timeout,
+        they all fail with a TimeoutError, as each would waiting alone."""
+        poller, by_fd = select.poll(), {}
+        for one in sent:
+            if one._sock is None:
                 return one
+            by_fd[one._sock.fileno()] = one
+            poller.register(one._sock, select.POLLIN)
+        timeout = sent[0]._connection.socket_timeout  # connected: it has a socket
+        while True:
+            ready = [one for one in sent if _buffered(one._sock)] or [
+                by_fd[fd] for fd, _ in poller.poll(None if timeout is None else timeout * 1000)
+            ]
+            if not ready:
+                for one in sent:
+                    one._fail(redis.TimeoutError("timed out reading pipelined replies"))
+                return sent[0]
+            for one in ready:
+                if one.read_some():
+                    return one
 
 
 def _received(sock: socket.socket) -> bytes:

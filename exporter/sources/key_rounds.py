@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 import redis
 
 from exporter.redis_cluster import ClusterNodes
-from exporter.redis_pipeline import Args, SentCommands, first_in
+from exporter.redis_pipeline import Args, SentCommands
 
 if TYPE_CHECKING:  # types only: the sampler imports this module
     from exporter.sources.redis_keys import Command, PlainKey, _PlainGroup
@@ -392,7 +392,7 @@ class NodeFlows:
         if not in_flight:
             return "", None
         rounds = [flow.in_flight.sent for _, flow in in_flight.values() if flow.in_flight]
-        return in_flight[id(first_in(rounds))]
+        return in_flight[id(SentCommands.first_in(rounds))]
 
     def _receive(self, name: str, flow: Rounds) -> Any:
         """The node's round read: its leading reply, or the error that lost the node."""
