@@ -771,7 +771,7 @@ def _scan_ahead(client: redis.Redis, glob: str, count: int) -> Iterator[list[byt
     """SCAN MATCH, a reply's page of keys at a time, the next SCAN sent before the page is
     handed on, on a connection of its own: Redis works on it while this process matches the
     page's keys and reads them (the reads' rounds go on another connection), so neither waits
-    for the other between pages."""
+    for the other between pages. A cluster's nodes do the same in NodeFlows.scanners."""
     sent = SentCommands(client, [("SCAN", b"0", "MATCH", glob, "COUNT", count)])
     try:
         while True:
