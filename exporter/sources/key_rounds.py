@@ -383,10 +383,9 @@ class NodeFlows:
     def _first_in(self) -> tuple[str, Rounds | None]:
         """The node whose round in flight is read first (its replies all in), or None when no
         round is in flight."""
-        flows = [(name, flow) for (name, _), flow in self.flows.items()]
         in_flight = {
             id(flow.in_flight.sent): (name, flow)
-            for name, flow in flows + list(self.scanners.items())
+            for name, flow in self._every_rounds()
             if flow.in_flight is not None
         }
         if not in_flight:
@@ -413,9 +412,7 @@ class NodeFlows:
         self.nodes.noticed(error)
         self.lost.setdefault(name, error)
         commands, plain = list(sent.commands), list(sent.plain)
-        flows = [flow for (flow_name, _), flow in self.flows.items() if flow_name == name]
-        if name in self.scanners:
-            flows.append(self.scanners[name])
+        flows = [flow for flow_name, flow in self._every_rounds() if flow_name == name]
         for flow in flows:
             if flow.in_flight is not None:
                 commands += flow.in_flight.commands
@@ -430,8 +427,14 @@ class NodeFlows:
 
     def abandon(self) -> None:
         """The cycle failed: no round in flight is read (their connections are dropped)."""
-        for flow in [*self.flows.values(), *self.scanners.values()]:
+        for _, flow in self._every_rounds():
             flow.abandon()
+
+    def _every_rounds(self) -> list[tuple[str, Rounds]]:
+        """Each node's rounds, by node name: its reads' (direct and after ASKING) and its SCAN's."""
+        return [(name, flow) for (name, _), flow in self.flows.items()] + list(
+            self.scanners.items()
+        )
 
 
 def _each(reply: Any, count: int) -> Iterator[Any]:
