@@ -23,8 +23,18 @@ BUILDERS: dict[str, Callable[[], dashboard.Dashboard]] = {
 }
 
 
+# The Grafana these dashboards need: the release whose schema the pinned SDK build emits
+# (grafana-foundation-sdk 11.6.0, schemaVersion 41). Grafana's own exports name it the same
+# way, in __requires, and refuse nothing older silently: an import shows the requirement.
+GRAFANA_VERSION = "11.6.0"
+
+
 def render(builder: dashboard.Dashboard) -> str:
-    return json.dumps(builder.build(), cls=JSONEncoder, sort_keys=True, indent=2) + "\n"
+    document = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    document["__requires"] = [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION}
+    ]
+    return json.dumps(document, sort_keys=True, indent=2) + "\n"
 
 
 def outputs() -> dict[Path, str]:

@@ -3,6 +3,7 @@ every query valid PromQL (promtool parses them; test_prometheus_e2e.py runs them
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import yaml
@@ -19,6 +20,18 @@ def test_committed_json_is_what_the_code_generates():
     assert {p.name for p in generated} == set(dashboards())
     for path, text in generated.items():
         assert path.read_text() == text, f"{path.name} is stale: run `python -m dashboards`"
+
+
+def test_each_dashboard_states_the_grafana_version_it_needs():
+    """The version is the Grafana release the pinned SDK build targets (its own version)."""
+    sdk_targets = version("grafana-foundation-sdk").partition("!")[2]
+    for name, document in dashboards().items():
+        grafana = [need for need in document["__requires"] if need["id"] == "grafana"]
+        assert grafana == [
+            {"type": "grafana", "id": "grafana", "name": "Grafana", "version": sdk_targets}
+        ], name
+    readme = Path(__file__).resolve().parent.parent / "docs" / "dashboards-and-alerts.md"
+    assert f"Grafana {sdk_targets} or newer" in readme.read_text()
 
 
 def test_dashboard_conventions():
