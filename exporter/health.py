@@ -6,7 +6,9 @@ read as an absent queue_depth, and these facts are how an operator tells them ap
 
 A sampler standing by on a follower replica (leader election, leader.py) is not failing:
 it counts as up for /readyz, and it reports no source_up, duration or last-success series,
-so neither readiness nor the source-down alert fires on followers.
+so neither readiness nor the source-down alert fires on followers. A sampler whose replica gets
+no answer from the lease's Redis is another matter (no replica may be sampling): it is down,
+and /readyz names the lease as the reason.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class SourceStatus:
     last_duration: float | None = None
     last_error: str | None = None
     standby: bool = False
+    lease_down: bool = False  # down because the leader lease cannot be held (leader.py)
 
 
 @dataclass(frozen=True)
@@ -66,7 +69,7 @@ class HealthBoard:
         with self._lock:
             status = self._sources.setdefault(source, SourceStatus())
             status.up = status.ever_succeeded = True
-            status.standby = False
+            status.standby = status.lease_down = False
             status.last_success = time.time()
             status.last_duration = duration
             status.last_error = None
@@ -74,7 +77,7 @@ class HealthBoard:
     def failed(self, source: str, duration: float, error: str) -> None:
         with self._lock:
             status = self._sources.setdefault(source, SourceStatus())
-            status.up = status.standby = False
+            status.up = status.standby = status.lease_down = False
             status.last_duration = duration
             status.last_error = error
             self._key_groups.pop(source, None)  # withdrawn like its series, never stale
@@ -84,8 +87,18 @@ class HealthBoard:
         with self._lock:
             status = self._sources.setdefault(source, SourceStatus())
             status.up = status.standby = True
+            status.lease_down = False
             status.last_error = None
             self._key_groups.pop(source, None)  # the leader reports them
+
+    def lease_unavailable(self, source: str, why: str) -> None:
+        """No replica can hold the leader lease: `source`, sampled under it, is down for that."""
+        with self._lock:
+            status = self._sources.setdefault(source, SourceStatus())
+            status.up = status.standby = False
+            status.lease_down = True
+            status.last_error = why
+            self._key_groups.pop(source, None)
 
     def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
         """Replace what `source` reported about its key groups with its latest cycle's."""
@@ -101,6 +114,19 @@ class HealthBoard:
             return {name: SourceStatus(**vars(status)) for name, status in self._sources.items()}
 
     def ready(self) -> bool:
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> str | None:
+        """None when ready, else why not in a few fixed words (safe to show without
+        credentials: no source names or errors, which /readyz gives to an authorised client)."""
         with self._lock:
-            building = self._building
-        return not building and all(status.up for status in self.snapshot().values())
+            if self._building:
+                return "starting: the sources are being built"
+            down = [status for status in self._sources.values() if not status.up]
+        if not down:
+            return None
+        if any(status.lease_down for status in down):
+            return "no replica can hold the leader lease: the sampled sources are down"
+        if any(not status.ever_succeeded and status.last_error is None for status in down):
+            return "a source has not finished its first cycle"
+        return "a source is down"

@@ -298,8 +298,11 @@ class _Handler(RequestHandler):
 
     async def _readyz(self, detailed: bool) -> None:
         statuses = self.front.health.snapshot()
-        ready = self.front.health.ready()
+        reason = self.front.health.not_ready_reason()
+        ready = reason is None
         document: dict[str, object] = {"ready": ready}
+        if reason is not None:
+            document["reason"] = reason
         if detailed:
             document["sources"] = {
                 name: {"up": status.up, "error": status.last_error}

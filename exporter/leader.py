@@ -12,6 +12,17 @@ so it steps down before the key can expire in Redis, even while Redis is unreach
 follower takes over within `lease_ttl + renew_interval` of the leader's death. Event
 consumption is not elected: every replica reads through the consumer group.
 
+The sampled series are tied to the lease itself, not to the next cycle: a source's snapshot
+is published with the token it was taken under (`fence`), and every render checks, at that
+moment and against the monotonic deadline, that the replica still holds that same token. A
+replica that lost its lease, could not renew it in time (its connection partitioned, the
+process stopped past `lease_ttl`) or took a new one since, serves none of them.
+
+An attempt that gets no answer (Redis down, a READONLY replica, NOPERM, a lease key of another
+type) leaves `problem()` naming why: the samplers then report their sources down with reason
+`leader_lease` rather than standing by (no replica may hold the lease), and the cause is a
+WARNING, once per reason and period.
+
 Redis commands used (all on the two keys below): EVALSHA, SCRIPT LOAD and, in the scripts,
 GET, SET, PEXPIRE, INCR, DEL. docs/operations.md has the details.
 
@@ -33,10 +44,14 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from exporter.catalog import BY_NAME
 from exporter.leader_config import LeaderElectionConfig
-from exporter.redis_connection import RedisConnectionConfig, sever
+from exporter.logs import LogLimiter, scrub
+from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
+
+# Seconds between two warnings of one lease failure reason (the first is logged at once).
+PROBLEM_LOG_PERIOD = 300.0
 
 FENCE_SUFFIX = ":fence"
 
@@ -88,6 +103,9 @@ class Leadership:
         self._lock = threading.Lock()
         self._token: int | None = None
         self._valid_until = 0.0
+        self._problem: str | None = None  # why the last attempt got no answer, else None
+        self._problem_log = LogLimiter(log, period=PROBLEM_LOG_PERIOD)
+        self.attempts = 0  # renewals tried, answered or not
         self._client: redis.Redis | None = None
         self.thread: threading.Thread | None = None
 
@@ -102,6 +120,18 @@ class Leadership:
 
     def is_leader(self) -> bool:
         return self.token() is not None
+
+    def fence(self) -> Callable[[], bool]:
+        """For a snapshot taken now: True while this replica still holds the lease it is
+        taken under (the same token, not yet expired); checked at every render."""
+        token = self.token()
+        return lambda: token is not None and self.token() == token
+
+    def problem(self) -> str | None:
+        """Why the last attempt to take or renew the lease got no answer (Redis down, READONLY,
+        NOPERM, WRONGTYPE...), or None when Redis answered (this replica or another leads)."""
+        with self._lock:
+            return self._problem
 
     # -- the renewal loop -------------------------------------------------------------------
 
@@ -119,17 +149,20 @@ class Leadership:
     def renew(self) -> bool:
         """Take or keep the lease; True when this replica holds it afterwards."""
         sent = self._clock()
+        self.attempts += 1
         was_leader = self.is_leader()
         try:
             token = int(self._run(ACQUIRE_SCRIPT, self._keys, (self.holder, self._ttl_ms)))
         except redis.RedisError as error:
             self._drop_client()
+            self._cannot_hold(error)
             if was_leader and not self.is_leader():
-                log.warning("leader election: lease lapsed while Redis is unreachable: %s", error)
-            elif not was_leader:
-                log.debug("leader election: cannot reach Redis: %s", error)
+                log.warning("leader election: %s's lease lapsed without an answer", self.holder)
             return self.is_leader()  # still leader until the lease sent before could expire
         with self._lock:
+            if self._problem is not None:
+                log.info("leader election: the lease's Redis answers again")
+            self._problem = None
             if token:
                 self._token, self._valid_until = token, sent + self.config.lease_ttl
             else:
@@ -139,6 +172,21 @@ class Leadership:
         elif not token and was_leader:
             log.warning("leader election: %s lost the lease", self.holder)
         return bool(token)
+
+    def _cannot_hold(self, error: redis.RedisError) -> None:
+        """Remember and report (a WARNING per reason and period) why the lease got no answer."""
+        text = scrub(str(error)).splitlines()[0][:300] if str(error) else ""
+        why = f"{redis_error_reason(error)}: {type(error).__name__}: {text}"
+        with self._lock:
+            self._problem = why
+        self._problem_log.warning(
+            type(error).__name__,
+            "leader election: %s cannot take or renew the lease %s (%s); while no replica "
+            "holds it no replica samples",
+            self.holder,
+            self.config.key,
+            why,
+        )
 
     def interrupt(self) -> None:
         """Shutdown: a renewal blocked on a hung Redis fails now, so the loop sees the stop."""

@@ -201,6 +201,11 @@ def _summary(facts: dict[str, Any]) -> str:
 
 def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[str]:
     warnings = []
+    if any(source["lease_down"] for source in facts["sources"]):
+        warnings.append(
+            "no replica can hold the leader lease: the sampled sources are down on this "
+            "replica and no queue series are served (see the lease error below)"
+        )
     for source in facts["sources"]:
         if source["standby"] or source["up"]:
             continue

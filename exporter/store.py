@@ -180,10 +180,14 @@ class MetricStore:
         guard: SeriesGuard,
         idle_timeout: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        serves: Callable[[str], bool] = lambda source: True,
     ) -> None:
+        """`serves(source)` is asked at every read: a published snapshot it refuses (one taken
+        under a leader lease that has passed, Telemetry.publish) is left out of that read."""
         self.guard = guard
         self.idle_timeout = idle_timeout
         self.clock = clock  # injectable: the soak test drives hours of churn in seconds
+        self.serves = serves
         self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
         self._snapshot_lock = threading.Lock()
         self._lock = threading.Lock()  # counters, histograms and their bookkeeping
@@ -247,7 +251,9 @@ class MetricStore:
         """All published series merged across sources (sums where two sources meet)."""
         merged: dict[MetricSpec, Series] = {}
         with self._snapshot_lock:
-            published = list(self._snapshots.values())
+            published = [
+                snapshot for source, snapshot in self._snapshots.items() if self.serves(source)
+            ]
         for snapshot in published:
             for spec, series in snapshot.items():
                 earlier = merged.get(spec)

@@ -67,7 +67,9 @@ class Telemetry:
             self.limits.label_value_max_length,
             lambda metric, count: self._built().count_overflow(metric, count),
         )
-        self.store = MetricStore(guard, self.limits.series_idle_timeout)
+        self._fences: dict[str, Callable[[], bool]] = {}
+        self._fence_lock = threading.Lock()
+        self.store = MetricStore(guard, self.limits.series_idle_timeout, serves=self._serves)
         self._line_starts = exposition.LineStarts()
         self._renders = {
             openmetrics: SharedRender(functools.partial(self._render, openmetrics))
@@ -101,13 +103,28 @@ class Telemetry:
 
     # -- sampled snapshots -------------------------------------------------------------------
 
-    def publish(self, source: str, samples: SampleSet) -> None:
-        """Replace everything `source` published before with this snapshot."""
+    def publish(
+        self, source: str, samples: SampleSet, fence: Callable[[], bool] | None = None
+    ) -> None:
+        """Replace everything `source` published before with this snapshot. With a `fence`
+        (Leadership.fence) the snapshot is served only while it returns True, checked at every
+        read of the store: series taken under a lease are never served past it."""
+        with self._fence_lock:
+            if fence is None:
+                self._fences.pop(source, None)
+            else:
+                self._fences[source] = fence
         self.store.publish(source, samples)
 
     def withdraw(self, source: str) -> None:
         """Drop a failing source's series rather than serve them stale."""
         self.store.withdraw(source)
+
+    def _serves(self, source: str) -> bool:
+        """Whether `source`'s snapshot may be served now (its lease, if any, still held)."""
+        with self._fence_lock:
+            fence = self._fences.get(source)
+        return fence is None or fence()
 
     # -- /metrics ----------------------------------------------------------------------------
 

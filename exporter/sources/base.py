@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 
 # How often a standing-by runner looks whether its replica became leader (a local flag).
 STANDBY_POLL = 0.5
+# The reason of a sampled source that is down because no replica can hold the leader lease.
+LEASE_REASON = "leader_lease"
 
 
 class Source(Protocol):
@@ -94,6 +96,7 @@ class SourceRunner:
         self.stop = stop
         self.leadership = leadership
         self.standing_by = False
+        self.lease_down = False  # reported down because no replica can hold the lease
         self.failing = False
         # The first failure of each outage is logged at once, its repeats rarely: outages are
         # numbered so that a new one is never held back as a repeat of the last.
@@ -108,6 +111,7 @@ class SourceRunner:
     def run_once(self) -> bool:
         """Take one sample and publish it; True when it succeeded."""
         name = self.source.name
+        fence = self.leadership.fence() if self.leadership is not None else None
         token = self.leadership.token() if self.leadership is not None else None
         started = time.monotonic()
         try:
@@ -129,8 +133,9 @@ class SourceRunner:
             self.stand_by()
             return True
         with self.telemetry.source_change:
-            self.telemetry.publish(name, samples)
+            self.telemetry.publish(name, samples, fence)
             self.telemetry.health.succeeded(name, duration)
+        self.lease_down = False
         if self.failing:
             self.failing = False
             log.info("source %s is back: its series are served again", name)
@@ -165,7 +170,11 @@ class SourceRunner:
         try:
             while not self.stop.is_set():
                 if self.leadership is not None and not self.leadership.is_leader():
-                    self.stand_by()
+                    problem = self.leadership.problem()
+                    if problem is None:
+                        self.stand_by()
+                    else:
+                        self.lease_unavailable(problem)
                     self.stop.wait(min(interval, STANDBY_POLL))
                     continue
                 self.standing_by = False
@@ -185,10 +194,23 @@ class SourceRunner:
     def stand_by(self) -> None:
         """Another replica samples: serve none of this source's series, and do not fail."""
         if not self.standing_by:
-            self.standing_by = True
+            self.standing_by, self.lease_down = True, False
             with self.telemetry.source_change:
                 self.telemetry.withdraw(self.source.name)
                 self.telemetry.health.standby(self.source.name)
+
+    def lease_unavailable(self, problem: str) -> None:
+        """The lease's Redis gives no answer, so no replica may be sampling: this source is down
+        (reason leader_lease, source_up 0, /readyz 503), its series withdrawn. Leader election
+        logs the cause (leader.py); counted once per outage."""
+        if self.lease_down:
+            return
+        self.lease_down, self.standing_by = True, False
+        name = self.source.name
+        with self.telemetry.source_change:
+            self.telemetry.withdraw(name)
+            self.telemetry.count_error(name, LEASE_REASON)
+            self.telemetry.health.lease_unavailable(name, f"{LEASE_REASON}: {problem}")
 
 
 def _describe(error: Exception) -> str:
