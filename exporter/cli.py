@@ -91,7 +91,8 @@ _CONFIG_OPTIONS = (
     env_option(
         "preset",
         multiple=True,
-        help=f"Known queue layout, repeatable: {', '.join(presets.available())}.",
+        help=f"Known queue layout, repeatable: {', '.join(presets.available())}; params as "
+        "NAME:PARAM=VALUE;PARAM=VALUE (celery:queues=a,b).",
     ),
     env_option(
         "events_stream",

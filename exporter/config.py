@@ -213,8 +213,24 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Config:
             continue
         if name == "redis_url" and isinstance(value, tuple):
             value = value[0]
+        if name == "preset":
+            value = _preset_specs(value)
         set_path(raw, OVERRIDE_PATHS[name], list(value) if isinstance(value, tuple) else value)
     return from_dict(raw, f" in {path}" if path else "")
+
+
+def _preset_specs(specs: tuple[str, ...] | list[str]) -> list[str | dict[str, Any]]:
+    """--preset / QUEUE_EXPORTER_PRESET values (`NAME` or `NAME:PARAM=VALUE;...`) as the
+    file's preset entries, checked as the file's are."""
+    entries = []
+    for index, spec in enumerate(specs):
+        try:
+            entries.append(presets.parse_spec(spec))
+        except presets.PresetError as error:
+            raise ConfigError(
+                f"invalid configuration:\n  --preset {spec!r} (presets[{index}]): {error}"
+            ) from None
+    return entries
 
 
 def from_dict(raw: dict[str, Any], where: str = "") -> Config:

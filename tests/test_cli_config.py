@@ -160,3 +160,65 @@ def test_serve_samples_presets_and_stops_on_sigterm(redis_client, redis_url, ser
     assert time.monotonic() - started < 15
     _, stderr = exporter.process.communicate()
     assert '"msg": "received SIGTERM, shutting down"' in stderr
+
+
+def _resolved(tmp_path, args, env=None, file_text=None):
+    """What check-config prints for a configuration given by flags, environment or file."""
+    extra = []
+    if file_text is not None:
+        path = tmp_path / "config.yaml"
+        path.write_text(file_text)
+        extra = [str(path)]
+    environment = {key: val for key, val in os.environ.items() if not key.startswith("QUEUE_EX")}
+    result = subprocess.run(
+        [*EXPORTER, "check-config", *extra, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environment, **(env or {})},
+    )
+    return result
+
+
+def test_preset_params_from_flags_and_environment_as_from_the_file(tmp_path):
+    """--preset 'NAME:PARAM=VALUE;PARAM=VALUE' and QUEUE_EXPORTER_PRESET resolve to the same
+    configuration as the file's {name, params}."""
+    file_text = (
+        "presets:\n  - {name: celery, params: {queues: [a, b], native: false, sep: ':'}}\n  - rq\n"
+    )
+    by_file = _resolved(tmp_path, [], file_text=file_text)
+    spec = 'celery:queues=a,b;native=false;sep=":"'
+    by_flag = _resolved(tmp_path, ["--preset", spec, "--preset", "rq"])
+    by_env = _resolved(tmp_path, [], env={"QUEUE_EXPORTER_PRESET": f"{spec} rq"})
+    for result in (by_file, by_flag, by_env):
+        assert result.returncode == 0, result.stderr
+    assert by_file.stdout == by_flag.stdout == by_env.stdout
+    assert "pattern: '{queue}:{_step}'" in by_file.stdout  # sep=":" reached the key groups
+    assert "    celery:\n      enabled: false\n" in by_file.stdout  # native=false too
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("celery:queus=a", "unknown params queus (did you mean 'queues'?"),
+        ("celry:queues=a", "unknown preset 'celry' (did you mean 'celery'?"),
+        ("celery:native=maybe", "param native: expected true or false, got 'maybe'"),
+        ("orchestrata:max_depth=many", "param max_depth: expected a number (int), got 'many'"),
+        ("celery:queues", "'queues' is not PARAM=VALUE"),
+    ],
+)
+def test_preset_params_from_flags_and_environment_are_checked_as_the_file(tmp_path, spec, expected):
+    for result in (
+        _resolved(tmp_path, ["--preset", spec]),
+        _resolved(tmp_path, [], env={"QUEUE_EXPORTER_PRESET": spec}),
+    ):
+        assert result.returncode == 1
+        assert expected in result.stderr, result.stderr
+        assert "Traceback" not in result.stderr
+    name, _, assignment = spec.partition(":")
+    param, _, value = assignment.partition("=")
+    if name == "celery" and param == "queus":  # the file's error says the same
+        by_file = _resolved(
+            tmp_path, [], file_text=f"presets: [{{name: {name}, params: {{{param}: [{value}]}}}}]\n"
+        )
+        assert by_file.returncode == 1 and expected in by_file.stderr, by_file.stderr

@@ -7,6 +7,9 @@ of the ordinary configuration (`sources: ...`) in which `${param}` is substitute
 prefix such as BullMQ's `{bull}` is not read as a placeholder). Loading a
 preset merges that piece into the configuration: lists are extended, so a preset's key
 groups join the operator's own.
+
+On the command line and in QUEUE_EXPORTER_PRESET a preset is named with its params in one
+string, `NAME:PARAM=VALUE;PARAM=VALUE` (parse_spec), e.g. `celery:queues=a,b;native=false`.
 """
 
 from __future__ import annotations
@@ -52,16 +55,82 @@ def expand(name: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
     """The configuration fragment of preset `name` with its parameters substituted."""
     document = read(name)
     values = {**document.get("params", {}), **(params or {})}
-    valid = sorted(document.get("params", {}))
-    unknown = set(params or {}) - set(valid)
-    if unknown:
-        raise PresetError(
-            f"preset {name}: unknown params {', '.join(sorted(unknown))} "
-            f"(valid: {', '.join(valid) or 'none'})"
-        )
+    _refuse_unknown(name, set(params or {}), sorted(document.get("params", {})))
     fragment = {k: v for k, v in document.items() if k not in DOCUMENTATION_KEYS}
     substituted: dict[str, Any] = _substitute(fragment, values, name)
     return substituted
+
+
+def _refuse_unknown(name: str, given: set[str], valid: list[str]) -> None:
+    unknown = sorted(given - set(valid))
+    if not unknown:
+        return
+    guesses = [difflib.get_close_matches(param, valid, n=1) for param in unknown]
+    hints = [f"did you mean {guess[0]!r}? " for guess in guesses if guess]
+    raise PresetError(
+        f"preset {name}: unknown params {', '.join(unknown)} "
+        f"({''.join(hints)}valid: {', '.join(valid) or 'none'})"
+    )
+
+
+def parse_spec(text: str) -> str | dict[str, Any]:
+    """A preset as `--preset` and QUEUE_EXPORTER_PRESET name it: `NAME`, or
+    `NAME:PARAM=VALUE;PARAM=VALUE`, as the file's `{name, params}`. A value takes the type of
+    the param's default: a list is split at commas (`queues=a,b`; empty: `queues=`), a boolean
+    is true/false, a number a number; a value starting with `[`, `{` or `"` is read as YAML
+    (`sep="\\x06\\x16"`, `priorities={1: low, 2: high}`)."""
+    name, colon, rest = text.partition(":")
+    name = name.strip()
+    if not colon:
+        return name
+    defaults = read(name).get("params", {})
+    params: dict[str, Any] = {}
+    for assignment in (part for part in rest.split(";") if part.strip()):
+        param, equals, value = assignment.partition("=")
+        param = param.strip()
+        if not equals or not param:
+            raise PresetError(
+                f"preset {name}: {assignment.strip()!r} is not PARAM=VALUE "
+                "(NAME:PARAM=VALUE;PARAM=VALUE)"
+            )
+        if param in params:
+            raise PresetError(f"preset {name}: param {param} given twice")
+        params[param] = _spec_value(name, param, value.strip(), defaults.get(param))
+    _refuse_unknown(name, set(params), sorted(defaults))
+    return {"name": name, "params": params}
+
+
+_TRUE = ("true", "yes", "on", "1")
+_FALSE = ("false", "no", "off", "0")
+
+
+def _spec_value(preset: str, param: str, text: str, default: Any) -> Any:
+    """`text` as a value of the param's type (its default's)."""
+    if text[:1] in ("[", "{", '"'):
+        try:
+            return yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            problem = getattr(error, "problem", None) or "not valid YAML"
+            raise PresetError(f"preset {preset}: param {param}: {problem}: {text!r}") from None
+    if isinstance(default, list):
+        return [item.strip() for item in text.split(",")] if text else []
+    if isinstance(default, bool):
+        if text.lower() in _TRUE + _FALSE:
+            return text.lower() in _TRUE
+        raise PresetError(f"preset {preset}: param {param}: expected true or false, got {text!r}")
+    if isinstance(default, int | float):
+        try:
+            return int(text) if isinstance(default, int) else float(text)
+        except ValueError:
+            kind = type(default).__name__
+            raise PresetError(
+                f"preset {preset}: param {param}: expected a number ({kind}), got {text!r}"
+            ) from None
+    if isinstance(default, dict):
+        raise PresetError(
+            f"preset {preset}: param {param}: a mapping, given as YAML: {param}={{KEY: VALUE}}"
+        )
+    return text
 
 
 def merge(base: dict[str, Any], fragment: dict[str, Any]) -> dict[str, Any]:
