@@ -116,6 +116,9 @@ def _group_row(group: dict[str, Any]) -> str:
         reads = [f"depth per {split['label']} (each item's `{split['field']}`)"]
     if group.get("priority_bands"):
         reads.append("priority from score bands")
+    if group.get("scores"):
+        window = group["scores"]["window"]
+        reads = ["depth of scores up to now" if window == "due" else "depth of scores after now"]
     oldest = group.get("oldest")
     if oldest:
         where = oldest.get("field") or oldest["time_in"]

@@ -82,6 +82,13 @@ for major in 2 1; do
   fi
 done
 
+# arq pins redis-py below 6 (the project's venv has 8.x): a venv of its own, pinned, for
+# tests/test_preset_arq.py's producers, `arq` workers and arq's own view of the queues.
+if [ ! -x .venv/tools/arq/bin/arq ]; then
+  python3 -m venv .venv/tools/arq
+  .venv/tools/arq/bin/python -m pip install -q 'arq==0.28.0'
+fi
+
 # BullMQ 5.x and 6.x for the tests, each in its folder from its committed package-lock.json
 for bullmq in tests/node/bullmq5 tests/node/bullmq6; do
   if [ ! -d "$bullmq/node_modules/bullmq" ]; then

@@ -141,6 +141,18 @@ FORMS = [
         {"end": "tail", "time_in": "json", "field": "t"},
         {"split_by": {"label": "priority", "field": "q"}},
     ),
+    Form(
+        "zset due window, head score",
+        "zset",
+        {"end": "head", "time_in": "score"},
+        {"scores": {"window": "due", "unit": "ms"}},
+    ),
+    Form(
+        "zset due window, head hash",
+        "zset",
+        {"time_in": "hash", "hash_key": "h:{item}", "field": "t"},
+        {"scores": {"window": "due", "unit": "s"}},
+    ),
     Form("stream head id", "stream", {"end": "head", "time_in": "stream_id"}),
     Form("stream tail id", "stream", {"end": "tail", "time_in": "stream_id"}),
     Form(
@@ -263,4 +275,10 @@ def test_a_hostile_head_fails_only_its_own_age(
             and "priority_bands" in form.extra
             and not 0 <= hostile.score < 2e6
         )
-        assert sum(report.errors.values()) >= 1 or nothing_unread or banded_out, report
+        # a score window holds no item when the hostile score lies ahead of now
+        window = (form.extra or {}).get("scores")
+        scale = 1000.0 if window and window["unit"] == "ms" else 1.0
+        windowed_out = window is not None and hostile.score > time.time() * scale
+        assert sum(report.errors.values()) >= 1 or nothing_unread or banded_out or windowed_out, (
+            report
+        )

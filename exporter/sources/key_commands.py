@@ -81,6 +81,8 @@ class Cycle:
         elif group.split_by is not None:
             yield from self._split(tally, key, labels)
             return
+        elif group.scores is not None:
+            yield from self._window(tally, key, labels, captured)
         else:
             yield (DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
@@ -116,6 +118,21 @@ class Cycle:
                 self._head_time(tally, band_labels, captured),
                 tally,
             )
+
+    def _window(
+        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
+    ) -> Iterator[Command]:
+        """A zset whose score is the time each item may run: depth and head of the items due
+        by now, or of those still ahead."""
+        group = tally.group
+        window = group.scores
+        assert window is not None
+        limit = self.now * (1000.0 if window.unit == "ms" else 1.0) * window.divisor
+        low, high = ("-inf", f"{limit!r}") if window.window == "due" else (f"({limit!r}", "+inf")
+        yield ("ZCOUNT", key, low, high), self._depth(tally, labels), tally
+        if group.oldest is not None:
+            first = script_read("ZRANGEBYSCORE", low, high, "LIMIT", 0, 1, "WITHSCORES")
+            yield (ITEM_READ, key, first), self._head_time(tally, labels, captured), tally
 
     def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
         """Depth (and head age, due count) per label value read from each item. The key's

@@ -77,6 +77,18 @@ class DueCount(StrictModel):
     divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
 
 
+class ScoreWindow(StrictModel):
+    """Count only the zset members whose score (a time) is already past, or only those still
+    ahead (arq keeps the jobs ready to run and the deferred ones in one zset scored by the time
+    each may run)."""
+
+    window: Literal["due", "ahead"] = Field(
+        description="due: scores up to now (inclusive); ahead: scores after now"
+    )
+    unit: Literal["s", "ms"] = Field("s", description="the unit of the scores")
+    divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
+
+
 class PriorityBands(StrictModel):
     """Split a zset's depth by priority: priority = floor(score / width)."""
 
@@ -116,7 +128,9 @@ class KeyGroup(StrictModel):
     state: State = Field(description="the state label of the items the keys hold")
     labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
     values: dict[str, list[str]] = Field(
-        default_factory=dict, description="enumerate a placeholder instead of scanning for it"
+        default_factory=dict,
+        description="enumerate a placeholder instead of scanning for it; given with "
+        "values_from_set or values_from_keys too, the placeholder takes the values of all",
     )
     values_from_set: dict[str, SetMembers] = Field(
         default_factory=dict, description="take a placeholder's values from a Redis set"
@@ -131,6 +145,9 @@ class KeyGroup(StrictModel):
     )
     oldest: OldestItem | None = None
     due: DueCount | None = None
+    scores: ScoreWindow | None = Field(
+        None, description="zsets: depth (and head) of the members due by now, or still ahead"
+    )
     priority_bands: PriorityBands | None = None
     max_depth: int | None = Field(
         None, ge=0, description="backpressure limit, exported as queue_max_depth"
@@ -173,10 +190,14 @@ class KeyGroup(StrictModel):
                 raise ValueError("split_by and priority_bands exclude each other")
             if self.oldest is not None and self.oldest.time_in == "hash":
                 raise ValueError("split_by: oldest.time_in hash is not supported")
-        zset_only = {"due": self.due, "priority_bands": self.priority_bands}
+        zset_only = {"due": self.due, "priority_bands": self.priority_bands, "scores": self.scores}
         for option, value in zset_only.items():
             if value is not None and self.type != "zset":
                 raise ValueError(f"{option} applies to zset keys only, not {self.type}")
+        if self.scores is not None and (self.split_by or self.priority_bands):
+            raise ValueError("scores excludes split_by and priority_bands")
+        if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
+            raise ValueError("scores: the oldest item is the head (lowest score) of the window")
         if self.stream_group and self.type != "stream":
             raise ValueError(f"stream_group applies to stream keys only, not {self.type}")
         if self.priority_bands and ("priority" in names or "priority" in self.labels):

@@ -531,9 +531,11 @@ class RedisKeySampler:
                 return
             member_regex = key_regex(members.member)
             matches = (member_regex.match(_text(member)) for member in stored)
-            choices[name] = sorted(match.group("value") for match in matches if match)
+            found = {match.group("value") for match in matches if match}
+            choices[name] = sorted(found.union(choices.get(name, [])))
         for name, pattern in group.values_from_keys.items():
-            choices[name] = self._values_from_keys(client, pattern, tally)
+            found = set(self._values_from_keys(client, pattern, tally))
+            choices[name] = sorted(found.union(choices.get(name, [])))
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
             captured = dict(zip(names, combination, strict=True))
@@ -759,6 +761,7 @@ class _PlainGroup:
             and group.priority_bands is None
             and group.split_by is None
             and group.due is None
+            and group.scores is None
             and (group.oldest is None or group.oldest.time_in != "hash")
         )
 
