@@ -57,7 +57,7 @@ class App:
         self._listening = False
         host, port = config.host_port
         status = StatusPage(
-            self.health, lambda: self.telemetry.render(False), self.telemetry.store.snapshot_series
+            self.health, self.telemetry.own_samples, self.telemetry.store.snapshot_series
         )
         self.server = MetricsServer(
             host,
@@ -191,8 +191,16 @@ class App:
             log.info("received %s, shutting down", signal.Signals(signum).name)
             self.stopping.set()
 
+        def on_hangup(signum: int, _: FrameType | None) -> None:
+            log.warning(
+                "received SIGHUP: ignored, nothing is reloaded (the configuration is read at "
+                "start: restart to change it; the web config file is reloaded by itself when it "
+                "changes, keeping the last good one)"
+            )
+
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hangup)  # its default action would end the process
         self.start()
         self.stopping.wait()
         self.shutdown()

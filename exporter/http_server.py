@@ -19,19 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gzip
 import json
 import logging
 import os
+import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import SecretStr
 from tornado.httpserver import HTTPServer
+from tornado.ioloop import IOLoop
 from tornado.iostream import IOStream, StreamClosedError
 from tornado.netutil import bind_sockets
 from tornado.web import Application, RequestHandler
@@ -53,6 +56,10 @@ AUTH_THREADS = 2  # bcrypt checks at once (bcrypt releases the GIL), at a lower 
 # Checks queued or running at most: guessers from many addresses cannot queue up seconds of
 # bcrypt ahead of a real login; beyond it, logins are refused unchecked (rate_limited).
 MAX_PENDING_CHECKS = 4 * AUTH_THREADS
+# accept() failing for want of descriptors or memory: the listener is left alone this long (a
+# ready listener polled again at once would spin the loop at 100% CPU), then accepting resumes.
+OUT_OF_RESOURCES = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+ACCEPT_BACKOFF = 0.5
 GZIP_LEVEL = 1  # the cheapest level: about 10x smaller already, at a fraction of the render
 UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 
@@ -94,6 +101,8 @@ class MetricsServer:
         self.auth_failures = FailureLimiter()
         self.pending_checks = 0  # bcrypt checks queued or running (read on the loop only)
         self.scrape_pool = ThreadPoolExecutor(SCRAPE_THREADS, thread_name_prefix="scrape")
+        # Pages build on a thread of their own: pollers of /status.json never hold a scrape's.
+        self.page_pool = ThreadPoolExecutor(1, thread_name_prefix="page")
         self.auth_pool = ThreadPoolExecutor(
             AUTH_THREADS, thread_name_prefix="auth", initializer=_yield_cpu
         )
@@ -129,6 +138,7 @@ class MetricsServer:
             for sock in self._sockets:
                 sock.close()
         self.scrape_pool.shutdown(wait=False, cancel_futures=True)
+        self.page_pool.shutdown(wait=False, cancel_futures=True)
         self.auth_pool.shutdown(wait=False, cancel_futures=True)
 
     async def run_blocking(self, pool: ThreadPoolExecutor, work: Callable[[], _T]) -> _T:
@@ -181,6 +191,64 @@ class _Server(HTTPServer):
         self.open_connections = 0
         self.refusals = LogLimiter(log, period=60.0)
         self._handshakes: set[asyncio.Task[None]] = set()
+
+    def add_sockets(self, sockets: Iterable[socket.socket]) -> None:
+        """Tornado's, with an accept loop that backs off when the process is out of file
+        descriptors (Tornado's raises on EMFILE at every poll: a busy loop of tracebacks)."""
+        for sock in sockets:
+            self._sockets[sock.fileno()] = sock
+            self._handlers[sock.fileno()] = self._accept_from(sock)
+
+    def _accept_from(self, sock: socket.socket) -> Callable[[], None]:
+        """Accept on `sock` from the loop; returns what stops it (TCPServer.stop calls it)."""
+        loop = IOLoop.current()
+        paused: list[object] = []  # the pending resume while backing off
+        removed = False
+
+        def accept(_fd: object, _events: int) -> None:
+            for _ in range(BACKLOG):
+                if removed:
+                    return
+                try:
+                    connection, address = sock.accept()
+                except BlockingIOError:
+                    return
+                except ConnectionAbortedError:
+                    continue
+                except OSError as error:
+                    if error.errno not in OUT_OF_RESOURCES:
+                        raise
+                    self._back_off(error)
+                    loop.remove_handler(sock)
+                    paused.append(loop.call_later(ACCEPT_BACKOFF, resume))
+                    return
+                self._handle_connection(connection, address)
+
+        def resume() -> None:
+            paused.clear()
+            if not removed:
+                loop.add_handler(sock, accept, IOLoop.READ)
+
+        def remove() -> None:
+            nonlocal removed
+            removed = True
+            if paused:
+                loop.remove_timeout(paused.pop())
+            else:
+                loop.remove_handler(sock)
+
+        loop.add_handler(sock, accept, IOLoop.READ)
+        return remove
+
+    def _back_off(self, error: OSError) -> None:
+        self.refusals.warning(
+            ("accept", error.errno),
+            "cannot accept connections (%s): %d open; accepting again in %.1f s, "
+            "connections wait in the listen backlog meanwhile",
+            os.strerror(error.errno or 0),
+            self.open_connections,
+            ACCEPT_BACKOFF,
+        )
 
     def handle_stream(self, stream: IOStream, address: tuple[Any, ...]) -> None:
         if self.open_connections >= self.max_connections:
@@ -281,7 +349,7 @@ class _Handler(RequestHandler):
 
     async def _metrics(self) -> None:
         openmetrics = _wants_openmetrics(self.request.headers.get("Accept", ""))
-        gzipped = "gzip" in self.request.headers.get("Accept-Encoding", "")
+        gzipped = wants_gzip(self.request.headers.get("Accept-Encoding", ""))
         render, compress = self.front.render, self.front.compress
         try:
             body = await self.front.run_blocking(
@@ -311,7 +379,7 @@ class _Handler(RequestHandler):
         await self._send(200 if ready else 503, json.dumps(document).encode(), "application/json")
 
     async def _page(self, page: Page) -> None:
-        content_type, body = await self.front.run_blocking(self.front.scrape_pool, page)
+        content_type, body = await self.front.run_blocking(self.front.page_pool, page)
         await self._send(200, body, content_type)
 
     async def _refusal(self, loaded: LoadedWebConfig | None, path: str = "") -> str | None:
@@ -389,6 +457,31 @@ def _wants_openmetrics(accept: str) -> bool:
         part.split(";", 1)[0].strip() == "application/openmetrics-text"
         for part in accept.split(",")
     )
+
+
+def wants_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header (RFC 9110 12.5.3) accepts gzip: named, or covered by
+    `*`, with a q-value above 0. `gzip;q=0` refuses it; an unreadable q-value counts as 0."""
+    weights: dict[str, float] = {}
+    for part in accept_encoding.split(","):
+        coding, *parameters = (piece.strip() for piece in part.split(";"))
+        weight = 1.0
+        for parameter in parameters:
+            name, _, text = parameter.partition("=")
+            if name.strip().lower() == "q":
+                weight = _q_value(text.strip())
+        if coding:
+            weights[coding.lower()] = weight
+    weight = weights.get("gzip", weights.get("x-gzip", weights.get("*", 0.0)))
+    return weight > 0
+
+
+def _q_value(text: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        return 0.0
+    return weight if 0.0 <= weight <= 1.0 else 0.0
 
 
 class SharedCompression:

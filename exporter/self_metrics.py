@@ -26,6 +26,7 @@ from opentelemetry.sdk.resources import Resource
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as _untyped_text
 from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
+from prometheus_client.samples import Sample
 
 from exporter import __version__, exposition
 from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
@@ -92,6 +93,10 @@ class SelfMetrics:
         if openmetrics:
             return _write_openmetrics(self._registry).removesuffix(exposition.OPENMETRICS_EOF)
         return _write_text(self._registry)
+
+    def samples(self) -> list[Sample]:
+        """These metrics as structured samples (what render writes, without the text)."""
+        return [sample for family in self._registry.collect() for sample in family.samples]
 
     def count_overflow(self, metric: str, count: int) -> None:
         self._overflow.add(count, {"metric": metric})

@@ -1,11 +1,16 @@
 """The live status page at / and the same facts at /status.json.
 
 An operator's first question is "is it looking at the right things?": the page answers it
-from what the exporter serves right now. Sources and key groups come from the HealthBoard, the
-top queues from the sampled series in the metrics store, streams, errors and the leader from
-the exporter's own lines of the exposition (what Prometheus scrapes), so the page cannot
-disagree with /metrics. Only those few lines are parsed: parsing a large exposition whole
-costs many times its render, and the page refreshes every few seconds.
+from what the exporter serves right now, read where /metrics reads it, never from the /metrics
+text: sources and key groups from the HealthBoard, the top queues from the sampled series in
+the metrics store (as served: a snapshot past its lease is not shown), streams, errors and the
+leader from the exporter's own instruments as their registry collects them (structured
+samples, so any key or label value, CR, NUL or undecodable bytes included, is data, not
+syntax).
+
+One document is built at most once per CACHE_SECONDS and shared by every request meanwhile:
+clients polling /status.json in a loop cost one build a second, however many they are, so
+they cannot slow /metrics down (tests/test_status_polling.py measures it).
 
 The HTML is complete without JavaScript (server-rendered, every value escaped: queue names
 and keys are data anyone with write access to Redis chose). A small inline script refreshes
@@ -18,6 +23,7 @@ from __future__ import annotations
 import heapq
 import html
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -34,6 +40,7 @@ if TYPE_CHECKING:
 
 TOP_QUEUES = 10
 REFRESH_SECONDS = 5
+CACHE_SECONDS = 1.0
 _QUEUE_COLUMNS = ["system", "queue", "priority", "state"]
 # Kept history, not work waiting: left out of the top queues (they are still on /metrics).
 _HISTORY_STATES = ("completed", "failed")
@@ -51,25 +58,40 @@ class StatusPage:
     def __init__(
         self,
         health: HealthBoard,
-        exposition: Callable[[], bytes],
+        own_samples: Callable[[], list[Sample]],
         sampled: Callable[[], dict[MetricSpec, Series]],
     ) -> None:
-        """`exposition` returns what /metrics serves (Prometheus text), `sampled` the sampled
-        series as published."""
+        """`own_samples` returns the exporter's own instruments' samples (Telemetry.own_samples),
+        `sampled` the sampled series as served."""
         self.health = health
-        self.exposition = exposition
+        self.own_samples = own_samples
         self.sampled = sampled
+        self._lock = threading.Lock()  # one build at a time; the others wait and share it
+        self._built: tuple[float, dict[str, Any], bytes, bytes] | None = None
 
     def json(self) -> bytes:
-        return json.dumps(self.document()).encode()
+        return self._cached()[2]
 
     def html(self) -> bytes:
-        return render_html(self.document()).encode()
+        return self._cached()[3]
+
+    def _cached(self) -> tuple[float, dict[str, Any], bytes, bytes]:
+        """The document with its JSON and HTML, built again when CACHE_SECONDS old."""
+        with self._lock:
+            built = self._built
+            if built is None or time.monotonic() - built[0] >= CACHE_SECONDS:
+                document = self.document()
+                # ensure_ascii escapes what is not UTF-8 (lone surrogates) as \u escapes; the
+                # HTML writes it as backslash escapes instead of failing to encode it.
+                body = json.dumps(document).encode()
+                page = render_html(document).encode("utf-8", "backslashreplace")
+                built = self._built = (time.monotonic(), document, body, page)
+            return built
 
     def document(self) -> dict[str, Any]:
         """The facts for scripts, and under "view" the page's warnings and tables."""
         now = time.time()
-        samples = _own_samples(self.exposition())
+        samples = self.own_samples()
         sampled = self.sampled()
         statuses = self.health.snapshot()
         facts: dict[str, Any] = {
@@ -92,19 +114,7 @@ class StatusPage:
         return facts
 
 
-# -- facts from the exposition ------------------------------------------------------------------
-
-
-def _own_samples(exposition: bytes) -> list[Sample]:
-    """The samples of the exporter's own families (queue_exporter_*): a few lines of many.
-    (prometheus_client's parser loads at the first page: serve listens before it.)"""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    own = b"\n".join(
-        line for line in exposition.splitlines() if line.startswith(b"queue_exporter_")
-    )
-    families = text_string_to_metric_families(own.decode())
-    return [sample for family in families for sample in family.samples]
+# -- facts from the exporter's own instruments -------------------------------------------------
 
 
 def _named(samples: Iterable[Sample], name: str) -> Iterable[Sample]:

@@ -32,6 +32,7 @@ from exporter.telemetry_config import LimitsConfig, OtlpConfig
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
+    from prometheus_client.samples import Sample
 
     from exporter.self_metrics import SelfMetrics
 
@@ -151,6 +152,11 @@ class Telemetry:
         return exposition.render([family], openmetrics, exposition.LineStarts())
 
     # -- self-metrics --------------------------------------------------------------------------
+
+    def own_samples(self) -> list[Sample]:
+        """The exporter's own instruments' samples, structured (the status page reads them):
+        none before the SDK is built."""
+        return self._self_metrics.samples() if self._self_metrics is not None else []
 
     def count_auth_failure(self, reason: str) -> None:
         built = self._self_metrics

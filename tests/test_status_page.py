@@ -103,9 +103,7 @@ def test_the_top_queues_are_work_waiting_not_history():
     samples.add_labelled(depth, ("rq", "default", "", "pending"), 7)
     samples.add_labelled(depth, ("rq", "reports", "", "scheduled"), 3)
     telemetry.publish("redis", samples)
-    page = StatusPage(
-        telemetry.health, lambda: telemetry.render(False), telemetry.store.snapshot_series
-    )
+    page = StatusPage(telemetry.health, telemetry.own_samples, telemetry.store.snapshot_series)
     top = [(q["queue"], q["state"], q["value"]) for q in page.document()["top_depth"]]
     assert top == [("default", "pending", 7), ("reports", "scheduled", 3)]
     telemetry.shutdown()
