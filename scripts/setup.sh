@@ -89,6 +89,12 @@ if [ ! -x .venv/tools/arq/bin/arq ]; then
   .venv/tools/arq/bin/python -m pip install -q 'arq==0.28.0'
 fi
 
+# Dramatiq 1.x beside the dev extra's 2.x, in a venv of its own (tests/test_preset_dramatiq.py)
+if [ ! -x .venv/tools/dramatiq1/bin/dramatiq ]; then
+  python3 -m venv .venv/tools/dramatiq1
+  .venv/tools/dramatiq1/bin/python -m pip install -q 'dramatiq[redis]==1.18.0'
+fi
+
 # BullMQ 5.x and 6.x for the tests, each in its folder from its committed package-lock.json
 for bullmq in tests/node/bullmq5 tests/node/bullmq6; do
   if [ ! -d "$bullmq/node_modules/bullmq" ]; then

@@ -153,6 +153,11 @@ FORMS = [
         {"time_in": "hash", "hash_key": "h:{item}", "field": "t"},
         {"scores": {"window": "due", "unit": "s"}},
     ),
+    Form(
+        "list head, JSON in a hash field named by the item",
+        "list",
+        {"time_in": "hash", "hash_key": "h:all", "field": "{item}", "json_field": "t"},
+    ),
     Form("stream head id", "stream", {"end": "head", "time_in": "stream_id"}),
     Form("stream tail id", "stream", {"end": "tail", "time_in": "stream_id"}),
     Form(
@@ -175,6 +180,7 @@ class Hostile:
     entry_ms: int
     fields: dict[bytes, bytes]
     group_position: str  # where the consumer group was created: "0", "$" or "none"
+    document: bytes  # the JSON (or not) a hash field named by the item holds
 
 
 hostile_writes = st.builds(
@@ -186,6 +192,7 @@ hostile_writes = st.builds(
     entry_ms=st.integers(min_value=1, max_value=2**64 - 1),
     fields=st.dictionaries(st.binary(min_size=1, max_size=8), st.binary(max_size=64), min_size=1),
     group_position=st.sampled_from(["0", "$", "none"]),
+    document=items,
 )
 
 
@@ -199,7 +206,12 @@ def write(client: redis.Redis, form: Form, hostile: Hostile) -> None:
         client.xadd(HOSTILE, hostile.fields, id=f"{hostile.entry_ms}-0")
         if form.extra and hostile.group_position != "none":
             client.xgroup_create(HOSTILE, "workers", id=hostile.group_position)
-    if form.oldest["time_in"] == "hash":
+    if form.oldest.get("field") == "{item}":  # one hash, a field per item
+        if hostile.hash_of_another_type:
+            client.rpush(b"h:all", b"not a hash")
+        elif hostile.hash_field is not None:
+            client.hset(b"h:all", hostile.item, hostile.document)
+    elif form.oldest["time_in"] == "hash":
         hash_key = b"h:" + hostile.item
         if hostile.hash_of_another_type:
             client.rpush(hash_key, b"not a hash")

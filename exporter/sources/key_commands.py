@@ -269,8 +269,10 @@ class Cycle:
                 return None  # empty: no age
             item, score = head
             if oldest.time_in == "hash":
-                hash_key = fill(oldest.hash_key or "", {**captured, "item": item.decode()})
-                read = (ITEM_READ, hash_key.encode(), script_read("HGET", oldest.field))
+                values = {**captured, "item": item.decode()}
+                hash_key = fill(oldest.hash_key or "", values)
+                field = fill(oldest.field or "", values)
+                read = (ITEM_READ, hash_key.encode(), script_read("HGET", field))
                 return read, self._hash_time(oldest, labels), tally
             self._age(labels, item_time(oldest, item, score))
             return None
@@ -281,6 +283,8 @@ class Cycle:
         def on_field(reply: Any) -> None:
             if reply is None:
                 raise ItemError("time_missing")
+            if oldest.json_field is not None:
+                reply = _json_path(reply, oldest.json_field)
             self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
 
         return on_field
@@ -347,6 +351,20 @@ def _json_field(item: bytes, field: str) -> str | None:
         return None
     value = document.get(field) if isinstance(document, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _json_path(value: bytes, path: str) -> Any:
+    """The time at `path` (dotted: nested objects) of a JSON document (Dramatiq's messages,
+    Bee-Queue's jobs in a hash keyed by id)."""
+    try:
+        document = json.loads(value)
+    except ValueError as error:
+        raise ItemError("item_not_json") from error
+    for name in path.split("."):
+        document = document.get(name) if isinstance(document, dict) else None
+    if document is None or isinstance(document, (dict, list)):
+        raise ItemError("time_missing")
+    return document
 
 
 def _as_map(reply: Any) -> dict[bytes, Any]:

@@ -51,6 +51,11 @@ class OldestItem(StrictModel):
     hash_key: str | None = Field(
         None, description="hash key pattern; {item} is the item, other placeholders the labels"
     )
+    json_field: str | None = Field(
+        None,
+        description="time_in hash: the hash field's value is JSON and this field of it holds "
+        "the time (a.b: field b of object a)",
+    )
     format: TimeFormat = Field(
         "auto", description="auto: numbers above 1e11 are ms, else s; strings ISO-8601"
     )
@@ -62,8 +67,10 @@ class OldestItem(StrictModel):
             raise ValueError(f"time_in: {self.time_in} needs 'field'")
         if self.time_in == "hash" and not self.hash_key:
             raise ValueError("time_in: hash needs 'hash_key'")
-        if self.hash_key and "{item}" not in self.hash_key:
-            raise ValueError("hash_key must contain {item}")
+        if self.hash_key and "{item}" not in self.hash_key + (self.field or ""):
+            raise ValueError("hash_key or field must contain {item}")
+        if self.json_field is not None and self.time_in != "hash":
+            raise ValueError("json_field applies to time_in: hash only")
         return self
 
 
@@ -101,6 +108,9 @@ class SetMembers(StrictModel):
 
     key: str = Field(description="the set's key")
     member: str = Field("{value}", description="member format; {value} is the placeholder value")
+    type: Literal["set", "zset"] = Field(
+        "set", description="zset: the members of a sorted set (Dramatiq's worker heartbeats)"
+    )
 
 
 class LabelFromItems(StrictModel):
@@ -140,6 +150,11 @@ class KeyGroup(StrictModel):
         description="take a placeholder's values from the keys matching a pattern with {value} "
         "(BullMQ's <prefix>:<queue>:meta): a queue whose job keys are all gone still reads 0",
     )
+    values_exclude: dict[str, str] = Field(
+        default_factory=dict,
+        description="a regular expression per placeholder: values it matches whole are not "
+        "taken (Dramatiq's <queue>.DQ and <queue>.XQ beside each queue)",
+    )
     split_by: LabelFromItems | None = Field(
         None, description="read every item and split the depth by a label value inside it"
     )
@@ -175,6 +190,13 @@ class KeyGroup(StrictModel):
         for name in (*self.values, *self.values_from_set, *self.values_from_keys):
             if name not in names:
                 raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
+        for name, regex in self.values_exclude.items():
+            if name not in names:
+                raise ValueError(f"values_exclude: {{{name}}} is not a placeholder of the pattern")
+            try:
+                re.compile(regex)
+            except re.error as error:
+                raise ValueError(f"values_exclude.{name}: {error}") from None
         for name, keys in self.values_from_keys.items():
             if placeholders(keys) != ["value"]:
                 raise ValueError(

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from exporter.sources.key_commands import (
 )
 from exporter.sources.key_groups import (
     KeyGroup,
+    SetMembers,
     fill,
     key_regex,
     literal_prefix,
@@ -525,7 +527,7 @@ class RedisKeySampler:
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
             try:
-                stored = self._client_for(client, members.key).smembers(members.key)
+                stored = self._members(self._client_for(client, members.key), members)
             except redis.ResponseError as error:  # not a set (any more): this group alone is lost
                 tally.failed(members.key.encode(), _response_reason(error))
                 return
@@ -536,10 +538,19 @@ class RedisKeySampler:
         for name, pattern in group.values_from_keys.items():
             found = set(self._values_from_keys(client, pattern, tally))
             choices[name] = sorted(found.union(choices.get(name, [])))
+        for name, regex in group.values_exclude.items():
+            excluded = re.compile(regex)
+            choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
             captured = dict(zip(names, combination, strict=True))
             yield fill(group.pattern, captured).encode(), captured
+
+    @staticmethod
+    def _members(client: redis.Redis, members: SetMembers) -> list[Any]:
+        if members.type == "zset":
+            return list(client.zrange(members.key, 0, -1))
+        return list(client.smembers(members.key))
 
     def _values_from_keys(self, client: redis.Redis, pattern: str, tally: GroupTally) -> list[str]:
         if pattern not in self._values_found:
