@@ -10,10 +10,7 @@ import binascii
 import ipaddress
 import time
 from collections import OrderedDict
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from exporter.web_config import LoadedWebConfig
+from typing import Protocol
 
 
 class WebConfigError(Exception):
@@ -91,17 +88,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def exposure_warning(host: str, loaded: LoadedWebConfig | None) -> str | None:
+class WebAccess(Protocol):
+    """What the log says of a loaded web config (web_config.LoadedWebConfig), without loading
+    that module here."""
+
+    def authenticates(self) -> bool: ...
+
+    def describe(self) -> str: ...
+
+
+def exposure_warning(host: str, loaded: WebAccess | None) -> str | None:
     """A warning when /metrics can be read by anyone who can reach a non-loopback address."""
-    if is_loopback(host):
-        return None
-    if loaded is not None and loaded.config.basic_auth_users:
-        return None
-    if (
-        loaded is not None
-        and loaded.tls.enabled
-        and loaded.tls.client_auth_type in VERIFYING_CLIENT_AUTH
-    ):
+    if is_loopback(host) or (loaded is not None and loaded.authenticates()):
         return None
     return (
         f"/metrics is served on {host or '0.0.0.0'} without authentication: anyone who can "
@@ -110,10 +108,5 @@ def exposure_warning(host: str, loaded: LoadedWebConfig | None) -> str | None:
     )
 
 
-def describe(loaded: LoadedWebConfig | None) -> str:
-    if loaded is None:
-        return "no web config: plain HTTP, no authentication"
-    tls = loaded.tls
-    parts = [f"TLS on ({tls.client_auth_type})" if tls.enabled else "TLS off"]
-    parts.append(f"basic auth for {len(loaded.config.basic_auth_users)} user(s)")
-    return f"web config {loaded.path}: " + ", ".join(parts)
+def describe(loaded: WebAccess | None) -> str:
+    return "no web config: plain HTTP, no authentication" if loaded is None else loaded.describe()

@@ -24,7 +24,8 @@ from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
 from exporter.sources.base import DeadlineExceeded, sample_within_deadline
-from exporter.sources.redis_keys import REASON_WORDS, RedisKeySampler, redis_samplers
+from exporter.sources.key_types import REASON_WORDS
+from exporter.sources.redis_keys import RedisKeySampler, redis_samplers
 from exporter.telemetry import Telemetry
 
 Echo = Callable[[str], None]

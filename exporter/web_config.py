@@ -266,6 +266,18 @@ class LoadedWebConfig:
     def watched_files(self) -> list[Path]:
         return [self.path, *self.tls.files()]
 
+    def authenticates(self) -> bool:
+        """Whether /metrics asks who reads it: a password or a verified client certificate."""
+        tls = self.tls
+        verifies = tls.enabled and tls.client_auth_type in VERIFYING_CLIENT_AUTH
+        return bool(self.config.basic_auth_users) or verifies
+
+    def describe(self) -> str:
+        tls = self.tls
+        parts = [f"TLS on ({tls.client_auth_type})" if tls.enabled else "TLS off"]
+        parts.append(f"basic auth for {len(self.config.basic_auth_users)} user(s)")
+        return f"web config {self.path}: " + ", ".join(parts)
+
 
 def load(path: Path) -> LoadedWebConfig:
     """Read, validate and build; raise WebConfigError naming the file and the setting."""

@@ -12,18 +12,27 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from exporter.catalog import BY_NAME, MetricSpec
-from exporter.redis_pipeline import bound_each, probe_first, script_read
+import redis
+
+from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
+from exporter.redis_cluster import ClusterNodes
+from exporter.redis_connection import redis_error_reason
+from exporter.redis_pipeline import Args, bound_each, bounded_reads, probe_first, script_read
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
-from exporter.sources.key_groups import OldestItem, fill
-from exporter.sources.key_rounds import ITEM_READ
-
-if TYPE_CHECKING:  # types only: the sampler imports this module
-    from exporter.sources.redis_keys import Command, GroupTally, Labels, OnReply
-
+from exporter.sources.key_groups import KeyGroup, OldestItem, fill
+from exporter.sources.key_types import (
+    ASKED,
+    ITEM_READ,
+    Command,
+    GroupTally,
+    Labels,
+    OnReply,
+    Route,
+    key_of,
+)
 
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
@@ -60,13 +69,54 @@ END_READS = {
 }
 
 
-class Cycle:
-    """One sample cycle: turns each key into commands whose replies fill `samples`."""
+# A cluster node's error for a read its script made of a key that is not there: in a migrating
+# slot, a key already moved (the node would answer a command of its own with ASK).
+_NOT_LOCAL = "ERR Script attempted to access a non local key"
 
-    def __init__(self, now: float, samples: SampleSet, large_heads: set[bytes]) -> None:
+if any(spec.labels not in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH)):
+    raise RuntimeError("key_commands: a sampled family has labels for_metric() cannot build")
+# Cycle.handle_plain combines samples inline: depths add up, ages and limits keep the largest.
+if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max"):
+    raise RuntimeError("key_commands: Cycle.handle_plain combines a sampled family the wrong way")
+# Below any age or limit: what a series not yet in a table compares as, when keeping the largest.
+_LEAST = float("-inf")
+
+
+class Cycle:
+    """Everything that lives for one sample cycle: turns each key into commands, handles their
+    replies into `samples`, and keeps what the cycle met on the way (heads too large, groups
+    that lost a cluster node, values and routes found). The rounds (key_rounds.py) send what
+    it gives them and hand the replies back to it (key_rounds.RoundSampler)."""
+
+    def __init__(
+        self,
+        now: float,
+        tallies: list[GroupTally],
+        large_heads: set[bytes],
+        max_item_bytes: int,
+        nodes: ClusterNodes | None,
+    ) -> None:
         self.now = now
-        self.samples = samples
-        self.large_heads = large_heads
+        self.tallies = tallies  # one per key group, in the sampler's order
+        self.samples = SampleSet()
+        self.large_heads = large_heads  # found too large last cycle: probed first (probe_first)
+        self.large_heads_now: set[bytes] = set()  # found too large this cycle
+        self.max_item_bytes = max_item_bytes
+        self.nodes = nodes  # a Redis Cluster's, or None on one server
+        # The groups that lost a cluster node's keys: their series are withdrawn, never served
+        # partly summed
+        self.lost_groups: set[int] = set()
+        self.node_answered = False  # some cluster node answered: the source is up
+        # values_from_keys patterns scanned (BullMQ's groups share one SCAN of meta keys), and
+        # those scanned without some node
+        self.values_found: dict[str, list[str]] = {}
+        self.partial_values: set[str] = set()
+        # Per SCAN (by its groups), which groups took each key it found, and what it gave them
+        self.routes: dict[tuple[int, ...], dict[bytes, Route]] = {}
+
+    def answered(self) -> None:
+        """A cluster node answered a round."""
+        self.node_answered = True
 
     def commands_for_key(
         self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
@@ -319,6 +369,218 @@ class Cycle:
 
         return on_groups
 
+    # -- the rounds' replies (key_rounds.RoundSampler) ---------------------------------------
+
+    def round_commands(
+        self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
+    ) -> tuple[list[Args], int]:
+        """What a round sends, and how many item reads its bounded_reads holds."""
+        direct = [] if leading is None else [leading]
+        direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
+        keys = [key for _, key, _ in reads]
+        read_args = [read for _, _, read in reads]
+        direct += [(group.depth_command, key) for group, key, _ in plain]
+        large_heads = self.large_heads
+        for group, key, _ in plain:
+            if group.read is not None:
+                keys.append(key)
+                read_args.append(group.probe_read if key in large_heads else group.read)
+        if keys:
+            limit, any_slot = self.max_item_bytes, self.nodes is not None
+            direct.append(bounded_reads(keys, read_args, limit, any_slot))
+        return direct, len(keys)
+
+    def _redirect(
+        self, nodes: ClusterNodes, command: Command, reply: redis.ResponseError
+    ) -> Command | None:
+        """A key whose slot is migrating and that has already moved: the command its node
+        answered with ASK, to the node the reply names (sent after ASKING); an item read the
+        node's script could not make, again on its own with its key declared (so that it meets
+        that ASK); a command read where SCAN found its key and MOVED from there to the node the
+        slot map already names (the key sits on the node importing its slot), again to that
+        node. None for any other error."""
+        args, on_reply, tally = command
+        if nodes.moved_to_its_node(reply, key_of(args)):
+            return command  # a follow-up: routed by slot
+        if args[0] is ITEM_READ:
+            if not str(reply).startswith(_NOT_LOCAL):
+                return None
+            _, key, read = args
+            declared = bounded_reads([key], [read], self.max_item_bytes)
+            return declared, _one_read(on_reply), tally
+        target = nodes.asked(reply)
+        return None if target is None else ((ASKED, target, args), on_reply, tally)
+
+    def node_lost(
+        self, node: str, commands: list[Command], plain: list[PlainKey], error: redis.RedisError
+    ) -> None:
+        detail = f"node {node}: {redis_error_reason(error)}"
+        for args, _, tally in commands:
+            self.lose_group(tally, key_of(args), detail)
+        for group, key, _ in plain:
+            self.lose_group(group.tally, key, detail)
+
+    def handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]:
+        for command, reply in zip(commands, replies, strict=True):
+            args, on_reply, tally = command
+            if args[0] is ITEM_READ and type(reply) is int:  # its size: over the limit, in Redis
+                self._too_large(tally, args[1], reply)
+                continue
+            if isinstance(reply, redis.ResponseError):
+                redirect = (
+                    None if self.nodes is None else self._redirect(self.nodes, command, reply)
+                )
+                if redirect is not None:
+                    yield redirect
+                    continue
+                reason = response_reason(reply)
+                if self.nodes is not None and self.nodes.noticed(reply):
+                    # the key is served elsewhere now: its series would be a partial sum
+                    self.lose_group(tally, key_of(args), str(reply)[:80], reason)
+                else:
+                    tally.failed(key_of(args), reason)
+                continue
+            try:
+                follow_up = on_reply(reply)
+            except Exception as error:  # hostile data may raise anything
+                _unreadable(tally, key_of(args), error)
+                continue
+            if follow_up is not None:
+                yield follow_up
+
+    def _too_large(self, tally: GroupTally, key: bytes, size: int) -> None:
+        """An item over max_item_bytes, measured in Redis: its head is probed next cycle."""
+        self.large_heads_now.add(key)
+        tally.failed(key, "item_too_large", f"{size} bytes")
+
+    def handle_plain(
+        self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
+    ) -> list[Command]:
+        """The replies of plain groups' keys (see PlainGroup): each key's depth, then its
+        head's age, failing alone as in _handle. On a cluster a key whose depth read failed is
+        read again the general way (returned), which follows ASK and withdraws on MOVED.
+
+        Samples go straight into the tables, combined as their specs say (depths add up, ages
+        and limits keep the largest: checked where this module is loaded), without a call per
+        sample: this loop runs once per key."""
+        again: list[Command] = []
+        heads_left = iter(heads)
+        group: PlainGroup | None = None
+        for (key_group, key, labels), depth in zip(keys, depths, strict=True):
+            if key_group is not group:  # a round's keys are mostly of one group: its locals
+                group = key_group
+                tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
+                samples, now, series = group.cycle.samples, group.cycle.now, tally.series
+                depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
+                max_table = samples.table(MAX_DEPTH)
+                depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
+            if max_depth is not None:
+                queue = labels[:2]  # (system, queue)
+                if not max_of(queue, _LEAST) >= max_depth:
+                    max_table[queue] = max_depth
+            if isinstance(depth, redis.ResponseError):
+                if self.nodes is not None:  # the key's head read failed alike, if it has one
+                    again += group.cycle.commands_for_key(tally, key, {}, labels)
+                    if read_time is not None:
+                        next(heads_left)
+                    continue
+                tally.failed(key, response_reason(depth))
+            else:
+                depth_table[labels] = depth_of(labels, 0.0) + float(depth)
+                series[labels] = None
+            if read_time is None:
+                continue
+            head = next(heads_left)
+            if type(head) is int:  # its size: over the limit, in Redis
+                self._too_large(tally, key, head)
+                continue
+            if isinstance(head, redis.ResponseError):
+                tally.failed(key, response_reason(head))
+                continue
+            try:
+                head_at = read_time(head)
+            except Exception as error:  # hostile data may raise anything
+                _unreadable(tally, key, error)
+                continue
+            if head_at is None:  # the queue is empty
+                continue
+            age = now - head_at
+            if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
+                age = 0.0
+            if not age_of(labels, _LEAST) >= age:
+                age_table[labels] = age
+        return again
+
+    def lose_group(
+        self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
+    ) -> None:
+        if id(tally) not in self.lost_groups:
+            self.lost_groups.add(id(tally))
+            tally.failed(key, reason, detail)
+
+    def withdraw_lost_groups(self) -> None:
+        """A group some of whose keys sat on a cluster node that did not answer: its series
+        would be partial sums, so none of them is served this cycle."""
+        for tally in (tally for tally in self.tallies if id(tally) in self.lost_groups):
+            for spec in (DEPTH, OLDEST_AGE):
+                self.samples.discard(spec, tally.series)
+            tally.series.clear()
+
+
+class PlainGroup:
+    """A key group read in bulk: per key a depth command and, for a list or zset, the read of
+    its head or tail item, whose time is in the item or its score. No follow-up read (hash
+    times), no bands, split, due count or stream: those take the general path of a Command
+    per read, a reply handler each (Cycle). The plain keys of a round travel as a run of
+    depth commands and a run of item reads, their replies consumed in one loop
+    (RedisKeySampler.handle_plain) instead of a tuple, two closures and a handler call per
+    key: a 100k-key orchestrata cycle cost 2.4x the CPU of bench/key_sampling.py's floor (this
+    process and Redis) the general way, 1.4x this way (docs/benchmarks.md). Its keys' series,
+    failures and reports are those the general path gives (tests/test_key_sampling_rounds.py)."""
+
+    __slots__ = (
+        "cost",
+        "cycle",
+        "depth_command",
+        "head_time",
+        "max_depth",
+        "oldest",
+        "probe_read",
+        "read",
+        "tally",
+    )
+
+    def __init__(self, tally: GroupTally, cycle: Cycle) -> None:
+        group = tally.group
+        self.tally, self.cycle, self.max_depth = tally, cycle, group.max_depth
+        self.depth_command = DEPTH_COMMAND[group.type]
+        self.oldest = group.oldest if group.type in ("list", "zset") else None
+        self.read: Args | None = None
+        self.probe_read: Args | None = None
+        self.head_time: Callable[[Any], float | None] | None = None
+        if self.oldest is not None:
+            self.head_time = head_time(self.oldest)
+            self.read = END_READS[group.type, self.oldest.end]
+            # a head found too large last cycle is probed before it is copied (probe_first)
+            self.probe_read = probe_first(self.read) if self.oldest.end == "head" else self.read
+        self.cost = 1 if self.read is None else 2
+
+    @staticmethod
+    def suits(group: KeyGroup) -> bool:
+        return (
+            group.type != "stream"
+            and group.priority_bands is None
+            and group.split_by is None
+            and group.due is None
+            and group.scores is None
+            and (group.oldest is None or group.oldest.time_in != "hash")
+        )
+
+
+# A plain group's key to read: its group, the key, its series' labels.
+PlainKey = tuple[PlainGroup, bytes, Labels]
+
 
 def head_item(reply: Any) -> tuple[bytes, float | None] | None:
     """(item, score) from LINDEX (bytes) or ZRANGE ... WITHSCORES: [member, score] in RESP2,
@@ -454,3 +716,34 @@ def exception_reason(error: Exception) -> str:
         if isinstance(error, kind):
             return reason
     return "item_unreadable"
+
+
+def _unreadable(tally: GroupTally, key: bytes, error: Exception) -> None:
+    """Count and name a read whose reply handler raised (hostile data)."""
+    reason = exception_reason(error)
+    tally.failed(key, reason, type(error).__name__ if reason == "item_unreadable" else "")
+
+
+def _one_read(on_reply: OnReply) -> OnReply:
+    """The handler of a bounded_reads of one read, from that read's handler."""
+
+    def on_replies(replies: Any) -> Command | None:
+        reply = replies[0]
+        if type(reply) is int:  # its size: over max_item_bytes, left in Redis
+            raise ItemError("item_too_large")
+        if isinstance(reply, redis.ResponseError):
+            raise ItemError(response_reason(reply))
+        return on_reply(reply)
+
+    return on_replies
+
+
+def response_reason(error: redis.ResponseError) -> str:
+    message = str(error)
+    if message.startswith("WRONGTYPE"):
+        return "wrong_type"
+    if message.startswith(("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")):
+        return "slot_moved"
+    if message.removeprefix("ERR ").startswith("no such key"):  # XINFO GROUPS, no stream
+        return "stream_missing"
+    return "response_error"

@@ -10,7 +10,7 @@ its own on another connection. The keys a node's SCAN finds are read on that nod
 commands go to their slot's node. A node that fails loses the groups of the keys it was to
 read; if no node answered this cycle, the source is down.
 
-What the replies mean is the sampler's (RoundSampler): these classes only batch, send, read and
+What the replies mean is the cycle's (RoundSampler, key_commands.Cycle): these classes only batch, send, read and
 sort replies out, and hand them back to it.
 """
 
@@ -18,46 +18,38 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import redis
 
 from exporter.redis_cluster import ClusterNodes
 from exporter.redis_pipeline import Args, SentCommands
-
-if TYPE_CHECKING:  # types only: the sampler imports this module
-    from exporter.sources.redis_keys import Command, PlainKey, _PlainGroup
+from exporter.sources.key_commands import PlainGroup, PlainKey
+from exporter.sources.key_types import ASKED, ITEM_READ, Command, key_of
 
 
 class RoundSampler(Protocol):
-    """What a sent round asks of the sampler (RedisKeySampler): what its commands send, how
+    """What a sent round asks of the cycle (key_commands.Cycle): what its commands send, how
     its replies are handled, and who hears of a cluster node lost."""
 
-    _node_answered: bool  # some cluster node answered this cycle: the source is up
+    @property
+    def node_answered(self) -> bool: ...  # some cluster node answered this cycle: it is up
 
-    def _round_commands(
+    def answered(self) -> None: ...  # a cluster node answered a round
+
+    def round_commands(
         self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
     ) -> tuple[list[Args], int]: ...
 
-    def _handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]: ...
+    def handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]: ...
 
-    def _handle_plain(
+    def handle_plain(
         self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
     ) -> list[Command]: ...
 
-    def _node_lost(
+    def node_lost(
         self, node: str, commands: list[Command], plain: list[PlainKey], error: redis.RedisError
     ) -> None: ...
-
-
-# Marks a command sent again to the node an ASK reply named: (ASKED, (node name, client), args).
-ASKED = object()
-
-
-# Marks a read whose reply is one queue item (a head item, the hash field it names, a stream
-# entry): its arguments are (ITEM_READ, key, script_read(...)). Item reads travel in one
-# bounded_reads per round, so an item over max_item_bytes stays in Redis.
-ITEM_READ = object()
 
 
 class _Replies(NamedTuple):
@@ -95,7 +87,7 @@ class SentRound:
             self.reads = -1
         else:
             self.commands = commands
-            direct, self.reads = sampler._round_commands(commands, leading, plain)
+            direct, self.reads = sampler.round_commands(commands, leading, plain)
         self.sent = SentCommands(client, direct)
 
     def receive(self) -> Any:
@@ -110,14 +102,14 @@ class SentRound:
         """Handle the replies read; the follow-up commands they ask for."""
         replies, sampler = self.replies, self.sampler
         assert replies is not None
-        follow_ups = list(sampler._handle(self.commands, replies.replies))
-        return follow_ups + sampler._handle_plain(self.plain, replies.depths, replies.heads)
+        follow_ups = list(sampler.handle(self.commands, replies.replies))
+        return follow_ups + sampler.handle_plain(self.plain, replies.depths, replies.heads)
 
 
 def _round_replies(
     commands: list[Command], leading: Args | None, replies: list[Any], reads: int
 ) -> _Replies:
-    """A round trip's replies (RoundSampler._round_commands) sorted out: the leading
+    """A round trip's replies (RoundSampler.round_commands) sorted out: the leading
     command's, the commands' in order, the plain keys' depths and item reads."""
     read_replies = _each(replies.pop(), reads) if reads else iter(())
     direct_replies = iter(replies)
@@ -154,12 +146,12 @@ class Rounds:
         self.pending.extend(commands)
         self._flush_if_full()
 
-    def add_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+    def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group (a page of them), sent once rounds fill."""
         self.queue_plain(group, keys)
         self._flush_if_full()
 
-    def queue_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+    def queue_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Add keys of one plain group to the next rounds, sending nothing yet."""
         self.plain += keys
         self.plain_cost += group.cost * len(keys)
@@ -271,19 +263,19 @@ class NodeFlows:
             asked = args[0] is ASKED
             name, client = args[1] if asked else self.nodes.node_of(key_of(args))
             if name in self.lost:
-                self.sampler._node_lost(name, [command], [], self.lost[name])
+                self.sampler.node_lost(name, [command], [], self.lost[name])
                 continue
             self._flow(name, client, asked).pending.append(command)
         self._flush_if_full()
 
-    def add_plain(self, group: _PlainGroup, keys: list[PlainKey]) -> None:
+    def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         if self.into is not None:
             self.into.queue_plain(group, keys)
             return
         for plain_key in keys:  # keys not from a node's SCAN (built from values): by slot
             name, client = self.nodes.node_of(plain_key[1])
             if name in self.lost:
-                self.sampler._node_lost(name, [], [plain_key], self.lost[name])
+                self.sampler.node_lost(name, [], [plain_key], self.lost[name])
             else:
                 self._flow(name, client, False).queue_plain(group, [plain_key])
         self._flush_if_full()
@@ -361,7 +353,7 @@ class NodeFlows:
                 self.into = self.flows[name, False]
                 yield name, keys
                 self.into = None
-            if self.lost and not self.sampler._node_answered:
+            if self.lost and not self.sampler.node_answered:
                 raise next(iter(self.lost.values()))
         finally:
             self.running, self.into = False, None
@@ -402,7 +394,7 @@ class NodeFlows:
             assert sent is not None
             self._lose(name, error, sent)
             return error
-        self.sampler._node_answered = True
+        self.sampler.answered()
         return reply
 
     def _lose(self, name: str, error: redis.RedisError, sent: SentRound) -> None:
@@ -421,7 +413,7 @@ class NodeFlows:
             commands += flow.pending
             plain += flow.plain
             flow.pending, flow.plain, flow.plain_cost = [], [], 0
-        self.sampler._node_lost(name, commands, plain, error)
+        self.sampler.node_lost(name, commands, plain, error)
         for flow in flows:
             flow.send()  # nothing to send: its last replies read are handled
 
@@ -440,12 +432,3 @@ class NodeFlows:
 def _each(reply: Any, count: int) -> Iterator[Any]:
     """The replies of a bounded_reads; if the whole command failed, its error for each read."""
     return iter(reply) if isinstance(reply, list) else itertools.repeat(reply, count)
-
-
-def key_of(args: tuple[Any, ...]) -> bytes:
-    """The key a command reads (XINFO GROUPS names it second, a one-key EVAL_RO third; a
-    command sent after an ASK wraps the command)."""
-    if args[0] is ASKED:
-        return key_of(args[2])
-    key = args[2] if args[0] == "XINFO" else args[3] if args[0] == "EVAL_RO" else args[1]
-    return key if isinstance(key, bytes) else str(key).encode()

@@ -1,0 +1,173 @@
+"""The types every part of the key sampler shares, at the bottom of its imports: a queue
+series' labels, what a key gives, a command and its reply handler, and a key group's tally of
+one cycle. The commands (key_commands.py), the rounds that send them (key_rounds.py) and the
+sampler (redis_keys.py) import these; this module imports none of them.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from exporter.catalog import QUEUE_LABELS, MetricSpec
+from exporter.health import KeyGroupReport
+from exporter.logs import LogLimiter
+from exporter.sources.key_groups import KeyGroup
+from exporter.telemetry import Telemetry
+
+# How many matched keys and series a KeyGroupReport names as examples.
+EXAMPLES = 5
+
+# What each error reason means, for the log and the status page.
+REASON_WORDS = {
+    "wrong_type": "holds another Redis type than the group's",
+    "response_error": "Redis refused the read",
+    "item_not_json": "the head item is not JSON",
+    "time_missing": "the head item carries no time",
+    "time_unparsable": "the head item's time does not parse",
+    "item_not_utf8": "the head item names a hash but is not UTF-8",
+    "item_too_deep": "the head item is nested too deep to read",
+    "item_unreadable": "reading the head item failed",
+    "item_too_large": "the head item is larger than max_item_bytes, its time is not read",
+    "stream_missing": "the stream does not exist",
+    "stream_group_missing": "the stream has no such consumer group",
+    "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
+    "label_unreadable": "items without the split_by field count as __unread__",
+    "slot_moved": "its cluster slot moved or is not served (MOVED, CLUSTERDOWN, TRYAGAIN, or ASK "
+    "to an unknown node): "
+    "the group's series are withdrawn this cycle and the slot map is read again",
+    "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
+    "this cycle",
+}
+
+
+class Labels(NamedTuple):
+    """A queue series' labels, in catalog.QUEUE_LABELS order (so the tuple is the series key)."""
+
+    system: str
+    queue: str
+    priority: str
+    state: str
+
+    def for_metric(self, spec: MetricSpec) -> tuple[str, ...]:
+        return self if spec.labels == QUEUE_LABELS else (self.system, self.queue)
+
+
+# Labels doubles as the series key, and for_metric() knows only the queue's two label sets.
+if Labels._fields != QUEUE_LABELS:
+    raise RuntimeError(f"key_types.Labels {Labels._fields} differ from catalog {QUEUE_LABELS}")
+
+
+class KeyMatch(NamedTuple):
+    """What a key gives: its placeholders' values and its series' labels."""
+
+    captured: dict[str, str]
+    labels: Labels
+
+
+# The key groups (positions among a SCAN's groups) that take a key, and what it gives each.
+Route = tuple[tuple[int, KeyMatch], ...]
+
+
+def labels_for(group: KeyGroup, captured: dict[str, str]) -> Labels:
+    return Labels(
+        group.system,
+        captured.get("queue") or group.labels.get("queue", ""),
+        captured.get("priority") or group.labels.get("priority", ""),
+        group.state,
+    )
+
+
+class GroupTally:
+    """What one key group met during one cycle; becomes its KeyGroupReport."""
+
+    def __init__(self, group: KeyGroup, source: str, telemetry: Telemetry, warnings: LogLimiter):
+        self.group = group
+        self.source = source
+        self.telemetry = telemetry
+        self.warnings = warnings
+        self.keys = 0
+        self.example_keys: list[bytes] = []
+        self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
+        self.errors: Counter[str] = Counter()
+        self.last_warning: str | None = None
+        self._failed: set[tuple[bytes, str]] = set()
+
+    def matched(self, page: list[tuple[bytes, KeyMatch]]) -> None:
+        """Count a page of keys the group matched; the first ones are its examples."""
+        if self.keys < EXAMPLES:
+            self.example_keys += [key for key, _ in page[: EXAMPLES - self.keys]]
+        self.keys += len(page)
+
+    def failed(self, key: bytes, reason: str, detail: str = "") -> None:
+        """Count and name a key the group could not read (rate-limited per group and reason).
+
+        Once per key and reason in a cycle: a zset in a list group fails both its LLEN and its
+        LINDEX, and that is one key of the wrong type."""
+        if (key, reason) in self._failed:
+            return
+        self._failed.add((key, reason))
+        self.errors[reason] += 1
+        group = self.group
+        self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
+        words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
+        self.warn(reason, f"key {text(key)[:200]!r}: {words}")
+
+    def warn(self, reason: str, problem: str) -> None:
+        group = self.group
+        self.last_warning = problem
+        self.warnings.warning(
+            (group.pattern, reason),
+            "key group %r (system %s, %s): %s [%s]",
+            group.pattern,
+            group.system,
+            group.type,
+            problem,
+            reason,
+        )
+
+    def report(self) -> KeyGroupReport:
+        group = self.group
+        return KeyGroupReport(
+            source=self.source,
+            system=group.system,
+            pattern=group.pattern,
+            type=group.type,
+            keys_matched=self.keys,
+            queues=len({labels.queue for labels in self.series}),
+            series=len(self.series),
+            errors=dict(self.errors),
+            last_warning=self.last_warning,
+            example_keys=tuple(text(key) for key in self.example_keys),
+            example_series=tuple(itertools.islice(self.series, EXAMPLES)),
+        )
+
+
+OnReply = Callable[[Any], "Command | None"]
+# A command to pipeline, what its reply means (possibly a follow-up command) and the key group
+# it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
+# at 100k keys.
+Command = tuple[tuple[Any, ...], OnReply, GroupTally]
+
+# Marks a command sent again to the node an ASK reply named: (ASKED, (node name, client), args).
+ASKED = object()
+
+# Marks a read whose reply is one queue item (a head item, the hash field it names, a stream
+# entry): its arguments are (ITEM_READ, key, script_read(...)). Item reads travel in one
+# bounded_reads per round, so an item over max_item_bytes stays in Redis.
+ITEM_READ = object()
+
+
+def key_of(args: tuple[Any, ...]) -> bytes:
+    """The key a command reads (XINFO GROUPS names it second, a one-key EVAL_RO third; a
+    command sent after an ASK wraps the command)."""
+    if args[0] is ASKED:
+        return key_of(args[2])
+    key = args[2] if args[0] == "XINFO" else args[3] if args[0] == "EVAL_RO" else args[1]
+    return key if isinstance(key, bytes) else str(key).encode()
+
+
+def text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
