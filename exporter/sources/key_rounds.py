@@ -143,8 +143,12 @@ class Rounds:
         self.unhandled: SentRound | None = None  # read, not yet handled
 
     def extend(self, commands: Iterable[Command]) -> None:
-        self.pending.extend(commands)
+        self.queue(commands)
         self._flush_if_full()
+
+    def queue(self, commands: Iterable[Command]) -> None:
+        """Add commands to the next rounds, sending nothing yet."""
+        self.pending.extend(commands)
 
     def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group (a page of them), sent once rounds fill."""
@@ -205,6 +209,18 @@ class Rounds:
             self.in_flight.sent.abandon()
             self.in_flight = None
 
+    def drop(self) -> tuple[list[Command], list[PlainKey]]:
+        """Its server failed: what it was to read (in flight, its reply abandoned, and
+        queued), taken out of these rounds."""
+        commands, plain = [], []
+        if self.in_flight is not None:
+            commands, plain = list(self.in_flight.commands), list(self.in_flight.plain)
+            self.abandon()
+        commands += self.pending
+        plain += self.plain
+        self.pending, self.plain, self.plain_cost = [], [], 0
+        return commands, plain
+
     def _handle_unhandled(self) -> None:
         """Handle the replies of the round read last; its follow-ups go to the follow-up
         rounds, or (a follow-up's own: a redirected read's hash read) to these."""
@@ -256,7 +272,7 @@ class NodeFlows:
 
     def extend(self, commands: Iterable[Command]) -> None:
         if self.into is not None:
-            self.into.pending.extend(commands)
+            self.into.queue(commands)
             return
         for command in commands:
             args = command[0]
@@ -265,7 +281,7 @@ class NodeFlows:
             if name in self.lost:
                 self.sampler.node_lost(name, [command], [], self.lost[name])
                 continue
-            self._flow(name, client, asked).pending.append(command)
+            self._flow(name, client, asked).queue([command])
         self._flush_if_full()
 
     def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
@@ -406,13 +422,9 @@ class NodeFlows:
         commands, plain = list(sent.commands), list(sent.plain)
         flows = [flow for flow_name, flow in self._every_rounds() if flow_name == name]
         for flow in flows:
-            if flow.in_flight is not None:
-                commands += flow.in_flight.commands
-                plain += flow.in_flight.plain
-                flow.abandon()
-            commands += flow.pending
-            plain += flow.plain
-            flow.pending, flow.plain, flow.plain_cost = [], [], 0
+            dropped, dropped_plain = flow.drop()
+            commands += dropped
+            plain += dropped_plain
         self.sampler.node_lost(name, commands, plain, error)
         for flow in flows:
             flow.send()  # nothing to send: its last replies read are handled
