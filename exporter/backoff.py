@@ -1,6 +1,7 @@
 """Waits between attempts at a backend that fails: from half a second, doubling up to a
 ceiling, back to the start after a success. The sampling loop (sources/base.py) and the event
-consumers (events/consumer.py) both retry this way: soon after a blip, rarely during an outage.
+consumers (events/consumer.py) both retry this way, through outage.Outage: soon after a blip,
+rarely during an outage.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 import redis
 from redis.exceptions import AskError
 
-from exporter.backoff import Backoff
 from exporter.events.config import (
     CONSUMER_PREFIX,
     EventsSourceConfig,
@@ -39,6 +38,7 @@ from exporter.events.runnerq import RunnerQDecoder
 from exporter.events.wire import InvalidEvent, parse, parse_flat
 from exporter.health import HealthBoard
 from exporter.logs import LogLimiter
+from exporter.outage import Outage
 from exporter.redis_connection import (
     RedisConnectionConfig,
     is_cluster_state_error,
@@ -78,7 +78,7 @@ class StreamConsumer:
         connection: RedisConnectionConfig,
         metrics: EventMetrics,
         health: HealthBoard | None = None,
-        count_error: Any = None,
+        count_error: Callable[[str, str], object] | None = None,
         redis_source: str | None = None,
     ) -> None:
         self.stream = stream
@@ -86,7 +86,6 @@ class StreamConsumer:
         self.connection = connection
         self.metrics = metrics
         self.health = health
-        self._count_error = count_error
         # With several Redis sources its key and Redis (one key may live on two servers).
         self.stream_name = stream_name(stream.key, redis_source)
         self.name = CONSUMER_PREFIX + self.stream_name
@@ -111,10 +110,10 @@ class StreamConsumer:
         # Lost entries are counted in queue_exporter_events_lost_total; this names the stream
         # and the cause, once per cause every few minutes.
         self._gaps = LogLimiter(log)
-        # The first failure of each outage is logged at once, its repeats once per period.
-        self._failure_log = LogLimiter(log)
-        self._failing = False
-        self._outages = 0
+        # Its failures: health, count, log and backoff as every source's (outage.py)
+        self.outage = Outage(
+            self.name, self.name, log, health, count_error, MAX_RETRY, back="reading again"
+        )
         self._runnerq = (
             RunnerQDecoder(
                 stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
@@ -129,8 +128,6 @@ class StreamConsumer:
         self._waiting = False
         self._stopping = False
         metrics.declare_stream(stream.key, self.workers)
-        if health is not None:
-            health.expect(self.name)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -139,14 +136,12 @@ class StreamConsumer:
         self.thread.start()
 
     def run(self, stop: threading.Event) -> None:
-        backoff = Backoff(ceiling=MAX_RETRY)
         try:
             while not stop.is_set():
                 started = time.monotonic()
                 try:
                     got = self.poll()
-                    backoff.succeeded()
-                    self._succeeded(time.monotonic() - started)
+                    self.outage.succeeded(time.monotonic() - started)
                     if not got:
                         # An idle consumer meets a hung Redis here: its wait times out and the
                         # stream is down at once, not after the next read's deadline as well.
@@ -157,17 +152,9 @@ class StreamConsumer:
                         break
                     if not isinstance(error, redis.RedisError):
                         log.exception("%s: unexpected error", self.name)
-                    self._failed(error, time.monotonic() - started)
-                    stop.wait(backoff.failed())
+                    stop.wait(self._failed(error, time.monotonic() - started))
         finally:
             self.close()
-
-    def _succeeded(self, duration: float) -> None:
-        if self._failing:
-            self._failing = False
-            log.info("%s is back: reading again", self.name)
-        if self.health is not None:
-            self.health.succeeded(self.name, duration)
 
     def interrupt(self) -> None:
         """From another thread, at shutdown, once the consumer had its chance to finish: a read
@@ -482,22 +469,11 @@ class StreamConsumer:
             self._activity_nodes.close()
             self._activity_nodes = None
 
-    def _failed(self, error: Exception, duration: float) -> None:
-        reason = redis_error_reason(error)
-        if not self._failing:
-            self._failing = True
-            self._outages += 1
-        self._failure_log.warning(
-            (reason, self._outages),
-            "%s failed (%s): %s",
-            self.name,
-            reason,
-            str(error).splitlines()[0][:300] if str(error) else type(error).__name__,
-        )
-        if self.health is not None:
-            self.health.failed(self.name, duration, reason)
-        if self._count_error is not None:
-            self._count_error(self.name, reason)
+    def _failed(self, error: Exception, duration: float) -> float:
+        """Count, log and mark down the failure, and drop what it left unusable; the seconds
+        to wait before the next read."""
+        why = str(error).splitlines()[0][:300] if str(error) else type(error).__name__
+        wait = self.outage.failed(redis_error_reason(error), duration, why)
         if isinstance(error, redis.ConnectionError | redis.TimeoutError):
             # A read may have reached Redis and lost only its reply: its entries are pending
             # under this consumer's name, unapplied, until the recovery reads them again.
@@ -515,6 +491,7 @@ class StreamConsumer:
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
             # the next read goes through the position check again, which recreates the group.
             self._group_ready = False
+        return wait
 
 
 def decode_v1(

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
-from exporter.backoff import Backoff
-from exporter.logs import LogLimiter, scrub
+from exporter.logs import scrub
+from exporter.outage import Outage
 from exporter.samples import SampleSet
 from exporter.telemetry import Telemetry
 from exporter.watchdog import Watchdog
@@ -97,12 +97,16 @@ class SourceRunner:
         self.leadership = leadership
         self.standing_by = False
         self.lease_down = False  # reported down because no replica can hold the lease
-        self.failing = False
-        # The first failure of each outage is logged at once, its repeats rarely: outages are
-        # numbered so that a new one is never held back as a repeat of the last.
-        self.outages = 0
-        self.failure_log = LogLimiter(log)
-        telemetry.health.expect(source.name)
+        self.outage = Outage(
+            source.name,
+            f"source {source.name}",
+            log,
+            telemetry.health,
+            telemetry.count_error,
+            ceiling=source.interval,
+            consequence=", its series are withdrawn",
+            back="its series are served again",
+        )
         self.thread = threading.Thread(target=self._loop, name=f"source:{source.name}", daemon=True)
 
     def start(self) -> None:
@@ -134,11 +138,8 @@ class SourceRunner:
             return True
         with self.telemetry.source_change:
             self.telemetry.publish(name, samples, fence)
-            self.telemetry.health.succeeded(name, duration)
+            self.outage.succeeded(duration)
         self.lease_down = False
-        if self.failing:
-            self.failing = False
-            log.info("source %s is back: its series are served again", name)
         log.debug("source %s sampled %d series in %.3fs", name, len(samples), duration)
         return True
 
@@ -148,25 +149,12 @@ class SourceRunner:
 
     def _failed(self, reason: str, duration: float, why: str) -> None:
         """Withdraw the source's series (never served stale), mark it down, count and log why."""
-        name = self.source.name
         with self.telemetry.source_change:
-            self.telemetry.withdraw(name)
-            self.telemetry.count_error(name, reason)
-            self.telemetry.health.failed(name, duration, reason)
-        if not self.failing:
-            self.failing = True
-            self.outages += 1
-        self.failure_log.warning(
-            (reason, self.outages),
-            "source %s failed (%s), its series are withdrawn: %s",
-            name,
-            reason,
-            why,
-        )
+            self.telemetry.withdraw(self.source.name)
+            self.outage.failed(reason, duration, why)
 
     def _loop(self) -> None:
         interval = self.source.interval
-        backoff = Backoff(ceiling=interval)
         try:
             while not self.stop.is_set():
                 if self.leadership is not None and not self.leadership.is_leader():
@@ -180,13 +168,12 @@ class SourceRunner:
                 self.standing_by = False
                 cycle_start = time.monotonic()
                 if self.run_once():
-                    backoff.succeeded()
                     # A cycle that overran its interval is not made up for: the next one starts
                     # at the next interval boundary, so slow backends never see cycles pile up.
                     elapsed = time.monotonic() - cycle_start
                     wait = interval - (elapsed % interval)
                 else:
-                    wait = backoff.failed()
+                    wait = self.outage.retry_in
                 self.stop.wait(wait)
         finally:
             self.source.close()
