@@ -10,7 +10,7 @@ syntax).
 
 One document is built at most once per CACHE_SECONDS and shared by every request meanwhile:
 clients polling /status.json in a loop cost one build a second, however many they are, so
-they cannot slow /metrics down (tests/test_status_polling.py measures it).
+they cannot slow /metrics down (test_status_page_polling_does_not_slow_metrics measures it).
 
 The HTML is complete without JavaScript (server-rendered, every value escaped: queue names
 and keys are data anyone with write access to Redis chose). A small inline script refreshes

@@ -187,3 +187,25 @@ def test_chromium_shows_the_figures(layout, redis_url, run_exporter, tmp_path, j
     assert "matched no keys" in dom
     sources = _cells(dom, "sources")
     assert sources[sources.index("redis") + 1] == "up"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [b"carriage\rreturn", b"nul\x00byte", b"bad\xff\xfeutf8", b"line\nfeed", b'quote"back\\'],
+    ids=["CR", "NUL", "invalid-UTF-8", "LF", "quote-backslash"],
+)
+def test_the_status_page_survives_any_key(name, redis_client, redis_url, run_exporter):
+    """Keys are data anyone with write access to Redis chose: / and /status.json answer 200
+    whatever bytes a queue name holds, and the queue is listed."""
+    redis_client.rpush(b"jobs:" + name, b"a", b"b", b"c")
+    key_group = {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [key_group]}}})
+    wait_for(lambda: b"queue_depth{" in _get(app.server.port, "/metrics")[1])
+    code, body = _get(app.server.port, "/status.json")
+    assert code == 200
+    top = json.loads(body)["top_depth"]
+    assert [entry["value"] for entry in top] == [3]
+    assert top[0]["queue"].startswith(name[:3].decode())  # this key's queue, however shown
+    code, page = _get(app.server.port, "/")
+    assert code == 200
+    assert b"<h1>queue-exporter</h1>" in page
