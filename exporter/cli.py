@@ -151,13 +151,28 @@ def serve(config_file: Path | None, **overrides: Any) -> None:
 @click.option(
     "--connect",
     is_flag=True,
-    help="Also reach every backend: keys per key group, streams, SQL collectors' rows.",
+    help="Also reach every backend: keys per key group, streams, SQL collectors' rows, "
+    "native readers' records.",
+)
+@click.option(
+    "--strict", is_flag=True, help="Exit 1 on warnings too (OK with N warnings), not only FAILED."
+)
+@click.option(
+    "--show-config",
+    is_flag=True,
+    help="Also print the whole resolved configuration as YAML, defaults filled in.",
 )
 def check_config(
-    file_argument: Path | None, config_file: Path | None, connect: bool, **overrides: Any
+    file_argument: Path | None,
+    config_file: Path | None,
+    connect: bool,
+    strict: bool,
+    show_config: bool,
+    **overrides: Any,
 ) -> None:
     """Build the configuration as serve would (FILE or --config, environment, flags), print
-    it with secrets masked and end with a verdict; exit 1 on a problem."""
+    what it looks at with secrets masked and end with a verdict: OK, OK with N warnings (each
+    named on its own line) or FAILED. Exit 1 on FAILED, and on warnings with --strict."""
     for warning in unknown_variables(os.environ):
         click.echo(f"warning: {warning}", err=True)
     config = _load_or_exit(file_argument or config_file, overrides)
@@ -170,22 +185,31 @@ def check_config(
         except WebConfigError as error:
             click.echo(f"error: {error}", err=True)
             sys.exit(1)
-    click.echo(config_module.effective_yaml(config), nl=False)
     found = inventory.take(config)
-    click.echo("---")
     for line in found.lines():
         click.echo(f"# {line}")
+    if show_config:
+        click.echo("---")
+        click.echo(config_module.effective_yaml(config), nl=False)
+        click.echo("---")
     if found.empty:
         click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)
         sys.exit(1)
+    failures: list[str] = []
+    warnings: list[str] = []
     if connect:
         from exporter.probe import probe
 
-        failures = probe(config, click.echo)
-        if failures:
-            click.echo(f"FAILED: {'; '.join(failures)}")
-            sys.exit(1)
-    click.echo(found.verdict())
+        findings = probe(config, click.echo)
+        failures, warnings = findings.failures, findings.warnings
+    for warning in warnings:
+        click.echo(f"WARNING: {warning}")
+    if failures:
+        click.echo(f"FAILED: {'; '.join(failures)}")
+        sys.exit(1)
+    click.echo(found.verdict(len(warnings)))
+    if warnings and strict:
+        sys.exit(1)
 
 
 def unknown_variables(environment: Mapping[str, str]) -> list[str]:

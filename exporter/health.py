@@ -37,12 +37,14 @@ class KeyGroupReport:
     system: str
     pattern: str
     type: str
-    keys_matched: int
+    keys_matched: int  # keys that exist: scanned, or built from values and present
     queues: int
     series: int
     errors: dict[str, int] = field(default_factory=dict)  # by reason, in that cycle
     last_warning: str | None = None  # the last problem named in that cycle, in plain words
     example_keys: tuple[str, ...] = ()  # the first few keys matched
+    keys_named: int = 0  # keys built from the group's values, present or not
+    failed_keys: tuple[tuple[str, str], ...] = ()  # the first few keys that failed: (reason, key)
     # The first few queue_depth label sets (system, queue, priority, state) the group gave.
     example_series: tuple[tuple[str, ...], ...] = ()
 

@@ -1,6 +1,6 @@
 """What a configuration will look at: sources and their targets, presets, key groups, streams.
 
-`serve` logs it at start, `check-config` prints it and ends with its one-line verdict, and a
+`serve` logs it at start, `check-config` prints it first and ends with its one-line verdict, and a
 configuration with nothing in it is refused before anything starts: an exporter sampling
 nothing looks healthy while it reports nothing.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from exporter.config import Config
+from exporter.printable import printable
 from exporter.redis_connection import RedisConnectionConfig
 
 NOTHING_TO_DO = (
@@ -43,9 +44,10 @@ class Inventory:
     def empty(self) -> bool:
         return not self.sources
 
-    def verdict(self) -> str:
+    def verdict(self, warnings: int = 0) -> str:
         """One line: "OK: 2 sources, 7 key groups, 1 stream, 3 SQL collectors" (and the native
-        readers, when there are any)."""
+        readers, when there are any); "OK with 2 warnings: ..." when something answered but
+        not as the configuration means (the warnings are named on lines of their own)."""
         counts = [
             _count(len(self.sources), "source"),
             _count(len(self.key_groups), "key group"),
@@ -54,7 +56,8 @@ class Inventory:
         ]
         if self.native_readers:
             counts.append(_count(len(self.native_readers), "native reader"))
-        return "OK: " + ", ".join(counts)
+        verdict = "OK" if not warnings else f"OK with {_count(warnings, 'warning')}"
+        return f"{verdict}: {', '.join(counts)}"
 
     def lines(self) -> list[str]:
         """The report, one fact a line, for the log and check-config."""
@@ -95,9 +98,11 @@ def take(config: Config) -> Inventory:
     return Inventory(
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
         sources=tuple(sources),
-        key_groups=tuple(f"{g.system} {g.pattern} ({g.type}, {g.state})" for g in groups),
+        key_groups=tuple(
+            f"{g.system} {printable(g.pattern)} ({g.type}, {g.state})" for g in groups
+        ),
         streams=tuple(
-            f"{s.key} ({s.format}, group {s.group}"
+            f"{printable(s.key)} ({s.format}, group {printable(s.group)}"
             f"{_labelled(config.sources.redis_source(s.redis or events.redis))})"
             for s in streams
             if events is not None

@@ -5,13 +5,20 @@ so what it prints is what /metrics would show: per key group the keys matched wi
 examples and the series they give, per events stream its length, consumer groups and lag,
 per SQL collector its rows and the series they give. A backend that cannot be reached is
 named and makes the command fail; the others are still tried.
+
+What would run but not as meant is a warning, named on a line of its own for the verdict
+(`OK with N warnings`): a key group that matched nothing, a key of another Redis type than
+its group's (the type found named), a database with no keys at all, a native reader whose
+system has left no record where it reads, and any warning a key group's own cycle raised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import psycopg
 import redis
 
 from exporter.catalog import BY_NAME
@@ -20,71 +27,178 @@ from exporter.events.config import StreamConfig
 from exporter.health import HealthBoard, KeyGroupReport
 from exporter.inventory import events_redis
 from exporter.logs import scrub
+from exporter.printable import printable
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
 from exporter.sources.base import DeadlineExceeded, sample_within_deadline
+from exporter.sources.key_groups import KeyGroup
 from exporter.sources.key_types import REASON_WORDS
+from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisKeySampler, redis_samplers
 from exporter.telemetry import Telemetry
 
 Echo = Callable[[str], None]
 SHOWN_SERIES = 5
+# SCAN calls a native reader's record check makes at most (COUNT 1000 each): a database too
+# large to find a record in that many is not called empty.
+RECORD_SCANS = 100
 
 
-def probe(config: Config, echo: Echo) -> list[str]:
-    """Print what each backend holds for the configuration; the failures, named."""
+@dataclass
+class Findings:
+    """What the probe found wrong: failures (a backend that did not answer) and warnings
+    (what answered, but not as the configuration means)."""
+
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def add(self, other: Findings) -> None:
+        self.failures += other.failures
+        self.warnings += other.warnings
+
+
+def probe(config: Config, echo: Echo) -> Findings:
+    """Print what each backend holds for the configuration; the failures and warnings, named."""
     telemetry = Telemetry(HealthBoard(), config.limits)
+    findings = Findings()
     try:
-        failures = _key_groups(config, telemetry, echo)
-        failures += _streams(config, echo)
-        failures += _sql_collectors(config, telemetry, echo)
+        findings.add(_key_groups(config, telemetry, echo))
+        findings.add(_streams(config, echo))
+        findings.add(_sql_collectors(config, telemetry, echo))
+        findings.add(_native_readers(config, echo))
     finally:
         telemetry.shutdown()
-    return failures
+    return findings
 
 
-def _key_groups(config: Config, telemetry: Telemetry, echo: Echo) -> list[str]:
-    failures = []
+def _key_groups(config: Config, telemetry: Telemetry, echo: Echo) -> Findings:
+    findings = Findings()
     for sampler in redis_samplers(config.sources.redis, telemetry, config.sample_interval):
-        failures += _sampler_key_groups(sampler, telemetry, echo)
-    return failures
+        findings.add(_sampler_key_groups(sampler, telemetry, echo))
+    return findings
 
 
-def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Echo) -> list[str]:
+def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Echo) -> Findings:
     target = sampler.config.masked_url()
     try:
         samples = sample_within_deadline(sampler)
     except Exception as error:
         reason = "timeout" if isinstance(error, DeadlineExceeded) else redis_error_reason(error)
         echo(f"redis keys at {target}: FAILED ({reason}: {_first_line(error)})")
-        return [f"redis keys at {target}"]
+        return Findings(failures=[f"redis keys at {target}"])
     finally:
         sampler.close()
     echo(f"redis keys at {target}:")
+    findings = Findings()
+    empty = _database_empty(sampler.config)
+    if empty:
+        findings.warnings.append(
+            f"redis at {target}: the database holds no keys at all (DBSIZE 0): the wrong "
+            "database number in the URL, or nothing has written there yet"
+        )
     depths = _values(samples, "queue_depth")
     ages = _values(samples, "queue_oldest_age_seconds")
-    for report in telemetry.health.key_groups():
-        if report.source != sampler.name:
-            continue
+    reports = [report for report in telemetry.health.key_groups() if report.source == sampler.name]
+    for report in reports:
         for line in _key_group_lines(report, depths, ages):
             echo(f"  {line}")
-    return []
+        findings.warnings += _key_group_warnings(sampler, report)
+    if not empty:
+        findings.warnings += _unmatched_groups(sampler.config.key_groups, reports)
+    return findings
+
+
+def _unmatched_groups(groups: list[KeyGroup], reports: list[KeyGroupReport]) -> list[str]:
+    """The key groups that matched no key, as warnings: one line per system none of whose
+    groups matched anything (a system absent, or the wrong database), else one per group
+    that found nothing by SCAN (a typo, or its queues all empty). A group whose keys are
+    built from queue names it was given is not one: its queues read 0, which is the truth."""
+    unmatched: dict[str, list[KeyGroupReport]] = {}
+    matched: set[str] = set()
+    for group, report in zip(groups, reports, strict=True):
+        if report.keys_matched:
+            matched.add(report.system)
+        elif not (group.enumerated and report.queues):
+            unmatched.setdefault(report.system, []).append(report)
+    warnings = []
+    for system, found_nothing in unmatched.items():
+        if system in matched or len(found_nothing) == 1:
+            warnings += [
+                f"{_group_name(report)}: {report.last_warning or 'matched no keys'}"
+                for report in found_nothing
+            ]
+            continue
+        patterns = ", ".join(printable(report.pattern) for report in found_nothing)
+        warnings.append(
+            f"system {system}: none of its {len(found_nothing)} key groups matched a key "
+            f"({patterns}): {system} has not written to this database (the wrong database "
+            "number?) or every queue of it is empty"
+        )
+    return warnings
+
+
+def _group_name(report: KeyGroupReport) -> str:
+    return f"key group {printable(report.pattern)} ({report.system}, {report.type})"
+
+
+def _database_empty(connection: RedisConnectionConfig) -> bool:
+    """DBSIZE 0 on the source's server (not asked of a cluster: its nodes each hold a part)."""
+    if connection.is_cluster:
+        return False
+    client = connection.connect()
+    try:
+        return int(client.dbsize()) == 0
+    except redis.RedisError:  # the cycle itself answered: a refused DBSIZE (ACL) proves nothing
+        return False
+    finally:
+        client.close()
+
+
+def _key_group_warnings(sampler: RedisKeySampler, report: KeyGroupReport) -> Iterator[str]:
+    """A group's keys that could not be read, as warnings (the wrong types with the type
+    found)."""
+    group = _group_name(report)
+    wrong = [key for reason, key in report.failed_keys if reason == "wrong_type"]
+    for key in wrong:
+        found = _type_of(sampler.config, key)
+        yield (
+            f"{group}: key {printable(key)} holds a Redis {found}, the group reads a {report.type}"
+        )
+    shown = {"wrong_type", "no_keys"}
+    for reason in sorted(set(report.errors) - shown):
+        words = REASON_WORDS.get(reason, reason)
+        yield f"{group}: {report.errors[reason]} key(s): {words} [{reason}]"
+
+
+def _type_of(connection: RedisConnectionConfig, key: str) -> str:
+    """The Redis type `key` holds now (TYPE), or why it could not be read."""
+    try:
+        client = connection.connect_cluster() if connection.is_cluster else connection.connect()
+    except redis.RedisError as error:
+        return f"of a type not read ({redis_error_reason(error)})"
+    try:
+        found = _text(client.type(key))
+    except redis.RedisError as error:
+        return f"of a type not read ({redis_error_reason(error)})"
+    finally:
+        client.close()
+    return "(gone since)" if found == "none" else found
 
 
 def _key_group_lines(
     report: KeyGroupReport, depths: dict[LabelValues, float], ages: dict[LabelValues, float]
 ) -> Iterator[str]:
-    examples = ", ".join(report.example_keys)
+    examples = ", ".join(printable(key) for key in report.example_keys)
     more = ", ..." if report.keys_matched > len(report.example_keys) else ""
     yield (
-        f"key group {report.pattern} ({report.system}, {report.type}): "
+        f"key group {printable(report.pattern)} ({report.system}, {report.type}): "
         f"{report.keys_matched} key(s) matched{f' e.g. {examples}{more}' if examples else ''}; "
         f"{report.queues} queue(s), {report.series} series"
     )
     for labels in report.example_series[:SHOWN_SERIES]:
         system, queue, priority, state = labels
-        shown = f'queue="{queue}", priority="{priority}", state="{state}"'
+        shown = f'queue="{printable(queue)}", priority="{priority}", state="{state}"'
         age = ages.get(labels)
         age_text = f", queue_oldest_age_seconds {age:.1f}" if age is not None else ""
         yield f'    queue_depth{{system="{system}", {shown}}} {depths.get(labels, 0):g}{age_text}'
@@ -94,17 +208,19 @@ def _key_group_lines(
         yield f"    WARNING: {report.last_warning}"
 
 
-def _streams(config: Config, echo: Echo) -> list[str]:
+def _streams(config: Config, echo: Echo) -> Findings:
     events = config.sources.events
+    findings = Findings()
     if events is None or not events.streams:
-        return []
+        return findings
     shared = events_redis(config)
     with_shared = [stream for stream in events.streams if stream.redis is None]
-    failures = _streams_at(shared, with_shared, echo) if with_shared else []
+    if with_shared:
+        findings.failures += _streams_at(shared, with_shared, echo)
     for stream in events.streams:
         if stream.redis is not None:  # a stream on a Redis of its own
-            failures += _streams_at(stream.redis, [stream], echo)
-    return failures
+            findings.failures += _streams_at(stream.redis, [stream], echo)
+    return findings
 
 
 def _streams_at(
@@ -125,24 +241,29 @@ def _streams_at(
 
 
 def _stream_line(client: redis.Redis, key: str, wanted: str) -> str:
+    shown = printable(key)
     if not client.exists(key):
-        return f"stream {key}: does not exist yet (the group is made when it appears)"
+        return f"stream {shown}: does not exist yet (the group is made when it appears)"
     length = client.xlen(key)
     groups = client.xinfo_groups(key)
-    names = [_text(group["name"]) for group in groups]
+    names = [printable(_text(group["name"])) for group in groups]
     ours = next((group for group in groups if _text(group["name"]) == wanted), None)
     if ours is None:
-        state = f"group {wanted} not created yet (made on first read)"
+        state = f"group {printable(wanted)} not created yet (made on first read)"
     else:
-        state = f"group {wanted}: lag {ours.get('lag')}, pending {ours.get('pending')}"
-    return f"stream {key}: length {length}, groups {', '.join(names) or 'none'}; {state}"
+        state = f"group {printable(wanted)}: lag {ours.get('lag')}, pending {ours.get('pending')}"
+    return f"stream {shown}: length {length}, groups {', '.join(names) or 'none'}; {state}"
 
 
-def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> list[str]:
+def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> Findings:
     postgres_config = config.sources.postgres
     if postgres_config is None or not postgres_config.collectors:
-        return []
+        return Findings()
     target = postgres_config.masked_dsn() or f"DSN from {postgres_config.dsn_file}"
+    refused = _postgres_refusal(postgres_config)
+    if refused is not None:  # one line, within connect_timeout: not a pool retrying per collector
+        echo(f"postgres at {target}: FAILED ({refused})")
+        return Findings(failures=[f"postgres at {target}"])
     echo(f"postgres at {target}:")
     failures = []
     sources = postgres.build_sources(postgres_config, telemetry, config.sample_interval)
@@ -163,7 +284,72 @@ def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> list[st
     finally:
         for source in sources:
             source.close()
-    return failures
+    return Findings(failures=failures)
+
+
+def _postgres_refusal(config: PostgresSourceConfig) -> str | None:
+    """Why one connection, as the collectors' pool would open it, cannot be made (None when
+    it can): libpq's connect_timeout bounds it."""
+    try:
+        with psycopg.connect(config.conninfo(), **config.connect_kwargs()):
+            return None
+    except psycopg.Error as error:
+        reason = "auth" if postgres.is_auth_failure(error) else "connection"
+        return f"{reason}: {_first_line(error)}"
+
+
+def _native_readers(config: Config, echo: Echo) -> Findings:
+    """Each native reader's Redis holds some record of its system (a key its reader reads)."""
+    native = config.sources.native
+    findings = Findings()
+    if native is None:
+        return findings
+    for name, reader in native.enabled_by_name().items():
+        connection = reader.redis or config.sources.default_redis() or RedisConnectionConfig()
+        target = connection.masked_url()
+        globs = reader.record_globs()
+        try:
+            found = _any_key(connection, globs)
+        except redis.RedisError as error:
+            echo(f"native {name} at {target}: FAILED ({redis_error_reason(error)})")
+            findings.failures.append(f"native {name} at {target}")
+            continue
+        if found is None:
+            echo(f"native {name} at {target}: a record found is not checked (a cluster)")
+        elif found:
+            echo(f"native {name} at {target}: records found ({printable(found)})")
+        else:
+            echo(f"native {name} at {target}: no record of {reader.system} found")
+            findings.warnings.append(
+                f"native reader {name} at {target}: nothing to read, no key matches "
+                f"{', '.join(printable(glob) for glob in globs)}: {name} has not run against "
+                "this database (the wrong database number?) or its records are elsewhere"
+            )
+    return findings
+
+
+def _any_key(connection: RedisConnectionConfig, globs: list[str]) -> str | None:
+    """A key matching one of the globs ("" when none is, None on a cluster: not checked).
+    At most RECORD_SCANS SCANs of COUNT 1000 per glob; a database larger than that with no
+    match found counts as found (nothing is claimed that was not seen)."""
+    if connection.is_cluster or not globs:
+        return None
+    client = connection.connect()
+    try:
+        for glob in globs:
+            cursor, scans = 0, 0
+            while True:
+                cursor, keys = client.scan(cursor, match=glob, count=1000)
+                scans += 1
+                if keys:
+                    return _text(keys[0])
+                if cursor == 0:
+                    break
+                if scans >= RECORD_SCANS:
+                    return f"not searched past {RECORD_SCANS * 1000} keys"
+    finally:
+        client.close()
+    return ""
 
 
 def _series_summary(samples: SampleSet) -> str:

@@ -137,7 +137,9 @@ class SelfMetrics:
                     "system": report.system,
                     "pattern": report.pattern,
                 }
-                yield Observation(report.keys_matched, labels)
+                # a group that names its queues knows them even when all are empty (gone):
+                # what QueueExporterKeyGroupUnmatched reads, so idle queues do not fire it
+                yield Observation(max(report.keys_matched, report.keys_named), labels)
 
         for name, callback in (
             ("queue_exporter_build_info", build_info),

@@ -8,12 +8,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import psycopg
+from psycopg.conninfo import make_conninfo
 
 from exporter import presets
-from tests.conftest import value
-from tests.private_redis import free_port
+from tests.conftest import POSTGRES_ADMIN_DSN, value
+from tests.private_redis import PrivateRedis, free_port
 
 EXPORTER = [sys.executable, "-m", "exporter"]
 
@@ -150,7 +152,19 @@ def test_check_config_connect_shows_what_each_backend_holds(
     assert "stream jobs:events: length 1, groups queue-exporter; group queue-exporter: lag 1" in out
     assert "stream jobs:absent: does not exist yet" in out
     assert "postgres:backlog: 2 row(s); series: queue_depth 2" in out
-    assert out.splitlines()[-1] == "OK: 3 sources, 2 key groups, 2 streams, 1 SQL collector"
+    # the item without a time and the typo: each warning named on its own line, then the verdict
+    assert out.splitlines()[-3] == (
+        "WARNING: key group jobs:{queue}:p{priority} (billing, list): 1 key(s): the head item "
+        "carries no time [time_missing]"
+    )
+    assert out.splitlines()[-2].startswith(
+        "WARNING: key group job:{queue}:p{priority} (billing, list): matched no keys: a typo"
+    )
+    verdict = "OK with 2 warnings: 3 sources, 2 key groups, 2 streams, 1 SQL collector"
+    assert out.splitlines()[-1] == verdict, out
+    strict = run_cli("check-config", str(path), "--connect", "--strict")
+    assert strict.returncode == 1
+    assert strict.stdout.splitlines()[-1] == verdict
 
 
 def test_check_config_connect_fails_naming_the_unreachable_backend():
@@ -159,6 +173,124 @@ def test_check_config_connect_fails_naming_the_unreachable_backend():
     assert result.returncode == 1
     assert f"redis keys at {url}: FAILED (connection" in result.stdout
     assert result.stdout.splitlines()[-1] == f"FAILED: redis keys at {url}"
+
+
+def test_check_config_summary_first_and_the_yaml_only_when_asked(tmp_path):
+    args = ("check-config", "--preset", "celery", "--redis-url", "redis://celery-redis:6379/0")
+    plain = run_cli(*args)
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[0] == "# presets: celery"
+    assert "listen_address:" not in plain.stdout and len(lines) < 15
+    # Celery's separator, and every key group built with it, printed so a person can see it
+    assert r"# key group celery {queue}\x06\x16{_step} (list, pending)" in lines
+    assert all(line.isprintable() for line in lines)
+    shown = run_cli(*args, "--show-config")
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert out.startswith("# presets: celery\n")
+    assert out.index("# key group") < out.index("listen_address: 0.0.0.0:9839")
+    assert shown.stdout.splitlines()[-1] == lines[-1]  # the verdict ends both
+
+
+def test_check_config_warns_of_an_empty_database_and_readers_with_nothing_to_read(tmp_path):
+    """An empty database (the wrong number in the URL) is not OK: each thing that answered but
+    found nothing is a warning, and --strict makes them fail. A server of the test's own: the
+    shared one's databases hold the test claims' markers."""
+    server = PrivateRedis(tmp_path).start()
+    try:
+        assert server.client().dbsize() == 0
+        url = server.url
+        args = ("check-config", "--preset", "rq", "--redis-url", url, "--connect")
+        result = run_cli(*args)
+        strict = run_cli(*args, "--strict")
+    finally:
+        server.stop()
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    warnings = [line for line in out.splitlines() if line.startswith("WARNING: ")]
+    assert warnings[0].startswith(
+        f"WARNING: redis at {url}: the database holds no keys at all (DBSIZE 0)"
+    ), warnings
+    reader = f"WARNING: native reader rq at {url}: nothing to read, no key matches rq:queues"
+    assert any(line.startswith(reader) for line in warnings), warnings
+    assert out.splitlines()[-1].startswith(f"OK with {len(warnings)} warnings: ")
+    assert strict.returncode == 1
+    assert strict.stdout.splitlines()[-1] == out.splitlines()[-1]
+
+
+def test_check_config_names_the_type_a_wrong_key_holds_and_counts_keys_that_exist(
+    redis_client, redis_url, tmp_path
+):
+    redis_client.zadd("jobs:email", {"job-1": 1.0})  # a zset where the group reads lists
+    redis_client.rpush("named:a", "x", "y")  # named:b is only a name built from a value
+    config = {
+        "sources": {
+            "redis": {
+                "url": redis_url,
+                "key_groups": [
+                    {"system": "s", "pattern": "jobs:{queue}", "type": "list", "state": "pending"},
+                    {
+                        "system": "s",
+                        "pattern": "nothing:{queue}",
+                        "type": "list",
+                        "state": "pending",
+                    },
+                    {
+                        "system": "s",
+                        "pattern": "named:{queue}",
+                        "type": "list",
+                        "state": "pending",
+                        "values": {"queue": ["a", "b"]},
+                    },
+                ],
+            }
+        }
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    result = run_cli("check-config", str(path), "--connect")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    found_type = redis_client.type("jobs:email").decode()  # what Redis itself says it holds
+    assert (
+        f"WARNING: key group jobs:{{queue}} (s, list): key jobs:email holds a Redis {found_type}, "
+        "the group reads a list" in out
+    ), out
+    assert "WARNING: key group nothing:{queue} (s, list): matched no keys" in out
+    existing = sum(redis_client.exists(f"named:{queue}") for queue in ("a", "b"))
+    assert (
+        f"key group named:{{queue}} (s, list): {existing} key(s) matched e.g. named:a; 2 queue(s)"
+        in out
+    )
+    assert (
+        out.splitlines()[-1]
+        == "OK with 2 warnings: 1 source, 3 key groups, 0 streams, 0 SQL collectors"
+    )
+
+
+def test_a_refusing_postgres_answers_in_one_line_within_its_connect_timeout(tmp_path):
+    """A database that does not exist: one FAILED line, no pool retrying per collector."""
+    wrong = make_conninfo(POSTGRES_ADMIN_DSN, dbname="no_such_database_here")
+    connect_timeout = 20.0
+    config = {
+        "presets": ["attune"],
+        "sources": {"postgres": {"dsn": wrong, "connect_timeout": connect_timeout}},
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config))
+    started = time.monotonic()
+    result = run_cli("check-config", str(path), "--connect")
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    mentions = [
+        line for line in output.splitlines() if 'no_such_database_here" does not exist' in line
+    ]
+    assert len(mentions) == 1, output
+    assert mentions[0].startswith("postgres at ") and ": FAILED (connection: " in mentions[0]
+    assert "psycopg.pool" not in output
+    assert elapsed < connect_timeout  # the pool would retry for connect_timeout per collector
 
 
 def test_serve_logs_what_it_looks_at_and_what_it_found(redis_client, redis_url, serve_process):

@@ -425,6 +425,7 @@ def test_rendered_config_passes_check_config(
         str(Path(sys.executable).parent / "queue-exporter"),
         "check-config",
         str(config_file),
+        "--show-config",
     ]
     if not yaml.safe_load(text).get("presets"):  # the operator names the layout, or none starts
         refused = subprocess.run(command, capture_output=True, text=True, timeout=60)

@@ -276,7 +276,7 @@ def test_check_config_masks_every_secret(tmp_path, web_config_file):
     }
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(config))
-    result = CliRunner().invoke(main, ["check-config", str(path)])
+    result = CliRunner().invoke(main, ["check-config", str(path), "--show-config"])
     assert result.exit_code == 0, result.output
     assert_no_secret(result.output, "check-config output")
     assert "user:****@127.0.0.1:6379" in result.output

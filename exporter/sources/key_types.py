@@ -88,8 +88,10 @@ class GroupTally:
         self.source = source
         self.telemetry = telemetry
         self.warnings = warnings
-        self.keys = 0
+        self.keys = 0  # keys found: scanned, or built from values and present
+        self.named = 0  # keys built from values, present or not (their queues read 0 if not)
         self.example_keys: list[bytes] = []
+        self.failed_keys: list[tuple[str, bytes]] = []  # the first few (reason, key)
         self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
         self.errors: Counter[str] = Counter()
         self.last_warning: str | None = None
@@ -101,6 +103,12 @@ class GroupTally:
             self.example_keys += [key for key, _ in page[: EXAMPLES - self.keys]]
         self.keys += len(page)
 
+    def built(self, page: list[tuple[bytes, KeyMatch]], present: list[bool]) -> None:
+        """Count the keys of a page built from known values that exist: a name made from a
+        queue's value is not a key found (its queue reads 0 all the same)."""
+        self.named += len(page)
+        self.matched([entry for entry, exists in zip(page, present, strict=True) if exists])
+
     def failed(self, key: bytes, reason: str, detail: str = "") -> None:
         """Count and name a key the group could not read (rate-limited per group and reason).
 
@@ -110,6 +118,8 @@ class GroupTally:
             return
         self._failed.add((key, reason))
         self.errors[reason] += 1
+        if len(self.failed_keys) < EXAMPLES:
+            self.failed_keys.append((reason, key))
         group = self.group
         self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
         words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
@@ -136,11 +146,13 @@ class GroupTally:
             pattern=group.pattern,
             type=group.type,
             keys_matched=self.keys,
+            keys_named=self.named,
             queues=len({labels.queue for labels in self.series}),
             series=len(self.series),
             errors=dict(self.errors),
             last_warning=self.last_warning,
             example_keys=tuple(text(key) for key in self.example_keys),
+            failed_keys=tuple((reason, text(key)) for reason, key in self.failed_keys),
             example_series=tuple(itertools.islice(self.series, EXAMPLES)),
         )
 

@@ -268,11 +268,16 @@ _REASONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], ...] 
 _AUTH_FAILURE = re.compile(r"authentication failed|pg_hba\.conf|role .* does not exist")
 
 
+def is_auth_failure(error: BaseException) -> bool:
+    """The server refused who connects (password, pg_hba.conf, role), not the connection."""
+    return _AUTH_FAILURE.search(str(error)) is not None
+
+
 def error_reason(error: Exception) -> str:
     """A short, bounded reason for queue_exporter_source_errors_total."""
     if isinstance(error, DatabaseUnavailable):
         cause = error.__cause__
-        if cause is not None and _AUTH_FAILURE.search(str(cause)):
+        if cause is not None and is_auth_failure(cause):
             return "auth"
         return "connection"
     for kinds, reason in _REASONS:

@@ -170,7 +170,6 @@ class RedisKeySampler:
         plains = {id(t): PlainGroup(t, cycle) for t in tallies if PlainGroup.suits(t.group)}
 
         def read(tally: GroupTally, page: list[tuple[bytes, KeyMatch]]) -> None:
-            tally.matched(page)
             plain = plains.get(id(tally))
             if plain is not None:
                 rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
@@ -181,9 +180,11 @@ class RedisKeySampler:
         for scan in self._scan_plan.scans():
             members = [tallies[index] for index in scan.groups]
             for tally, page in self._scanned_pages(client, cycle, scan, members, rounds):
+                tally.matched(page)
                 read(tally, page)
         for tally in (tally for tally in tallies if tally.group.enumerated):
             for page in self._enumerated_pages(client, cycle, tally):
+                tally.built(page, self._exist(client, [key for key, _ in page]))
                 read(tally, page)
         rounds.flush()
         follow_ups.flush()
@@ -205,8 +206,11 @@ class RedisKeySampler:
     def _report(self, tallies: list[GroupTally]) -> None:
         """Put the cycle's findings on the HealthBoard; the first cycle's also in the log."""
         for tally in tallies:
-            if tally.keys == 0:
-                tally.warn("no_keys", _NO_KEYS_ENUMERATED if tally.group.enumerated else _NO_KEYS)
+            if tally.group.enumerated:  # its queues named and empty read 0: the truth
+                if tally.named == 0:
+                    tally.warn("no_keys", _NO_KEYS_ENUMERATED)
+            elif tally.keys == 0:
+                tally.warn("no_keys", _NO_KEYS)
         level = logging.DEBUG if self._reported_once else logging.INFO
         self._reported_once = True
         reports = [tally.report() for tally in tallies]  # its queues counted once, for both
@@ -374,6 +378,16 @@ class RedisKeySampler:
         if members.type == "zset":
             return list(client.zrange(members.key, 0, -1))
         return list(client.smembers(members.key))
+
+    def _exist(self, client: redis.Redis, keys: list[bytes]) -> list[bool]:
+        """Which of the keys exist: one EXISTS each, a pipeline per page (per key's node on a
+        cluster), one round trip per page of built keys in a cycle."""
+        if self._nodes is not None:
+            return [bool(self._nodes.node_of(key)[1].exists(key)) for key in keys]
+        pipeline = client.pipeline(transaction=False)
+        for key in keys:
+            pipeline.exists(key)
+        return [bool(found) for found in pipeline.execute()]
 
     def _values_from_keys(
         self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally

@@ -41,6 +41,11 @@ class ReaderConfig(StrictModel):
         """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
         return []
 
+    def record_globs(self) -> list[str]:
+        """SCAN globs of the keys whose presence shows the system has run against this
+        database: `check-config --connect` warns of a reader none of them matches."""
+        return self.acl_read_keys()
+
 
 class RqReaderConfig(ReaderConfig):
     system: str = Field("rq", min_length=1, description="the system label")
@@ -84,6 +89,10 @@ class CeleryReaderConfig(ReaderConfig):
     def acl_read_keys(self) -> list[str]:
         return [scan_glob(self.unacked_key)]
 
+    def record_globs(self) -> list[str]:
+        # kombu's bindings: each queue a worker or producer declared (its events come on Pub/Sub)
+        return ["_kombu.binding.*", scan_glob(self.unacked_key)]
+
     def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
         return [self.channel_pattern(connection)]
 
@@ -123,6 +132,10 @@ class SidekiqReaderConfig(ReaderConfig):
     def acl_read_keys(self) -> list[str]:
         # process hashes are named by identity (hostname:pid:nonce): any key of the namespace
         return [scan_glob(self.namespace) + "*"]
+
+    def record_globs(self) -> list[str]:
+        # its queue set, process set and counters: any key of the namespace says nothing
+        return [scan_glob(self.namespace) + name for name in ("queues", "processes", "stat:*")]
 
 
 class NativeConfig(StrictModel):
