@@ -85,7 +85,8 @@ def test_errors_suggest_and_keep_the_file_name(tmp_path):
     result = run_cli("check-config", str(path))
     assert f"invalid configuration in {path}" in result.stderr
     valid = ", ".join(sorted(presets.read("celery")["params"]))
-    assert f"unknown params queus (valid: {valid})" in result.stderr
+    assert "unknown params queus (did you mean 'queues'? " in result.stderr
+    assert f"valid: {valid})" in result.stderr
 
     path.write_text("presets: [orchestrat]\n")
     result = run_cli("check-config", str(path))

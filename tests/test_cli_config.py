@@ -171,7 +171,7 @@ def _resolved(tmp_path, args, env=None, file_text=None):
         extra = [str(path)]
     environment = {key: val for key, val in os.environ.items() if not key.startswith("QUEUE_EX")}
     result = subprocess.run(
-        [*EXPORTER, "check-config", *extra, *args],
+        [*EXPORTER, "check-config", *extra, *args, "--show-config"],
         capture_output=True,
         text=True,
         timeout=60,
