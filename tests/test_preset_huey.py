@@ -1,0 +1,142 @@
+"""The huey preset against real Huey and its `huey_consumer`: what Huey counts is what we serve.
+
+Tasks are enqueued, scheduled (ahead and already due), completed, failed and retried an hour
+later by Huey itself (tests/huey_app), on a RedisHuey served by a consumer for a while, a
+RedisHuey never served and a PriorityRedisHuey; the truth is each huey's own pending_count(),
+scheduled_count() and the due tasks among scheduled().
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import Series, stop_process, wait_for, wait_until_served_as_truth
+
+ROOT = Path(__file__).resolve().parent.parent
+DUE_IN = 8  # seconds: long enough for the consumer to be stopped before it is due
+
+
+class Huey:
+    def __init__(self, redis_url: str, name: str, priority: bool = False) -> None:
+        self.name = name
+        self.env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "REDIS_URL": redis_url,
+            "HUEY_NAME": name,
+            "HUEY_PRIORITY": "1" if priority else "0",
+        }
+
+    def run(self, *args: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.huey_app.driver", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    def enqueue(self, *steps: dict[str, Any]) -> None:
+        self.run("enqueue", json.dumps(list(steps)))
+
+    def truth(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(self.run("truth"))
+        return result
+
+    def consumer(self) -> subprocess.Popen[bytes]:
+        """The real `huey_consumer`, one worker thread."""
+        command = Path(sys.executable).parent / "huey_consumer"
+        return subprocess.Popen(
+            [command, "tests.huey_app.tasks.huey", "-w", "1", "-k", "thread"],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+@pytest.fixture
+def huey_installed() -> None:
+    if importlib.util.find_spec("huey") is None:
+        message = "huey not installed (pyproject's dev extra has it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _mismatches(series: Series, truths: dict[str, dict[str, Any]]) -> list[str]:
+    found: list[str] = []
+    served = {
+        dict(labels)["queue"]
+        for name, labels in series
+        if name == "queue_depth" and ("system", "huey") in labels
+    }
+    if served != set(truths):
+        found.append(f"queues {sorted(served)} != {sorted(truths)}")
+    for queue, truth in truths.items():
+        for state, count in (("pending", truth["pending"]), ("scheduled", truth["scheduled"])):
+            depth = _value(series, "queue_depth", queue=queue, state=state)
+            if depth != count:
+                found.append(f"{queue} {state}: served {depth}, Huey {count}")
+        due = _value(series, "queue_scheduled_due", queue=queue)
+        if due != truth["due"]:
+            found.append(f"{queue} due: served {due}, Huey {truth['due']}")
+    return found
+
+
+def _value(series: Series, name: str, **labels: str) -> float | None:
+    wanted = {("system", "huey"), *labels.items()}
+    values = [v for (n, ls), v in series.items() if n == name and wanted <= ls]
+    return values[0] if len(values) == 1 else None
+
+
+def test_every_state_as_huey_counts_it(huey_installed, redis_url, run_exporter):
+    # Huey puts a task with an eta on the queue; the consumer that takes it moves it to the
+    # schedule, and its scheduler moves it back when due. With one worker: two complete, one
+    # fails, one is retried in an hour, two wait in the schedule (an hour, and a few seconds)
+    work = Huey(redis_url, "work")
+    work.enqueue(
+        {"task": "succeed"},
+        {"task": "succeed"},
+        {"task": "fail"},
+        {"task": "fail_then_retry"},
+        {"task": "succeed", "delay": 3600},
+        {"task": "succeed", "delay": DUE_IN},
+    )
+    consumer = work.consumer()
+    try:
+        wait_for(lambda: work.truth()["scheduled"] == 3, timeout=60, interval=0.2)
+    finally:
+        stop_process(consumer, signal.SIGINT)
+    # the consumer gone, three more wait in the queue and the short delay comes due
+    work.enqueue(*({"task": "succeed"} for _ in range(3)))
+    work_truth = wait_for(lambda: (t := work.truth())["due"] == 1 and t, timeout=DUE_IN + 30)
+    assert (work_truth["pending"], work_truth["scheduled"]) == (3, 3)
+    # no consumer ever: even the delayed task is pending
+    idle = Huey(redis_url, "huey")
+    idle.enqueue({"task": "succeed"}, {"task": "succeed"}, {"task": "succeed", "delay": 3600})
+    # a PriorityRedisHuey: its queue is a zset
+    prio = Huey(redis_url, "prio", priority=True)
+    prio.enqueue(*({"task": "succeed", "priority": p} for p in (1, 5, 10)))
+    truths = {"work": work_truth, "huey": idle.truth(), "prio": prio.truth()}
+    assert truths["huey"]["pending"] == 3 and truths["prio"]["pending"] == 3
+    app = run_exporter(
+        redis_url=redis_url,
+        preset=[
+            {"name": "huey", "params": {"names": ["work", "huey"]}},
+            {"name": "huey", "params": {"names": ["prio"], "queue_type": "zset"}},
+        ],
+    )
+    wait_until_served_as_truth(app, lambda series, at: _mismatches(series, truths))
