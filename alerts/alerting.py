@@ -162,7 +162,8 @@ def job_alerts(c: RulesConfig) -> list[AlertRule]:
             c.failure_for,
             f"Many jobs of {QUEUE} fail.",
             f"{{{{ $value | humanizePercentage }}}} of the jobs of {QUEUE} finished with a "
-            f"failure over the last {c.rate_window} (threshold {c.failure_ratio:.0%}).",
+            f"failure over the last {c.rate_window} (threshold "
+            f"{{{{ {c.failure_ratio} | humanizePercentage }}}}).",
             "A large share of jobs fail: a bug, bad input or a failing dependency.",
             "Jobs dashboard: *Failure ratio by error type* tells retryable from permanent "
             "failures and timeouts; narrow it with the job_type variable.",
@@ -345,6 +346,7 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "target labels changed.",
             "Prometheus' *Targets* page for the exporter's job; the exporter's pod status.",
             "Start the exporter; fix the scrape config or ServiceMonitor; if the job label "
-            "changed, update `exporter_selector` in the rules' config.",
+            "differs, set it: `python -m alerts --job NAME --output FILE`, or the chart's "
+            "`prometheusRule.job`.",
         ),
     ]

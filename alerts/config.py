@@ -7,6 +7,7 @@ build a copy with short windows through `dataclasses.replace`.
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,7 @@ class RulesConfig:
 
     near_capacity_ratio: float = 0.8
     near_capacity_for: str = "5m"
-    at_capacity_ratio: float = 1.0
+    at_capacity_ratio: float = 1  # written as Helm writes the number back: 1, not 1.0
     at_capacity_for: str = "2m"
 
     failure_ratio: float = 0.1
@@ -69,6 +70,69 @@ class RulesConfig:
 
 
 DEFAULTS = RulesConfig()
+
+# What a user sets without editing code (`python -m alerts --set NAME=VALUE`, the chart's
+# prometheusRule.thresholds): each alert's threshold and `for` duration. Windows stay code:
+# the recording rules' names carry them (rate5m).
+THRESHOLDS: tuple[str, ...] = tuple(
+    field.name
+    for field in dataclasses.fields(RulesConfig)
+    if field.name.endswith("_for") or field.type in ("int", "float")
+)
+
+
+def job_selector(job: str) -> str:
+    """The exporter_selector of a scrape job's name."""
+    escaped = job.replace("\\", "\\\\").replace('"', '\\"')
+    return f'job="{escaped}"'
+
+
+def with_settings(config: RulesConfig, settings: dict[str, Any]) -> RulesConfig:
+    """`config` with the settable fields in `settings` changed (`job` sets the selector); a
+    name that is not one is refused, naming those that are."""
+    changes = dict(settings)
+    if "job" in changes:
+        changes["exporter_selector"] = job_selector(str(changes.pop("job")))
+    settable = {*THRESHOLDS, "exporter_selector", "runbook_url_base"}
+    unknown = sorted(changes.keys() - settable)
+    if unknown:
+        raise ValueError(
+            f"not a setting: {', '.join(unknown)} (settable: job, {', '.join(sorted(settable))})"
+        )
+    typed = {name: _typed(name, value) for name, value in changes.items()}
+    return dataclasses.replace(config, **typed)
+
+
+def _typed(name: str, value: Any) -> Any:
+    kind = {field.name: field.type for field in dataclasses.fields(RulesConfig)}[name]
+    try:
+        if kind == "int":
+            return int(value)
+        if kind == "float":
+            return float(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value!r} is not a number") from None
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{name}: {value!r} is not a text")
+    if name.endswith("_for") and not _DURATION.fullmatch(value):
+        raise ValueError(f"{name}: {value!r} is not a Prometheus duration (5m, 1h30m, 0s)")
+    return value
+
+
+_DURATION = re.compile(r"(\d+(ms|s|m|h|d|w|y))+")
+
+
+def tokenized(config: RulesConfig = DEFAULTS) -> RulesConfig:
+    """`config` with each setting the Helm chart takes replaced by a token, `__qe_<name>__`,
+    that its PrometheusRule template replaces with the value from values.yaml."""
+    changes: dict[str, Any] = {name: token(name) for name in THRESHOLDS}
+    changes["exporter_selector"] = job_selector(token("job"))
+    changes["runbook_url_base"] = token("runbook_url_base")
+    return dataclasses.replace(config, **changes)
+
+
+def token(name: str) -> str:
+    return f"__qe_{name}__"
 
 
 def with_short_windows(config: RulesConfig, window: str = "30s") -> RulesConfig:

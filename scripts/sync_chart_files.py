@@ -1,7 +1,8 @@
-"""Copy the generated rule files and dashboards into the Helm chart, which can only read files
-inside its own directory: alerts/*.rules.yml -> helm/queue-exporter/files/rules/ and
-dashboards/*.json -> helm/queue-exporter/files/dashboards/. Copies of files that are gone are
-removed. With --check, change nothing and exit 1 when the chart's copies are out of date.
+"""Copy the generated dashboards into the Helm chart, which can only read files inside its own
+directory: dashboards/*.json -> helm/queue-exporter/files/dashboards/. Copies of files that are
+gone are removed. With --check, change nothing and exit 1 when the chart's copies are out of
+date. (The chart's rules are not a copy: `python -m alerts` writes them with a token for each
+setting the chart's values change.)
 """
 
 from __future__ import annotations
@@ -14,10 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHART_FILES = ROOT / "helm" / "queue-exporter" / "files"
 # (source directory, glob, destination directory)
-SYNCED = (
-    (ROOT / "alerts", "*.rules.yml", CHART_FILES / "rules"),
-    (ROOT / "dashboards", "*.json", CHART_FILES / "dashboards"),
-)
+SYNCED = ((ROOT / "dashboards", "*.json", CHART_FILES / "dashboards"),)
 
 
 def differences() -> list[str]:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +133,82 @@ def test_thresholds_and_runbook_base_come_from_the_config():
     assert "queue:queue_jobs_failure:ratio_rate2m" in rendered
     assert "rate5m" not in rendered
     assert "runbook_url: https://x/rb.md#queueexporterabsent" in rendered
+
+
+FITTED = ALERTS_DIR / "tests" / "fitted"
+
+
+def fitted_rules_pass_promtool(rules_text: str, tmp_path: Path) -> None:
+    """promtool's unit tests of the settings in alerts/tests/fitted/settings.yml, on rules built
+    with them (they fail on the default rules: a job, a runbook URL and thresholds of their own)."""
+    (tmp_path / "fitted.rules.yml").write_text(rules_text)
+    shutil.copy(FITTED / "fitted.test.yml", tmp_path)
+    checked = run("promtool", "check", "rules", str(tmp_path / "fitted.rules.yml"))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    result = run("promtool", "test", "rules", str(tmp_path / "fitted.test.yml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_rules_fitted_by_the_command_pass_their_promtool_tests(tmp_path: Path):
+    """`python -m alerts --values FILE --output FILE` (docs/dashboards-and-alerts.md): a plain
+    Prometheus's rules for another job, runbook and thresholds, without editing code."""
+    output = tmp_path / "fitted.rules.yml"
+    command = [sys.executable, "-m", "alerts", "--values", str(FITTED / "settings.yml")]
+    result = subprocess.run(
+        [*command, "--output", str(output)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    fitted_rules_pass_promtool(output.read_text(), tmp_path)
+    defaults = tmp_path / "defaults"
+    defaults.mkdir()
+    with pytest.raises(AssertionError):  # the same tests fail on the defaults
+        fitted_rules_pass_promtool(RULES_PATH.read_text(), defaults)
+    by_flags = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "alerts",
+            "--job",
+            "my-queues",
+            "--runbook-url-base",
+            "https://runbooks.example.org/queue-exporter.md",
+            "--set",
+            "oldest_age_seconds=60",
+            "--set",
+            "oldest_age_for=2m",
+            "--set",
+            "failure_ratio=0.5",
+            "--output",
+            str(tmp_path / "by-flags.rules.yml"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert by_flags.returncode == 0, by_flags.stderr
+    assert (tmp_path / "by-flags.rules.yml").read_text() == output.read_text()
+
+
+@pytest.mark.parametrize(
+    ("argument", "complaint"),
+    [
+        ("oldest_age_secs=60", "not a setting: oldest_age_secs (settable: job, "),
+        ("oldest_age_seconds=soon", "oldest_age_seconds: 'soon' is not a number"),
+        ("oldest_age_for=5 minutes", "is not a Prometheus duration"),
+        ("rate_window=2m", "not a setting: rate_window"),
+    ],
+)
+def test_bad_settings_are_refused_by_name(argument: str, complaint: str, tmp_path: Path):
+    output = tmp_path / "x.rules.yml"
+    result = subprocess.run(
+        [sys.executable, "-m", "alerts", "--set", argument, "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert complaint in result.stderr
+    assert not output.exists()
 
 
 def test_rules_generated_with_short_windows_are_valid(tmp_path: Path):

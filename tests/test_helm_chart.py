@@ -502,18 +502,24 @@ def test_pod_monitor(renders: dict[str, list[dict[str, Any]]], value_set: str) -
     assert_endpoint(endpoint, ports)
 
 
-def rule_groups() -> list[dict[str, Any]]:
-    groups: list[dict[str, Any]] = []
-    for path in sorted(glob.glob(str(ROOT / "alerts" / "*.rules.yml"))):
-        groups += yaml.safe_load(Path(path).read_text())["groups"]
+def rule_groups(job: str) -> list[dict[str, Any]]:
+    """The groups `python -m alerts --job JOB --output FILE` writes for a plain Prometheus."""
+    from alerts.config import DEFAULTS, with_settings
+    from alerts.generate import rules_document
+
+    groups: list[dict[str, Any]] = rules_document(with_settings(DEFAULTS, {"job": job}))["groups"]
     return groups
 
 
 def test_prometheus_rule_equals_alerts(renders: dict[str, list[dict[str, Any]]]) -> None:
+    """The chart's defaults give the shipped rules, byte for byte what a plain Prometheus
+    loads (its job, metricsJob, is the shipped rules' queue-exporter)."""
     rule = one(renders["everything"], "PrometheusRule")
     assert_monitor_metadata(rule)
     groups = rule["spec"]["groups"]
-    assert groups == rule_groups()
+    shipped = yaml.safe_load((ROOT / "alerts" / "queue-exporter.rules.yml").read_text())
+    assert groups == shipped["groups"]
+    assert groups == rule_groups(yaml.safe_load((CHART / "values.yaml").read_text())["metricsJob"])
     for group in groups:  # what the CRD requires of each group and rule
         assert isinstance(group["name"], str) and group["name"]
         for item in group["rules"]:
@@ -522,6 +528,45 @@ def test_prometheus_rule_equals_alerts(renders: dict[str, list[dict[str, Any]]])
             assert _DURATION.match(item.get("for", "0"))
             for key in ("labels", "annotations"):
                 assert all(isinstance(value, str) for value in item.get(key, {}).values())
+
+
+def test_prometheus_rule_selects_the_job_it_is_given() -> None:
+    values = {"metricsJob": "queues", "prometheusRule": {"enabled": True}}
+    assert one(documents(render(values)), "PrometheusRule")["spec"]["groups"] == rule_groups(
+        "queues"
+    )
+    values["prometheusRule"]["job"] = "federated-queues"
+    assert one(documents(render(values)), "PrometheusRule")["spec"]["groups"] == rule_groups(
+        "federated-queues"
+    )
+
+
+def test_prometheus_rule_takes_job_runbook_and_thresholds_from_values(tmp_path: Path) -> None:
+    """alerts/tests/fitted/settings.yml given as the chart's values: promtool's tests of those
+    settings pass on the rendered rules, as on `python -m alerts --values`'s."""
+    from tests.test_alerts import FITTED, fitted_rules_pass_promtool
+
+    settings = yaml.safe_load((FITTED / "settings.yml").read_text())
+    values = {
+        "prometheusRule": {
+            "enabled": True,
+            "job": settings.pop("job"),
+            "runbookUrlBase": settings.pop("runbook_url_base"),
+            "thresholds": settings,
+        }
+    }
+    rule = one(documents(render(values)), "PrometheusRule")
+    rules_text = yaml.safe_dump({"groups": rule["spec"]["groups"]}, sort_keys=False)
+    assert "__qe_" not in rules_text  # every token replaced
+    fitted_rules_pass_promtool(rules_text, tmp_path)
+
+
+def test_values_hold_every_threshold_at_its_default() -> None:
+    from alerts.config import DEFAULTS, THRESHOLDS
+
+    chart = yaml.safe_load((CHART / "values.yaml").read_text())["prometheusRule"]
+    assert chart["thresholds"] == {name: getattr(DEFAULTS, name) for name in THRESHOLDS}
+    assert chart["runbookUrlBase"] == DEFAULTS.runbook_url_base
 
 
 def test_dashboard_configmaps_equal_dashboards(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -553,32 +598,29 @@ def test_chart_copies_of_rules_and_dashboards_are_current() -> None:
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
-    for source, copies in (
-        ("alerts/*.rules.yml", "files/rules"),
-        ("dashboards/*.json", "files/dashboards"),
-    ):
-        for path in glob.glob(str(ROOT / source)):
-            assert (CHART / copies / Path(path).name).read_bytes() == Path(path).read_bytes()
+    for path in glob.glob(str(ROOT / "dashboards" / "*.json")):
+        copy = CHART / "files" / "dashboards" / Path(path).name
+        assert copy.read_bytes() == Path(path).read_bytes()
 
 
 def test_sync_script_copies_and_prunes(tmp_path: Path) -> None:
-    """Run the sync script on a copy of the tree, with one rule file added and one removed."""
+    """Run the sync script on a copy of the tree, with one dashboard added and one removed."""
     tree = tmp_path / "tree"
     (tree / "scripts").mkdir(parents=True)
     shutil.copy(ROOT / "scripts" / "sync_chart_files.py", tree / "scripts")
-    (tree / "alerts").mkdir()
-    (tree / "alerts" / "extra.rules.yml").write_text("groups: []\n")
-    stale = tree / "helm" / "queue-exporter" / "files" / "rules" / "gone.rules.yml"
+    (tree / "dashboards").mkdir()
+    (tree / "dashboards" / "extra.json").write_text("{}\n")
+    stale = tree / "helm" / "queue-exporter" / "files" / "dashboards" / "gone.json"
     stale.parent.mkdir(parents=True)
-    stale.write_text("groups: []\n")
+    stale.write_text("{}\n")
     script = [sys.executable, str(tree / "scripts" / "sync_chart_files.py")]
     check = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
     assert check.returncode == 1
-    assert "missing: helm/queue-exporter/files/rules/extra.rules.yml" in check.stderr
-    assert "left over: helm/queue-exporter/files/rules/gone.rules.yml" in check.stderr
+    assert "missing: helm/queue-exporter/files/dashboards/extra.json" in check.stderr
+    assert "left over: helm/queue-exporter/files/dashboards/gone.json" in check.stderr
     subprocess.run(script, check=True, capture_output=True, timeout=60)
     assert not stale.exists()
-    assert (stale.parent / "extra.rules.yml").read_text() == "groups: []\n"
+    assert (stale.parent / "extra.json").read_text() == "{}\n"
     assert subprocess.run([*script, "--check"], timeout=60).returncode == 0
 
 
