@@ -223,8 +223,16 @@ class LogLimiter:
         self._lock = threading.Lock()
         self._seen: dict[Hashable, tuple[float, int]] = {}  # key -> (last logged, held back)
 
-    def log(self, level: int, key: Hashable, message: str, *args: object) -> bool:
-        """Log `message % args` for `key` unless it was logged within the period; True if logged."""
+    def log(
+        self,
+        level: int,
+        key: Hashable,
+        message: str,
+        *args: object,
+        exc_info: BaseException | None = None,
+    ) -> bool:
+        """Log `message % args` for `key` unless it was logged within the period; True if logged.
+        `exc_info`: an error whose traceback goes with the message (as rate-limited as it)."""
         now = time.monotonic()
         with self._lock:
             last = self._seen.get(key)
@@ -239,7 +247,7 @@ class LogLimiter:
         if held_back:
             message += " (%d more like it since the last report)"
             args = (*args, held_back)
-        self.logger.log(level, message, *args)
+        self.logger.log(level, message, *args, exc_info=exc_info)
         return True
 
     def warning(self, key: Hashable, message: str, *args: object) -> bool:

@@ -15,6 +15,10 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from exporter import numbers
+from exporter.numbers import BIG as _BIG
+from exporter.numbers import DEFAULT_MAX_FUTURE
+
 VERSION = "1"
 
 JOB_EVENTS = (
@@ -48,7 +52,6 @@ _QUEUE_ONLY = QUEUE_REQUIRED - DURATION_REQUIRED - {"worker_heartbeat"}
 # Limits that keep one hostile entry cheap to refuse.
 MAX_FIELDS = 64
 MAX_FIELD_BYTES = 1024
-DEFAULT_MAX_FUTURE = 300.0  # seconds of clock skew tolerated before a time counts as "future"
 
 INVALID_REASONS = (
     "missing_field",
@@ -62,6 +65,7 @@ INVALID_REASONS = (
     "oversized_field",
     "unreadable_activity",  # runnerq: the activity:<id> key cannot be read as a hash
     "wrong_type",  # native readers: a record's key holds another Redis type than the system's
+    "over_limit",  # native readers: a record beyond a limit (workers remembered, queues listed)
     "unprocessable",  # an error of the exporter's own, counted instead of crashing
 )
 
@@ -96,13 +100,10 @@ _FIELDS = (
 )
 
 
-class InvalidEvent(ValueError):
-    """An entry that is not a valid v1 event; `reason` is one of INVALID_REASONS."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
+# An entry that is not a valid v1 event (or a value no event may carry); `reason` is one of
+# INVALID_REASONS. One class with numbers.py's refusals: a native reader's refused value and
+# a refused stream entry are counted alike.
+InvalidEvent = numbers.InvalidValue
 
 
 class Event:
@@ -137,15 +138,19 @@ class Event:
     ts: float
 
     @classmethod
-    def of(cls, name: str, ts: float, **fields: Any) -> Event:
-        """An event built in code (not parsed): the fields are trusted as given."""
+    def of(cls, name: str, ts: float, latest: float | None = None, **fields: Any) -> Event:
+        """An event built in code (a native reader's, from a system's records): its numbers
+        pass the checks parse applies (numbers.py), InvalidEvent naming what is refused.
+        `latest`: the latest time it may name (default: now plus DEFAULT_MAX_FUTURE)."""
+        latest = numbers.horizon() if latest is None else latest
         event = cls()
         event.name = name
-        event.ts = ts
+        event.ts = numbers.epoch(ts, latest)
         for key, value in fields.items():
             if not hasattr(cls, key):
                 raise TypeError(f"Event has no field {key!r}")
-            setattr(event, key, value)
+            check = _CHECKS.get(key)
+            setattr(event, key, value if value is None or check is None else check(value, latest))
         return event
 
     def __repr__(self) -> str:
@@ -377,12 +382,7 @@ def _rare_times(event: Event, layout: Layout, values: list[bytes], horizon: floa
         event.started_at = _epoch(values[at], horizon)
     at = layout.scheduled_for
     if at is not None:
-        value = float(values[at])  # a due time lies in the future by design
-        if not 0 <= value < _BIG:
-            raise InvalidEvent(
-                "bad_number" if value != value or abs(value) >= _BIG else "bad_value"
-            )
-        event.scheduled_for = value
+        event.scheduled_for = numbers.due(values[at])  # in the future by design
 
 
 def _rare_numbers(event: Event, layout: Layout, values: list[bytes]) -> None:
@@ -403,6 +403,20 @@ def _rare_numbers(event: Event, layout: Layout, values: list[bytes]) -> None:
         event.ok = raw == b"1"
 
 
+# The check of each numeric field of an event built in code (Event.of), given its horizon.
+_CHECKS: dict[str, Any] = {
+    "enqueued_at": numbers.epoch,
+    "started_at": numbers.epoch,
+    "scheduled_for": lambda value, _: numbers.due(value),
+    "duration": lambda value, _: numbers.seconds(value),
+    "delay": lambda value, _: numbers.seconds(value),
+    "attempt": lambda value, _: numbers.count(value, 1),
+    "count": lambda value, _: numbers.count(value),
+    "active": lambda value, _: numbers.count(value),
+    "capacity": lambda value, _: numbers.count(value),
+}
+
+
 def _check_required(event: Event) -> None:
     name = event.name
     if name in QUEUE_REQUIRED and not event.queue:
@@ -415,35 +429,11 @@ def _check_required(event: Event) -> None:
         raise InvalidEvent("missing_field", "worker_heartbeat needs worker, active, capacity")
 
 
-# Larger magnitudes are no plausible time or duration; the comparisons also refuse inf and nan.
-_BIG = 1e15
-
-
-def _epoch(raw: bytes, horizon: float) -> float:
-    value = float(raw)
-    if 0 <= value <= horizon:
-        return value
-    if value != value or abs(value) >= _BIG:
-        raise InvalidEvent("bad_number", repr(raw[:32]))
-    raise InvalidEvent("future_time" if value > 0 else "bad_value", repr(raw[:32]))
-
-
-def _seconds(raw: bytes) -> float:
-    value = float(raw)
-    if 0 <= value < _BIG:
-        return value
-    if value != value or abs(value) >= _BIG:
-        raise InvalidEvent("bad_number", repr(raw[:32]))
-    raise InvalidEvent("negative_duration", repr(raw[:32]))
-
-
-def _count(raw: bytes, minimum: int) -> int:
-    if len(raw) > 20:
-        raise InvalidEvent("bad_number", repr(raw[:32]))
-    value = int(raw)
-    if not minimum <= value <= 1_000_000_000:
-        raise InvalidEvent("bad_value", repr(raw[:32]))
-    return value
+# The checks themselves live in numbers.py, shared by every path a value takes to a sample;
+# parse calls them for what its inline comparisons do not take at once.
+_epoch = numbers.epoch
+_seconds = numbers.seconds
+_count = numbers.count
 
 
 # -- encoding ---------------------------------------------------------------------------------

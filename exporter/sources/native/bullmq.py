@@ -45,6 +45,7 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import AskError
 
+from exporter import numbers
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
@@ -338,15 +339,10 @@ class BullmqReader(RedisReader):
             for index, (entry_id, fields) in enumerate(entries):
                 if _stall_move(fields, entries[index + 1 : index + 2]):
                     continue  # counted by the `stalled` entry that follows
-                try:
+                # whatever one entry raises (a time refused, garbage) costs it alone
+                with signals.record(f"{self._events_key(queue)} {entry_id.decode()}"):
                     job = jobs.get((queue, fields.get(b"jobId", b""))) or _Job()
                     self._emit(signals, queue, entry_id, fields, job)
-                except Exception as error:  # whatever one entry raises costs it alone
-                    reason = "bad_value" if isinstance(error, ValueError) else "unprocessable"
-                    signals.tally.refuse(reason)
-                    _limited.warning(
-                        ("entry", queue), "bullmq: queue %s: entry unreadable: %r", queue, error
-                    )
 
     def _jobs(
         self, client: redis.Redis | RedisCluster, wanted: list[tuple[str, bytes]], signals: Signals
@@ -364,10 +360,8 @@ class BullmqReader(RedisReader):
                 continue
             if not any(fields):
                 continue  # removed (removeOnComplete): counted without times
-            try:
+            with signals.record(f"{self.config.prefix}:{key[0]}:{key[1]!r}"):
                 jobs[key] = _job(fields)
-            except ValueError:
-                signals.tally.refuse("bad_number")
         return jobs
 
     def _emit(
@@ -393,7 +387,7 @@ class BullmqReader(RedisReader):
 
         def event(name: str, ts: float = now, **extra: Any) -> None:
             labels = {"system": system, "queue": queue, "job_type": job_type}
-            apply(signals.tally, Event.of(name, ts, **labels, **extra), system)
+            apply(signals.tally, Event.of(name, ts, signals.latest, **labels, **extra), system)
 
         if kind == b"added":
             event("enqueued")
@@ -416,7 +410,7 @@ class BullmqReader(RedisReader):
         elif kind == b"stalled":
             event("requeued", reason="stalled")
         elif kind == b"delayed":
-            due = float(fields.get(b"delay", b"0")) / 1000.0
+            due = numbers.due(fields.get(b"delay", b"0")) / 1000.0
             _remember(self._runnable, seen, due)
             self._moved(event, job, started, now, delay=max(due - now, 0.0))
         elif kind == b"waiting" and fields.get(b"prev") == b"active":
@@ -475,13 +469,13 @@ def _job(fields: list[bytes | None]) -> _Job:
         runnable_at=None if created is None else created + (_ms(delay) or 0.0),
         processed_on=_ms(processed_on),
         finished_on=_ms(finished_on),
-        attempts=int(attempts) if attempts else None,
+        attempts=numbers.count(attempts) if attempts else None,
         failed_reason=bool(failed_reason),
     )
 
 
 def _ms(raw: bytes | None) -> float | None:
-    return float(raw) / 1000.0 if raw else None
+    return numbers.finite(raw) / 1000.0 if raw else None
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:

@@ -24,7 +24,6 @@ workers may scale to zero).
 
 from __future__ import annotations
 
-import binascii
 import json
 import logging
 import time
@@ -35,23 +34,27 @@ from typing import Any
 
 import redis
 
+from exporter import numbers
 from exporter.catalog import BY_NAME
-from exporter.events.metrics import Tally, apply
+from exporter.events.metrics import apply
 from exporter.events.wire import Event
-from exporter.logs import LogLimiter
+from exporter.numbers import InvalidValue
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import ReaderError, RedisReader, Signals
+from exporter.sources.native.framework import MAX_WORKERS, ReaderError, RedisReader, Signals
 
 log = logging.getLogger(__name__)
-_limited = LogLimiter(log)
 
 DEPTH = BY_NAME["queue_depth"]
 # Tasks remembered between their events (queue, name, times) at most; the oldest go first.
 MAX_TASKS = 100_000
 # How long one read drains events at most, as a share of the interval.
 DRAIN_SHARE = 0.5
+# A kombu message larger than this is no event (Celery's are well under a KiB), nor is a batch
+# of more events than this one message (a worker's buffered events, `worker_event_batch`).
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_BATCH = 10_000
 WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
 
 
@@ -75,25 +78,22 @@ class CeleryReader(RedisReader):
         self.drain_budget = interval * DRAIN_SHARE
         self._subscription: redis.client.PubSub | None = None
         self._received: list[dict[str, Any]] = []
-        self._unreadable = 0
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
         self._last_event = time.monotonic()
 
     def read(self, signals: Signals) -> None:
         try:
-            self._drain(self.drain_budget)
+            self._drain(self.drain_budget, signals)
             unacked = self._unacked(signals)
         except Exception:
             self.close()
             raise
         events, self._received = self._received, []
+        signals.tally.consumed += len(events)
         for event in events:
-            self._apply(event, signals.tally)
-        signals.tally.consumed += len(events) + self._unreadable
-        for _ in range(self._unreadable):
-            signals.tally.refuse("bad_value")
-        self._unreadable = 0
+            with signals.record("celery event"):  # one odd event costs itself only
+                self._apply(event, signals)
         idle = time.monotonic() - self._last_event
         if self.config.report_no_events and idle > self.config.events_timeout:
             raise ReaderError(
@@ -114,14 +114,18 @@ class CeleryReader(RedisReader):
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _drain(self, budget: float) -> None:
+    def _drain(self, budget: float, signals: Signals) -> None:
         subscription = self._subscribed()
         deadline = time.monotonic() + budget
         while time.monotonic() < deadline:
             message = subscription.get_message(ignore_subscribe_messages=True, timeout=0.05)
             if message is None:
                 return  # nothing more waiting
-            self._on_message(message["data"])
+            unread = True
+            with signals.record(message["channel"]):  # a poison message costs itself only
+                self._on_message(message["data"], signals)
+                unread = False
+            signals.tally.consumed += unread  # a refused message counts as one event
 
     def _subscribed(self) -> redis.client.PubSub:
         if self._subscription is None:
@@ -132,73 +136,68 @@ class CeleryReader(RedisReader):
             self._last_event = time.monotonic()
         return self._subscription
 
-    def _on_message(self, raw: bytes) -> None:
+    def _on_message(self, raw: bytes, signals: Signals) -> None:
         """One kombu message: a JSON envelope whose body holds the event (or a batch of them)."""
-        try:
-            body = _kombu_body(raw)
-        except (ValueError, TypeError, KeyError, AttributeError, binascii.Error):
-            self._unreadable += 1
-            return
-        for event in body if isinstance(body, list) else [body]:
+        if len(raw) > MAX_MESSAGE_BYTES:
+            raise InvalidValue("oversized_field", f"a message of {len(raw)} bytes")
+        body = _kombu_body(raw)
+        batch = body if isinstance(body, list) else [body]
+        if len(batch) > MAX_BATCH:
+            signals.tally.refuse("over_limit")
+            batch = batch[:MAX_BATCH]
+        for event in batch:
             if isinstance(event, dict):
                 self._received.append(event)
             else:
-                self._unreadable += 1
+                signals.tally.consumed += 1
+                signals.tally.refuse("bad_value")
         self._last_event = time.monotonic()
 
     def _unacked(self, signals: Signals) -> Counter[tuple[str, str, str]]:
         """(queue, task id, state) of each delivered, unacknowledged message: pending, or
         scheduled while its ETA (countdown) is ahead: the worker holds it until then."""
         deliveries: Counter[tuple[str, str, str]] = Counter()
-        now = signals.now
         messages: list[bytes] = []
-        with signals.record(self.config.unacked_key):  # not a hash: counted, the rest goes on
-            messages = self._connect().hvals(self.config.unacked_key)  # type: ignore[assignment]
+        key = self.config.unacked_key
+        with signals.record(key):  # not a hash: counted, the rest goes on
+            messages = self._connect().hvals(key)  # type: ignore[assignment]
         for raw in messages:
-            try:
-                message, _exchange, routing_key = json.loads(raw)
-                headers = message.get("headers") or {}
-                eta = headers.get("eta")
-                later = isinstance(eta, str) and parse_time(eta, "iso") > now
-                state = "scheduled" if later else "pending"
-                deliveries[(str(routing_key), str(headers.get("id", "")), state)] += 1
-            except (ValueError, TypeError, AttributeError):  # TimeParseError is a ValueError
-                self._unreadable += 1
-                _limited.log(logging.WARNING, "unacked", "celery: an unacked entry is not kombu's")
+            with signals.record(key):  # an entry that is not kombu's costs itself only
+                deliveries[_delivery(raw, signals.now)] += 1
         return deliveries
 
     # -- events -> metrics --------------------------------------------------------------------
 
-    def _apply(self, event: dict[str, Any], tally: Tally) -> None:
+    def _apply(self, event: dict[str, Any], signals: Signals) -> None:
+        """One event; InvalidValue (or anything else it raises) costs it alone (read())."""
         kind = event.get("type")
-        ts = event.get("timestamp")
-        if not isinstance(kind, str) or not isinstance(ts, int | float):
-            tally.refuse("missing_field")
-            return
+        if not isinstance(kind, str) or "timestamp" not in event:
+            raise InvalidValue("missing_field", "type and timestamp")
+        ts = numbers.epoch(event["timestamp"], signals.latest)  # no phantom from the future
         if kind.startswith("worker-"):
-            self._worker_event(kind, event, float(ts))
+            self._worker_event(kind, event, ts)
             return
         task_id = event.get("uuid")
         if not isinstance(task_id, str):
-            tally.refuse("missing_field")
-            return
-        try:
-            self._task_event(kind, task_id, event, float(ts), tally)
-        except Exception:  # one odd event costs itself only
-            log.exception("celery: unexpected error applying %s", kind)
-            tally.refuse("unprocessable")
+            raise InvalidValue("missing_field", "uuid")
+        self._task_event(kind, task_id, event, ts, signals)
 
     def _worker_event(self, kind: str, event: dict[str, Any], ts: float) -> None:
-        hostname = str(event.get("hostname", ""))
+        hostname = event.get("hostname")
+        if not isinstance(hostname, str) or not hostname:
+            raise InvalidValue("missing_field", "hostname")
         if kind == "worker-offline":
             self._workers.pop(hostname, None)
             self._forget_running(hostname)
             return
         active = event.get("active")
-        self._workers[hostname] = (active if isinstance(active, int) else 0, ts)
+        busy = 0 if active is None else numbers.count(active)
+        if hostname not in self._workers and len(self._workers) >= MAX_WORKERS:
+            raise InvalidValue("over_limit", f"more than {MAX_WORKERS} workers")
+        self._workers[hostname] = (busy, ts)
 
     def _task_event(
-        self, kind: str, task_id: str, event: dict[str, Any], ts: float, tally: Tally
+        self, kind: str, task_id: str, event: dict[str, Any], ts: float, signals: Signals
     ) -> None:
         task = self._task(task_id)
         if isinstance(event.get("name"), str):
@@ -207,7 +206,8 @@ class CeleryReader(RedisReader):
 
         def emit(name: str, **fields: Any) -> None:
             labels = {"system": system, "queue": task.queue or self.config.default_queue}
-            apply(tally, Event.of(name, ts, job_type=task.name, **labels, **fields), system)
+            event = Event.of(name, ts, signals.latest, job_type=task.name, **labels, **fields)
+            apply(signals.tally, event, system)
 
         if kind == "task-sent":
             task.queue = str(event.get("queue") or event.get("routing_key") or "")
@@ -224,7 +224,7 @@ class CeleryReader(RedisReader):
             emit("started", enqueued_at=task.enqueued_at)
         elif kind == "task-succeeded":
             runtime = event.get("runtime")
-            duration = float(runtime) if isinstance(runtime, int | float) else self._ran(task, ts)
+            duration = runtime if isinstance(runtime, int | float) else self._ran(task, ts)
             attempt = task.retries + 1
             emit("completed", duration=duration, enqueued_at=task.enqueued_at, attempt=attempt)
             self._tasks.pop(task_id, None)
@@ -289,6 +289,15 @@ class CeleryReader(RedisReader):
         for (queue, task_id, state), count in unacked.items():
             if task_id not in running_ids:
                 signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)
+
+
+def _delivery(raw: bytes, now: float) -> tuple[str, str, str]:
+    """An unacked entry's (queue, task id, state); ValueError when it is not kombu's."""
+    message, _exchange, routing_key = json.loads(raw)
+    headers = message.get("headers") or {}
+    eta = headers.get("eta")
+    later = isinstance(eta, str) and parse_time(eta, "iso") > now
+    return str(routing_key), str(headers.get("id", "")), "scheduled" if later else "pending"
 
 
 def _kombu_body(raw: bytes) -> Any:

@@ -16,11 +16,18 @@ read. What it filled is applied only when the whole read succeeded:
 So a reader never touches telemetry itself, and a failing read counts nothing twice.
 
 A read fails as a whole only when its backend fails (connection, deadline, credentials). A
-record it cannot read (a key of another type, a hash of garbage, whatever reading it raises)
-costs that record alone: the reader wraps each record in `signals.record(key)` (or hands a
-pipeline's error reply to `signals.unreadable`), which counts it in
-`queue_exporter_events_invalid_total` by a bounded reason, names it in a rate-limited warning,
-and lets the read go on. With leader
+record it cannot read (a key of another type, a hash of garbage, a number numbers.py refuses,
+whatever reading it raises: RecursionError, OverflowError, anything) costs that record alone:
+the reader wraps each record in `signals.record(key)` (or hands a pipeline's error reply to
+`signals.unreadable`), which counts it in `queue_exporter_events_invalid_total` by a bounded
+reason, names it in a rate-limited warning (a traceback only for an error of the exporter's
+own, rate-limited too), and lets the read go on. Each record also checks the read's deadline:
+a read that spends its interval on CPU (a flood of records) stops between two records once
+past CPU_GRACE deadlines and fails with reason `timeout`, rather than run on for as long as
+the flood lasts (the watchdog cuts sockets, not CPU).
+Limits bound what one record may bring (queues of one worker: MAX_QUEUES_PER_WORKER) and
+what a reader remembers (workers: MAX_WORKERS); what is beyond them is counted as
+`over_limit`, once per record and read. With leader
 election it runs, like every sampler, only on the leader (leader.py), so replicas do not count
 the same job twice; a replica that leads again gets a new reader, whose first read is a
 baseline (without leader election every replica counts every job).
@@ -34,6 +41,7 @@ become increments with `CounterDeltas`, so a worker restart is not a counter res
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
@@ -42,6 +50,7 @@ from typing import Protocol
 
 import redis
 
+from exporter import numbers
 from exporter.catalog import SOURCE_LABEL
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally, WorkerRegistry
 from exporter.logs import LogLimiter
@@ -57,6 +66,10 @@ from exporter.samples import SampleSet
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
 WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
+# A read busy on CPU stops between two records past this many deadlines (NativeSource.sample).
+CPU_GRACE = 2.0
+# Queues one worker record may list (an RQ worker hash, a Sidekiq process): the rest is refused.
+MAX_QUEUES_PER_WORKER = 1_000
 # A reader not asked to read for this many intervals stood by while another replica led.
 GAP_INTERVALS = 3.0
 
@@ -79,15 +92,44 @@ class Signals:
     samples: SampleSet = field(default_factory=SampleSet)
     now: float = field(default_factory=time.time)
     source: str = "native"  # the reader's source name, for the log
+    deadline: float = math.inf  # time.monotonic() past which the read stops between records
 
-    def worker(self, system: str, queue: str, worker: str, active: int, capacity: int) -> None:
-        """A worker seen alive in this read (busy when active > 0), serving `queue`."""
-        self.tally.heartbeats.append(Heartbeat(system, queue, worker, active, capacity, self.now))
+    @property
+    def latest(self) -> float:
+        """The latest time a record may name (numbers.horizon)."""
+        return numbers.horizon(self.now)
+
+    def worker(
+        self, system: str, queue: str, worker: str, active: numbers.Number, capacity: numbers.Number
+    ) -> None:
+        """A worker seen alive in this read (busy when active > 0), serving `queue`; active and
+        capacity pass numbers.count (InvalidValue: call it within the worker's record)."""
+        busy, slots = numbers.count(active), numbers.count(capacity)
+        self.tally.heartbeats.append(Heartbeat(system, queue, worker, busy, slots, self.now))
+
+    def workers(
+        self,
+        system: str,
+        queues: list[str],
+        worker: str,
+        active: numbers.Number,
+        capacity: numbers.Number,
+    ) -> None:
+        """The worker serving each of `queues`, at most MAX_QUEUES_PER_WORKER of them (the
+        rest refused: over_limit, once for the record)."""
+        if len(queues) > MAX_QUEUES_PER_WORKER:
+            self.tally.refuse("over_limit")
+            queues = queues[:MAX_QUEUES_PER_WORKER]
+        for queue in queues:
+            self.worker(system, queue, worker, active, capacity)
 
     @contextmanager
     def record(self, key: str | bytes) -> Iterator[None]:
         """One record's fault boundary: whatever reading it raises costs it alone (counted and
-        named); a failure of the backend still fails the whole read."""
+        named); a failure of the backend still fails the whole read, and so does a read past
+        its deadline (ReaderError `timeout`, raised before the record is read)."""
+        if time.monotonic() > self.deadline:
+            raise ReaderError("timeout", f"{self.source}: read stopped past its deadline")
         try:
             yield
         except Exception as error:
@@ -101,20 +143,34 @@ class Signals:
         reason = record_reason(error)
         self.tally.refuse(reason)
         name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-        _unreadable_log.warning(
+        _unreadable_log.log(
+            logging.WARNING,
             (self.source, reason),
             "%s: record %r skipped (%s): %s",
             self.source,
             name[:200],
             reason,
-            f"{type(error).__name__}: {str(error)[:200]}",
+            _described(error),
+            exc_info=error if reason == "unprocessable" else None,  # the exporter's own bug
         )
+
+
+def _described(error: Exception) -> str:
+    try:
+        text = str(error)
+    except Exception:  # a message too long to spell (an integer of 10,000 digits)
+        text = "?"
+    return f"{type(error).__name__}: {text[:200]}"
 
 
 def record_reason(error: Exception) -> str:
     """A bounded reason (wire.INVALID_REASONS) for what reading one record raised."""
+    if isinstance(error, numbers.InvalidValue):
+        return error.reason
     if isinstance(error, redis.ResponseError) and str(error).startswith("WRONGTYPE"):
         return "wrong_type"
+    if isinstance(error, OverflowError):
+        return "bad_number"
     if isinstance(error, ValueError | TypeError | KeyError | IndexError | RecursionError):
         return "bad_value"  # garbage where the system writes JSON, numbers, times
     return "unprocessable"  # an error of the exporter's own, met by this record
@@ -216,7 +272,11 @@ class NativeSource:
         if self._gap.passed():
             self.reader.close()
             self.reader = self.make_reader()
-        signals = Signals(source=self.name)
+        # At the deadline the watchdog (base.py) severs the reader's sockets, which cannot stop
+        # a read busy on CPU: that one stops between two records once CPU_GRACE deadlines
+        # passed (a read a little late on a loaded host still tells the truth, as before).
+        stop = time.monotonic() + self.deadline * CPU_GRACE
+        signals = Signals(source=self.name, deadline=stop)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
         if self.redis_source is not None:

@@ -38,7 +38,7 @@ from exporter.events.wire import Event
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
-from exporter.sources.native.framework import RedisReader, Signals
+from exporter.sources.native.framework import MAX_QUEUES_PER_WORKER, RedisReader, Signals
 
 DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
@@ -135,9 +135,11 @@ class RqReader(RedisReader):
                     continue
                 worker = key.decode("utf-8", "replace").removeprefix("rq:worker:")
                 busy = 1 if state == b"busy" else 0
-                for queue in (queues or b"").decode("utf-8", "replace").split(","):
-                    if queue:
-                        signals.worker(self.config.system, queue, worker, busy, 1)
+                # Split no further than the limit: a hash listing 300,000 queues costs the
+                # limit's worth, the rest is refused (Signals.workers).
+                listed = (queues or b"").split(b",", MAX_QUEUES_PER_WORKER)
+                names = [name.decode("utf-8", "replace") for name in listed if name]
+                signals.workers(self.config.system, names, worker, busy, 1)
 
     def _rate_limited(self, client: redis.Redis, signals: Signals) -> None:
         """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""
@@ -204,8 +206,10 @@ class RqReader(RedisReader):
         signals.tally.consumed += len({(queue, job_id) for queue, _, job_id in changes})
         jobs = self._jobs(client, sorted({job_id for _, _, job_id in changes}), signals)
         for queue, what, job_id in changes:
-            # A job deleted since (a result_ttl shorter than the interval) still counts, untyped.
-            self._emit(signals, queue, what, jobs.get(job_id) or _Job())
+            with signals.record(f"rq:job:{job_id}"):  # a time refused costs this change only
+                # A job deleted since (a result_ttl shorter than the interval) still counts,
+                # untyped.
+                self._emit(signals, queue, what, jobs.get(job_id) or _Job())
 
     def _jobs(self, client: redis.Redis, job_ids: list[str], signals: Signals) -> dict[str, _Job]:
         if not job_ids:
@@ -231,7 +235,7 @@ class RqReader(RedisReader):
         def event(name: str, ts: float | None = None, **fields: Any) -> None:
             labels = {"system": system, "queue": queue, "job_type": job.job_type}
             when = signals.now if ts is None else ts
-            apply(signals.tally, Event.of(name, when, **labels, **fields), system)
+            apply(signals.tally, Event.of(name, when, signals.latest, **labels, **fields), system)
 
         execution = None
         if job.ended_at is not None and job.started_at is not None:

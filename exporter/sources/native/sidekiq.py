@@ -21,14 +21,20 @@ import logging
 
 import redis
 
+from exporter import numbers
 from exporter.events.wire import ERROR_TYPES
-from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import SidekiqReaderConfig
-from exporter.sources.native.framework import CounterDeltas, RedisReader, Signals
+from exporter.sources.native.framework import (
+    MAX_QUEUES_PER_WORKER,
+    CounterDeltas,
+    RedisReader,
+    Signals,
+)
 
 log = logging.getLogger(__name__)
-_limited = LogLimiter(log)
+# A process's info JSON (hostname, queues, labels, ...): a few hundred bytes, a KiB or two.
+MAX_INFO_BYTES = 1 << 20
 
 ALL_QUEUES = "all"
 FAILURE_CLASS = "other"
@@ -56,13 +62,15 @@ class SidekiqReader(RedisReader):
 
     def _counters(self, client: redis.Redis, signals: Signals) -> None:
         namespace = self.config.namespace
-        raw = client.mget(f"{namespace}stat:processed", f"{namespace}stat:failed")
-        try:
-            processed, failed = (float(value) if value else 0.0 for value in raw)
-        except ValueError:  # counted and named; the next good read counts what this one missed
-            signals.tally.refuse("bad_number")
-            _limited.warning("stat", "sidekiq: stat:processed / stat:failed is not a number")
-            return
+        keys = (f"{namespace}stat:processed", f"{namespace}stat:failed")
+        raw = client.mget(*keys)
+        totals = {}
+        for key, value in zip(keys, raw, strict=True):
+            with signals.record(key):  # refused: this read counts neither; the next good one
+                totals[key] = numbers.total(value) if value else 0.0  # counts what it missed
+        if len(totals) < len(keys):
+            return  # the baseline stays the last good read's
+        processed, failed = totals.values()
         deltas = self._totals.update({"processed": processed, "failed": failed})
         new_failed = deltas.get("failed", 0.0)
         # processed counts every job run, failed or not
@@ -84,15 +92,13 @@ class SidekiqReader(RedisReader):
         for identity in identities:
             pipe.hmget(namespace.encode() + identity, ("info", "busy"))
         for identity, reply in zip(identities, pipe.execute(raise_on_error=False), strict=True):
-            process = None
             with signals.record(namespace.encode() + identity):  # one bad process costs itself
                 process = _process(reply)
-            if process is None:
-                continue
-            busy, concurrency, queues = process
-            name = identity.decode("utf-8", "replace")
-            for queue in queues:
-                signals.worker(self.config.system, queue, name, busy, concurrency)
+                if process is None:
+                    continue
+                busy, concurrency, queues = process
+                name = identity.decode("utf-8", "replace")
+                signals.workers(self.config.system, queues, name, busy, concurrency)
 
 
 def _process(reply: list[bytes | None] | Exception) -> tuple[int, int, list[str]] | None:
@@ -102,5 +108,11 @@ def _process(reply: list[bytes | None] | Exception) -> tuple[int, int, list[str]
     info_json, busy = reply
     if info_json is None:
         return None  # stopped beating: the hash expired
+    if len(info_json) > MAX_INFO_BYTES:
+        raise numbers.InvalidValue("oversized_field", f"info of {len(info_json)} bytes")
     info = json.loads(info_json)
-    return int(busy or 0), int(info["concurrency"]), [str(queue) for queue in info["queues"]]
+    queues = info["queues"]
+    if not isinstance(queues, list):
+        raise numbers.InvalidValue("bad_value", "queues is not a list")
+    names = [queue for queue in queues[: MAX_QUEUES_PER_WORKER + 1] if isinstance(queue, str)]
+    return numbers.count(busy or 0), numbers.count(info["concurrency"]), names
