@@ -100,7 +100,7 @@ def _write_numbers(
             except KeyError:  # label sets new to this render
                 starts = _new_starts(chunk, start_format, quotes, known)
             numbers = list(islice(values, len(chunk)))
-            spell: Callable[[float], str] = str if math.isfinite(sum(numbers)) else number
+            spell: Callable[[float], str] = str if _finite(numbers) else number
             text = "".join(chain.from_iterable(zip(starts, map(spell, numbers), repeat("\n"))))
             out.append(text.encode("utf-8", "replace"))
     if len(known) == len(series):
@@ -170,8 +170,20 @@ def escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
+def _finite(numbers: list[float]) -> bool:
+    try:
+        return math.isfinite(sum(numbers))
+    except OverflowError:  # an integer beyond float range (the store keeps none: never here)
+        return False
+
+
 def number(value: float) -> str:
-    """A sample value: Go's spelling of the special values, which both formats accept."""
+    """A sample value: Go's spelling of the special values, which both formats accept; an
+    integer beyond float range is +Inf or -Inf, so no value can make a render fail."""
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf if value > 0 else -math.inf
     if math.isfinite(value):
         return str(value)
     return _go_float(value)

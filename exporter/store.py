@@ -20,6 +20,11 @@ is bounded by the cap. A histogram series is as many samples as its buckets plus
 Label sets beyond the cap share one `__overflow__` label set and are counted in
 queue_exporter_series_overflow_total.
 
+Every value kept can be written soundly: a number (a gauge's may be NaN or infinite, which
+both formats spell), a counter's and a histogram observation's finite and not negative. Each
+source checks its values (numbers.py) and counts what it refuses; what would still come unsound
+is dropped here and logged, so no stored value can make a render fail or a sum NaN.
+
 Event series no batch has updated for `idle_timeout` seconds are dropped and leave the
 guard, so job types that come and go do not grow memory without bound. A dropped counter
 that comes back starts again from zero, which rate() and increase() read as a reset.
@@ -28,6 +33,7 @@ that comes back starts again from zero, which rate() and increase() read as a re
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from bisect import bisect_left
@@ -36,9 +42,22 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from exporter.catalog import ALL, BY_NAME, MetricSpec
-from exporter.samples import LabelValues, SampleSet, Series, longest_label, padded
+from exporter.logs import LogLimiter
+from exporter.numbers import MAX_TOTAL, all_finite, is_finite
+from exporter.samples import (
+    LabelValues,
+    SampleSet,
+    Series,
+    SeriesColumns,
+    SeriesPart,
+    longest_label,
+    padded,
+)
 
 OVERFLOW = "__overflow__"
+
+log = logging.getLogger(__name__)
+_unsound_log = LogLimiter(log)
 
 SeriesKey = tuple[str, LabelValues]
 # Per bucket counts (not cumulative, the last one is +Inf), sum, count.
@@ -205,7 +224,7 @@ class MetricStore:
 
     def publish(self, source: str, samples: SampleSet) -> None:
         """Replace everything `source` published before with this snapshot."""
-        published = dict(samples.metrics())
+        published = {spec: _sound(spec, series) for spec, series in samples.metrics()}
         clip = longest_label(published.values()) > self.guard.max_label_length
         capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
         with self._snapshot_lock:
@@ -296,6 +315,9 @@ class MetricStore:
         now = self.clock()
         with self._lock:
             for (metric, labels), amount in counts.items():
+                if not 0 <= amount <= MAX_TOTAL:  # also refuses nan
+                    _dropped(metric, 1)
+                    continue
                 series = counters.get(metric)
                 if series is None:  # not setdefault: it would build an empty dict per call
                     series = counters[metric] = {}
@@ -331,6 +353,10 @@ class MetricStore:
         if state is None:
             size = len(bounds) + 1
             state = self._new_series(series, metric, labels, lambda: _HistogramSeries(size))
+        if not _sound_values(values, True):
+            kept = [value for value in values if _sound_value(value, True)]
+            _dropped(metric, len(values) - len(kept))
+            values = kept
         buckets = state.buckets
         for value in values:
             buckets[bisect_left(bounds, value)] += 1
@@ -420,6 +446,52 @@ class MetricStore:
         # What is left: the families of SQL collectors, defined by the configuration.
         families += [NumberFamily(spec, _merged(feeds)) for spec, feeds in numbers.items()]
         return families
+
+
+def _sound(spec: MetricSpec, series: Series) -> Series:
+    """The series without values a render cannot write soundly: no numbers, and a counter's
+    non-finite or negative ones (the common case: all sound, the series itself)."""
+    counter = spec.kind == "counter"
+    if all(_sound_values(_values(part), counter) for part in series.parts):
+        return series
+    kept = {labels: value for labels, value in series.items() if _sound_value(value, counter)}
+    if len(kept) < len(series):
+        _dropped(spec.name, len(series) - len(kept))
+    return Series((kept,))
+
+
+def _values(part: SeriesPart) -> Iterable[float]:
+    return part.values if isinstance(part, SeriesColumns) else part.values()
+
+
+def _sound_values(values: Iterable[float], counted: bool) -> bool:
+    """True when every value is a number, and for a count (`counted`) finite and not
+    negative (numbers.py: the one check)."""
+    if counted:
+        return all_finite(values, non_negative=True)
+    try:
+        sum(values)  # a gauge's NaN, infinity, huge integer: the renderer spells them all
+    except TypeError:
+        return False
+    except OverflowError:  # an integer beyond float range met a float: numbers all the same
+        return True
+    return True
+
+
+def _sound_value(value: float, counted: bool) -> bool:
+    if counted:
+        return is_finite(value, non_negative=True)
+    return isinstance(value, int | float)
+
+
+def _dropped(metric: str, count: int) -> None:
+    _unsound_log.warning(
+        metric,
+        "%s: %d value(s) not numbers (or counts not finite, negative) dropped: their source "
+        "did not refuse them (a bug)",
+        metric,
+        count,
+    )
 
 
 def _widened_specs(specs: Iterable[MetricSpec]) -> dict[MetricSpec, MetricSpec]:
