@@ -21,17 +21,20 @@ fire while the server's kernel still acknowledges (tests/test_deadlines.py freez
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Generator
+from itertools import islice
+from typing import Any, TypeVar, cast
 
 import psycopg
 from psycopg import errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from exporter.logs import LogLimiter
 from exporter.samples import SampleSet
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.sql_collectors import (
@@ -42,6 +45,8 @@ from exporter.sources.sql_collectors import (
 from exporter.telemetry import Telemetry
 
 Columns = tuple[tuple[str, int], ...]
+log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
 _T = TypeVar("_T")
 
 
@@ -100,15 +105,18 @@ class PostgresConnector:
             with contextlib.suppress(psycopg.OperationalError):  # raised when already lost
                 _shut_down_socket(connection.pgconn.socket)
 
-    def fetch(self, query: str, timeout: float) -> tuple[list[tuple[Any, ...]], Columns]:
-        """Run `query` read-only within `timeout` seconds: its rows and (name, type OID) columns."""
+    def fetch(
+        self, query: str, timeout: float, max_rows: int = 1_000_000
+    ) -> tuple[list[tuple[Any, ...]], Columns, bool]:
+        """Run `query` read-only within `timeout` seconds: at most `max_rows` of its rows, its
+        (name, type OID) columns, and whether it had more rows than that."""
         self._open()
         set_timeout = f"SET LOCAL statement_timeout = {max(1, round(timeout * 1000))}"
         try:
             with self.pool.connection(timeout=self.config.connect_timeout) as connection:
                 self._lend(connection)
                 try:
-                    rows, columns = _read(connection, set_timeout, query)
+                    rows, columns = _read(connection, set_timeout, query, max_rows + 1)
                 finally:
                     self._give_back(connection)
         except PoolTimeout as error:
@@ -116,7 +124,7 @@ class PostgresConnector:
             detail = f": {_first_line(cause)}" if cause is not None else ""
             message = f"no connection within {self.config.connect_timeout:g}s{detail}"
             raise DatabaseUnavailable(message) from (cause or error)
-        return rows, columns
+        return rows[:max_rows], columns, len(rows) > max_rows
 
     def _check(self, connection: psycopg.Connection[Any]) -> None:
         """The pool's check before it lends a connection: a round trip, so severable too."""
@@ -158,17 +166,36 @@ class PostgresConnector:
         self.pool.open(wait=False)  # a database that is down must not block the start
 
 
+# Rows the server sends at a time: a result of a million rows is never held whole (libpq 17+
+# sends chunks; an older libpq a row at a time).
+STREAM_CHUNK = 2_000 if psycopg.pq.version() >= 170000 else 1
+_NO_ROWS = "the query returns no rows (is it a SELECT?)"
+
+
 def _read(
-    connection: psycopg.Connection[Any], set_timeout: str, query: str
+    connection: psycopg.Connection[Any], set_timeout: str, query: str, max_rows: int
 ) -> tuple[list[tuple[Any, ...]], Columns]:
+    """At most `max_rows` rows, streamed: what lies beyond is cancelled, never fetched."""
     with connection.cursor(binary=True) as cursor:
         # Binary results: numbers arrive without text parsing (~10% of a fetch).
         cursor.execute(set_timeout)
-        cursor.execute(query)
+        stream = cast(Generator[tuple[Any, ...]], cursor.stream(query, size=STREAM_CHUNK))
+        try:
+            rows = list(islice(stream, max_rows))
+        except psycopg.ProgrammingError as error:
+            if type(error) is psycopg.ProgrammingError:  # a statement without rows (SET, ...)
+                raise QueryShapeError(_NO_ROWS) from error
+            raise  # the server's error (UndefinedTable, InsufficientPrivilege, ...)
+        finally:
+            stream.close()  # stopped early: the query is cancelled and the rest drained
+        if cursor.description is None and not rows:
+            # A stream that yields no row leaves no description: run it again, unstreamed
+            # (an empty result: cheap to hold), for its columns.
+            cursor.execute(query)
+            rows = cursor.fetchmany(max_rows)
         if cursor.description is None:
-            raise QueryShapeError("the query returns no rows (is it a SELECT?)")
+            raise QueryShapeError(_NO_ROWS)
         columns = tuple((column.name, column.type_code) for column in cursor.description)
-        rows = cursor.fetchall()
     return rows, columns
 
 
@@ -230,12 +257,25 @@ class PostgresCollectorSource:
 
     def sample(self) -> SampleSet:
         self._sampling_thread = threading.get_ident()
-        rows, columns = self._connector.fetch(self.collector.query, self.statement_timeout)
+        collector = self.collector
+        rows, columns, more = self._connector.fetch(
+            collector.query, self.statement_timeout, collector.max_rows
+        )
         self.last_rows = len(rows)
+        if more:  # counted once per run, whatever the number of rows beyond
+            self.telemetry.count_error(self.name, "too_many_rows")
+            _limited.warning(
+                self.name,
+                "%s: the query returns more than max_rows (%d) rows: the rest is not read",
+                self.name,
+                collector.max_rows,
+            )
         samples = SampleSet()
-        nulls = self._converter_for(columns).convert(rows, samples)
+        nulls, refused = self._converter_for(columns).convert(rows, samples)
         if nulls:
             self.telemetry.count_error(self.name, "null_value", nulls)
+        if refused:
+            self.telemetry.count_error(self.name, "bad_number", refused)
         return samples
 
     def error_reason(self, error: Exception) -> str:

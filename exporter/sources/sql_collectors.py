@@ -23,6 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from exporter.catalog import BY_NAME, MetricSpec
 from exporter.models import StrictModel
+from exporter.numbers import all_finite, is_finite
 from exporter.samples import SampleSet, SeriesColumns
 
 _METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -85,6 +86,12 @@ class SqlCollector(StrictModel):
     )
     timeout: float | None = Field(
         None, gt=0, description="statement timeout in seconds (default: statement_timeout)"
+    )
+    max_rows: int = Field(
+        100_000,
+        ge=1,
+        description="rows read per run at most: the rest is never fetched (the run is counted "
+        "as an error, reason too_many_rows, and serves the rows read)",
     )
 
     @field_validator("name")
@@ -239,6 +246,7 @@ class _ValuePlan:
     slots: tuple[Slot, ...]  # one per spec.labels, in order
     count_nulls: bool
     to_float: bool  # numeric (Decimal) and boolean values are converted
+    counter: bool  # its values must not be negative either
 
 
 class RowConverter:
@@ -268,29 +276,33 @@ class RowConverter:
             )
             column = index[value.column]
             to_float = columns[column][1] not in _NATIVE_NUMBER_OIDS
-            plans.append(_ValuePlan(spec, column, slots, value.on_null == "count", to_float))
+            counts_nulls = value.on_null == "count"
+            counter = spec.kind == "counter"
+            plans.append(_ValuePlan(spec, column, slots, counts_nulls, to_float, counter))
         self._plans = tuple(plans)
 
-    def convert(self, rows: Sequence[Sequence[Any]], samples: SampleSet) -> int:
-        """Add every row's values to `samples`; the number of NULL values skipped and counted."""
+    def convert(self, rows: Sequence[Sequence[Any]], samples: SampleSet) -> tuple[int, int]:
+        """Add every row's values to `samples`; the number of NULL values skipped and counted,
+        and of values refused (numbers.py: NaN, infinite, a negative counter)."""
         if not rows:
-            return 0
+            return 0, 0
         columns = list(zip(*rows, strict=True))
         labels = [
             _label_texts(columns[column], is_text)
             for column, is_text in zip(self._label_columns, self._text_labels, strict=True)
         ]
         distinct = _distinct(labels, len(rows))
-        nulls = 0
+        nulls = refused = 0
         for plan in self._plans:
-            block, skipped = _block(plan, labels, columns[plan.column])
+            block, skipped, unsound = _block(plan, labels, columns[plan.column])
             nulls += skipped if plan.count_nulls else 0
+            refused += unsound
             if distinct:
                 samples.add_columns(plan.spec, block)
                 continue
             for label_values, value in block.items():
                 samples.add_labelled(plan.spec, label_values, value)
-        return nulls
+        return nulls, refused
 
 
 def _distinct(labels: list[tuple[str, ...]], rows: int) -> bool:
@@ -308,22 +320,33 @@ def _label_texts(column: tuple[Any, ...], is_text: bool) -> tuple[str, ...]:
 
 def _block(
     plan: _ValuePlan, labels: list[tuple[str, ...]], column: tuple[Any, ...]
-) -> tuple[SeriesColumns, int]:
-    """The plan's series from its value column, NULL cells left out; and how many were NULL."""
+) -> tuple[SeriesColumns, int, int]:
+    """The plan's series from its value column, NULL cells and values numbers.py refuses left
+    out; and how many were NULL, and refused."""
     label_columns = [labels[slot] if isinstance(slot, int) else slot for slot in plan.slots]
     values: Sequence[Any] = column
     skipped = 0
     if None in column:
         present = list(map(is_not, column, repeat(None)))
-        values = list(compress(column, present))
-        label_columns = [
-            label if isinstance(label, str) else tuple(compress(label, present))
-            for label in label_columns
-        ]
+        values, label_columns = _kept(present, values, label_columns)
         skipped = len(column) - len(values)
     if plan.to_float:
         values = list(map(float, values))
-    return SeriesColumns(tuple(label_columns), values), skipped
+    refused = 0
+    if not all_finite(values, plan.counter):  # rare: checked one by one
+        sound = [is_finite(value, plan.counter) for value in values]
+        kept, label_columns = _kept(sound, values, label_columns)
+        refused, values = len(values) - len(kept), kept
+    return SeriesColumns(tuple(label_columns), values), skipped, refused
+
+
+def _kept(
+    keep: list[bool], values: Sequence[Any], label_columns: list[Any]
+) -> tuple[list[Any], list[Any]]:
+    """The values and label columns of the rows to keep."""
+    return list(compress(values, keep)), [
+        label if isinstance(label, str) else tuple(compress(label, keep)) for label in label_columns
+    ]
 
 
 def _check_shape(
