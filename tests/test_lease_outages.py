@@ -17,11 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
+from alerts.generate import RULES_PATH
 from exporter.app import App
 from exporter.sources.base import LEASE_REASON
-from tests.conftest import scrape, scrape_series, value, wait_for
+from tests.conftest import parse_exposition, scrape, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis, free_port
+from tests.tools import run
 
 KEY = "queue-exporter:leader"
 KEY_GROUP = {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"}
@@ -150,3 +153,57 @@ def _lease_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
 def _attempts(app: App) -> int:
     assert app.leadership is not None
     return app.leadership.attempts
+
+
+def test_the_shipped_source_down_alert_fires_when_no_replica_can_hold_the_lease(
+    tmp_path: Path, redis_url: str, run_exporter: Callable[..., App]
+) -> None:
+    """What a replica serves while the lease cannot be held, fed to promtool with the shipped
+    rules for 10 minutes: QueueExporterSourceDown fires for its sampled source."""
+    lease_server = PrivateRedis(tmp_path).start()
+    lease_url = _stopped(lease_server)
+    election = {"enabled": True, "lease_ttl": 1.0, "renew_interval": 0.1}
+    election["redis"] = {"url": lease_url, "socket_timeout": 0.5}
+    sources = {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}}
+    app = run_exporter({"sources": sources, "leader_election": election})
+    wait_for(lambda: app.health.snapshot()["redis"].lease_down)
+    scraped = parse_exposition(scrape(app.server.port))
+    target = {"job": "queue-exporter", "instance": "replica:9839"}
+    input_series = [
+        {"series": _selector(name, {**dict(labels), **target}), "values": f"{value:g}x15"}
+        for (name, labels), value in scraped.items()
+        if name.startswith("queue_exporter_source")
+    ]
+    firing = {
+        "alertname": "QueueExporterSourceDown",
+        "alertstate": "firing",
+        "severity": "critical",
+        "source": "redis",
+        **target,
+    }
+    test = {
+        "rule_files": [str(RULES_PATH)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": input_series,
+                "promql_expr_test": [
+                    {
+                        "expr": 'ALERTS{alertname="QueueExporterSourceDown"}',
+                        "eval_time": "10m",
+                        "exp_samples": [{"labels": _selector("ALERTS", firing), "value": 1}],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "lease.test.yml"
+    path.write_text(yaml.safe_dump(test))
+    result = run("promtool", "test", "rules", str(path))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _selector(name: str, labels: dict[str, str]) -> str:
+    inner = ",".join(f"{key}={json.dumps(value)}" for key, value in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
