@@ -250,8 +250,10 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             "logs and `/readyz`.",
             "Fix the connection (URL, credentials, network policy, TLS); reason `timeout` is "
             "a backend that accepted the connection but did not answer within the deadline (a "
-            "hung server or proxy, or a cycle that needs a longer `cycle_timeout`). The source "
-            "recovers within one sample interval once the backend answers.",
+            "hung server or proxy, or a cycle that needs a longer `cycle_timeout`); reason "
+            "`leader_lease` is leader election whose lease no replica can hold (its Redis down, "
+            "read-only, refusing the user or holding another type under the key: the log names "
+            "which). The source recovers within one sample interval once the backend answers.",
         ),
         AlertRule(
             "QueueExporterKeyGroupUnmatched",
