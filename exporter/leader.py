@@ -19,9 +19,9 @@ replica that lost its lease, could not renew it in time (its connection partitio
 process stopped past `lease_ttl`) or took a new one since, serves none of them.
 
 An attempt that gets no answer (Redis down, a READONLY replica, NOPERM, a lease key of another
-type) leaves `problem()` naming why: the samplers then report their sources down with reason
-`leader_lease` rather than standing by (no replica may hold the lease), and the cause is a
-WARNING, once per reason and period.
+type) is a WARNING naming why, once per reason and period; once none has been answered for
+`lease_ttl`, `problem()` names it too: the samplers then report their sources down with reason
+`leader_lease` rather than standing by (no replica failing alike can hold the lease).
 
 Redis commands used (all on the two keys below): EVALSHA, SCRIPT LOAD and, in the scripts,
 GET, SET, PEXPIRE, INCR, DEL. docs/operations.md has the details.
@@ -104,6 +104,7 @@ class Leadership:
         self._token: int | None = None
         self._valid_until = 0.0
         self._problem: str | None = None  # why the last attempt got no answer, else None
+        self._answered_at = clock()  # when the last answered attempt was sent (or the start)
         self._problem_log = LogLimiter(log, period=PROBLEM_LOG_PERIOD)
         self.attempts = 0  # renewals tried, answered or not
         self._client: redis.Redis | None = None
@@ -128,9 +129,15 @@ class Leadership:
         return lambda: token is not None and self.token() == token
 
     def problem(self) -> str | None:
-        """Why the last attempt to take or renew the lease got no answer (Redis down, READONLY,
-        NOPERM, WRONGTYPE...), or None when Redis answered (this replica or another leads)."""
+        """Why the lease cannot be held (Redis down, READONLY, NOPERM, WRONGTYPE...) once no
+        attempt has been answered for `lease_ttl`: by then any lease taken before has expired,
+        so no replica that fails alike holds one. None while Redis answers (this replica or
+        another leads), and during a shorter blip (a leader still holds its lease then)."""
         with self._lock:
+            if self._problem is None:
+                return None
+            if self._clock() - self._answered_at < self.config.lease_ttl:
+                return None
             return self._problem
 
     # -- the renewal loop -------------------------------------------------------------------
@@ -162,7 +169,7 @@ class Leadership:
         with self._lock:
             if self._problem is not None:
                 log.info("leader election: the lease's Redis answers again")
-            self._problem = None
+            self._problem, self._answered_at = None, sent
             if token:
                 self._token, self._valid_until = token, sent + self.config.lease_ttl
             else:

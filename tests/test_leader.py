@@ -208,3 +208,27 @@ def test_redis_errors_do_not_escape_renew():
     leader = _leadership("redis://127.0.0.1:1/0")
     assert leader.renew() is False
     leader.release()
+
+
+def test_a_lease_without_answers_is_a_problem_once_it_could_have_expired(redis_db):
+    """A blip shorter than lease_ttl is not an outage (the leader still holds its lease); once
+    no attempt was answered for lease_ttl, problem() names why; an answer clears it."""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    clock = FakeClock()
+    leader = _leadership(f"redis://127.0.0.1:{proxy.port}/{redis_db}", ttl=10, clock=clock)
+    try:
+        assert leader.renew()
+        assert leader.problem() is None
+        proxy.cut()
+        clock.now += 5
+        leader.renew()
+        assert leader.problem() is None  # within the lease it renewed: not yet an outage
+        clock.now += 5
+        assert not leader.renew()
+        problem = leader.problem()
+        assert problem is not None and problem.startswith("connection")
+        proxy.start()
+        assert leader.renew()
+        assert leader.problem() is None
+    finally:
+        proxy.cut()
