@@ -358,6 +358,16 @@ EVENTS: tuple[MetricSpec, ...] = (
         per_redis=True,
     ),
     _self(
+        "queue_exporter_native_silent",
+        "gauge",
+        ("stream",),
+        "1 while a native reader hears nothing from its system though its backend answers "
+        "(Celery: no event for events_timeout: workers idle without -E, stopped or scaled to "
+        "zero); it stays up and ready and leaves out only the series it cannot vouch for "
+        "(running tasks, workers). 0 while it hears.",
+        per_redis=True,
+    ),
+    _self(
         "queue_exporter_stream_lag",
         "gauge",
         ("stream", "group"),

@@ -26,6 +26,9 @@ class SourceStatus:
     last_duration: float | None = None
     last_error: str | None = None
     standby: bool = False
+    # Why a native reader hears nothing from its system while its backend answers (workers
+    # idle, scaled to zero, started without events): up and ready, some series left out.
+    silent: str | None = None
     lease_down: bool = False  # down because the leader lease cannot be held (leader.py)
 
 
@@ -45,6 +48,9 @@ class KeyGroupReport:
     example_keys: tuple[str, ...] = ()  # the first few keys matched
     keys_named: int = 0  # keys built from the group's values, present or not
     failed_keys: tuple[tuple[str, str], ...] = ()  # the first few keys that failed: (reason, key)
+    # Values found in Redis (queues whose set member or key exists) that the group's `select`
+    # leaves out: queues present and not counted (check-config warns about them).
+    unselected: tuple[str, ...] = ()
     # The first few queue_depth label sets (system, queue, priority, state) the group gave.
     example_series: tuple[tuple[str, ...], ...] = ()
 
@@ -101,6 +107,14 @@ class HealthBoard:
             status.lease_down = True
             status.last_error = why
             self._key_groups.pop(source, None)
+
+    def silence(self, source: str, why: str | None) -> None:
+        """A reader that hears nothing says why (None: it hears again); readiness is not
+        touched: idle workers are not a fault."""
+        with self._lock:
+            status = self._sources.get(source)  # a source the runner declared, never a new one
+            if status is not None:
+                status.silent = why
 
     def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
         """Replace what `source` reported about its key groups with its latest cycle's."""

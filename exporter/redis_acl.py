@@ -13,6 +13,7 @@ import itertools
 
 from exporter.config import Config
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources import key_values
 from exporter.sources.key_groups import KeyGroup, fill, placeholders, scan_glob
 from exporter.sources.native.config import ReaderConfig
 
@@ -101,12 +102,23 @@ def _native_readers(config: Config) -> list[ReaderConfig]:
 
 
 def _group_keys(group: KeyGroup) -> list[str]:
-    """Each key when a group lists its values (Celery's bare queue names), else its glob."""
+    """Each key when a group lists its values (Celery's bare queue names: its queues param
+    naming queues, no glob, no '*'), else its glob (found queues may have any name)."""
     names = placeholders(group.pattern)
-    if not names or not all(name in group.values for name in names):
+    listed = {name: _listed(group, name) for name in names}
+    if not names or any(values is None for values in listed.values()):
         return [scan_glob(group.pattern)]
-    combinations = itertools.product(*(group.values[name] for name in names))
+    combinations = itertools.product(*(listed[name] or [] for name in names))
     return [scan_glob(fill(group.pattern, dict(zip(names, c, strict=True)))) for c in combinations]
+
+
+def _listed(group: KeyGroup, name: str) -> list[str] | None:
+    """Every value the placeholder can take, when the group names them all; else None."""
+    selection = group.select.get(name)
+    if selection is not None and selection == key_values.names(selection):
+        return sorted({*group.values.get(name, []), *selection})  # found ones are selected too
+    found_elsewhere = name in group.values_from_set or name in group.values_from_keys
+    return None if found_elsewhere or name not in group.values else group.values[name]
 
 
 def stream_keys(config: Config) -> list[str]:

@@ -226,6 +226,9 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
                 f"source {source['name']} cannot be read ({source['last_error']}): "
                 "its series are withdrawn until it answers again"
             )
+    for source in facts["sources"]:
+        if source.get("silent") and source["up"]:
+            warnings.append(f"source {source['name']} hears nothing: {source['silent']}")
     for report in key_groups:
         if report.last_warning is not None:
             warnings.append(

@@ -148,9 +148,15 @@ def test_redis_acl_command_prints_the_line_the_docs_show(tmp_path):
     assert "%R~orchestrata:queue:*:p*" in line
     assert line in DOCS.read_text()
     celery = tmp_path / "celery.yml"
+    celery.write_text(json.dumps({"presets": [{"name": "celery", "params": {"queues": ["a"]}}]}))
+    result = CliRunner().invoke(main, ["redis-acl", str(celery), "--user", "qe"])
+    assert '"%R~a\\x06\\x163"' in result.output  # redis-cli quoting for control bytes
+    assert "%R~_kombu.binding.*" in result.output  # the queues are found in kombu's bindings
+    assert "%R~a " in result.output and "%R~* " not in result.output  # the queues named only
+    # every queue found (the default): any key may be one
     celery.write_text(json.dumps({"presets": ["celery"]}))
     result = CliRunner().invoke(main, ["redis-acl", str(celery), "--user", "qe"])
-    assert '"%R~celery\\x06\\x163"' in result.output  # redis-cli quoting for control bytes
+    assert "%R~* " in result.output
 
 
 # -- PostgreSQL -----------------------------------------------------------------------------

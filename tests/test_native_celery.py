@@ -157,7 +157,9 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter):
             _stop(slow)
 
 
-def test_no_events_is_reported(redis_url, run_exporter):
+def test_no_events_is_reported_without_going_down(redis_url, run_exporter):
+    """No worker (or none with -E): said on the status page and in a self-metric, the active
+    depth left out, and the exporter ready all the same."""
     app = run_exporter(
         {"presets": ["celery"], "sources": {"native": {"celery": {"events_timeout": 1}}}},
         redis_url=redis_url,
@@ -166,15 +168,18 @@ def test_no_events_is_reported(redis_url, run_exporter):
         lambda: (
             s
             if value(
-                s := scrape_series(app),
-                "queue_exporter_source_errors_total",
-                source="native:celery",
-                reason="no_events",
+                s := scrape_series(app), "queue_exporter_native_silent", stream="native:celery"
             )
             else None
         )
     )
-    assert value(series, "queue_exporter_source_up", source="native:celery") == 0
+    assert value(series, "queue_exporter_source_up", source="native:celery") == 1
+    assert not [
+        labels for name, labels in series if name == "queue_depth" and ("state", "active") in labels
+    ]
+    assert app.health.ready()
+    status = app.health.snapshot()["native:celery"]
+    assert status.up and status.silent is not None and "-E" in status.silent
 
 
 def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
@@ -221,7 +226,8 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
 
 def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, run_exporter):
     native = {"celery": {"events_timeout": 0.5, "report_no_events": False}}
-    app = run_exporter({"presets": ["celery"], "sources": {"native": native}}, redis_url=redis_url)
+    preset = {"name": "celery", "params": {"queues": ["celery", "*"]}}  # celery: read even unseen
+    app = run_exporter({"presets": [preset], "sources": {"native": native}}, redis_url=redis_url)
     wait_for(lambda: app.health.snapshot()["native:celery"].ever_succeeded)
     time.sleep(1.5)  # three timeouts without any event
     series = scrape_series(app)

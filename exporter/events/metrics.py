@@ -354,7 +354,10 @@ class EventMetrics:
         """`by_redis`: several Redis sources, so every feed names its Redis (worker_registry's
         redis_source) and every event series carries it as redis_source."""
         self._store = telemetry.store
+        self._health = telemetry.health
         self._by_redis = by_redis
+        # (reader, redis_source or None) -> 1 while the native reader hears nothing, else 0
+        self._silent: dict[tuple[str, str | None], float] = {}
         if by_redis:
             self._store.label_events(SOURCE_LABEL)
         for name, bounds in buckets.items():
@@ -378,6 +381,7 @@ class EventMetrics:
         for name, callback in (
             ("queue_exporter_stream_lag", self._observe_stream(0)),
             ("queue_exporter_stream_pending", self._observe_stream(1)),
+            ("queue_exporter_native_silent", self._observe_silence),
         ):
             meter.create_observable_gauge(
                 name, callbacks=[callback], description=BY_NAME[name].help
@@ -424,6 +428,18 @@ class EventMetrics:
         attributes = stream_attributes(workers.redis_source, stream=stream)
         self._events.add(0, attributes)
         self._lost.add(0, attributes)
+
+    def report_silence(self, reader: str, workers: WorkerRegistry, why: str | None) -> None:
+        """A native reader's read: whether it heard nothing (why) or its system again (None)."""
+        with self._lock:
+            self._silent[(reader, workers.redis_source)] = 0.0 if why is None else 1.0
+        self._health.silence(reader, why)
+
+    def _observe_silence(self, _: CallbackOptions) -> Iterator[Observation]:
+        with self._lock:
+            silent = list(self._silent.items())
+        for (reader, redis_source), value in silent:
+            yield Observation(value, stream_attributes(redis_source, stream=reader))
 
     def set_stream_stats(
         self,

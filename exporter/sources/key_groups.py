@@ -104,13 +104,31 @@ class PriorityBands(StrictModel):
 
 
 class SetMembers(StrictModel):
-    """Take a placeholder's values from a Redis set (RQ's rq:queues, Sidekiq's queues)."""
+    """Take a placeholder's values from a Redis set (RQ's rq:queues, Sidekiq's queues), or from
+    every set whose key matches a pattern (kombu's `_kombu.binding.{_exchange}`, one per
+    exchange, whose members name the queues bound to it)."""
 
-    key: str = Field(description="the set's key")
-    member: str = Field("{value}", description="member format; {value} is the placeholder value")
+    key: str = Field(
+        description="the set's key; with {_name} wildcards, every set SCAN finds that matches it"
+    )
+    member: str = Field(
+        "{value}",
+        description="member format: {value} is the placeholder value, {_name} a wildcard part "
+        "(may be empty); members of another form are not values",
+    )
     type: Literal["set", "zset"] = Field(
         "set", description="zset: the members of a sorted set (Dramatiq's worker heartbeats)"
     )
+
+    @model_validator(mode="after")
+    def _wildcards_only(self) -> SetMembers:
+        if placeholders(self.member).count("value") != 1:
+            raise ValueError(f"member {self.member!r} needs exactly one {{value}}")
+        for where, pattern in (("key", self.key), ("member", self.member)):
+            named = [name for name in placeholders(pattern) if not name.startswith("_")]
+            if named and not (where == "member" and named == ["value"]):
+                raise ValueError(f"{where} {pattern!r}: only {{_name}} wildcards may appear")
+        return self
 
 
 class LabelFromItems(StrictModel):
@@ -143,7 +161,11 @@ class KeyGroup(StrictModel):
         "values_from_set or values_from_keys too, the placeholder takes the values of all",
     )
     values_from_set: dict[str, SetMembers] = Field(
-        default_factory=dict, description="take a placeholder's values from a Redis set"
+        default_factory=dict,
+        description="take a placeholder's values from a Redis set: {key, member}; key may hold "
+        "{_name} wildcards (every set SCAN finds, as kombu's _kombu.binding.{_exchange}), member "
+        "is each member's form with {value} and {_name} parts "
+        "({_routing_key}\\x06\\x16{_pattern}\\x06\\x16{value})",
     )
     values_from_keys: dict[str, str] = Field(
         default_factory=dict,
@@ -154,6 +176,12 @@ class KeyGroup(StrictModel):
         default_factory=dict,
         description="a regular expression per placeholder: values it matches whole are not "
         "taken (Dramatiq's <queue>.DQ and <queue>.XQ beside each queue)",
+    )
+    select: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="narrow or add to a placeholder's values found (values_from_set, "
+        "values_from_keys): a name is taken whether found or not, a glob (*, ?, [...]) keeps the "
+        "values found that match it (['*']: every one); found values left out are reported",
     )
     split_by: LabelFromItems | None = Field(
         None, description="read every item and split the depth by a label value inside it"
@@ -190,6 +218,10 @@ class KeyGroup(StrictModel):
         for name in (*self.values, *self.values_from_set, *self.values_from_keys):
             if name not in names:
                 raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
+        found = {*self.values_from_set, *self.values_from_keys}
+        for name in self.select:
+            if name not in found:
+                raise ValueError(f"select: {{{name}}} takes no values from a set or keys to narrow")
         for name, regex in self.values_exclude.items():
             if name not in names:
                 raise ValueError(f"values_exclude: {{{name}}} is not a placeholder of the pattern")

@@ -95,6 +95,7 @@ class GroupTally:
         self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
         self.errors: Counter[str] = Counter()
         self.last_warning: str | None = None
+        self.unselected: list[str] = []  # values found in Redis that `select` left out
         self._failed: set[tuple[bytes, str]] = set()
 
     def matched(self, page: list[tuple[bytes, KeyMatch]]) -> None:
@@ -125,6 +126,20 @@ class GroupTally:
         words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
         self.warn(reason, f"key {text(key)[:200]!r}: {words}")
 
+    def left_out(self, name: str, values: list[str]) -> None:
+        """Values of placeholder `name` found in Redis that the group's `select` leaves out:
+        queues that exist and are not counted, said rather than silently missed."""
+        if not values:
+            return
+        self.unselected += values
+        shown = ", ".join(repr(value[:100]) for value in values[:EXAMPLES])
+        more = f" and {len(values) - EXAMPLES} more" if len(values) > EXAMPLES else ""
+        self.warn(
+            "not_selected",
+            f"{name} values found in Redis but not selected, not counted: {shown}{more} (add "
+            "them to the selection, e.g. the preset's queues param, or '*' for every one found)",
+        )
+
     def warn(self, reason: str, problem: str) -> None:
         group = self.group
         self.last_warning = problem
@@ -153,6 +168,7 @@ class GroupTally:
             last_warning=self.last_warning,
             example_keys=tuple(text(key) for key in self.example_keys),
             failed_keys=tuple((reason, text(key)) for reason, key in self.failed_keys),
+            unselected=tuple(self.unselected),
             example_series=tuple(itertools.islice(self.series, EXAMPLES)),
         )
 

@@ -50,6 +50,7 @@ from exporter.sources.key_groups import (
     fill,
     key_regex,
     literal_prefix,
+    placeholders,
     scan_glob,
 )
 from exporter.sources.key_rounds import NodeFlows, Rounds
@@ -61,6 +62,7 @@ from exporter.sources.key_types import (
     labels_for,
     text,
 )
+from exporter.sources.key_values import member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -353,31 +355,65 @@ class RedisKeySampler:
         group = tally.group
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
-            try:
-                stored = self._members(self._client_for(client, members.key), members)
-            except redis.ResponseError as error:  # not a set (any more): this group alone is lost
-                tally.failed(members.key.encode(), response_reason(error))
+            from_set = self._values_from_set(client, cycle, members, tally)
+            if from_set is None:
                 return
-            member_regex = key_regex(members.member)
-            matches = (member_regex.match(text(member)) for member in stored)
-            found = {match.group("value") for match in matches if match}
-            choices[name] = sorted(found.union(choices.get(name, [])))
+            choices[name] = sorted(from_set.union(choices.get(name, [])))
         for name, pattern in group.values_from_keys.items():
             found = set(self._values_from_keys(client, cycle, pattern, tally))
             choices[name] = sorted(found.union(choices.get(name, [])))
         for name, regex in group.values_exclude.items():
             excluded = re.compile(regex)
             choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
+        for name, selection in group.select.items():
+            choices[name], left_out = select(choices[name], selection)
+            tally.left_out(name, left_out)
         names = list(choices)
         for combination in itertools.product(*(choices[name] for name in names)):
             captured = dict(zip(names, combination, strict=True))
             yield fill(group.pattern, captured).encode(), captured
 
+    def _values_from_set(
+        self, client: redis.Redis, cycle: Cycle, members: SetMembers, tally: GroupTally
+    ) -> set[str] | None:
+        """The values a set's members name; with a key pattern, every matching set's (kombu's
+        bindings: one set per exchange, found by one SCAN a cycle). None: the one set is not a
+        set, the group is lost."""
+        pattern = bool(placeholders(members.key))
+        keys = self._keys_of(client, cycle, members.key, tally) if pattern else [members.key]
+        stored: list[Any] = []
+        for key in keys:
+            try:
+                stored += self._members(self._client_for(client, key), key, members.type)
+            except redis.ResponseError as error:  # not a set: this key (this group) alone is lost
+                tally.failed(key.encode(), response_reason(error))
+                if not pattern:
+                    return None
+        return member_values(stored, members.member)
+
     @staticmethod
-    def _members(client: redis.Redis, members: SetMembers) -> list[Any]:
-        if members.type == "zset":
-            return list(client.zrange(members.key, 0, -1))
-        return list(client.smembers(members.key))
+    def _members(client: redis.Redis, key: str, kind: str) -> list[Any]:
+        if kind == "zset":
+            return list(client.zrange(key, 0, -1))
+        return list(client.smembers(key))
+
+    def _keys_of(
+        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
+    ) -> list[str]:
+        """The keys matching `pattern` (its placeholders wildcards): one SCAN a cycle, shared by
+        the groups that name it (Celery's two groups, one SCAN of kombu's bindings)."""
+        cached = f"keys of\n{pattern}"
+        if cached not in cycle.values_found:
+            regex = key_regex(pattern)
+            lost = len(cycle.lost_groups)
+            found = self._scan(client, cycle, scan_glob(pattern), [tally])
+            keys = (text(key) for page in found for key in page)
+            cycle.values_found[cached] = sorted({key for key in keys if regex.match(key)})
+            if len(cycle.lost_groups) > lost:
+                cycle.partial_values.add(cached)
+        if cached in cycle.partial_values:  # a node's sets are missing: so are its queues
+            cycle.lose_group(tally, pattern.encode(), "sets scanned without a node")
+        return cycle.values_found[cached]
 
     def _exist(self, client: redis.Redis, keys: list[bytes]) -> list[bool]:
         """Which of the keys exist: one EXISTS each, a pipeline per page (per key's node on a

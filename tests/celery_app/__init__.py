@@ -3,6 +3,7 @@
 The broker comes from QE_CELERY_BROKER; QE_CELERY_SEP and QE_CELERY_STEPS (comma-separated),
 when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options;
 QE_CELERY_ACKS_LATE set makes tasks acknowledged when they end (`task_acks_late`).
+Tasks `tests.to_<queue>` are routed by `task_routes` to the queue of their name (ROUTED_QUEUES).
 Workers are started with `celery -A tests.celery_app worker`.
 """
 
@@ -13,6 +14,7 @@ import time
 
 from celery import Celery
 
+ROUTED_QUEUES = ("ingest", "emails", "reports", "billing", "thumbs")
 app = Celery("qe_tests", broker=os.environ.get("QE_CELERY_BROKER", "redis://127.0.0.1:6379/0"))
 transport_options: dict[str, object] = {}
 if os.environ.get("QE_CELERY_STEPS"):
@@ -26,6 +28,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     task_acks_late=bool(os.environ.get("QE_CELERY_ACKS_LATE")),
+    task_routes={f"tests.to_{queue}": {"queue": queue} for queue in ROUTED_QUEUES},
 )
 
 
@@ -45,3 +48,14 @@ def fail_after(seconds: float) -> None:
 def retry_once(self, seconds: float) -> None:  # type: ignore[no-untyped-def]
     time.sleep(seconds)
     raise self.retry(exc=RuntimeError("retrying on purpose"))
+
+
+def _routed(queue: str) -> None:
+    @app.task(name=f"tests.to_{queue}")
+    def routed(seconds: float) -> float:
+        time.sleep(seconds)
+        return seconds
+
+
+for _queue in ROUTED_QUEUES:
+    _routed(_queue)

@@ -16,10 +16,12 @@ routing key: they are counted as pending of their queue, or scheduled while thei
 (countdown) is ahead (a running task of a late-ack worker is in that hash too, and counts as
 active only).
 
-When no event arrives for `events_timeout` (workers heartbeat every 2 s) the read fails with
-reason `no_events`: the reader cannot say what runs, so its series are withdrawn and
-queue_exporter_source_up{source="native:celery"} says so (`report_no_events: false` where
-workers may scale to zero).
+When no event arrives for `events_timeout` (workers heartbeat every 2 s, idle or not) the
+reader cannot say what runs: no worker runs, or workers run without -E. That is not a fault:
+the read succeeds (the source stays up, the exporter ready), the running tasks' active depth is
+left out, workers age out, prefetched messages are still counted from Redis, and the reader
+says so once in the log, on the status page and in queue_exporter_native_silent
+(`report_no_events: false`: active depth reads 0 all the same).
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from exporter.events.wire import Event
 from exporter.numbers import InvalidValue
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
+from exporter.sources.key_values import names, selects
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import MAX_WORKERS, ReaderError, RedisReader, Signals
+from exporter.sources.native.framework import MAX_WORKERS, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 
@@ -96,10 +99,10 @@ class CeleryReader(RedisReader):
                 self._apply(event, signals)
         idle = time.monotonic() - self._last_event
         if self.config.report_no_events and idle > self.config.events_timeout:
-            raise ReaderError(
-                "no_events",
-                f"no Celery event for {idle:.0f} s: are workers started with -E "
-                "(worker_send_task_events)?",
+            signals.silent = (
+                f"no Celery event for {idle:.0f} s (workers heartbeat every 2 s): no worker runs, "
+                "or workers run without -E; start them with -E (worker_send_task_events = True). "
+                "Running tasks and workers are not served until events come (queue depths are)"
             )
         self._report(signals, unacked)
 
@@ -278,16 +281,18 @@ class CeleryReader(RedisReader):
                 self._forget_running(hostname)
             else:
                 signals.worker(system, WORKER_QUEUE, hostname, active, max(active, 1))
-        running: Counter[str] = Counter({queue: 0 for queue in self.config.queues})
+        selection = self.config.queues
+        running: Counter[str] = Counter({queue: 0 for queue in names(selection)})
         running_ids = set()
         for task_id, task in self._tasks.items():
             if task.started_at is not None:
                 running[task.queue or self.config.default_queue] += 1
                 running_ids.add(task_id)
-        for queue, count in running.items():
-            signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
+        for queue, count in running.items() if signals.silent is None else ():
+            if selects(selection, queue):  # the preset's queues param narrows what is served
+                signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
         for (queue, task_id, state), count in unacked.items():
-            if task_id not in running_ids:
+            if task_id not in running_ids and selects(selection, queue):
                 signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)
 
 

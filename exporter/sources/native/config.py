@@ -63,7 +63,9 @@ class RqReaderConfig(ReaderConfig):
 class CeleryReaderConfig(ReaderConfig):
     system: str = Field("celery", min_length=1, description="the system label")
     queues: list[str] = Field(
-        default_factory=list, description="queues whose active depth reads 0 when none runs"
+        default_factory=lambda: ["*"],
+        description="the queues served, as the key groups' select: names (whose active depth "
+        "reads 0 when none runs) and globs ('*': every queue)",
     )
     default_queue: str = Field(
         "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
@@ -75,7 +77,10 @@ class CeleryReaderConfig(ReaderConfig):
         "without a heartbeat after which a worker is gone",
     )
     report_no_events: bool = Field(
-        True, description="fail with reason no_events when none comes (off: workers scale to 0)"
+        True,
+        description="when no event comes for events_timeout, say so (log, status page, "
+        "queue_exporter_native_silent) and leave running tasks' active depth out (off: it "
+        "reads 0); the source stays up either way",
     )
     unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
     events_channel: str | None = Field(

@@ -93,6 +93,10 @@ class Signals:
     now: float = field(default_factory=time.time)
     source: str = "native"  # the reader's source name, for the log
     deadline: float = math.inf  # time.monotonic() past which the read stops between records
+    # Why the reader hears nothing from its system (Celery: no event for its timeout), when it
+    # does not: its backend answers, so it stays up and ready, leaves out the series it cannot
+    # vouch for, and says this (log, status page, queue_exporter_native_silent).
+    silent: str | None = None
 
     @property
     def latest(self) -> float:
@@ -266,6 +270,7 @@ class NativeSource:
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS, redis_source
         )
         self._gap = ReadGap(interval)
+        self._silent: str | None = None
         metrics.declare_stream(self.name, self.workers)
 
     def sample(self) -> SampleSet:
@@ -279,9 +284,20 @@ class NativeSource:
         signals = Signals(source=self.name, deadline=stop)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
+        self._report_silence(signals.silent)
         if self.redis_source is not None:
             return signals.samples.with_label(SOURCE_LABEL, self.redis_source)
         return signals.samples
+
+    def _report_silence(self, silent: str | None) -> None:
+        """Say when the reader starts and stops hearing nothing: once each in the log, and on
+        the health board and queue_exporter_native_silent while it lasts."""
+        if silent is not None and self._silent is None:
+            log.warning("%s: %s", self.name, silent)
+        elif silent is None and self._silent is not None:
+            log.info("%s: hears its system again: every series is served", self.name)
+        self._silent = silent
+        self.metrics.report_silence(self.name, self.workers, silent)
 
     def error_reason(self, error: Exception) -> str:
         if isinstance(error, ReaderError):

@@ -1,0 +1,70 @@
+"""Which values an enumerated key group's placeholders take: parsing set members, selecting.
+
+A placeholder's values are found in Redis (a set's members, the sets a key pattern matches, the
+keys a pattern matches: redis_keys.py reads them) and then narrowed or added to by the group's
+`select`: a plain name is taken whether found or not, a glob keeps the found values it
+matches. A value found but selected by nothing is reported: a queue that exists and is not
+counted must be said, never silently left out.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import re
+from collections.abc import Iterable
+
+_GLOB = re.compile(r"[*?\[]")
+_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+@functools.lru_cache(maxsize=256)
+def member_regex(pattern: str) -> re.Pattern[str]:
+    """A regex for a set member format: {value} captures one or more characters, each {_name}
+    wildcard any text, empty included (kombu's binding `<routing key>SEP<pattern>SEP<queue>`
+    has an empty pattern for a direct exchange)."""
+    body, at = "", 0
+    for match in _TOKEN.finditer(pattern):
+        body += re.escape(pattern[at : match.start()])
+        at = match.end()
+        name = match.group(1)
+        if name is None:
+            body += re.escape(match.group(0)[0])
+        elif name == "value":
+            body += "(?P<value>.+)"
+        else:
+            body += ".*?"
+    return re.compile(f"^{body}{re.escape(pattern[at:])}$", re.DOTALL)
+
+
+def member_values(members: Iterable[bytes | str], member: str) -> set[str]:
+    """The values the members of the form `member` name (members of another form name none)."""
+    regex = member_regex(member)
+    values = set()
+    for item in members:
+        found = regex.match(item.decode("utf-8", "replace") if isinstance(item, bytes) else item)
+        if found:
+            values.add(found.group("value"))
+    return values
+
+
+def select(found: Iterable[str], selection: list[str]) -> tuple[list[str], list[str]]:
+    """(kept, left out): names in `selection` are kept whether found or not, globs keep the
+    found values they match; the found values nothing selects are left out."""
+    kept, left_out = set(names(selection)), []
+    for value in found:
+        (kept.add(value) if selects(selection, value) else left_out.append(value))
+    return sorted(kept), sorted(left_out)
+
+
+def names(selection: list[str]) -> list[str]:
+    """The plain names of a selection: values taken whether found or not."""
+    return [entry for entry in selection if not _GLOB.search(entry)]
+
+
+def selects(selection: list[str], value: str) -> bool:
+    """Whether the selection keeps `value` (a name of it, or a glob matching it)."""
+    return any(
+        fnmatch.fnmatchcase(value, entry) if _GLOB.search(entry) else value == entry
+        for entry in selection
+    )
