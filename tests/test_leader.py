@@ -232,3 +232,22 @@ def test_a_lease_without_answers_is_a_problem_once_it_could_have_expired(redis_d
         assert leader.problem() is None
     finally:
         proxy.cut()
+
+
+def test_a_leader_that_loses_its_lease_between_cycles_stands_by_before_its_next_cycle(
+    redis_url, run_exporter, redis_client
+):
+    """The series go at once (the render checks the lease); the source's own state follows
+    within the standby poll, not at the next cycle an interval later."""
+    redis_client.rpush("jobs:emails", "a")
+    election = {"enabled": True, "lease_ttl": 3, "renew_interval": 0.2, "identity": "one"}
+    raw = {"sources": {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}}}
+    app = run_exporter({**raw, "leader_election": election}, sample_interval=60)
+    wait_for(lambda: value(scrape_series(app), "queue_depth", queue="emails") == 1)
+    assert app.leadership is not None
+    app.leadership.release()  # as if the lease had passed to another replica
+    redis_client.set(KEY, "99:another/replica", px=60_000)
+    series = scrape_series(app)
+    assert value(series, "queue_depth", queue="emails") is None
+    wait_for(lambda: app.health.snapshot()["redis"].standby, timeout=5)
+    assert value(scrape_series(app), "queue_exporter_source_up", source="redis") is None

@@ -174,9 +174,23 @@ class SourceRunner:
                     wait = interval - (elapsed % interval)
                 else:
                     wait = self.outage.retry_in
-                self.stop.wait(wait)
+                self._wait_leading(wait)
         finally:
             self.source.close()
+
+    def _wait_leading(self, seconds: float) -> None:
+        """Wait for the next cycle; with leader election, end the wait early when the lease is
+        lost, so the source stands by (or is down) within STANDBY_POLL instead of an interval.
+        (Its series stop being served at once anyway: the render checks the lease.)"""
+        if self.leadership is None:
+            self.stop.wait(seconds)
+            return
+        end = time.monotonic() + seconds
+        while not self.stop.is_set() and self.leadership.is_leader():
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            self.stop.wait(min(left, STANDBY_POLL))
 
     def stand_by(self) -> None:
         """Another replica samples: serve none of this source's series, and do not fail."""
