@@ -172,13 +172,46 @@ def test_demo_with_embedded_servers_serves_every_family_and_leaves_nothing(
         # only the legacy app's per-key operations overflow the demo's series cap
         overflowed = {dict(labels)["metric"] for name, labels in series if "overflow" in name}
         assert overflowed == {"queue_backend_operation_seconds"}
+        assert_every_group_fed(demo)
         servers |= demo.descendants()
         assert demo.terminate() == 0, "\n".join(demo.output)
     finally:
         demo.kill()
     assert "demo stopped" in demo.output[-1]
+    assert_only_staged_warnings(demo.output)
     assert [pid for pid in servers if _alive(pid)] == []
     assert list(demo_tmp.iterdir()) == []
+
+
+# The warnings the demo's staged faults raise, by a marker each: the banner names them.
+STAGED_WARNINGS = ("[item_not_json]", "refused entry")
+
+
+def assert_only_staged_warnings(output: list[str]) -> None:
+    """A newcomer sees no warning about the demo's own configuration (a key group matching
+    nothing, a stream not there): each WARNING is one of a fault the banner says is staged."""
+    banner = "\n".join(output[: next(i for i, line in enumerate(output) if "Ctrl-C" in line)])
+    assert "Staged on purpose" in banner
+    warnings = [line for line in output if " WARNING " in line]
+    for line in warnings:
+        marker = next((marker for marker in STAGED_WARNINGS if marker in line), None)
+        assert marker is not None, f"a warning the demo did not stage: {line}"
+        assert marker in banner, f"the banner does not name {marker}"
+
+
+def assert_every_group_fed(demo: Demo, scrapes: int = 5) -> None:
+    """Every key group the demo configures matches keys at every one of a few scrapes, a
+    sample interval or more apart."""
+    for _ in range(scrapes):
+        series = parse_exposition(scrape(demo.port))
+        matched = {
+            dict(labels)["pattern"]: value
+            for (name, labels), value in series.items()
+            if name == "queue_exporter_keys_matched"
+        }
+        assert len(matched) == 8, matched  # Orchestrata 2, Runner-Q 5, the legacy app 1
+        assert {pattern for pattern, value in matched.items() if value == 0} == set()
+        time.sleep(2.5)
 
 
 def test_demo_with_given_servers_removes_what_it_wrote(
@@ -194,6 +227,7 @@ def test_demo_with_given_servers_removes_what_it_wrote(
         assert demo.terminate() == 0, "\n".join(demo.output)
     finally:
         demo.kill()
+    assert_only_staged_warnings(demo.output)
     assert set(redis_client.keys("*")) == before
     with psycopg.connect(postgres_dsn) as connection:
         row = connection.execute("SELECT count(*) FROM pg_namespace WHERE nspname = 'attune'")

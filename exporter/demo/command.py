@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import textwrap
 import threading
 import time
 from contextlib import ExitStack
@@ -156,6 +157,15 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
             settings.log_level,
         )
     )
+    # The workload writes first: the exporter's first sample finds every queue it reads, not
+    # a configuration that looks wrong (a key group matching nothing, a stream not there).
+    workload_running = threading.Event()  # the workload's own stop: Ctrl-C stops the demo
+    workload.start(workload_running)
+    cleanup.callback(workload.join)
+    cleanup.callback(workload_running.set)
+    _wait_until_fed(workload, config, stop)
+    if stop.is_set():
+        return
     try:
         app = App(config)
     except OSError as error:
@@ -165,12 +175,34 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
     app.start()
     cleanup.callback(app.shutdown)
     cleanup.callback(workload.stop_events)  # flushed before the exporter stops reading
-    _banner(config, app.server.port, settings.rate, settings.seed)
-
-    workload.start(stop)
     cleanup.callback(workload.join)
-    cleanup.callback(stop.set)
+    cleanup.callback(workload_running.set)
+    _banner(config, app.server.port, settings.rate, settings.seed)
     _status_loop(stop, settings.duration, StatusLine(app.telemetry.render), workload)
+
+
+# How long the exporter waits for the workload to write every key and stream it reads.
+FEED_TIMEOUT = 30.0
+
+
+def _wait_until_fed(
+    workload: Workload, config: config_module.Config, stop: threading.Event
+) -> None:
+    """Until each key group of the configuration has a key and each stream exists (at most
+    FEED_TIMEOUT: past it the exporter starts and its own warnings name what is missing)."""
+    from exporter.sources.key_groups import scan_glob
+
+    redis_config = config.sources.default_redis()
+    groups = redis_config.key_groups if redis_config is not None else []
+    events = config.sources.events
+    wanted = [(group.pattern, scan_glob(group.pattern)) for group in groups]
+    wanted += [(stream.key, scan_glob(stream.key)) for stream in events.streams] if events else []
+    deadline = time.monotonic() + FEED_TIMEOUT
+    while (missing := workload.missing(wanted)) and time.monotonic() < deadline:
+        if stop.wait(0.2):
+            return
+    if missing:
+        _say(f"the workload has not written {', '.join(missing)} yet: the exporter will say so")
 
 
 def exporter_config(
@@ -199,6 +231,9 @@ def exporter_config(
 
 
 def _banner(config: config_module.Config, port: int, rate: float, seed: int) -> None:
+    from exporter.demo.workload import STAGED_FAULTS
+
+    staged = "\n".join(_wrapped(f"- {fault}") for fault in STAGED_FAULTS)
     host, _ = config.host_port
     shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     target = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
@@ -224,9 +259,16 @@ Dashboards: in Grafana, Dashboards > New > Import each dashboards/queue-exporter
 (from this repository; the Helm chart ships the same files) and pick that Prometheus.
 Rules and alerts: alerts/queue-exporter.rules.yml, as in rule_files above.
 
+Staged on purpose (the warnings and alerts they raise are the demo's, not a mistake):
+{staged}
+
 Ctrl-C stops the demo and removes everything it started.
 """
     )
+
+
+def _wrapped(text: str) -> str:
+    return textwrap.fill(text, width=92, subsequent_indent="  ")
 
 
 def _status_loop(

@@ -19,6 +19,12 @@ SCHEMA = "attune"
 FINISHED_KEEP = timedelta(minutes=5)
 STALE_ACTION = "linux.backup"
 
+# What goes wrong on purpose, for the banner.
+STAGED_FAULTS = (
+    "Attune's aws.ec2_start runs at its concurrency limit with a growing backlog",
+    f"Attune's {STALE_ACTION} statistics row is never updated: its age grows (QueueStatsStale)",
+)
+
 
 @dataclass(frozen=True)
 class Action:

@@ -27,6 +27,14 @@ BROKEN_TENANTS = 3
 WARM_UP_AFTER = 8.0  # seconds: the app restarts and reads every tenant's configuration
 MAX_SERIES_PER_METRIC = 2000  # the demo's cap in samples per metric (the default is 10000)
 
+# What goes wrong on purpose, for the banner.
+STAGED_FAULTS = (
+    f"{BROKEN_TENANTS} legacy tenants' oldest items are bare ids, not JSON: a WARNING "
+    "[item_not_json] and queue_exporter_source_errors_total, their age not read",
+    "the legacy app names operations after keys: past the series cap they fold into the "
+    "overflow series (queue_exporter_series_overflow_total, QueueExporterSeriesOverflow)",
+)
+
 KEY_GROUP = {
     "system": "legacy",
     "pattern": f"{PREFIX}:{{queue}}",

@@ -56,6 +56,18 @@ RECIPIENTS = (
     Recipient("reports", 0.15, ("build_report",), (2,), 4.0, 0.08, 0.8),
 )
 WORKER_CAPACITY = 4
+# The under-provisioned recipient's backlog when the demo starts (its workers never catch up).
+STARTING_BACKLOG = 60
+
+# What goes wrong on purpose, for the banner: what a newcomer sees warned about or alerting.
+STAGED_FAULTS = (
+    "Orchestrata's reports recipient is under-provisioned: its backlog climbs to the "
+    "backpressure limit (QueueNearCapacity, QueueBacklogGrowing)",
+    "an old Orchestrata producer sends an event without ts: refused and counted in "
+    "queue_exporter_events_invalid_total (a WARNING 'refused entry ... missing_field')",
+    "poison messages fail every attempt and are dead-lettered (QueueDeadLetterGrowing)",
+    "Orchestrata workers crash now and then: their leases expire, the reaper requeues the jobs",
+)
 
 
 @dataclass
@@ -365,3 +377,33 @@ class OrchestrataSim:
 
     def depth(self) -> int:
         return sum(len(queue) for queue in self.queues.values())
+
+    def prepare(self, now: float) -> None:
+        """What a kernel that ran before the demo left: the under-provisioned recipient's
+        backlog of the last minute and one dead letter of an hour ago, so every key group the
+        preset reads has a key from the start."""
+        pipe = self.client.pipeline(transaction=False)
+        slow = min(RECIPIENTS, key=lambda recipient: recipient.headroom)
+        for index in range(STARTING_BACKLOG):
+            queued_at = now - 60 + index * 60 / STARTING_BACKLOG
+            job = Job(
+                message_id=str(uuid.UUID(int=self.dice.rng.getrandbits(128))),
+                recipient=slow.name,
+                job_type=self.dice.pick(slow.job_types),
+                priority=self.dice.pick(slow.priorities),
+                queued_at=queued_at,
+                ready_at=queued_at,
+            )
+            self._enqueue(pipe, job, queued_at)
+        pipe.execute()
+        recipient = RECIPIENTS[0]
+        message_id = str(uuid.UUID(int=self.dice.rng.getrandbits(128)))
+        key = f"{PREFIX}:dlq:{recipient.name}"
+        metadata = {"job_type": recipient.job_types[0], "attempts": MAX_ATTEMPTS}
+        letter = layouts.orchestrata_dead_letter(
+            recipient.name, message_id, now - 3600, "max attempts exceeded", metadata
+        )
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(key, letter)
+        pipe.expire(key, layouts.ORCHESTRATA_DLQ_TTL)
+        pipe.execute()

@@ -14,6 +14,7 @@ import itertools
 import json
 import math
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,15 @@ QUEUE = "default"
 TIMEOUT_SECONDS = 15
 ACTIVITY_TTL = 7 * 86_400
 WORKER_CONCURRENCY = 8
+# A worker's poll interval, as an activity's average wait for it: what keeps the priority zset
+# holding something between the exporter's samples, as a real one does.
+POLL_SECONDS = 0.5
+
+# What goes wrong on purpose, for the banner.
+STAGED_FAULTS = (
+    "Runner-Q's sync_crm calls a flaky API (retries); poison activities end dead-lettered",
+    "a Runner-Q worker crashes now and then: its leases expire (queue_leases_expired)",
+)
 COMPLETED_KEEP = 5000
 DLQ_KEEP = 1000
 
@@ -83,6 +93,8 @@ class RunnerQSim:
             )
         }
         self.ready: list[tuple[float, int, str, dict[str, Any]]] = []  # (-score, n, member, a)
+        # Written to the priority zset, not yet seen by a worker's poll: (since, ready entry)
+        self.unpolled: deque[tuple[float, tuple[float, int, str, dict[str, Any]]]] = deque()
         self.scheduled: list[tuple[float, int, dict[str, Any]]] = []
         self.abandoned: list[Running] = []
         self.activity_ids: set[str] = set()  # for removing them from a server not ours
@@ -100,6 +112,7 @@ class RunnerQSim:
                 self._enqueue_new(pipe, kind, now)
         if self.dice.rare("runnerq_worker_crash", 0.002, now, first_after=6.0):
             self._crash()
+        self._poll(now)
         for worker in self.workers:
             self._work(pipe, worker, now)
         if now >= self._next["scheduler"]:
@@ -116,7 +129,7 @@ class RunnerQSim:
     # -- enqueue ------------------------------------------------------------------------------
 
     def _enqueue_new(self, pipe: redis.client.Pipeline, kind: ActivityType, now: float) -> None:
-        activity_id = str(uuid.UUID(int=self.dice.rng.getrandbits(128)))
+        activity_id = self._new_id()
         priority = self.dice.pick(kind.priorities)
         activity = layouts.runnerq_activity(kind.name, priority, now, activity_id)
         payload = {"seq": next(self._serial)}
@@ -143,6 +156,9 @@ class RunnerQSim:
         detail = {"priority": priority, "scheduled_at": None}
         self._event(pipe, activity_id, "Enqueued", now, None, detail)
 
+    def _new_id(self) -> str:
+        return str(uuid.UUID(int=self.dice.rng.getrandbits(128)))
+
     def _make_ready(
         self, pipe: redis.client.Pipeline, activity: dict[str, Any], now: float
     ) -> None:
@@ -152,7 +168,13 @@ class RunnerQSim:
         )
         member = layouts.runnerq_member(activity)
         pipe.zadd(self.keys["priority_queue"], {member: score})
-        heapq.heappush(self.ready, (-score, next(self._serial), member, activity))
+        self.unpolled.append((now, (-score, next(self._serial), member, activity)))
+
+    def _poll(self, now: float) -> None:
+        """What the workers' polls have seen: an activity waits POLL_SECONDS in the priority
+        zset before a worker takes it (so the zset holds the last moments' arrivals)."""
+        while self.unpolled and self.unpolled[0][0] <= now - POLL_SECONDS:
+            heapq.heappush(self.ready, self.unpolled.popleft()[1])
 
     # -- workers ------------------------------------------------------------------------------
 
@@ -329,7 +351,20 @@ class RunnerQSim:
         pipe.expire(stream, 60)
 
     def depth(self) -> int:
-        return len(self.ready)
+        return len(self.ready) + len(self.unpolled)
+
+    def prepare(self, now: float) -> None:
+        """What a Runner-Q that ran before the demo left: one activity dead-lettered an hour
+        ago (and so completed), so every key group the preset reads has a key from the start."""
+        created = now - 3600
+        activity = layouts.runnerq_activity("sync_crm", "Normal", created, self._new_id())
+        activity.update(timeout_seconds=TIMEOUT_SECONDS, payload={"seq": 0})
+        entry = {"activity": activity, "error": _error("non_retryable"),
+                 "failed_at": layouts.rfc3339_nanos(created + 5)}  # fmt: skip
+        pipe = self.client.pipeline(transaction=False)
+        pipe.rpush(self.keys["dead_letter_queue"], json.dumps(entry))
+        pipe.zadd(self.keys["completed_activities"], {activity["id"]: created + 5})
+        pipe.execute()
 
 
 def _serde(epoch: float) -> str:
