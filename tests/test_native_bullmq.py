@@ -278,3 +278,42 @@ def test_hostile_entries_cost_only_themselves(redis_client, redis_url, entries, 
         assert again.tally.consumed == 0
     finally:
         reader.close()
+
+
+def _workers(app, queue: str) -> dict[str, float]:
+    series = scrape_series(app)
+    return {
+        state: _total(series, "queue_workers", queue=queue, state=state)
+        for state in ("busy", "idle")
+    }
+
+
+def test_workers_counted_as_bullmq_counts_them(bullmq, redis_url, run_exporter):
+    """Per queue, the workers Queue.getWorkers() lists (their named connections in CLIENT
+    LIST), named or not, busy or idle; a stopped worker leaves the count."""
+    bullmq.steps({"op": "add", "queue": "mail"}, {"op": "add", "queue": "video"})
+    app = _started(run_exporter, redis_url)
+    idle = [bullmq.worker("mail"), bullmq.worker("mail", name="mailer-2")]
+    busy = bullmq.hold(
+        {"op": "add", "queue": "video", "data": {"sleep_ms": 600_000}},
+        {"op": "hold", "queue": "video"},
+    )
+
+    def as_bullmq_counts() -> dict | None:
+        truth = {q: s["workers"] for q, s in bullmq.truth(["mail", "video"])["queues"].items()}
+        counted = {queue: _workers(app, queue) for queue in truth}
+        if truth != {"mail": 2, "video": 1}:
+            return None
+        same = all(sum(counted[queue].values()) == truth[queue] for queue in truth)
+        return counted if same else None
+
+    counted = wait_for(as_bullmq_counts, timeout=60)
+    assert counted["video"] == {"busy": 1, "idle": 0}  # its one slot holds the long job
+    assert counted["mail"] == {"busy": 0, "idle": 2}  # both wait for a job
+
+    for worker in idle:
+        bullmq.stop(worker)
+    wait_for(lambda: bullmq.truth(["mail"])["queues"]["mail"]["workers"] == 0)
+    wait_for(lambda: _workers(app, "mail") == {"busy": 0, "idle": 0})
+    assert _workers(app, "video") == {"busy": 1, "idle": 0}
+    bullmq.stop(busy)

@@ -4,7 +4,7 @@
 // majors. Commands:
 //   steps  run spec.steps (add jobs, pause, flows, workers that finish a known number of jobs,
 //          workers kept busy), print "ready", then keep held workers busy until SIGTERM
-//   truth  print what the library itself says about spec.queues, as JSON
+//   truth  print what the library itself says about spec.queues, as JSON (getWorkers() too)
 //   work   a worker on spec.queue until SIGTERM, one JSON line per finished job
 // Jobs behave as their data says: {sleep_ms, fail: "always" | <attempts that fail>}.
 'use strict';
@@ -102,7 +102,8 @@ async function truth() {
     }
     const delayed = await q.getDelayed();
     const due = delayed.filter(job => job.timestamp + job.delay <= result.now_ms).length;
-    result.queues[name] = { counts, next_timestamp_ms: next, due, paused: await q.isPaused() };
+    const workers = (await q.getWorkers()).length;
+    result.queues[name] = { counts, next_timestamp_ms: next, due, paused: await q.isPaused(), workers };
     await q.close();
   }
   console.log(JSON.stringify(result));

@@ -51,6 +51,7 @@ from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, literal, scan_glob
+from exporter.sources.native.bullmq_workers import worker_connections
 from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import RedisReader, Signals
 
@@ -147,6 +148,8 @@ class BullmqReader(RedisReader):
             queues = self._queues(client)
             batches = self._follow(client, queues, positions, baseline, signals)
             self._apply(client, batches, signals)
+            if self.config.workers:
+                self._workers(client, queues, signals)
             self._positions = {queue: positions[queue] for queue in queues if queue in positions}
             self._store_positions(client)
         except redis.RedisError as error:
@@ -200,6 +203,21 @@ class BullmqReader(RedisReader):
             if match:
                 names.add(match.group("value"))
         return sorted(names)
+
+    def _workers(
+        self, client: redis.Redis | RedisCluster, queues: list[str], signals: Signals
+    ) -> None:
+        """Each queue's workers from one CLIENT LIST (bullmq_workers.py); on a cluster, the
+        node listing the most of them, as BullMQ does."""
+        prefix, system = self.config.prefix, self.config.system
+        if self._nodes is None:
+            assert isinstance(client, redis.Redis)
+            replies = [client.client_list()]
+        else:
+            replies = [node.client_list() for _, node in self._nodes.primaries()]
+        lists = [worker_connections(reply, prefix, queues) for reply in replies]
+        for worker in max(lists, key=len, default=[]):
+            signals.worker(system, worker.queue, worker.identity, int(not worker.waiting), 1)
 
     # -- following the streams ----------------------------------------------------------------
 

@@ -114,8 +114,13 @@ class BullmqReaderConfig(ReaderConfig):
     max_events: int = Field(
         10000, ge=1, description="events read per queue and read; the rest at the next read"
     )
+    workers: bool = Field(
+        True,
+        description="count each queue's workers as Queue.getWorkers() does, from their named "
+        "connections in one CLIENT LIST per read (needs +client|list)",
+    )
 
-    ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget")
+    ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget", "client|list")
 
     def acl_read_keys(self) -> list[str]:
         # meta hashes, events streams, job hashes (a hash-tagged prefix is literal text)

@@ -1,0 +1,52 @@
+"""BullMQ's workers as BullMQ counts them: the connections named for a queue in CLIENT LIST.
+
+Every BullMQ Worker names its blocking connection with CLIENT SETNAME
+`<prefix>:<base64 of the queue name>`, or `<prefix>:<base64>:w:<worker name>` when the worker
+has a name, and `Queue.getWorkers()` lists the CLIENT LIST entries whose name is that, or
+starts with the `:w:` form (BullMQ 5.x and 6.x, queue-getters.js). One CLIENT LIST per read
+serves every queue. On a Redis Cluster, where each connection appears on every node it opened,
+the node listing the most worker connections is read, as BullMQ does.
+
+Busy or idle: an idle worker waits for its next job blocked on that connection (CLIENT LIST
+flags `b`, in BZPOPMIN); a worker whose slots are all taken does not wait. So a worker blocked
+is idle, one not blocked is busy (one slot each: CLIENT LIST does not tell a worker's
+concurrency). A worker between two jobs reads as busy for that instant.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConnection:
+    """One worker's named connection: its queue, a stable identity, and whether it waits."""
+
+    queue: str
+    identity: str  # the connection's name and client id: two unnamed workers stay apart
+    waiting: bool
+
+
+def client_name(prefix: str, queue: str) -> str:
+    """The connection name BullMQ gives a worker of `queue` (its `:w:<name>` form starts so)."""
+    return f"{prefix}:{base64.b64encode(queue.encode()).decode()}"
+
+
+def worker_connections(
+    clients: Iterable[Mapping[str, Any]], prefix: str, queues: Iterable[str]
+) -> list[WorkerConnection]:
+    """The worker connections of the known queues among CLIENT LIST's entries (redis-py's
+    client_list(): a mapping of fields per connection)."""
+    names = {client_name(prefix, queue): queue for queue in queues}
+    found = []
+    for fields in clients:
+        name = str(fields.get("name", ""))
+        named_at = name.find(":w:", len(prefix) + 1)
+        queue = names.get(name if named_at < 0 else name[:named_at])
+        if queue is not None:
+            waiting = "b" in str(fields.get("flags", ""))
+            found.append(WorkerConnection(queue, f"{name}#{fields.get('id', '')}", waiting))
+    return found
