@@ -1,0 +1,188 @@
+"""The README's quick start: one `queue-exporter serve` command per system, run as written
+(the only changes: the URL or DSN of the test's own backend, and a free listen port) against
+data the real library wrote (RQ, Celery, BullMQ, Sidekiq), or that the system's documented
+layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
+Each command must serve the depth the library itself reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.attune_db import Attune
+from tests.conftest import Series
+from tests.real_queues import BullMQ, Sidekiq
+
+ROOT = Path(__file__).resolve().parent.parent
+README_REDIS_URL = "redis://redis:6379/0"
+README_POSTGRES_DSN = "postgresql://exporter@db:5432/attune"
+
+
+def readme_commands() -> dict[str, list[str]]:
+    """The one-command-per-system block's commands, by preset, as argv after the program."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("One command per system", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = {}
+    for line in block.splitlines():
+        argv = shlex.split(line, comments=True)
+        if argv[:2] == ["queue-exporter", "serve"]:
+            presets = [argv[i + 1] for i, word in enumerate(argv) if word == "--preset"]
+            assert len(presets) == 1, line
+            commands[presets[0]] = argv[1:]
+    return commands
+
+
+def depth(series: Series, system: str, queue: str, state: str = "pending") -> float | None:
+    """queue_depth of one queue and state, its priorities summed (None: not served)."""
+    values = [
+        value
+        for (name, labels), value in series.items()
+        if name == "queue_depth"
+        and {("system", system), ("queue", queue), ("state", state)} <= labels
+    ]
+    return sum(values) if values else None
+
+
+# -- each system's real data and its own count ---------------------------------------------------
+
+
+def rq_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    plan = [{"queue": "emails", "call": "sleep_for", "seconds": 1}] * 3
+    plan += [{"queue": "reports", "call": "sleep_for", "seconds": 1}]
+    python = [sys.executable, "-m", "tests.rq_app.driver", redis_url]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([*python, "enqueue", json.dumps(plan)], env=env, check=True, timeout=60)
+    done = subprocess.run(
+        [*python, "truth", "emails", "reports"], env=env, check=True, timeout=60,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    queues = json.loads(done.stdout)["queues"]
+    return {(queue, "pending"): queues[queue]["queued"] for queue in ("emails", "reports")}
+
+
+def celery_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url}
+    driver = [sys.executable, "-m", "tests.celery_app.driver"]
+    plan = [{"task": "sleep_for", "seconds": 1}] * 4  # the default queue, celery
+    subprocess.run([*driver, "publish", json.dumps(plan)], env=env, check=True, timeout=60)
+    done = subprocess.run(
+        [*driver, "truth", "celery"], env=env, check=True, timeout=60,
+        capture_output=True, text=True,
+    )  # fmt: skip
+    return {("celery", "pending"): json.loads(done.stdout)["waiting"]["celery"]}
+
+
+def bullmq_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
+    bullmq = BullMQ(5, redis_db)
+    bullmq.steps({"op": "add", "queue": "emails", "count": 3})
+    counts = bullmq.truth(["emails"])["queues"]["emails"]["counts"]
+    return {("emails", "pending"): counts["wait"] + counts["prioritized"] + counts["paused"]}
+
+
+def sidekiq_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
+    sidekiq = Sidekiq(redis_db)
+    sidekiq.push({"queue": "default", "count": 2}, {"queue": "critical"})
+    queues = sidekiq.truth()["queues"]
+    return {(queue, "pending"): queues[queue]["size"] for queue in ("default", "critical")}
+
+
+def attune_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
+    attune = Attune(postgres_dsn).create_schema()
+    try:
+        action = attune.add_action("slack.post_message")
+        attune.upsert_stats(
+            action,
+            queue_length=5,
+            active_count=2,
+            max_concurrent=3,
+            oldest_enqueued_at=attune.now() - timedelta(seconds=30),
+        )
+    finally:
+        attune.close()
+    return {("slack.post_message", "pending"): 5, ("slack.post_message", "active"): 2}
+
+
+def orchestrata_data(redis_client: redis.Redis, **_: Any) -> dict[tuple[str, str], int]:
+    """Messages as the kernel RPUSHes them (queue-layouts: orchestrata:queue:<recipient>:p<n>)."""
+    for priority, count in ((5, 2), (3, 1)):
+        for index in range(count):
+            message = {
+                "packet": {"type": "charge_card"},
+                "queued_at": "2026-01-01T00:00:00+00:00",
+                "priority": priority,
+                "recipient": "billing",
+                "message_id": f"m-{priority}-{index}",
+            }
+            redis_client.rpush(f"orchestrata:queue:billing:p{priority}", json.dumps(message))
+    return {("billing", "pending"): 3}
+
+
+def runnerq_data(redis_client: redis.Redis, **_: Any) -> dict[tuple[str, str], int]:
+    """Activities as runner_q ZADDs them (queue-layouts: {q}:priority_queue, member
+    "<uuid>:<JSON>", priority = floor(score / 1e6))."""
+    for index, score in enumerate((2_000_100.0, 2_000_200.0, 4_000_100.0)):
+        activity = {"id": f"00000000-0000-0000-0000-00000000000{index}", "activity_type": "x",
+                    "created_at": "2026-01-01T00:00:00Z", "priority": "Normal", "retry_count": 0}  # fmt: skip
+        redis_client.zadd(
+            "default:priority_queue", {f"{activity['id']}:{json.dumps(activity)}": score}
+        )
+    return {("default", "pending"): 3}
+
+
+SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
+    "rq": ("rq", rq_data),
+    "celery": ("celery", celery_data),
+    "bullmq": ("bullmq", bullmq_data),
+    "sidekiq": ("sidekiq", sidekiq_data),
+    "attune": ("attune", attune_data),
+    "orchestrata": ("orchestrata", orchestrata_data),
+    "runnerq": ("runnerq", runnerq_data),
+}
+
+
+def test_the_readme_has_one_command_for_each_system():
+    assert set(readme_commands()) == set(SYSTEMS)
+
+
+@pytest.mark.parametrize("preset", sorted(SYSTEMS))
+def test_the_readme_command_serves_the_library_s_own_counts(
+    preset: str, request: pytest.FixtureRequest, serve_process: Any
+) -> None:
+    argv = readme_commands()[preset]
+    system, write = SYSTEMS[preset]
+    backends: dict[str, Any] = {}
+    if README_POSTGRES_DSN in argv:
+        backends["postgres_dsn"] = request.getfixturevalue("postgres_dsn")
+        argv = [backends["postgres_dsn"] if word == README_POSTGRES_DSN else word for word in argv]
+    else:
+        for name in ("redis_db", "redis_url", "redis_client"):
+            backends[name] = request.getfixturevalue(name)
+        argv = [backends["redis_url"] if word == README_REDIS_URL else word for word in argv]
+    assert README_REDIS_URL not in argv and README_POSTGRES_DSN not in argv
+    truth = write(**backends)
+    assert truth and all(count > 0 for count in truth.values()), truth
+    exporter = serve_process(*argv[1:])  # `serve` and the rest, as the README writes them
+
+    def agrees(series: Series) -> bool:
+        return all(depth(series, system, queue, state) == count
+                   for (queue, state), count in truth.items())  # fmt: skip
+
+    try:
+        exporter.series_when(agrees, timeout=45)
+    except AssertionError:
+        exporter.stop()
+        _, log = exporter.process.communicate()
+        raise AssertionError(f"{preset}: {truth} not served; its log:\n{log[-3000:]}") from None
+    _, log = exporter.sigterm()  # and it ran without an error
+    assert re.search(r"\b(ERROR|CRITICAL|Traceback)\b", log) is None, log[-3000:]
