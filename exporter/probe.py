@@ -8,8 +8,9 @@ named and makes the command fail; the others are still tried.
 
 What would run but not as meant is a warning, named on a line of its own for the verdict
 (`OK with N warnings`): a key group that matched nothing, a key of another Redis type than
-its group's (the type found named), a database with no keys at all, a native reader whose
-system has left no record where it reads, and any warning a key group's own cycle raised.
+its group's (the type found named), a database with no keys at all, queues found in Redis but
+not configured (a group's `select` left them out), a native reader whose system has left no
+record where it reads, and keys a group could not read.
 """
 
 from __future__ import annotations
@@ -138,6 +139,13 @@ def _unmatched_groups(groups: list[KeyGroup], reports: list[KeyGroupReport]) -> 
     return warnings
 
 
+def _some(values: tuple[str, ...]) -> str:
+    """The first few values, printable, and how many more."""
+    shown = ", ".join(printable(value) for value in values[:SHOWN_SERIES])
+    more = len(values) - SHOWN_SERIES
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def _group_name(report: KeyGroupReport) -> str:
     return f"key group {printable(report.pattern)} ({report.system}, {report.type})"
 
@@ -156,17 +164,22 @@ def _database_empty(connection: RedisConnectionConfig) -> bool:
 
 
 def _key_group_warnings(sampler: RedisKeySampler, report: KeyGroupReport) -> Iterator[str]:
-    """A group's keys that could not be read, as warnings (the wrong types with the type
-    found)."""
+    """A group's queues found but not configured, and its keys that could not be read (the
+    wrong types with the type found), as warnings."""
     group = _group_name(report)
+    if report.unselected:
+        yield (
+            f"{group}: found in Redis but not configured, not counted: "
+            f"{_some(report.unselected)} (add them to the selection, e.g. the preset's queues "
+            "param, or '*' for every one found)"
+        )
     wrong = [key for reason, key in report.failed_keys if reason == "wrong_type"]
     for key in wrong:
         found = _type_of(sampler.config, key)
         yield (
             f"{group}: key {printable(key)} holds a Redis {found}, the group reads a {report.type}"
         )
-    shown = {"wrong_type", "no_keys"}
-    for reason in sorted(set(report.errors) - shown):
+    for reason in sorted(set(report.errors) - {"wrong_type", "no_keys"}):
         words = REASON_WORDS.get(reason, reason)
         yield f"{group}: {report.errors[reason]} key(s): {words} [{reason}]"
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -18,6 +19,7 @@ from tests.conftest import POSTGRES_ADMIN_DSN, value
 from tests.private_redis import PrivateRedis, free_port
 
 EXPORTER = [sys.executable, "-m", "exporter"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -336,3 +338,26 @@ def test_the_startup_report_masks_only_the_password(serve_process):
     _, log = exporter.process.communicate()
     assert "s3cr3t-pw" not in log
     assert f"source redis keys: {url.replace('s3cr3t-pw', '****')} (2 key groups)" in log
+
+
+def test_check_config_names_the_queues_found_but_not_configured(redis_url):
+    """Queues a real Celery app declared (kombu's bindings) that the queues param leaves out
+    are a warning naming each, before the verdict."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url}
+    plan = [{"task": f"to_{queue}", "seconds": 0} for queue in ("ingest", "emails", "billing")]
+    subprocess.run(
+        [sys.executable, "-m", "tests.celery_app.driver", "publish", json.dumps(plan)],
+        env=env, check=True, timeout=60, capture_output=True,
+    )  # fmt: skip
+    preset = "celery:queues=ingest"
+    result = run_cli(
+        "check-config", "--redis-url", redis_url, "--preset", preset, "--connect", "--strict"
+    )
+    out = result.stdout
+    assert result.returncode == 1, out + result.stderr  # --strict: warnings fail
+    left_out = [line for line in out.splitlines() if "found in Redis but not configured" in line]
+    assert left_out, out
+    for line in left_out:
+        assert line.startswith("WARNING: key group ")
+        assert "billing" in line and "emails" in line and "ingest" not in line.split(":", 2)[2]
+    assert out.splitlines()[-1].startswith("OK with ")
