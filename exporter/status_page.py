@@ -33,6 +33,7 @@ from exporter import __version__
 from exporter.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
 from exporter.events.config import CONSUMER_PREFIX, stream_name
 from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
+from exporter.printable import printable
 from exporter.samples import Series
 
 if TYPE_CHECKING:
@@ -232,7 +233,7 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
     for report in key_groups:
         if report.last_warning is not None:
             warnings.append(
-                f"key group {report.pattern} ({report.system}, {report.type}): "
+                f"key group {printable(report.pattern)} ({report.system}, {report.type}): "
                 f"{report.last_warning}"
             )
     reported = {CONSUMER_PREFIX + stream["name"] for stream in facts["streams"]}
@@ -245,11 +246,13 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
     for stream in facts["streams"]:
         if stream["lost"]:
             warnings.append(
-                f"stream {stream['name']}: {stream['lost']:g} events were trimmed "
+                f"stream {printable(stream['name'])}: {stream['lost']:g} events were trimmed "
                 "before the group read them"
             )
         if stream["invalid"]:
-            warnings.append(f"stream {stream['name']}: {stream['invalid']:g} events refused")
+            warnings.append(
+                f"stream {printable(stream['name'])}: {stream['invalid']:g} events refused"
+            )
     for metric, count in sorted(facts["overflow"].items()):
         warnings.append(
             f"{metric}: {count:g} label sets folded into __overflow__ "
@@ -273,7 +276,7 @@ def _tables(facts: dict[str, Any], now: float) -> list[Table]:
             [
                 [
                     group["system"],
-                    group["pattern"],
+                    printable(group["pattern"]),
                     group["type"],
                     str(group["keys_matched"]),
                     str(group["queues"]),
@@ -292,7 +295,7 @@ def _tables(facts: dict[str, Any], now: float) -> list[Table]:
             "Event streams",
             ["stream", "group", "lag", "pending", "lost", "invalid", "consumed"],
             [
-                [stream["name"], stream["group"]]
+                [printable(stream["name"]), printable(stream["group"])]
                 + [_number(stream[field]) for field in ("lag", "pending", "lost", "invalid")]
                 + [_number(stream["consumed"])]
                 for stream in facts["streams"]
@@ -323,7 +326,7 @@ def _queue_table(
     table_id: str, title: str, column: str, entries: list[dict[str, Any]], fmt: str
 ) -> Table:
     rows = [
-        [entry[label] for label in _QUEUE_COLUMNS] + [fmt.format(entry["value"])]
+        [printable(entry[label]) for label in _QUEUE_COLUMNS] + [fmt.format(entry["value"])]
         for entry in entries
     ]
     return Table(table_id, title, [*_QUEUE_COLUMNS, column], rows)

@@ -209,3 +209,20 @@ def test_the_status_page_survives_any_key(name, redis_client, redis_url, run_exp
     code, page = _get(app.server.port, "/")
     assert code == 200
     assert b"<h1>queue-exporter</h1>" in page
+
+
+def test_the_page_shows_control_characters_escaped(redis_client, redis_url, run_exporter):
+    """Celery's separator and a queue name holding control bytes read as \\x06\\x16 on the
+    page, as in check-config and the log, never as invisible characters."""
+    queue = "celery\x06\x163"  # how kombu names priority step 3 of queue celery
+    redis_client.rpush(f"jobs:{queue}", "a", "b")
+    groups = [
+        {"system": "app", "pattern": "jobs:{queue}", "type": "list", "state": "pending"},
+        {"system": "app", "pattern": "sep\x06\x16{queue}", "type": "list", "state": "pending"},
+    ]
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": groups}}})
+    _status(app)
+    page = _get(app.server.port, "/")[1].decode()
+    assert "\x06" not in page and "\x16" not in page
+    assert "celery\\x06\\x163" in page  # the queue, in the deepest queues
+    assert "sep\\x06\\x16{queue}" in page  # the pattern, in the key groups and its warning
