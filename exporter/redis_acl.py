@@ -24,7 +24,8 @@ CONNECTION_COMMANDS = ("ping", "select")
 # The key sampler: SCAN for the keys of each group, then one read per key (redis_keys.py);
 # LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
 # reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads), which
-# measures a head found too large with MEMORY USAGE instead of copying it again.
+# measures a head found too large with MEMORY USAGE instead of copying it again; GET reads the
+# JSON string key a head item names (SAQ's jobs).
 SAMPLER_COMMANDS = (
     "scan",
     "eval_ro",
@@ -42,6 +43,7 @@ SAMPLER_COMMANDS = (
     "hlen",
     "hget",
     "hvals",
+    "get",
     "xlen",
     "xrange",
     "xrevrange",
@@ -85,9 +87,11 @@ def read_key_patterns(config: Config) -> list[str]:
     for group in groups:
         patterns += _group_keys(group)
         patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
-        patterns += [scan_glob(keys) for keys in group.values_from_keys.values()]
-        if group.oldest is not None and group.oldest.hash_key is not None:
-            patterns.append(scan_glob(group.oldest.hash_key))
+        for keys in group.values_from_keys.values():
+            patterns += [scan_glob(key) for key in ([keys] if isinstance(keys, str) else keys)]
+        if group.oldest is not None:
+            named = (group.oldest.hash_key, group.oldest.string_key)
+            patterns += [scan_glob(key) for key in named if key is not None]
     events = config.sources.events
     if events is not None and any(stream.format == "runnerq" for stream in events.streams):
         patterns.append(RUNNERQ_ACTIVITY_KEYS)

@@ -118,7 +118,13 @@ def _group_row(group: dict[str, Any]) -> str:
         reads.append("priority from score bands")
     if group.get("scores"):
         window = group["scores"]["window"]
-        reads = ["depth of scores up to now" if window == "due" else "depth of scores after now"]
+        reads = [
+            {
+                "due": "depth of scores up to now",
+                "ahead": "depth of scores after now",
+                "positive": "depth of scores above 0",
+            }[window]
+        ]
     oldest = group.get("oldest")
     if oldest:
         where = oldest.get("field") or oldest["time_in"]

@@ -158,6 +158,17 @@ FORMS = [
         "list",
         {"time_in": "hash", "hash_key": "h:all", "field": "{item}", "json_field": "t"},
     ),
+    Form(
+        "list head, JSON string key named by the item",
+        "list",
+        {"time_in": "string", "string_key": "h:{item}", "json_field": "t"},
+    ),
+    Form(
+        "zset positive scores, head JSON string key",
+        "zset",
+        {"time_in": "string", "string_key": "h:{item}", "json_field": "t"},
+        {"scores": {"window": "positive"}},
+    ),
     Form("stream head id", "stream", {"end": "head", "time_in": "stream_id"}),
     Form("stream tail id", "stream", {"end": "tail", "time_in": "stream_id"}),
     Form(
@@ -206,7 +217,12 @@ def write(client: redis.Redis, form: Form, hostile: Hostile) -> None:
         client.xadd(HOSTILE, hostile.fields, id=f"{hostile.entry_ms}-0")
         if form.extra and hostile.group_position != "none":
             client.xgroup_create(HOSTILE, "workers", id=hostile.group_position)
-    if form.oldest.get("field") == "{item}":  # one hash, a field per item
+    if form.oldest["time_in"] == "string":  # a JSON string key per item
+        if hostile.hash_of_another_type:
+            client.rpush(b"h:" + hostile.item, b"not a string")
+        elif hostile.hash_field is not None:
+            client.set(b"h:" + hostile.item, hostile.document)
+    elif form.oldest.get("field") == "{item}":  # one hash, a field per item
         if hostile.hash_of_another_type:
             client.rpush(b"h:all", b"not a hash")
         elif hostile.hash_field is not None:
@@ -289,8 +305,11 @@ def test_a_hostile_head_fails_only_its_own_age(
         )
         # a score window holds no item when the hostile score lies ahead of now
         window = (form.extra or {}).get("scores")
-        scale = 1000.0 if window and window["unit"] == "ms" else 1.0
-        windowed_out = window is not None and hostile.score > time.time() * scale
+        scale = 1000.0 if window and window.get("unit") == "ms" else 1.0
+        ahead = hostile.score > time.time() * scale
+        if window is not None and window["window"] == "positive":
+            ahead = hostile.score <= 0
+        windowed_out = window is not None and ahead
         assert sum(report.errors.values()) >= 1 or nothing_unread or banded_out or windowed_out, (
             report
         )

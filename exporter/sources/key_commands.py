@@ -178,7 +178,11 @@ class Cycle:
         window = group.scores
         assert window is not None
         limit = self.now * (1000.0 if window.unit == "ms" else 1.0) * window.divisor
-        low, high = ("-inf", f"{limit!r}") if window.window == "due" else (f"({limit!r}", "+inf")
+        low, high = {
+            "due": ("-inf", f"{limit!r}"),
+            "ahead": (f"({limit!r}", "+inf"),
+            "positive": ("(0", "+inf"),
+        }[window.window]
         yield ("ZCOUNT", key, low, high), self._depth(tally, labels), tally
         if group.oldest is not None:
             first = script_read("ZRANGEBYSCORE", low, high, "LIMIT", 0, 1, "WITHSCORES")
@@ -323,6 +327,10 @@ class Cycle:
                 hash_key = fill(oldest.hash_key or "", values)
                 field = fill(oldest.field or "", values)
                 read = (ITEM_READ, hash_key.encode(), script_read("HGET", field))
+                return read, self._hash_time(oldest, labels), tally
+            if oldest.time_in == "string":
+                key = fill(oldest.string_key or "", {**captured, "item": item.decode()})
+                read = (ITEM_READ, key.encode(), script_read("GET"))
                 return read, self._hash_time(oldest, labels), tally
             self._age(labels, item_time(oldest, item, score))
             return None
@@ -574,7 +582,7 @@ class PlainGroup:
             and group.split_by is None
             and group.due is None
             and group.scores is None
-            and (group.oldest is None or group.oldest.time_in != "hash")
+            and (group.oldest is None or group.oldest.time_in not in ("hash", "string"))
         )
 
 

@@ -39,10 +39,11 @@ class OldestItem(StrictModel):
         description="lists: head = index 0, tail = index -1 (RPUSH+LPOP producers serve the "
         "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest",
     )
-    time_in: Literal["score", "item", "json", "hash", "stream_id"] = Field(
+    time_in: Literal["score", "item", "json", "hash", "string", "stream_id"] = Field(
         description="score: the zset score is the time; item: the item itself is a time; "
-        "json: a field of the item's JSON; hash: a field of a hash the item names; "
-        "stream_id: the entry id's millisecond part"
+        "json: a field of the item's JSON; hash: a field of a hash the item names; string: "
+        "json_field of the JSON string key the item names; stream_id: the entry id's "
+        "millisecond part"
     )
     field: str | None = Field(None, description="JSON field or hash field holding the time")
     json_after: str | None = Field(
@@ -51,10 +52,13 @@ class OldestItem(StrictModel):
     hash_key: str | None = Field(
         None, description="hash key pattern; {item} is the item, other placeholders the labels"
     )
+    string_key: str | None = Field(
+        None, description="time_in string: the key pattern; {item} is the item (SAQ's job ids)"
+    )
     json_field: str | None = Field(
         None,
         description="time_in hash: the hash field's value is JSON and this field of it holds "
-        "the time (a.b: field b of object a)",
+        "the time; time_in string: the field of the key's JSON (a.b: field b of object a)",
     )
     format: TimeFormat = Field(
         "auto", description="auto: numbers above 1e11 are ms, else s; strings ISO-8601"
@@ -69,8 +73,12 @@ class OldestItem(StrictModel):
             raise ValueError("time_in: hash needs 'hash_key'")
         if self.hash_key and "{item}" not in self.hash_key + (self.field or ""):
             raise ValueError("hash_key or field must contain {item}")
-        if self.json_field is not None and self.time_in != "hash":
-            raise ValueError("json_field applies to time_in: hash only")
+        if self.json_field is not None and self.time_in not in ("hash", "string"):
+            raise ValueError("json_field applies to time_in: hash and string only")
+        if self.time_in == "string" and (not self.string_key or not self.json_field):
+            raise ValueError("time_in: string needs 'string_key' and 'json_field'")
+        if self.string_key and "{item}" not in self.string_key:
+            raise ValueError("string_key must contain {item}")
         return self
 
 
@@ -89,8 +97,9 @@ class ScoreWindow(StrictModel):
     ahead (arq keeps the jobs ready to run and the deferred ones in one zset scored by the time
     each may run)."""
 
-    window: Literal["due", "ahead"] = Field(
-        description="due: scores up to now (inclusive); ahead: scores after now"
+    window: Literal["due", "ahead", "positive"] = Field(
+        description="due: scores up to now (inclusive); ahead: scores after now; positive: "
+        "scores above 0 (SAQ scores its queued and active jobs 0, scheduled ones by their time)"
     )
     unit: Literal["s", "ms"] = Field("s", description="the unit of the scores")
     divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
@@ -167,10 +176,11 @@ class KeyGroup(StrictModel):
         "is each member's form with {value} and {_name} parts "
         "({_routing_key}\\x06\\x16{_pattern}\\x06\\x16{value})",
     )
-    values_from_keys: dict[str, str] = Field(
+    values_from_keys: dict[str, str | list[str]] = Field(
         default_factory=dict,
         description="take a placeholder's values from the keys matching a pattern with {value} "
-        "(BullMQ's <prefix>:<queue>:meta): a queue whose job keys are all gone still reads 0",
+        "(BullMQ's <prefix>:<queue>:meta), or any of a list of patterns: a queue whose job keys "
+        "are all gone still reads 0",
     )
     values_exclude: dict[str, str] = Field(
         default_factory=dict,
@@ -230,10 +240,11 @@ class KeyGroup(StrictModel):
             except re.error as error:
                 raise ValueError(f"values_exclude.{name}: {error}") from None
         for name, keys in self.values_from_keys.items():
-            if placeholders(keys) != ["value"]:
-                raise ValueError(
-                    f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
-                )
+            for pattern in [keys] if isinstance(keys, str) else keys:
+                if placeholders(pattern) != ["value"]:
+                    raise ValueError(
+                        f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
+                    )
         if self.split_by is not None:
             label = self.split_by.label
             if label in names or label in self.labels:
@@ -242,8 +253,8 @@ class KeyGroup(StrictModel):
                 raise ValueError(f"split_by applies to list, zset and hash keys, not {self.type}")
             if self.priority_bands is not None:
                 raise ValueError("split_by and priority_bands exclude each other")
-            if self.oldest is not None and self.oldest.time_in == "hash":
-                raise ValueError("split_by: oldest.time_in hash is not supported")
+            if self.oldest is not None and self.oldest.time_in in ("hash", "string"):
+                raise ValueError(f"split_by: oldest.time_in {self.oldest.time_in} is not supported")
         zset_only = {"due": self.due, "priority_bands": self.priority_bands, "scores": self.scores}
         for option, value in zset_only.items():
             if value is not None and self.type != "zset":
@@ -258,8 +269,8 @@ class KeyGroup(StrictModel):
             raise ValueError("priority_bands and a priority label exclude each other")
         if self.oldest:
             allowed = {
-                "list": {"item", "json", "hash"},
-                "zset": {"score", "item", "json", "hash"},
+                "list": {"item", "json", "hash", "string"},
+                "zset": {"score", "item", "json", "hash", "string"},
                 "stream": {"stream_id"},
             }.get(self.type, set())
             if self.oldest.time_in not in allowed:

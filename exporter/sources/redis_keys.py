@@ -359,9 +359,11 @@ class RedisKeySampler:
             if from_set is None:
                 return
             choices[name] = sorted(from_set.union(choices.get(name, [])))
-        for name, pattern in group.values_from_keys.items():
-            found = set(self._values_from_keys(client, cycle, pattern, tally))
-            choices[name] = sorted(found.union(choices.get(name, [])))
+        for name, keys in group.values_from_keys.items():
+            found = set(choices.get(name, []))
+            for pattern in [keys] if isinstance(keys, str) else keys:
+                found.update(self._values_from_keys(client, cycle, pattern, tally))
+            choices[name] = sorted(found)
         for name, regex in group.values_exclude.items():
             excluded = re.compile(regex)
             choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
