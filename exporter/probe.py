@@ -53,10 +53,13 @@ class Findings:
 
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # Redis targets that did not answer: named once, not tried again by the later parts
+    unreachable: set[str] = field(default_factory=set)
 
     def add(self, other: Findings) -> None:
         self.failures += other.failures
         self.warnings += other.warnings
+        self.unreachable |= other.unreachable
 
 
 def probe(config: Config, echo: Echo) -> Findings:
@@ -65,9 +68,9 @@ def probe(config: Config, echo: Echo) -> Findings:
     findings = Findings()
     try:
         findings.add(_key_groups(config, telemetry, echo))
-        findings.add(_streams(config, echo))
+        findings.add(_streams(config, echo, findings.unreachable))
         findings.add(_sql_collectors(config, telemetry, echo))
-        findings.add(_native_readers(config, echo))
+        findings.add(_native_readers(config, echo, findings.unreachable))
     finally:
         telemetry.shutdown()
     return findings
@@ -87,7 +90,7 @@ def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Ec
     except Exception as error:
         reason = "timeout" if isinstance(error, DeadlineExceeded) else redis_error_reason(error)
         echo(f"redis keys at {target}: FAILED ({reason}: {_first_line(error)})")
-        return Findings(failures=[f"redis keys at {target}"])
+        return Findings(failures=[f"redis at {target}"], unreachable={target})
     finally:
         sampler.close()
     echo(f"redis keys at {target}:")
@@ -221,7 +224,7 @@ def _key_group_lines(
         yield f"    WARNING: {report.last_warning}"
 
 
-def _streams(config: Config, echo: Echo) -> Findings:
+def _streams(config: Config, echo: Echo, unreachable: set[str]) -> Findings:
     events = config.sources.events
     findings = Findings()
     if events is None or not events.streams:
@@ -229,28 +232,34 @@ def _streams(config: Config, echo: Echo) -> Findings:
     shared = events_redis(config)
     with_shared = [stream for stream in events.streams if stream.redis is None]
     if with_shared:
-        findings.failures += _streams_at(shared, with_shared, echo)
+        findings.add(_streams_at(shared, with_shared, echo, unreachable))
     for stream in events.streams:
         if stream.redis is not None:  # a stream on a Redis of its own
-            findings.failures += _streams_at(stream.redis, [stream], echo)
+            findings.add(_streams_at(stream.redis, [stream], echo, unreachable))
     return findings
 
 
 def _streams_at(
-    connection: RedisConnectionConfig, streams: list[StreamConfig], echo: Echo
-) -> list[str]:
+    connection: RedisConnectionConfig,
+    streams: list[StreamConfig],
+    echo: Echo,
+    unreachable: set[str],
+) -> Findings:
     target = connection.masked_url()
+    if target in unreachable:  # named FAILED above
+        return Findings()
     client = connection.connect()
     try:
-        echo(f"events streams at {target}:")
-        for stream in streams:
-            echo(f"  {_stream_line(client, stream.key, stream.group)}")
+        lines = [_stream_line(client, stream.key, stream.group) for stream in streams]
     except redis.RedisError as error:
         echo(f"events at {target}: FAILED ({redis_error_reason(error)}: {_first_line(error)})")
-        return [f"events Redis at {target}"]
+        return Findings(failures=[f"redis at {target}"], unreachable={target})
     finally:
         client.close()
-    return []
+    echo(f"events streams at {target}:")
+    for line in lines:
+        echo(f"  {line}")
+    return Findings()
 
 
 def _stream_line(client: redis.Redis, key: str, wanted: str) -> str:
@@ -311,7 +320,7 @@ def _postgres_refusal(config: PostgresSourceConfig) -> str | None:
         return f"{reason}: {_first_line(error)}"
 
 
-def _native_readers(config: Config, echo: Echo) -> Findings:
+def _native_readers(config: Config, echo: Echo, unreachable: set[str]) -> Findings:
     """Each native reader's Redis holds some record of its system (a key its reader reads)."""
     native = config.sources.native
     findings = Findings()
@@ -320,12 +329,15 @@ def _native_readers(config: Config, echo: Echo) -> Findings:
     for name, reader in native.enabled_by_name().items():
         connection = reader.redis or config.sources.default_redis() or RedisConnectionConfig()
         target = connection.masked_url()
+        if target in unreachable | findings.unreachable:  # named FAILED above
+            continue
         globs = reader.record_globs()
         try:
             found = _any_key(connection, globs)
         except redis.RedisError as error:
-            echo(f"native {name} at {target}: FAILED ({redis_error_reason(error)})")
-            findings.failures.append(f"native {name} at {target}")
+            reason = f"{redis_error_reason(error)}: {_first_line(error)}"
+            echo(f"native {name} at {target}: FAILED ({reason})")
+            findings.add(Findings(failures=[f"redis at {target}"], unreachable={target}))
             continue
         if found is None:
             echo(f"native {name} at {target}: a record found is not checked (a cluster)")

@@ -171,11 +171,15 @@ def test_check_config_connect_shows_what_each_backend_holds(
 
 
 def test_check_config_connect_fails_naming_the_unreachable_backend():
+    """Key groups, a stream and a native reader on one Redis that refuses: one FAILED line
+    for it, and the verdict."""
     url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
-    result = run_cli("check-config", "--redis-url", url, "--preset", "orchestrata", "--connect")
+    presets = ("--preset", "orchestrata", "--preset", "runnerq", "--preset", "rq")
+    result = run_cli("check-config", "--redis-url", url, *presets, "--connect")
     assert result.returncode == 1
-    assert f"redis keys at {url}: FAILED (connection" in result.stdout
-    assert result.stdout.splitlines()[-1] == f"FAILED: redis keys at {url}"
+    said = [line for line in result.stdout.splitlines() if not line.startswith("# ")]
+    assert said[0].startswith(f"redis keys at {url}: FAILED (connection")
+    assert said[1:] == [f"FAILED: redis at {url}"]
 
 
 def test_check_config_summary_first_and_the_yaml_only_when_asked(tmp_path):
