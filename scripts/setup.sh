@@ -1,103 +1,283 @@
 #!/usr/bin/env bash
-# Idempotent set-up for tests and benchmarks: a virtualenv with every extra, the Debian tools
-# the tests call, and the local Redis and PostgreSQL started when they are not running.
+# Idempotent set-up for tests and benchmarks, one line per step:
+#   1. the Debian tools the tests call (DEBIAN_TOOLS), installed with apt-get when missing;
+#   2. the local Redis and PostgreSQL, started when they are down and proven to answer;
+#   3. the Python venvs (the project's, TOOL_VENVS, the dependency floors) and the node folders
+#      (tests/node/*), each built once in a cache outside the clone ($QE_CACHE, default
+#      ~/.cache/queue-exporter) under the hash of what it installs, then linked into the clone.
+# On a machine where all of it is there, nothing is downloaded and it takes about a second.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$PWD
+CACHE=${QE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/queue-exporter}
+PYTHON=${PYTHON:-python3}
 
-DEBIAN_TOOLS=(prometheus prometheus-alertmanager nodejs npm ruby-sidekiq chromium
-  prometheus-redis-exporter)
-missing=()
-command -v promtool >/dev/null || missing+=(prometheus)
-command -v amtool >/dev/null || missing+=(prometheus-alertmanager)
-# real BullMQ (npm, run with Node) and Sidekiq (ruby) for the preset tests
-command -v node >/dev/null || missing+=(nodejs)
-command -v npm >/dev/null || missing+=(npm)
-command -v sidekiq >/dev/null || missing+=(ruby-sidekiq)
-command -v chromium >/dev/null || missing+=(chromium) # tests/test_status_page.py
-command -v ss >/dev/null || missing+=(iproute2) # tests/test_http_attacks.py: the listen backlog
-# the Go peer bench/key_sampling.py compares the key sampler with
-command -v prometheus-redis-exporter >/dev/null || missing+=(prometheus-redis-exporter)
-if [ "${#missing[@]}" -gt 0 ] && command -v apt-get >/dev/null; then
-  echo "setup: installing ${missing[*]} (of ${DEBIAN_TOOLS[*]})"
+say() { printf 'setup: %s\n' "$*"; }
+die() {
+  printf 'setup: FAILED: %s\n' "$*" >&2
+  exit 1
+}
+
+# --- 1. Debian tools: "command package what-for". A tool the tests call gets a line here.
+DEBIAN_TOOLS=(
+  "redis-server redis-server the Redis the tests run (the shared one and private servers)"
+  "redis-cli redis-tools this script's check that Redis answers"
+  "pg_ctlcluster postgresql the PostgreSQL the tests create databases in"
+  "psql postgresql-client this script's check that PostgreSQL lets the tests in"
+  "promtool prometheus alert rules and the Prometheus end-to-end tests"
+  "prometheus prometheus the Prometheus end-to-end tests"
+  "amtool prometheus-alertmanager the Alertmanager configuration checks"
+  "node nodejs real BullMQ producers and workers (tests/node)"
+  "npm npm the BullMQ folders from their package-lock.json"
+  "sidekiq ruby-sidekiq real Sidekiq workers"
+  "chromium chromium the status page in a real browser"
+  "ss iproute2 the listen backlog in tests/test_http_attacks.py"
+  "prometheus-redis-exporter prometheus-redis-exporter the Go peer bench/key_sampling.py compares with"
+  "flock util-linux one build of a cached venv at a time"
+)
+
+# Python tools in venvs of their own, their pins conflicting with the project's venv:
+# "name what-pip-installs..." each pinned whole in constraints/<name>.txt. A new one: a line
+# here and its constraints file; a test finds it at .venv/tools/<name>.
+TOOL_VENVS=(
+  "checkov checkov==3.3.30" # the chart's security checks: pins packaging<24, pytest 9 refuses that
+  "rq2 rq>=2,<3"            # tests/test_native_rq.py: RQ's own counts under every major
+  "rq1 rq>=1,<2"
+  "arq arq==0.28.0"         # pins redis-py below 6: tests/test_preset_arq.py
+  "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
+)
+
+install_debian_tools() {
+  local entry command package why missing=()
+  for entry in "${DEBIAN_TOOLS[@]}"; do
+    read -r command package why <<<"$entry"
+    if ! command -v "$command" >/dev/null; then
+      say "missing: $command (Debian package $package) for $why"
+      missing+=("$package")
+    fi
+  done
+  if [ "${#missing[@]}" -eq 0 ]; then
+    say "Debian tools: all ${#DEBIAN_TOOLS[@]} present"
+    return
+  fi
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if ! command -v apt-get >/dev/null || [ "$(id -u)" != 0 ]; then
+    die "install ${missing[*]} (as root: apt-get install ${missing[*]}), then run this again"
+  fi
+  say "apt-get install ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  apt-get update -qq || die "apt-get update failed (no network or no package source?)"
   # Debian starts the services it installs, but the tests run their own instances: a
   # policy-rc.d answering 101 ("action forbidden") keeps invoke-rc.d from starting any.
-  policy=/usr/sbin/policy-rc.d
-  made_policy=false
+  local policy=/usr/sbin/policy-rc.d made_policy=false
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=true
   fi
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  local status=0
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || status=$?
   if [ "$made_policy" = true ]; then rm -f "$policy"; fi
-fi
+  [ "$status" -eq 0 ] || die "apt-get install ${missing[*]} failed"
+  for entry in "${DEBIAN_TOOLS[@]}"; do
+    read -r command package why <<<"$entry"
+    command -v "$command" >/dev/null || die "$command still missing after installing $package"
+  done
+}
 
-if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
-  echo "setup: starting Redis"
+# --- 2. Services: the shared Redis and PostgreSQL the tests use (tests/conftest.py).
+wait_until() { # name seconds command...: fail naming `name` when command never succeeds
+  local name=$1 seconds=$2
+  shift 2
+  local deadline=$((SECONDS + seconds))
+  until "$@" >/dev/null 2>&1; do
+    [ "$SECONDS" -lt "$deadline" ] || die "$name did not come up within ${seconds} s"
+    sleep 0.2
+  done
+}
+
+redis_answers() { [ "$(redis-cli -h "$1" -p "$2" ping 2>/dev/null)" = PONG ]; }
+
+start_redis() {
+  local host=${QE_TEST_REDIS_HOST:-127.0.0.1} port=${QE_TEST_REDIS_PORT:-6379}
+  if redis_answers "$host" "$port"; then
+    say "Redis $host:$port: answers"
+    return
+  fi
+  [ "$host:$port" = 127.0.0.1:6379 ] || die "Redis at $host:$port (QE_TEST_REDIS_HOST/PORT) does not answer PING"
+  say "Redis $host:$port: starting redis-server"
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
-    --dir /var/lib/redis --logfile /var/log/redis/ci.log
-fi
-if ! pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1; then
-  echo "setup: starting PostgreSQL"
-  pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start
-fi
-for _ in $(seq 50); do
-  redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 && pg_isready -h 127.0.0.1 >/dev/null 2>&1 && break
-  sleep 0.2
-done
+    --dir /var/lib/redis --logfile /var/log/redis/ci.log ||
+    die "redis-server would not start (its log: /var/log/redis/ci.log)"
+  wait_until "Redis on $host:$port (its log: /var/log/redis/ci.log)" 15 redis_answers "$host" "$port"
+}
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-.venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[dev]'
-
-# checkov (the chart's security checks) in a venv of its own: it pins packaging<24, which
-# pytest 9 refuses, so it cannot share the project's venv.
-if [ ! -x .venv/tools/checkov/bin/checkov ]; then
-  python3 -m venv .venv/tools/checkov
-  .venv/tools/checkov/bin/python -m pip install -q 'checkov==3.3.30'
-fi
-
-# The lowest version of every dependency pyproject.toml allows (scripts/floors.py), in a venv
-# of their own: .ci/run runs a smoke subset of the tests there, so a floor that stopped
-# working fails CI. Made again when the floors change.
-floors=.venv/tools/floors
-wanted=$(.venv/bin/python scripts/floors.py)
-if [ "$wanted" != "$(cat "$floors/requirements.txt" 2>/dev/null)" ]; then
-  rm -rf "$floors"
-  python3 -m venv "$floors"
-  printf '%s\n' "$wanted" >"$floors/wanted.txt"
-  "$floors/bin/python" -m pip install -q -r "$floors/wanted.txt" pytest pytest-timeout
-  mv "$floors/wanted.txt" "$floors/requirements.txt"
-fi
-
-# RQ 2.x and 1.x, each in a venv of its own (the project's venv has RQ 3 from the dev extra):
-# tests/test_native_rq.py runs producers, workers and RQ's own counts under every major.
-for major in 2 1; do
-  if [ ! -x ".venv/tools/rq${major}/bin/rq" ]; then
-    python3 -m venv ".venv/tools/rq${major}"
-    ".venv/tools/rq${major}/bin/python" -m pip install -q "rq>=${major},<$((major + 1))"
+start_postgres() {
+  local dsn=${QE_TEST_POSTGRES_DSN:-host=127.0.0.1 port=5432 user=postgres dbname=postgres}
+  local shown
+  shown=$(sed -E 's/password=[^ ]*/password=***/' <<<"$dsn")
+  if [ -z "${QE_TEST_POSTGRES_DSN:-}" ] && ! pg_isready -q -h 127.0.0.1 -p 5432; then
+    local version
+    version=$(find /etc/postgresql -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort -V | tail -1)
+    [ -n "$version" ] || die "no PostgreSQL cluster in /etc/postgresql (apt-get install postgresql makes one)"
+    say "PostgreSQL $version/main: starting"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start ||
+      die "pg_ctlcluster $version main start failed (its log: /var/log/postgresql/)"
+    wait_until "PostgreSQL on 127.0.0.1:5432" 30 pg_isready -q -h 127.0.0.1 -p 5432
   fi
-done
+  # The tests connect without a password prompt and create databases of their own.
+  PGCONNECT_TIMEOUT=5 psql -w -XAtq "$dsn" -c 'SELECT 1' >/dev/null 2>&1 ||
+    die "PostgreSQL refuses '$shown' without a password prompt: trust 127.0.0.1 for user postgres in pg_hba.conf, or set QE_TEST_POSTGRES_DSN with a password= of a user allowed CREATE DATABASE"
+  say "PostgreSQL '$shown': answers"
+}
 
-# arq pins redis-py below 6 (the project's venv has 8.x): a venv of its own, pinned, for
-# tests/test_preset_arq.py's producers, `arq` workers and arq's own view of the queues.
-if [ ! -x .venv/tools/arq/bin/arq ]; then
-  python3 -m venv .venv/tools/arq
-  .venv/tools/arq/bin/python -m pip install -q 'arq==0.28.0'
-fi
+# --- 3. Cached venvs: built once per hash of (Python, what pip installs, its constraints file).
+python_tag=$("$PYTHON" -c 'import sys; print(sys.version)' 2>/dev/null) ||
+  die "$PYTHON not found: Python 3.11 or newer (Debian packages python3 python3-venv)"
+"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON cannot make venvs: apt-get install python3-venv"
 
-# Dramatiq 1.x beside the dev extra's 2.x, in a venv of its own (tests/test_preset_dramatiq.py)
-if [ ! -x .venv/tools/dramatiq1/bin/dramatiq ]; then
-  python3 -m venv .venv/tools/dramatiq1
-  .venv/tools/dramatiq1/bin/python -m pip install -q 'dramatiq[redis]==1.18.0'
-fi
-
-# BullMQ 5.x and 6.x for the tests, each in its folder from its committed package-lock.json
-for bullmq in tests/node/bullmq5 tests/node/bullmq6; do
-  if [ ! -d "$bullmq/node_modules/bullmq" ]; then
-    (cd "$bullmq" && npm ci --no-audit --no-fund --silent)
+# cached_venv NAME CONSTRAINTS PIP-ARGS...: a venv holding `pip install PIP-ARGS` (under the
+# CONSTRAINTS file unless it is "-"), its path in $VENV.
+cached_venv() {
+  local name=$1 constraints=$2
+  shift 2
+  local pins=()
+  [ "$constraints" = - ] || pins=(-c "$constraints")
+  local key
+  key=$({ printf '%s\n' "$python_tag" "$@"; [ "$constraints" = - ] || cat "$constraints"; } |
+    sha256sum | cut -c1-16)
+  VENV=$CACHE/venv/$name-$key
+  if [ -e "$VENV/.complete" ]; then
+    say "venv $name: cached ($VENV)"
+    return
   fi
+  mkdir -p "$CACHE/venv"
+  (
+    flock 9
+    [ -e "$VENV/.complete" ] && exit 0
+    say "venv $name: building $VENV"
+    rm -rf "$VENV"
+    "$PYTHON" -m venv "$VENV"
+    pip_install "${pins[@]}" pip || die "venv $name: pip could not install pip"
+    pip_install "${pins[@]}" "$@" ||
+      die "venv $name: pip could not install $* (no network or no package index?)"
+    [ "$constraints" = - ] || check_pinned "$name" "$constraints"
+    touch "$VENV/.complete"
+  ) 9>"$VENV.lock"
+}
+
+pip_install() { # pip install into $VENV, without the notes about package sources it skips
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" 2>&1 |
+    { grep -v "^WARNING: Location '.*' is ignored" || true; } >&2
+  return "${PIPESTATUS[0]}"
+}
+
+check_pinned() { # every package installed in $VENV has its line in the constraints file
+  local name=$1 constraints=$2 unpinned
+  unpinned=$("$VENV/bin/python" -m pip freeze --exclude-editable |
+    grep -v -i -x -F -f <(grep -v '^#' "$constraints") || true)
+  [ -z "$unpinned" ] || die "venv $name: not pinned in $constraints (add these lines): $unpinned"
+}
+
+# The clone's .venv: a light venv whose site-packages chains to the cached one and puts the
+# clone itself first on the path (what an editable install does), so every clone imports its
+# own `exporter`; the cached venv's commands run with it; .venv/tools/<name> link the tools.
+link_venv() {
+  local marker=.venv/queue-exporter-cache
+  if [ -L .venv ] || { [ -e .venv ] && [ ! -e "$marker" ]; }; then
+    say ".venv: not made by this script (a link or an older venv), used as it is"
+    return
+  fi
+  local made_by
+  made_by="$VENV $(sha256sum <scripts/setup.sh | cut -c1-16)" # a new setup.sh makes it again
+  if [ "$(cat "$marker" 2>/dev/null)" = "$made_by" ]; then
+    say ".venv: linked to $VENV"
+    return
+  fi
+  rm -rf .venv
+  "$PYTHON" -m venv --without-pip .venv
+  local purelib='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+  local site cached_site
+  site=$(.venv/bin/python -c "$purelib")
+  cached_site=$("$VENV/bin/python" -c "$purelib")
+  printf '%s\nimport site; site.addsitedir(%s)\n' "$ROOT" "'$cached_site'" >"$site/queue_exporter.pth"
+  local command name
+  for command in "$VENV"/bin/*; do
+    name=${command##*/}
+    case $name in python* | activate* | pip* | Activate*) continue ;; esac
+    if head -n1 "$command" | grep -q '^#!.*python'; then
+      printf '#!/bin/sh\nexec "%s/.venv/bin/python" "%s" "$@"\n' "$ROOT" "$command" >".venv/bin/$name"
+      chmod +x ".venv/bin/$name"
+    else
+      ln -s "$command" ".venv/bin/$name"
+    fi
+  done
+  # the project's command, as an install would make it (the clone is not installed)
+  printf '#!/bin/sh\nexec "%s/.venv/bin/python" -m exporter "$@"\n' "$ROOT" >.venv/bin/queue-exporter
+  chmod +x .venv/bin/queue-exporter
+  mkdir .venv/tools
+  printf '%s\n' "$made_by" >"$marker"
+  say ".venv: made, linked to $VENV"
+}
+
+link_tool() { # link_tool NAME: .venv/tools/NAME is $VENV (when .venv is this script's)
+  [ -e .venv/queue-exporter-cache ] || return 0
+  ln -sfn "$VENV" ".venv/tools/$1"
+}
+
+python_venvs() {
+  # The project's venv: pyproject's dev extra (scripts/requirements.py) under constraints/dev.txt.
+  local dev_requirements floors floor_tools entry words
+  mapfile -t dev_requirements < <("$PYTHON" scripts/requirements.py dev)
+  cached_venv project constraints/dev.txt "${dev_requirements[@]}"
+  link_venv
+  for entry in "${TOOL_VENVS[@]}"; do
+    read -r -a words <<<"$entry"
+    cached_venv "${words[0]}" "constraints/${words[0]}.txt" "${words[@]:1}"
+    link_tool "${words[0]}"
+  done
+  # The lowest version of every dependency pyproject.toml allows (scripts/floors.py): .ci/run
+  # runs a smoke subset of the tests there, so a floor that stopped working fails CI; pytest,
+  # pytest-timeout and pytest-xdist at the project's pins, no other pin for the floors.
+  mapfile -t floors < <("$PYTHON" scripts/floors.py)
+  mapfile -t floor_tools < <(grep -E -i '^(pytest|pytest-timeout|pytest-xdist|execnet)==' constraints/dev.txt)
+  cached_venv floors - "${floors[@]}" "${floor_tools[@]}"
+  link_tool floors
+}
+
+# --- Node folders: tests/node/<name>/ with a committed package-lock.json, installed by
+# `npm ci` once per hash of (node, package.json, package-lock.json); node_modules linked.
+link_node_folder() {
+  local folder=$1 name key dir
+  name=${folder##*/}
+  key=$({ node --version; cat "$folder/package.json" "$folder/package-lock.json"; } | sha256sum | cut -c1-16)
+  dir=$CACHE/npm/$name-$key
+  if [ ! -e "$dir/.complete" ]; then
+    mkdir -p "$CACHE/npm"
+    (
+      flock 9
+      [ -e "$dir/.complete" ] && exit 0
+      say "npm $name: npm ci in $dir"
+      rm -rf "$dir" && mkdir -p "$dir"
+      cp "$folder/package.json" "$folder/package-lock.json" "$dir/"
+      (cd "$dir" && npm ci --no-audit --no-fund --silent) || die "npm $name: npm ci failed"
+      touch "$dir/.complete"
+    ) 9>"$dir.lock"
+  fi
+  local link=$folder/node_modules
+  if [ -e "$link" ] && [ "$(readlink "$link")" != "$dir/node_modules" ] &&
+    [[ "$(readlink "$link")" != "$CACHE"/* ]]; then
+    say "npm $name: $link not made by this script, used as it is"
+    return
+  fi
+  ln -sfn "$dir/node_modules" "$link"
+  say "npm $name: $link -> $dir/node_modules"
+}
+
+install_debian_tools
+start_redis
+start_postgres
+python_venvs
+for lock in tests/node/*/package-lock.json; do
+  link_node_folder "${lock%/package-lock.json}"
 done
+say "done"

@@ -23,6 +23,9 @@ from psycopg.conninfo import make_conninfo
 from exporter import config as config_module
 from exporter.app import App
 
+# How the suite runs: xdist groups, CI's refusal of skips, the Hypothesis profiles.
+pytest_plugins = ["tests.suite_rules"]
+
 REDIS_HOST = os.environ.get("QE_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("QE_TEST_REDIS_PORT", "6379"))
 _CLAIM = "queue-exporter-test:claimed"

@@ -1,0 +1,93 @@
+"""How the suite runs (a pytest plugin, loaded by conftest.py): which tests share a worker
+under pytest-xdist, CI's refusal of skipped tests, and the Hypothesis profiles.
+
+scripts/test.sh runs `pytest -n 4 --dist loadgroup`: a test runs on any worker unless it has an
+`xdist_group` mark, and all tests of one group run on the same worker, one after another.
+Groups are given here, so a new test file needs no mark of its own (docs/testing.md):
+- a module whose tests share a module- or class-scoped fixture (a Redis Cluster, a web server)
+  is one group: the fixture starts once, not once per worker;
+- the timing modules (TIMING_MODULES) are one group each: their tests compare durations with a
+  reference measured in the same test, and never compete with each other for the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from hypothesis import settings
+
+CI = os.environ.get("CI") == "true"
+
+# Tests measuring durations (takeover, deadlines, backlogs): each module on one worker.
+TIMING_MODULES = {
+    "tests/test_chaos.py",
+    "tests/test_deadlines.py",
+    "tests/test_events_faults.py",
+    "tests/test_http_attacks.py",
+    "tests/test_leader.py",
+    "tests/test_redis_connections.py",
+}
+
+# CI: the same examples every run (a red run reproduces by running it again), the failing
+# example printed as a @reproduce_failure blob, no example database carried between runs, and
+# no per-example deadline (a busy machine is not a defect). Locally: random examples, the blob
+# printed. QE_HYPOTHESIS_PROFILE picks one explicitly.
+settings.register_profile("ci", derandomize=True, print_blob=True, database=None, deadline=None)
+settings.register_profile("dev", print_blob=True)
+HYPOTHESIS_PROFILE = os.environ.get("QE_HYPOTHESIS_PROFILE") or ("ci" if CI else "dev")
+settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+def pytest_report_header() -> list[str]:
+    how = (
+        "derandomized: a failure reproduces by running the same test again"
+        if settings.default.derandomize
+        else "random examples: a failure prints @reproduce_failure(...) to paste on the test"
+    )
+    return [f"hypothesis: profile {HYPOTHESIS_PROFILE!r}, {how}"]
+
+
+def _shared_fixture_module(item: pytest.Item) -> str | None:
+    """The module path when the item uses a module- or class-scoped fixture defined there."""
+    module = item.nodeid.split("::", 1)[0]
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    for definitions in info.name2fixturedefs.values():
+        for definition in definitions:
+            if definition.scope in ("module", "class") and definition.baseid.startswith(module):
+                return module
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        module = item.nodeid.split("::", 1)[0]
+        group = module if module in TIMING_MODULES else _shared_fixture_module(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _skipped(config: pytest.Config) -> list[pytest.TestReport]:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    return list(reporter.stats.get("skipped", [])) if reporter is not None else []
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Under CI a skipped test fails the run: a missing tool or server must not pass quietly."""
+    controller = not hasattr(session.config, "workerinput")
+    if CI and controller and session.exitstatus == pytest.ExitCode.OK and _skipped(session.config):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    skipped = _skipped(terminalreporter.config)
+    if CI and skipped:
+        terminalreporter.write_line(
+            f"CI=true: {len(skipped)} skipped test(s) fail the run (reasons above, -rs)", red=True
+        )
