@@ -10,7 +10,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -22,34 +21,20 @@ from psycopg.conninfo import make_conninfo
 
 from exporter import config as config_module
 from exporter.app import App
+from tests import claims
 
 # How the suite runs: xdist groups, CI's refusal of skips, the Hypothesis profiles.
 pytest_plugins = ["tests.suite_rules"]
 
 REDIS_HOST = os.environ.get("QE_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("QE_TEST_REDIS_PORT", "6379"))
-_CLAIM = "queue-exporter-test:claimed"
-
-
-def _claim_redis_db() -> int:
-    """An empty database number, claimed with a marker so parallel runs never share one."""
-    for db in range(15, 0, -1):
-        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
-        try:
-            if client.dbsize() == 0 and client.set(_CLAIM, str(os.getpid()), nx=True):
-                return db
-        finally:
-            client.close()
-    raise RuntimeError("no empty Redis database left for the test")
 
 
 @pytest.fixture
 def redis_db() -> Iterator[int]:
-    db = _claim_redis_db()
-    yield db
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
-    client.flushdb()
-    client.close()
+    """A database of the shared Redis of the test's own (tests/claims.py), flushed afterwards."""
+    with claims.redis_database(REDIS_HOST, REDIS_PORT) as db:
+        yield db
 
 
 @pytest.fixture
@@ -194,11 +179,18 @@ POSTGRES_ADMIN_DSN = os.environ.get(
 )
 
 
+_dead_databases_dropped: list[bool] = []
+
+
 @pytest.fixture
 def postgres_dsn() -> Iterator[str]:
-    """A fresh database of the test's own (qe_test_<random>), dropped afterwards."""
-    name = f"qe_test_{uuid.uuid4().hex[:12]}"
+    """A fresh database of the test's own (named after its process: tests/claims.py), dropped
+    afterwards; the first one a process makes drops those of processes no longer alive."""
+    name = claims.postgres_database_name()
     with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
+        if not _dead_databases_dropped:
+            claims.drop_dead_databases(admin)
+            _dead_databases_dropped.append(True)
         admin.execute(f'CREATE DATABASE "{name}"')
     yield make_conninfo(POSTGRES_ADMIN_DSN, dbname=name)
     with psycopg.connect(POSTGRES_ADMIN_DSN, autocommit=True) as admin:
