@@ -26,7 +26,6 @@ from rq import Queue
 from exporter import config as config_module
 from exporter import redis_acl
 from exporter.cli import main
-from exporter.demo.layouts import runnerq_event, runnerq_hash
 from tests import layouts
 from tests.attune_db import Attune
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for
@@ -52,7 +51,7 @@ def _seed(client: redis.Redis, now: float) -> None:
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
     layouts.runnerq_enqueue(client, "default", activity, now)
-    client.hset(f"activity:{activity['id']}", mapping=runnerq_hash(activity, "Pending"))
+    client.hset(f"activity:{activity['id']}", mapping=layouts.runnerq_hash(activity, "Pending"))
     port = client.connection_pool.connection_kwargs["port"]
     Queue("default", connection=client).enqueue("tests.rq_app.jobs.sleep_for", 0)
     celery = Celery(broker=f"redis://127.0.0.1:{port}/0")
@@ -100,7 +99,7 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
     admin.xadd("qe:events", {"v": "1", "event": "enqueued", "ts": str(now), "queue": "mail"})
     admin.xadd(
         "default:events_stream",
-        runnerq_event(str(uuid.uuid4()), "Enqueued", now, None, {"priority": "Normal"}),
+        layouts.runnerq_event(str(uuid.uuid4()), "Enqueued", now, None, {"priority": "Normal"}),
     )
 
     def settled() -> dict | None:
