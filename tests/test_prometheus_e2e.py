@@ -11,7 +11,6 @@ fixed items, so the alerts asserted on them do not depend on the workload's dice
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -36,6 +35,7 @@ from exporter.demo.workload import Workload
 from tests.conftest import parse_exposition, scrape, wait_for
 from tests.dashboard_queries import panel_queries
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue
+from tests.private_redis import free_port
 from tests.tools import require, run
 
 SCRAPE_JOB = "queue-exporter"
@@ -51,13 +51,6 @@ DATA_TIMEOUT = 120
 # Panel title or recorded series -> why it cannot have data here. Empty: the workload feeds
 # every source and every event family.
 NEEDS_SOURCE: dict[str, str] = {}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _orchestrata_item(client: Any, key: str, time_field: str, at: float) -> None:
@@ -105,7 +98,7 @@ def _demo_config(redis_url: str, postgres_dsn: str, consumer: str) -> dict[str, 
 
 class Prometheus:
     def __init__(self, workdir: Path, targets: list[str]) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         rules = workdir / "queue-exporter.rules.yml"
         rules.write_text(render_rules(FAST_RULES))
         config = {
@@ -219,8 +212,8 @@ def exporters(
         {**_demo_config(redis_url, postgres_dsn, "capped"), "limits": {"max_series_per_metric": 2}}
     )
     # A replica whose servers are unreachable: its sources are down and count errors.
-    nowhere = f"host=127.0.0.1 port={_free_port()} user=postgres dbname=postgres"
-    blind = run_exporter(_demo_config(f"redis://127.0.0.1:{_free_port()}/0", nowhere, "blind"))
+    nowhere = f"host=127.0.0.1 port={free_port()} user=postgres dbname=postgres"
+    blind = run_exporter(_demo_config(f"redis://127.0.0.1:{free_port()}/0", nowhere, "blind"))
     start_workload()
     return [healthy, capped, blind]
 
