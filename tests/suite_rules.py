@@ -25,7 +25,9 @@ TIMING_MODULES = {
     "tests/test_deadlines.py",
     "tests/test_events_faults.py",
     "tests/test_http_attacks.py",
+    "tests/test_http_exhaustion.py",
     "tests/test_leader.py",
+    "tests/test_lease_overlap.py",
     "tests/test_redis_connections.py",
 }
 
