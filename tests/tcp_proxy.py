@@ -26,6 +26,7 @@ class TcpProxy:
         self._running = threading.Event()
         self._flowing = threading.Event()
         self._flowing.set()
+        self._held = 0  # chunks that arrived while frozen, not forwarded (yet)
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -58,6 +59,12 @@ class TcpProxy:
         """Stop forwarding in both directions; sockets stay open, new ones are accepted."""
         self._flowing.clear()
 
+    def held(self) -> int:
+        """How many chunks arrived while frozen: a test waits for the request it means to
+        hang to be held here, instead of sleeping until it probably is."""
+        with self._lock:
+            return self._held
+
     def thaw(self) -> None:
         """Forward again, starting with what was held while frozen."""
         self._flowing.set()
@@ -86,6 +93,9 @@ class TcpProxy:
     def _pump(self, source: socket.socket, target: socket.socket) -> None:
         try:
             while data := source.recv(65536):
+                if not self._flowing.is_set():
+                    with self._lock:
+                        self._held += 1
                 self._flowing.wait()  # held while frozen; cut() sets it to end the pump
                 target.sendall(data)
         except OSError:

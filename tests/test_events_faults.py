@@ -150,7 +150,7 @@ def test_shutdown_stops_a_consumer_whose_read_hangs(redis_client, redis_db):
         _write(redis_client, 3)
         wait_for(lambda: _consumed(app) == 3)
         proxy.freeze()
-        time.sleep(0.5)  # the next read is sent and hangs
+        wait_for(proxy.held)  # the next read is sent and hangs
         app.shutdown()
         (consumer,) = app.event_consumers
         assert consumer.thread is not None and not consumer.thread.is_alive()
@@ -176,7 +176,7 @@ def test_sigterm_ends_serve_within_5s_while_the_events_redis_is_frozen(
         _write(redis_client, 3)
         serve.series_when(lambda s: value(s, "queue_exporter_events_total", stream=STREAM) == 3)
         proxy.freeze()
-        time.sleep(0.5)  # the consumer's next read is sent and hangs
+        wait_for(proxy.held)  # the consumer's next read is sent and hangs
         load = process_cost()  # what this machine's load adds to a process's stop, now
         stopped_in, stderr = serve.sigterm()
         assert stopped_in < 5 + load, (stopped_in, load, stderr[-2000:])
