@@ -1,0 +1,253 @@
+"""The procrastinate preset against real Procrastinate: its schema, its defer, its worker, its API.
+
+The schema is Procrastinate's own (SchemaManager.apply_schema); jobs are deferred through its
+tasks and run by a real `procrastinate worker` process (tests/procrastinate_app): they succeed,
+fail, fail into an hour-long retry wait, wait for a schedule, are cancelled, and one keeps
+running. The truth is JobManager.list_jobs / list_queues (status, scheduled_at, attempts of each
+job) and the times this test saw around each defer and start.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import procrastinate
+import psycopg
+import pytest
+
+from exporter import presets
+from tests.conftest import Series, stop_process, value, wait_for, wait_until_served_as_truth
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKED_QUEUES = ("emails", "reports", "slow")
+SOURCES = ("postgres:procrastinate_jobs", "postgres:procrastinate_due")
+
+
+@pytest.fixture
+def procrastinate_app(postgres_dsn: str) -> Iterator[procrastinate.App]:
+    from tests.procrastinate_app.tasks import app
+
+    connector = procrastinate.PsycopgConnector(conninfo=postgres_dsn)
+    with app.replace_connector(connector) as bound, bound.open():
+        bound.schema_manager.apply_schema()
+        yield bound
+
+
+def _worker(dsn: str, queues: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROCRASTINATE_DSN": dsn}
+    return subprocess.Popen(
+        [sys.executable, "-m", "procrastinate", "--app", "tests.procrastinate_app.tasks.app",
+         "worker", "--queues", ",".join(queues), "--concurrency", "3"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+
+
+def _state(job: Any, now: float) -> str | None:
+    """The preset's state of a job, from what Procrastinate's own API says of it."""
+    if job.status == "doing":
+        return "active"
+    if job.status != "todo":
+        return None
+    if job.scheduled_at is not None and job.scheduled_at.timestamp() > now:
+        return "retry" if job.attempts > 0 else "scheduled"
+    return "pending"
+
+
+def _library_depths(app: procrastinate.App, now: float) -> Counter[tuple[str, str]]:
+    depths: Counter[tuple[str, str]] = Counter()
+    for queue in app.job_manager.list_queues():
+        for state in ("pending", "scheduled", "retry", "active"):
+            depths[queue["name"], state] += 0
+    for job in app.job_manager.list_jobs():
+        state = _state(job, now)
+        if state is not None:
+            depths[job.queue, state] += 1
+    return depths
+
+
+def _served(series: Series, name: str, **labels: str) -> dict[tuple[str, ...], float]:
+    wanted = {"system": "procrastinate", **labels}
+    return {
+        tuple(sorted(dict(label_set).items())): number
+        for (metric, label_set), number in series.items()
+        if metric == name and wanted.items() <= dict(label_set).items()
+    }
+
+
+def test_depths_ages_and_due_equal_what_procrastinate_says(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    app = procrastinate_app
+    release = tmp_path / "release"
+    deferred_before = time.time()
+    for n in range(4):
+        app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}@example.com")
+    for _ in range(2):
+        app.tasks["explode"].configure(queue="emails").defer()
+    app.tasks["flaky"].configure(queue="reports").defer()
+    for _ in range(3):
+        app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1}).defer(to="x")
+    cancelled = app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1})
+    app.job_manager.cancel_job_by_id(cancelled.defer(to="nobody"))
+    app.tasks["hold"].configure(queue="slow").defer(release=str(release))
+    # No worker listens to "idle": its jobs wait, the first since its defer.
+    for n in range(5):
+        app.tasks["send_email"].configure(queue="idle").defer(to=f"later{n}")
+    deferred_after = time.time()
+    app.tasks["send_email"].configure(queue="idle", schedule_in={"seconds": 1}).defer(to="due")
+
+    started_before = time.time()
+    worker = _worker(postgres_dsn, WORKED_QUEUES)
+    try:
+
+        def settled() -> bool:
+            jobs = app.job_manager.list_jobs()
+            statuses = Counter((job.task_name, job.status) for job in jobs)
+            return (
+                statuses["send_email", "succeeded"] == 4
+                and statuses["explode", "failed"] == 2
+                and statuses["hold", "doing"] == 1
+                and any(job.task_name == "flaky" and job.attempts == 1 for job in jobs)
+            )
+
+        wait_for(settled, timeout=60)
+        started_after = time.time()
+        wait_for(lambda: time.time() > deferred_after + 1.5)  # the scheduled "idle" job is due
+
+        holding = [True]  # while the held job runs, "slow" has an active age
+        exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
+
+        def mismatches(series: Series, scraped_at: float) -> list[str]:
+            found = []
+            truth = _library_depths(app, scraped_at)
+            served = _served(series, "queue_depth")
+            expected = {
+                (("priority", ""), ("queue", queue), ("state", state), ("system", "procrastinate")):
+                    float(count)
+                for (queue, state), count in truth.items()
+            }  # fmt: skip
+            if served != expected:
+                found.append(f"queue_depth: served {served}, Procrastinate says {expected}")
+            due = sum(
+                1
+                for job in app.job_manager.list_jobs(status="todo")
+                if job.scheduled_at is not None and job.scheduled_at.timestamp() <= scraped_at
+            )
+            served_due = _served(series, "queue_scheduled_due", queue="idle")
+            if list(served_due.values()) != [float(due)]:
+                found.append(f"queue_scheduled_due: served {served_due}, Procrastinate says {due}")
+            ages = _served(series, "queue_oldest_age_seconds")
+            idle = ages.get(_key("idle", "pending"))
+            if (
+                idle is None
+                or not scraped_at - deferred_after - 1 <= idle <= scraped_at - deferred_before + 1
+            ):
+                found.append(f"idle pending age {idle}: deferred in [{deferred_before}, {deferred_after}]")  # fmt: skip
+            running = ages.get(_key("slow", "active"))
+            if not holding[0]:
+                if running is not None:
+                    found.append(f"slow active age {running} served with nothing running")
+            elif (
+                running is None
+                or not scraped_at - started_after - 1 <= running <= scraped_at - started_before + 1
+            ):
+                found.append(f"slow active age {running}: started in [{started_before}, {started_after}]")  # fmt: skip
+            # Scheduled and retry wait on purpose: no age; an empty state has none either.
+            extra = set(ages) - {_key("idle", "pending"), _key("slow", "active")}
+            if extra:
+                found.append(f"ages served for {sorted(extra)}")
+            for source in SOURCES:
+                if value(series, "queue_exporter_source_up", source=source) != 1:
+                    found.append(f"{source} is not up")
+            return found
+
+        wait_until_served_as_truth(exporter, mismatches)
+        # The list_queues totals (Procrastinate's own per-queue counts) agree with list_jobs.
+        queues = {queue["name"]: queue for queue in app.job_manager.list_queues()}
+        assert queues["reports"]["todo"] == 4 and queues["reports"]["cancelled"] == 1
+        assert queues["slow"]["doing"] == 1
+
+        release.touch()  # the held job ends: active drops to 0, and its age goes
+        holding[0] = False
+        wait_for(lambda: app.job_manager.list_jobs(status="doing") == [], timeout=30)
+        wait_until_served_as_truth(exporter, mismatches)
+    finally:
+        release.touch()
+        stop_process(worker, 15)
+
+
+def _key(queue: str, state: str) -> tuple[tuple[str, str], ...]:
+    return (("priority", ""), ("queue", queue), ("state", state), ("system", "procrastinate"))
+
+
+def _preset_queries() -> list[str]:
+    fragment = presets.expand("procrastinate")
+    return [collector["query"] for collector in fragment["sources"]["postgres"]["collectors"]]
+
+
+def test_hot_path_reads_procrastinates_indexes_not_the_finished_rows(
+    procrastinate_app: procrastinate.App, postgres_dsn: str
+) -> None:
+    """200k finished rows (600k events) and a few unfinished ones, as a busy Procrastinate keeps them: every
+    query of the preset reaches its rows through Procrastinate's own indexes."""
+    app = procrastinate_app
+    for n in range(20):
+        app.tasks["send_email"].configure(queue=f"q{n % 4}").defer(to="x")
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        # The finished history (its shape only matters to the planner): written in bulk.
+        connection.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, attempts) "
+            "SELECT 'q' || (n % 4), 'send_email', "
+            "(CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'succeeded' END)::procrastinate_job_status, 1 "
+            "FROM generate_series(1, 200000) AS n"
+        )
+        connection.execute(
+            "INSERT INTO procrastinate_events (job_id, type, at) "
+            "SELECT id, event, now() FROM procrastinate_jobs, "
+            "unnest('{deferred,started,succeeded}'::procrastinate_job_event_type[]) AS event"
+        )
+        connection.execute("ANALYZE")
+        for query in _preset_queries():
+            plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {query}").fetchall())
+            assert "Seq Scan on procrastinate_jobs" not in plan, plan
+            assert "Seq Scan on procrastinate_events" not in plan, plan
+
+
+def test_a_renamed_column_costs_only_the_collector_that_reads_it(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any
+) -> None:
+    """After an upgrade that renamed procrastinate_events.at, the collector reading it fails
+    with missing_column; the due counts, which never read it, are still served."""
+    app = procrastinate_app
+    app.tasks["send_email"].configure(queue="idle", schedule_in={"seconds": 0}).defer(to="x")
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute("ALTER TABLE procrastinate_events RENAME COLUMN at TO happened_at")
+    exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
+
+    def reported(series: Series, _: float) -> list[str]:
+        found = []
+        errors = value(
+            series,
+            "queue_exporter_source_errors_total",
+            source="postgres:procrastinate_jobs",
+            reason="missing_column",
+        )
+        if not errors:
+            found.append(f"procrastinate_jobs errors (missing_column): {errors}")
+        if value(series, "queue_exporter_source_up", source="postgres:procrastinate_jobs") != 0:
+            found.append("procrastinate_jobs is not down")
+        if value(series, "queue_depth", system="procrastinate", queue="idle") is not None:
+            found.append("the failing collector's depths are still served")
+        due = value(series, "queue_scheduled_due", system="procrastinate", queue="idle")
+        if due != len(app.job_manager.list_jobs(status="todo")):
+            found.append(f"due {due}: Procrastinate has 1 todo job, due")
+        return found
+
+    wait_until_served_as_truth(exporter, reported)
