@@ -1,6 +1,7 @@
-"""The real BullMQ (npm, run with Node) and Sidekiq (Debian's ruby-sidekiq) the preset tests drive.
+"""The real BullMQ and Bull (npm, run with Node) and Sidekiq (Debian's ruby-sidekiq) the preset tests drive.
 
-Each runs a small driver script of the tests (tests/node/bullmq.cjs, tests/ruby/sidekiq_driver.rb)
+Each runs a small driver script of the tests (tests/node/bullmq.cjs, tests/node/bull.cjs,
+tests/ruby/sidekiq_driver.rb)
 that writes through the library's own API and prints the library's own view of the queues as
 JSON: the truth the exporter is compared with. Long-running workers are subprocesses stopped by
 their pid.
@@ -24,6 +25,7 @@ from tests.conftest import REDIS_HOST, REDIS_PORT
 
 TESTS = Path(__file__).parent
 BULLMQ_MAJORS = (5, 6)
+BULL_MAJORS = (3, 4)
 
 
 def _missing(what: str) -> None:
@@ -117,6 +119,32 @@ class BullMQ(Driver):
     def worker(self, queue: str, **options: Any) -> subprocess.Popen[str]:
         spec = {**self.connection, "queue": queue, "options": options}
         return self.start([*self.argv, "work", json.dumps(spec)])
+
+    def truth(self, queues: list[str]) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(
+            self.run("truth", {**self.connection, "queues": queues})
+        )
+        return result
+
+
+class Bull(Driver):
+    """The `bull` package (3.x, 4.x) under Node, from tests/node/bull<major>."""
+
+    def __init__(self, major: int, db: int, prefix: str = "bull") -> None:
+        node = shutil.which("node")
+        install = TESTS / "node" / f"bull{major}"
+        if node is None:
+            _missing("node (Debian package nodejs)")
+        if not (install / "node_modules" / "bull").is_dir():
+            _missing(f"bull {major}.x in {install.relative_to(TESTS.parent)}")
+        super().__init__([str(node), str(TESTS / "node" / "bull.cjs"), str(install)], {})
+        self.major = major
+        self.connection = {"host": REDIS_HOST, "port": REDIS_PORT, "db": db, "prefix": prefix}
+
+    def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
+        """Run steps whose processors keep jobs active until the process is stopped."""
+        spec = {**self.connection, "steps": list(steps)}
+        return self.start([*self.argv, "steps", json.dumps(spec)])
 
     def truth(self, queues: list[str]) -> dict[str, Any]:
         result: dict[str, Any] = json.loads(
