@@ -171,9 +171,11 @@ def escape(value: str) -> str:
 
 
 def _finite(numbers: list[float]) -> bool:
+    """True when every value is finite: their float sum is (integers are converted one by one,
+    so two huge ones cannot cancel out)."""
     try:
-        return math.isfinite(sum(numbers))
-    except OverflowError:  # an integer beyond float range (the store keeps none: never here)
+        return math.isfinite(sum(numbers, 0.0))
+    except OverflowError:  # an integer beyond float range: spelled +Inf or -Inf by number()
         return False
 
 

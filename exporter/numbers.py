@@ -124,7 +124,7 @@ def all_finite(values: Iterable[float], non_negative: bool = False) -> bool:
     once, their sum in one C loop (a column of 10k SQL values, a batch's observations).
     False: check them one by one (is_finite) to find which."""
     try:
-        if not math.isfinite(sum(values)):
+        if not math.isfinite(sum(values, 0.0)):  # a float sum: huge integers cannot cancel out
             return False
         return not non_negative or min(values, default=0) >= 0
     except (TypeError, ValueError, OverflowError):

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import sys
 import threading
 import time
 from bisect import bisect_left
@@ -43,7 +44,7 @@ from typing import TypeVar
 
 from exporter.catalog import ALL, BY_NAME, MetricSpec
 from exporter.logs import LogLimiter
-from exporter.numbers import MAX_TOTAL, all_finite, is_finite
+from exporter.numbers import all_finite, is_finite
 from exporter.samples import (
     LabelValues,
     SampleSet,
@@ -58,6 +59,7 @@ OVERFLOW = "__overflow__"
 
 log = logging.getLogger(__name__)
 _unsound_log = LogLimiter(log)
+_FLOAT_MAX = sys.float_info.max
 
 SeriesKey = tuple[str, LabelValues]
 # Per bucket counts (not cumulative, the last one is +Inf), sum, count.
@@ -216,6 +218,7 @@ class MetricStore:
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._gauge_readers: list[GaugeReader] = []
         self._event_label: str | None = None
+        self.dropped_values = 0  # unsound values no source refused (a bug: tests assert 0)
         for spec in ALL:
             if spec.kind == "histogram":
                 self._set_bounds(spec.name, spec.buckets)
@@ -224,7 +227,7 @@ class MetricStore:
 
     def publish(self, source: str, samples: SampleSet) -> None:
         """Replace everything `source` published before with this snapshot."""
-        published = {spec: _sound(spec, series) for spec, series in samples.metrics()}
+        published = {spec: self._sound(spec, series) for spec, series in samples.metrics()}
         clip = longest_label(published.values()) > self.guard.max_label_length
         capped = {spec: self._cap(source, spec, series, clip) for spec, series in published.items()}
         with self._snapshot_lock:
@@ -279,6 +282,27 @@ class MetricStore:
                 merged[spec] = series if earlier is None else earlier.plus(series)
         return _one_spec_per_name(merged)
 
+    def _sound(self, spec: MetricSpec, series: Series) -> Series:
+        """The series without values a render cannot write soundly: no numbers, and a
+        counter's non-finite or negative ones (the common case: all sound, the series itself)."""
+        counter = spec.kind == "counter"
+        if all(_sound_values(_values(part), counter) for part in series.parts):
+            return series
+        kept = {labels: value for labels, value in series.items() if _sound_value(value, counter)}
+        if len(kept) < len(series):
+            self._dropped(spec.name, len(series) - len(kept))
+        return Series((kept,))
+
+    def _dropped(self, metric: str, count: int) -> None:
+        self.dropped_values += count
+        _unsound_log.warning(
+            metric,
+            "%s: %d value(s) not numbers (or counts not finite, negative) dropped: their source "
+            "did not refuse them (a bug)",
+            metric,
+            count,
+        )
+
     # -- event counters and histograms -------------------------------------------------------
 
     def label_events(self, label: str) -> None:
@@ -315,8 +339,8 @@ class MetricStore:
         now = self.clock()
         with self._lock:
             for (metric, labels), amount in counts.items():
-                if not 0 <= amount <= MAX_TOTAL:  # also refuses nan
-                    _dropped(metric, 1)
+                if not 0 <= amount <= _FLOAT_MAX:  # also refuses nan and huge integers
+                    self._dropped(metric, 1)
                     continue
                 series = counters.get(metric)
                 if series is None:  # not setdefault: it would build an empty dict per call
@@ -355,7 +379,7 @@ class MetricStore:
             state = self._new_series(series, metric, labels, lambda: _HistogramSeries(size))
         if not _sound_values(values, True):
             kept = [value for value in values if _sound_value(value, True)]
-            _dropped(metric, len(values) - len(kept))
+            self._dropped(metric, len(values) - len(kept))
             values = kept
         buckets = state.buckets
         for value in values:
@@ -448,18 +472,6 @@ class MetricStore:
         return families
 
 
-def _sound(spec: MetricSpec, series: Series) -> Series:
-    """The series without values a render cannot write soundly: no numbers, and a counter's
-    non-finite or negative ones (the common case: all sound, the series itself)."""
-    counter = spec.kind == "counter"
-    if all(_sound_values(_values(part), counter) for part in series.parts):
-        return series
-    kept = {labels: value for labels, value in series.items() if _sound_value(value, counter)}
-    if len(kept) < len(series):
-        _dropped(spec.name, len(series) - len(kept))
-    return Series((kept,))
-
-
 def _values(part: SeriesPart) -> Iterable[float]:
     return part.values if isinstance(part, SeriesColumns) else part.values()
 
@@ -482,16 +494,6 @@ def _sound_value(value: float, counted: bool) -> bool:
     if counted:
         return is_finite(value, non_negative=True)
     return isinstance(value, int | float)
-
-
-def _dropped(metric: str, count: int) -> None:
-    _unsound_log.warning(
-        metric,
-        "%s: %d value(s) not numbers (or counts not finite, negative) dropped: their source "
-        "did not refuse them (a bug)",
-        metric,
-        count,
-    )
 
 
 def _widened_specs(specs: Iterable[MetricSpec]) -> dict[MetricSpec, MetricSpec]:

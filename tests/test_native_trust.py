@@ -126,6 +126,7 @@ class _Feed:
 
     def read(self) -> Series:
         self.telemetry.publish(self.source.name, self.source.sample())
+        assert self.telemetry.store.dropped_values == 0  # the reader refused every bad value
         return _rendered(self.telemetry)
 
     def invalid(self, series: Series) -> dict[str, float]:
