@@ -1,6 +1,6 @@
-"""The real BullMQ and Bull (npm, run with Node) and Sidekiq (Debian's ruby-sidekiq) the preset tests drive.
+"""The real BullMQ, Bull and Bee-Queue (npm, run with Node) and Sidekiq (Debian's ruby-sidekiq) the preset tests drive.
 
-Each runs a small driver script of the tests (tests/node/bullmq.cjs, tests/node/bull.cjs,
+Each runs a small driver script of the tests (tests/node/bullmq.cjs, bull.cjs, bee-queue.cjs,
 tests/ruby/sidekiq_driver.rb)
 that writes through the library's own API and prints the library's own view of the queues as
 JSON: the truth the exporter is compared with. Long-running workers are subprocesses stopped by
@@ -26,6 +26,7 @@ from tests.conftest import REDIS_HOST, REDIS_PORT
 TESTS = Path(__file__).parent
 BULLMQ_MAJORS = (5, 6)
 BULL_MAJORS = (3, 4)
+BEE_QUEUE_MAJORS = (2,)
 
 
 def _missing(what: str) -> None:
@@ -127,18 +128,18 @@ class BullMQ(Driver):
         return result
 
 
-class Bull(Driver):
-    """The `bull` package (3.x, 4.x) under Node, from tests/node/bull<major>."""
+class NodeQueues(Driver):
+    """A Node queue library (tests/node/<folder>, run by tests/node/<script>): steps through its
+    API, some kept running (held), and its own view of the queues (truth)."""
 
-    def __init__(self, major: int, db: int, prefix: str = "bull") -> None:
+    def __init__(self, package: str, folder: str, script: str, db: int, prefix: str) -> None:
         node = shutil.which("node")
-        install = TESTS / "node" / f"bull{major}"
+        install = TESTS / "node" / folder
         if node is None:
             _missing("node (Debian package nodejs)")
-        if not (install / "node_modules" / "bull").is_dir():
-            _missing(f"bull {major}.x in {install.relative_to(TESTS.parent)}")
-        super().__init__([str(node), str(TESTS / "node" / "bull.cjs"), str(install)], {})
-        self.major = major
+        if not (install / "node_modules" / package).is_dir():
+            _missing(f"{package} in {install.relative_to(TESTS.parent)}")
+        super().__init__([str(node), str(TESTS / "node" / script), str(install)], {})
         self.connection = {"host": REDIS_HOST, "port": REDIS_PORT, "db": db, "prefix": prefix}
 
     def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
@@ -151,6 +152,22 @@ class Bull(Driver):
             self.run("truth", {**self.connection, "queues": queues})
         )
         return result
+
+
+class Bull(NodeQueues):
+    """The `bull` package, 3.x or 4.x."""
+
+    def __init__(self, major: int, db: int, prefix: str = "bull") -> None:
+        super().__init__("bull", f"bull{major}", "bull.cjs", db, prefix)
+        self.major = major
+
+
+class BeeQueue(NodeQueues):
+    """The `bee-queue` package, 2.x."""
+
+    def __init__(self, major: int, db: int, prefix: str = "bq") -> None:
+        super().__init__("bee-queue", f"beequeue{major}", "bee-queue.cjs", db, prefix)
+        self.major = major
 
 
 class Sidekiq(Driver):
