@@ -93,9 +93,15 @@ def redis_database(host: str, port: int) -> Iterator[int]:
 def _claim_database(host: str, port: int, holder: str) -> int:
     for db in range(15, 0, -1):
         with redis.Redis(host=host, port=port, db=db) as client:
-            if client.eval(_CLAIM, 1, CLAIM_KEY, holder, CLAIM_TTL_MS):
+            if try_claim(client, holder):
                 return db
     raise RuntimeError(f"no Redis database of {host}:{port} left for the test (all 15 claimed)")
+
+
+def try_claim(client: redis.Redis, holder: str) -> bool:
+    """Claim the client's database for `holder` if it is free (flushing what a holder whose
+    claim ran out left); False when someone holds it or it holds someone's keys."""
+    return bool(client.eval(_CLAIM, 1, CLAIM_KEY, holder, CLAIM_TTL_MS))
 
 
 def _hold(host: str, port: int, db: int, holder: str, stop: threading.Event) -> None:
