@@ -28,6 +28,7 @@ CONNECTION_COMMANDS = ("ping", "select")
 # JSON string key a head item names (SAQ's jobs).
 SAMPLER_COMMANDS = (
     "scan",
+    "exists",  # which names built from a group's values are keys (its keys matched)
     "eval_ro",
     "memory|usage",
     "smembers",
