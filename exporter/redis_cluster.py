@@ -5,8 +5,8 @@ round trips in parallel.
 redis-py's RedisCluster knows the slot map (from the seed nodes in a redis+cluster:// URL)
 and keeps one plain client per node; the sampler's own hiredis pipelines then run on those
 clients unchanged (its bounded-reads script is flagged allow-cross-slot-keys: one script per
-node and round, whatever slots its keys are in), each node's rounds in a flow of its own
-(key_rounds.NodeFlows), so the nodes work at once. A node that fails costs only the keys it
+node and round, whatever slots its keys are in), each node sent its next round as soon as its
+own replies are in (key_rounds.Transport), so the nodes work at once. A node that fails costs only the keys it
 owns. An ASK reply (a key already moved to the node importing its slot) is followed: the
 command is sent again to that node after ASKING. A MOVED reply naming the node the slot map
 already gives the key (it was read where SCAN found it, on the node importing its slot) sends
@@ -16,15 +16,10 @@ again before the next one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
-
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-T = TypeVar("T")
 # A cluster's slot map, read again before the next cycle after these replies.
 _MAP_CHANGED = ("MOVED", "ASK", "CLUSTERDOWN", "TRYAGAIN")
 
@@ -36,7 +31,6 @@ class ClusterNodes:
         self.cluster = cluster
         self.read_from_replicas = read_from_replicas
         self._stale_map = False
-        self._pool: ThreadPoolExecutor | None = None
         # The node of each slot met since the slot map was last read: routing a key costs one
         # lookup. Kept for the one map it was made from (a map read again is a new dict).
         self._routes: dict[int, tuple[str, redis.Redis]] = {}
@@ -110,21 +104,6 @@ class ClusterNodes:
         node = self.cluster.get_node(host=host, port=int(port)) if port.isdigit() else None  # type: ignore[no-untyped-call]
         return None if node is None else (node.name, self._client(node))
 
-    def in_parallel(self, calls: Sequence[Callable[[], T]]) -> list[Future[T]]:
-        """Run the calls at once: the first in this thread, the others one thread each (a
-        node's round trip waits on its socket); one call alone needs no thread at all."""
-        if not calls:
-            return []
-        if self._pool is None and len(calls) > 1:
-            self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="cluster-node")
-        others = [self._pool.submit(call) for call in calls[1:]] if self._pool else []
-        here: Future[T] = Future()
-        try:
-            here.set_result(calls[0]())
-        except Exception as error:  # the caller meets it in the future, as the others'
-            here.set_exception(error)
-        return [here, *others]
-
     def sever(self) -> None:
         """From another thread: every node connection shut (a call blocked on one fails)."""
         for node in self.cluster.get_nodes():  # type: ignore[no-untyped-call]
@@ -132,8 +111,6 @@ class ClusterNodes:
                 node.redis_connection.connection_pool.disconnect(inuse_connections=True)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
         self.cluster.close()
 
     def _client(self, node: ClusterNode) -> redis.Redis:

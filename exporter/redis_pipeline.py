@@ -87,6 +87,18 @@ def round_trip(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
     return SentCommands(client, commands).replies()
 
 
+def round_trips(calls: Sequence[tuple[redis.Redis, Sequence[Args]]]) -> list[list[Any]]:
+    """Each client's commands, every client's sent before any reply is read: several servers
+    (a cluster's nodes) work on theirs at once. Their replies, in order; the first round trip
+    that failed is raised, every other connection read or dropped."""
+    sent = [SentCommands(client, commands) for client, commands in calls]
+    try:
+        return [one.replies() for one in sent]
+    finally:
+        for one in sent:
+            one.abandon()  # those not read: their connections are dropped
+
+
 class SentCommands:
     """Commands sent at once on one of the client's connections, their replies not yet read:
     several servers (a cluster's nodes) work on theirs at the same time while one thread reads
@@ -215,10 +227,19 @@ def _buffered(sock: socket.socket | None) -> bool:
 
 
 def transaction(client: redis.Redis, commands: Sequence[Args]) -> list[Any]:
-    """Run the commands in one MULTI/EXEC, in one round trip: their replies, with the error
+    """Run the commands in one MULTI/EXEC, in one round trip (transaction_results)."""
+    return transaction_results(round_trip(client, in_transaction(commands)))
+
+
+def in_transaction(commands: Sequence[Args]) -> list[Args]:
+    """The commands wrapped in MULTI ... EXEC."""
+    return [("MULTI",), *commands, ("EXEC",)]
+
+
+def transaction_results(replies: list[Any]) -> list[Any]:
+    """What the replies to in_transaction(commands) say: the commands' replies, with the error
     redis-py would raise in place of a command that failed while the others ran. A transaction
     Redis refused whole (EXECABORT: a command it would not queue) raises that command's error."""
-    replies = round_trip(client, [("MULTI",), *commands, ("EXEC",)])
     results = replies[-1]
     if isinstance(results, redis.ResponseError):
         refused = [reply for reply in replies[:-1] if isinstance(reply, redis.ResponseError)]

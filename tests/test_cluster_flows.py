@@ -1,5 +1,5 @@
 """A Redis Cluster node that hangs holds no other node's reads hostage: each node's next round
-goes as soon as its own replies are in (key_rounds.NodeFlows), so every key of the other nodes
+goes as soon as its own replies are in (key_rounds.Transport), so every key of the other nodes
 is read while the hung node's reply is still awaited. Once that node fails, only the groups
 with keys on it are withdrawn, and the source stays up."""
 

@@ -380,11 +380,10 @@ class Cycle:
     # -- the rounds' replies (key_rounds.RoundSampler) ---------------------------------------
 
     def round_commands(
-        self, commands: list[Command], leading: Args | None, plain: list[PlainKey]
+        self, commands: list[Command], plain: list[PlainKey]
     ) -> tuple[list[Args], int]:
-        """What a round sends, and how many item reads its bounded_reads holds."""
-        direct = [] if leading is None else [leading]
-        direct += [args for args, _, _ in commands if args[0] is not ITEM_READ]
+        """What a round sends (its bounded_reads last), and how many item reads that holds."""
+        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
         keys = [key for _, key, _ in reads]
         read_args = [read for _, _, read in reads]

@@ -3,13 +3,10 @@
 One cycle: find the keys (one SCAN MATCH shared by the scanned groups while that pays, else
 one per group: key_scans.py; or keys built from enumerated values), read them in pipelines of
 `pipeline_size` commands (one depth command per key or priority band, one for the head item,
-one for the due count: key_commands.py), then one more pipelined round for the items that point
-at a hash (RQ jobs, BullMQ jobs) or at a stream position. On one server SCAN runs a page ahead
-on a connection of its own, and the reads' rounds go on another (a third takes the follow-up
-rounds): Redis works on the next page and the next round while this process parses the last
-ones. On a Redis Cluster every shard is scanned at once, each node in a flow of its own (its
-SCAN a page ahead there too): the keys its SCAN finds are read on it, and its next round goes
-as soon as its own replies are in, never waiting for another node (key_rounds.py).
+one for the due count: key_commands.py), each round carrying the next SCAN, then the follow-up
+reads of the items that point at a hash (RQ jobs, BullMQ jobs) or at a stream position. On a
+Redis Cluster every shard is scanned at once, the keys its SCAN finds read on it, each node's
+next round sent as soon as its own replies are in (key_rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
 could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
@@ -36,9 +33,6 @@ from exporter.redis_connection import (
     redis_error_reason,
     sever,
 )
-from exporter.redis_pipeline import (
-    SentCommands,
-)
 from exporter.samples import SampleSet
 from exporter.sources.key_commands import (
     Cycle,
@@ -53,7 +47,7 @@ from exporter.sources.key_groups import (
     placeholders,
     scan_glob,
 )
-from exporter.sources.key_rounds import NodeFlows, Rounds
+from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.key_types import (
     GroupTally,
@@ -144,14 +138,12 @@ class RedisKeySampler:
             time.time(), tallies, self._large_heads, self.config.max_item_bytes, self._nodes
         )
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
-        # one round of commands at a time, however large the keyspace.
-        follow_ups = self._rounds(client, cycle, None)
-        rounds = self._rounds(client, cycle, follow_ups)
+        # about a round of commands at a time, however large the keyspace.
+        rounds = self._transport(client, cycle)
         try:
-            self._sample_groups(client, cycle, rounds, follow_ups)
+            self._sample_groups(client, cycle, rounds)
         finally:  # a cycle that failed leaves no reply unread on a connection
             rounds.abandon()
-            follow_ups.abandon()
         self._large_heads = cycle.large_heads_now
         self._known = cycle.routes
         cycle.withdraw_lost_groups()
@@ -164,8 +156,7 @@ class RedisKeySampler:
         self,
         client: redis.Redis,
         cycle: Cycle,
-        rounds: Rounds | NodeFlows,
-        follow_ups: Rounds | NodeFlows,
+        rounds: Transport,
     ) -> None:
         """Find and read every key group's keys."""
         tallies = cycle.tallies
@@ -177,11 +168,11 @@ class RedisKeySampler:
                 rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
                 return
             for key, match in page:
-                rounds.extend(cycle.commands_for_key(tally, key, *match))
+                rounds.add(cycle.commands_for_key(tally, key, *match))
 
         for scan in self._scan_plan.scans():
             members = [tallies[index] for index in scan.groups]
-            for tally, page in self._scanned_pages(client, cycle, scan, members, rounds):
+            for tally, page in self._scanned_pages(cycle, scan, members, rounds):
                 tally.matched(page)
                 read(tally, page)
         for tally in (tally for tally in tallies if tally.group.enumerated):
@@ -189,7 +180,6 @@ class RedisKeySampler:
                 tally.built(page, self._exist(client, [key for key, _ in page]))
                 read(tally, page)
         rounds.flush()
-        follow_ups.flush()
 
     def error_reason(self, error: Exception) -> str:
         return redis_error_reason(error)
@@ -248,54 +238,31 @@ class RedisKeySampler:
         return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
 
     def _scan(
-        self,
-        client: redis.Redis,
-        cycle: Cycle,
-        glob: str,
-        tallies: list[GroupTally],
-        rounds: Rounds | NodeFlows | None = None,
+        self, cycle: Cycle, glob: str, tallies: list[GroupTally], rounds: Transport
     ) -> Iterator[list[bytes]]:
         """The keys SCAN MATCH `glob` finds for the groups, a page at a time (a SCAN reply's;
-        on a cluster a node's): a page's keys are matched and queued in one loop, not a
-        generator step each."""
-        count = self.config.scan_count
-        if self._nodes is not None:
-            flows = rounds if rounds is not None else self._rounds(client, cycle, None)
-            assert isinstance(flows, NodeFlows)
-            return self._scan_nodes(self._nodes, cycle, glob, tallies, flows)
-        return _scan_ahead(client, glob, count)
-
-    def _scan_nodes(
-        self,
-        nodes: ClusterNodes,
-        cycle: Cycle,
-        glob: str,
-        tallies: list[GroupTally],
-        flows: NodeFlows,
-    ) -> Iterator[list[bytes]]:
-        """SCAN on every shard at once (each holds its own slots' keys), each node's pages
-        read on that node as they come, whatever the others do (NodeFlows). A node that does
-        not answer loses the groups their keys: withdrawn this cycle, unless no node answered."""
-        shards = nodes.shards()
-        failed = 0
-        for name, page in flows.scan(shards, glob, self.config.scan_count):
+        on a cluster a node's, every shard scanned at once): a page's keys are matched and
+        queued in one loop, not a generator step each, and read with its node's next SCAN. A
+        cluster node that does not answer loses the groups their keys: withdrawn this cycle,
+        unless no node answered."""
+        shards, failed = len(rounds.shards()), 0
+        for name, page in rounds.scan(glob, self.config.scan_count):
             if isinstance(page, redis.RedisError):
                 failed += 1
-                if failed == len(shards) and not cycle.node_answered:
+                if failed == shards and not cycle.node_answered:
                     raise page
                 detail = f"node {name}: {redis_error_reason(page)}"
                 for tally in tallies:
                     cycle.lose_group(tally, glob.encode(), detail)
                 continue
-            yield page  # while flows.into is its node: the keys' reads go there
+            yield page  # while rounds.into is its node: the keys' reads go there
 
     def _scanned_pages(
         self,
-        client: redis.Redis,
         cycle: Cycle,
         scan: KeyScan,
         tallies: list[GroupTally],
-        rounds: Rounds | NodeFlows,
+        rounds: Transport,
     ) -> Iterator[tuple[GroupTally, list[tuple[bytes, KeyMatch]]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
@@ -304,7 +271,7 @@ class RedisKeySampler:
         last_cycle = self._known.get(scan.groups, {})
         unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
-        for keys in self._scan(client, cycle, scan.glob, tallies, rounds):
+        for keys in self._scan(cycle, scan.glob, tallies, rounds):
             pages: list[list[tuple[bytes, KeyMatch]]] = [[] for _ in tallies]
             for key in keys:
                 if key in routes:
@@ -399,6 +366,20 @@ class RedisKeySampler:
             return list(client.zrange(key, 0, -1))
         return list(client.smembers(key))
 
+    def _scan_keys(
+        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
+    ) -> list[bytes]:
+        """Every key SCAN finds for the pattern's glob, in rounds of their own."""
+        rounds = self._transport(client, cycle)
+        try:
+            return [
+                key
+                for page in self._scan(cycle, scan_glob(pattern), [tally], rounds)
+                for key in page
+            ]
+        finally:
+            rounds.abandon()
+
     def _keys_of(
         self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
     ) -> list[str]:
@@ -408,8 +389,7 @@ class RedisKeySampler:
         if cached not in cycle.values_found:
             regex = key_regex(pattern)
             lost = len(cycle.lost_groups)
-            found = self._scan(client, cycle, scan_glob(pattern), [tally])
-            keys = (text(key) for page in found for key in page)
+            keys = (text(key) for key in self._scan_keys(client, cycle, pattern, tally))
             cycle.values_found[cached] = sorted({key for key in keys if regex.match(key)})
             if len(cycle.lost_groups) > lost:
                 cycle.partial_values.add(cached)
@@ -433,8 +413,8 @@ class RedisKeySampler:
         if pattern not in cycle.values_found:
             regex = key_regex(pattern)
             lost = len(cycle.lost_groups)
-            found = self._scan(client, cycle, scan_glob(pattern), [tally])
-            matches = (regex.match(text(key)) for page in found for key in page)
+            found = self._scan_keys(client, cycle, pattern, tally)
+            matches = (regex.match(text(key)) for key in found)
             cycle.values_found[pattern] = sorted(
                 {match.group("value") for match in matches if match}
             )
@@ -444,41 +424,12 @@ class RedisKeySampler:
             cycle.lose_group(tally, pattern.encode(), "values scanned without a node")
         return cycle.values_found[pattern]
 
-    def _rounds(
-        self, client: redis.Redis, cycle: Cycle, follow_ups: Rounds | NodeFlows | None
-    ) -> Rounds | NodeFlows:
-        """Rounds to send commands in (on a cluster, a flow per node), their follow-ups to
-        `follow_ups` (if given).
+    def _transport(self, client: redis.Redis, cycle: Cycle) -> Transport:
+        """The rounds to send commands in, on the server or on each cluster node.
 
         A reply that cannot be read fails only what it is about, whatever it raises: the item
         or key is counted and named, and the rest of the cycle goes on. Only a round trip
         itself (the backend) can fail the cycle; on a cluster, a node's round trip fails only
         the groups of the keys it holds, unless no node answered.
         """
-        size = self.config.pipeline_size
-        if self._nodes is not None:
-            assert follow_ups is None or isinstance(follow_ups, NodeFlows)
-            return NodeFlows(cycle, self._nodes, size, follow_ups)
-        assert follow_ups is None or isinstance(follow_ups, Rounds)
-        return Rounds(cycle, client, size, follow_ups)
-
-
-def _scan_ahead(client: redis.Redis, glob: str, count: int) -> Iterator[list[bytes]]:
-    """SCAN MATCH, a reply's page of keys at a time, the next SCAN sent before the page is
-    handed on, on a connection of its own: Redis works on it while this process matches the
-    page's keys and reads them (the reads' rounds go on another connection), so neither waits
-    for the other between pages. A cluster's nodes do the same in NodeFlows.scanners."""
-    sent = SentCommands(client, [("SCAN", b"0", "MATCH", glob, "COUNT", count)])
-    try:
-        while True:
-            reply = sent.replies()[0]
-            if isinstance(reply, Exception):
-                raise reply
-            cursor, keys = reply
-            if cursor not in (b"0", 0):
-                sent = SentCommands(client, [("SCAN", cursor, "MATCH", glob, "COUNT", count)])
-            yield keys
-            if cursor in (b"0", 0):
-                return
-    finally:
-        sent.abandon()  # the cycle failed mid-scan: its connection is dropped
+        return Transport(cycle, client, self._nodes, self.config.pipeline_size)

@@ -21,7 +21,7 @@ Nothing is lost or counted twice unnoticed:
 
 On a Redis Cluster (BullMQ with a hash-tagged prefix or queue names: every key of a queue in
 its tag's slot) a MULTI may touch one slot: the XINFO STREAM + XREAD pairs run in one MULTI per
-slot, a node's in turn, the nodes in parallel; SCAN covers every
+slot, a node's MULTIs in one round trip, every node's sent at once (round_trips); SCAN covers every
 primary, and the job hashes and the positions key are read through the cluster client, which
 sends each key to its slot's node. A MOVED or lost node fails the read; the next one reads the
 slot map again.
@@ -35,7 +35,6 @@ requeue; failed for stalling too often, it is a failure of class `other`.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from dataclasses import dataclass, replace
@@ -50,6 +49,7 @@ from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis_pipeline import Args, in_transaction, round_trips, transaction_results
 from exporter.sources.key_groups import key_regex, literal, scan_glob
 from exporter.sources.native.bullmq_workers import worker_connections
 from exporter.sources.native.config import BullmqReaderConfig
@@ -233,9 +233,9 @@ class BullmqReader(RedisReader):
         entries trimmed before they were read counted as lost."""
         if self._nodes is None:
             assert isinstance(client, redis.Redis)
-            replies = self._transaction(client, queues, positions)
+            replies = self._read_streams([(client, [queues])], positions)
         else:
-            replies = self._per_slot(self._nodes, queues, positions)
+            replies = self._read_streams(self._by_slot(self._nodes, queues), positions)
         batches = []
         for queue in queues:
             info, read = replies[queue]
@@ -244,43 +244,51 @@ class BullmqReader(RedisReader):
                 batches.append((queue, entries))
         return batches
 
-    def _per_slot(
-        self, nodes: ClusterNodes, queues: list[str], positions: dict[str, _Position]
-    ) -> _StreamReplies:
-        """On a cluster: one MULTI per slot (a queue's keys share its hash tag's slot), a node's
-        in turn, the nodes in parallel."""
+    def _by_slot(
+        self, nodes: ClusterNodes, queues: list[str]
+    ) -> list[tuple[redis.Redis, list[list[str]]]]:
+        """On a cluster, per node the queues of each slot (a queue's keys share its hash tag's
+        slot, and a MULTI may touch one slot)."""
         by_node: dict[str, tuple[redis.Redis, dict[int, list[str]]]] = {}
         for queue in queues:
             key = self._events_key(queue).encode()
             name, node = nodes.node_of(key)
             by_node.setdefault(name, (node, {}))[1].setdefault(key_slot(key), []).append(queue)
+        return [(node, list(slots.values())) for node, slots in by_node.values()]
+
+    def _read_streams(
+        self, groups: list[tuple[redis.Redis, list[list[str]]]], positions: dict[str, _Position]
+    ) -> _StreamReplies:
+        """XINFO STREAM + XREAD of each queue, one MULTI per group of queues: a server's (a
+        cluster node's) in one round trip, every server's at once (round_trips)."""
         calls = [
-            functools.partial(self._transactions, node, list(slots.values()), positions)
-            for node, slots in by_node.values()
+            (client, [c for queues in batches for c in self._stream_reads(queues, positions)])
+            for client, batches in groups
         ]
         replies: _StreamReplies = {}
-        for future in nodes.in_parallel(calls):
-            replies.update(future.result())
+        for (client, batches), node_replies in zip(groups, round_trips(calls), strict=True):
+            parse_info = client.response_callbacks["XINFO STREAM"]
+            parse_read = client.response_callbacks["XREAD"]
+            for queues in batches:
+                size = 2 * len(queues) + 2
+                results, node_replies = (
+                    transaction_results(node_replies[:size]),
+                    node_replies[size:],
+                )
+                for queue, info, read in zip(queues, results[::2], results[1::2], strict=True):
+                    replies[queue] = (_parsed(parse_info, info), _parsed(parse_read, read))
         return replies
 
-    def _transactions(
-        self, client: redis.Redis, slots: list[list[str]], positions: dict[str, _Position]
-    ) -> _StreamReplies:
-        replies: _StreamReplies = {}
-        for queues in slots:
-            replies.update(self._transaction(client, queues, positions))
-        return replies
-
-    def _transaction(
-        self, client: redis.Redis, queues: list[str], positions: dict[str, _Position]
-    ) -> _StreamReplies:
-        pipe = client.pipeline(transaction=True)
+    def _stream_reads(self, queues: list[str], positions: dict[str, _Position]) -> list[Args]:
+        commands: list[Args] = []
         for queue in queues:
-            position = positions.get(queue, _Position(b"0-0", 0))
-            pipe.xinfo_stream(self._events_key(queue))
-            pipe.xread({self._events_key(queue): position.last_id}, count=self.config.max_events)
-        replies = pipe.execute(raise_on_error=False) if queues else []
-        return {queue: (replies[2 * i], replies[2 * i + 1]) for i, queue in enumerate(queues)}
+            key, last_id = (
+                self._events_key(queue),
+                positions.get(queue, _Position(b"0-0", 0)).last_id,
+            )
+            commands.append(("XINFO", "STREAM", key))
+            commands.append(("XREAD", "COUNT", self.config.max_events, "STREAMS", key, last_id))
+        return in_transaction(commands)
 
     def _new_entries(
         self,
@@ -500,3 +508,8 @@ def _stream_id(raw: bytes | str) -> tuple[int, int]:
     text = raw.decode() if isinstance(raw, bytes) else raw
     milliseconds, _, sequence = text.partition("-")
     return int(milliseconds), int(sequence or 0)
+
+
+def _parsed(parse: Any, reply: Any) -> Any:
+    """A raw reply as redis-py's own command would return it; an error as it is."""
+    return reply if isinstance(reply, Exception) else parse(reply)
