@@ -1,0 +1,87 @@
+// pg-boss driven through its own API for tests/test_preset_pgboss.py (run from tests/node/pgboss<major>):
+//   node pgboss.cjs <major> seed  DSN SCHEMA   -> creates the schema (pg-boss's migrations), the queues
+//                                                 and jobs; prints {"ids": {queue: [id...]}}
+//   node pgboss.cjs <major> work  DSN SCHEMA RELEASE_FILE   -> real workers until killed
+//   node pgboss.cjs <major> truth DSN SCHEMA IDS_JSON       -> getQueueSize and getJobById, as JSON
+const path = require('node:path')
+const fs = require('node:fs')
+const [major, command, dsn, schema, extra] = process.argv.slice(2)
+const { PgBoss: Named } = require(path.join(__dirname, `pgboss${major}`, 'node_modules', 'pg-boss'))
+const PgBoss = Named || require(path.join(__dirname, `pgboss${major}`, 'node_modules', 'pg-boss'))
+
+const QUEUES = ['emails', 'reports', 'slow', 'idle']
+
+function boss (options = {}) {
+  const instance = new PgBoss({ connectionString: dsn, schema, supervise: false, schedule: false, ...options })
+  instance.on('error', (error) => console.error(error))
+  return instance
+}
+
+async function seed () {
+  const b = boss()
+  await b.start()
+  for (const queue of QUEUES) await b.createQueue(queue)
+  const ids = Object.fromEntries(QUEUES.map((queue) => [queue, []]))
+  const send = async (queue, data, options = {}) => ids[queue].push(await b.send(queue, data, options))
+  for (let n = 0; n < 4; n++) await send('emails', { ok: true })
+  for (let n = 0; n < 2; n++) await send('emails', { ok: false }, { retryLimit: 0 })
+  // fails once, then waits an hour for its retry
+  await send('reports', { ok: false }, { retryLimit: 2, retryDelay: 3600 })
+  for (let n = 0; n < 3; n++) await send('reports', { ok: true }, { startAfter: 3600 })
+  const cancelled = await b.send('reports', { ok: true }, { startAfter: 3600 })
+  ids.reports.push(cancelled)
+  await b.cancel('reports', cancelled)
+  await send('slow', { hold: true })
+  for (let n = 0; n < 5; n++) await send('idle', { ok: true })
+  await send('idle', { ok: true }, { startAfter: 1 }) // due a second later, never worked
+  await b.stop({ graceful: false, wait: true })
+  process.stdout.write(JSON.stringify({ ids }))
+}
+
+async function work (release) {
+  const b = boss()
+  await b.start()
+  const handler = async ([job]) => {
+    if (job.data.hold) {
+      while (!fs.existsSync(release)) await new Promise((resolve) => setTimeout(resolve, 50))
+      return
+    }
+    if (!job.data.ok) throw new Error('the job fails on purpose')
+  }
+  for (const queue of ['emails', 'reports', 'slow']) {
+    await b.work(queue, { pollingIntervalSeconds: 0.5 }, handler)
+  }
+  process.on('SIGTERM', async () => { await b.stop({ graceful: false, wait: false }); process.exit(0) })
+  console.error('working')
+}
+
+async function truth (idsFile) {
+  const b = boss({ migrate: false })
+  await b.start()
+  const { ids } = JSON.parse(fs.readFileSync(idsFile, 'utf8'))
+  const sizes = {}
+  const jobs = []
+  for (const queue of QUEUES) {
+    sizes[queue] = {
+      waiting: await b.getQueueSize(queue),
+      unfinished: await b.getQueueSize(queue, { before: 'completed' })
+    }
+    for (const id of ids[queue]) {
+      const job = await b.getJobById(queue, id)
+      jobs.push({
+        queue,
+        id,
+        state: job.state,
+        createdOn: job.createdOn ?? job.created_on,
+        startAfter: job.startAfter ?? job.start_after,
+        startedOn: job.startedOn ?? job.started_on
+      })
+    }
+  }
+  const now = (await b.getDb().executeSql('SELECT extract(epoch from now())::float8 AS now')).rows[0].now
+  await b.stop({ graceful: false, wait: true })
+  process.stdout.write(JSON.stringify({ sizes, jobs, now }))
+}
+
+const commands = { seed, work: () => work(extra), truth: () => truth(extra) }
+commands[command]().catch((error) => { console.error(error); process.exit(1) })

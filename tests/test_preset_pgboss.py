@@ -1,0 +1,226 @@
+"""The pgboss preset against real pg-boss: its migrations, its send, its workers, its API.
+
+tests/node/pgboss.cjs drives pg-boss (tests/node/pgboss<major>): PgBoss.start() creates the
+schema, createQueue the queues, send() the jobs (some for later, one cancelled), and work()
+handlers complete, fail, fail into an hour-long retry wait, and hold one job running. The truth is
+pg-boss's own getQueueSize (waiting; and before 'completed') and getJobById of every job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from exporter import presets
+from tests.conftest import Series, stop_process, value, wait_for, wait_until_served_as_truth
+
+NODE = Path(__file__).parent / "node"
+QUEUES = ("emails", "reports", "slow", "idle")
+STATES = ("pending", "scheduled", "retry", "active")
+SOURCES = ("postgres:pgboss_jobs", "postgres:pgboss_due", "postgres:pgboss_active")
+
+
+def _missing(what: str) -> None:
+    message = f"{what} not found (scripts/setup.sh installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + ": CI must have it")
+    pytest.skip(message)
+
+
+class PgBoss:
+    def __init__(self, major: int, dsn: str, tmp_path: Path) -> None:
+        if shutil.which("node") is None:
+            _missing("node")
+        if not (NODE / f"pgboss{major}/node_modules/pg-boss").is_dir():
+            _missing(f"pg-boss {major}.x in tests/node/pgboss{major}")
+        parts = conninfo_to_dict(dsn)
+        self.url = f"postgres://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        self.major = major
+        self.ids = tmp_path / "ids.json"
+        self.release = tmp_path / "release"
+
+    def _argv(self, command: str, *args: str) -> list[str]:
+        return [
+            "node",
+            str(NODE / "pgboss.cjs"),
+            str(self.major),
+            command,
+            self.url,
+            "pgboss",
+            *args,
+        ]
+
+    def run(self, command: str, *args: str) -> Any:
+        done = subprocess.run(
+            self._argv(command, *args), capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    def seed(self) -> None:
+        self.ids.write_text(json.dumps(self.run("seed")))
+
+    def truth(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.run("truth", str(self.ids))
+        return result
+
+    def worker(self) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            self._argv("work", str(self.release)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert line.strip() == "working", line + process.stderr.read()[-2000:]
+        return process
+
+
+@pytest.fixture(params=[10])
+def pgboss(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) -> Iterator[PgBoss]:
+    boss = PgBoss(request.param, postgres_dsn, tmp_path)
+    yield boss
+    boss.release.touch()
+
+
+def _time(text: str | None) -> float | None:
+    return None if text is None else datetime.fromisoformat(text).timestamp()
+
+
+def _expected(truth: dict[str, Any]) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+    """Depth per (queue, state) and due per queue, from getJobById of every job."""
+    now = truth["now"]
+    depths: Counter[tuple[str, str]] = Counter({(q, s): 0 for q in QUEUES for s in STATES})
+    due: Counter[str] = Counter()
+    for job in truth["jobs"]:
+        start_after = _time(job["startAfter"])
+        assert start_after is not None
+        if job["state"] == "created":
+            depths[job["queue"], "scheduled" if start_after > now else "pending"] += 1
+            if start_after <= now and start_after > (_time(job["createdOn"]) or 0):
+                due[job["queue"]] += 1
+        elif job["state"] in ("retry", "active"):
+            depths[job["queue"], job["state"]] += 1
+    for queue, sizes in truth["sizes"].items():  # pg-boss's own counts agree with its jobs
+        waiting = sum(depths[queue, s] for s in ("pending", "scheduled", "retry"))
+        assert sizes["waiting"] == waiting, (queue, sizes, depths)
+        assert sizes["unfinished"] == waiting + depths[queue, "active"], (queue, sizes, depths)
+    return {key: float(n) for key, n in depths.items()}, {q: float(n) for q, n in due.items()}
+
+
+def _served(series: Series, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (labels["queue"], labels.get("state", "")): number
+        for (metric, label_set), number in series.items()
+        if metric == name and (labels := dict(label_set)).get("system") == "pgboss"
+    }
+
+
+def test_depths_ages_and_due_equal_what_pgboss_says(
+    pgboss: PgBoss, postgres_dsn: str, run_exporter: Any
+) -> None:
+    pgboss.seed()
+    seeded = pgboss.truth()
+    worker = pgboss.worker()
+    try:
+
+        def settled() -> dict[str, Any] | None:
+            truth = pgboss.truth()
+            states = Counter((job["queue"], job["state"]) for job in truth["jobs"])
+            done = (
+                states["emails", "completed"] == 4
+                and states["emails", "failed"] == 2
+                and states["slow", "active"] == 1
+                and states["reports", "retry"] == 1
+            )
+            return truth if done else None
+
+        running = wait_for(settled, timeout=60)
+        started = {
+            job["queue"]: _time(job["startedOn"])
+            for job in running["jobs"]
+            if job["state"] == "active"
+        }
+        exporter = run_exporter(
+            postgres_dsn=postgres_dsn,
+            preset=[{"name": "pgboss", "params": {"active_interval": 0.5}}],
+        )
+        idle_first = min(
+            _time(job["startAfter"]) or 0 for job in seeded["jobs"] if job["queue"] == "idle"
+        )
+        holding = [True]
+
+        def mismatches(series: Series, scraped_at: float) -> list[str]:
+            found = []
+            truth = pgboss.truth()
+            depths, due = _expected(truth)
+            served = _served(series, "queue_depth")
+            if served != depths:
+                found.append(f"queue_depth: served {served}, pg-boss says {depths}")
+            served_due = {q: n for (q, _), n in _served(series, "queue_scheduled_due").items()}
+            if served_due != due:
+                found.append(f"queue_scheduled_due: served {served_due}, pg-boss says {due}")
+            ages = _served(series, "queue_oldest_age_seconds")
+            # ages on the database clock: truth["now"] was read after the scrape
+            idle = ages.get(("idle", "pending"))
+            if idle is None or not scraped_at - 1 - idle_first <= idle <= truth["now"] - idle_first:
+                found.append(f"idle pending age {idle}: first start_after {idle_first}")
+            slow = ages.get(("slow", "active"))
+            if holding[0] and (
+                slow is None or not abs(slow - (truth["now"] - started["slow"])) < 3
+            ):
+                found.append(f"slow active age {slow}: started_on {started['slow']}")
+            if not holding[0] and slow is not None:
+                found.append(f"slow active age {slow} served with nothing running")
+            extra = set(ages) - {("idle", "pending"), ("slow", "active")}
+            if extra:
+                found.append(f"ages served for {sorted(extra)}")
+            for source in SOURCES:
+                if value(series, "queue_exporter_source_up", source=source) != 1:
+                    found.append(f"{source} is not up")
+            return found
+
+        wait_until_served_as_truth(exporter, mismatches)
+        pgboss.release.touch()  # the held job completes: active drops to 0, its age goes
+        holding[0] = False
+        wait_until_served_as_truth(exporter, mismatches)
+    finally:
+        pgboss.release.touch()
+        stop_process(worker, 15)
+
+
+def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
+    pgboss: PgBoss, postgres_dsn: str
+) -> None:
+    """300k finished rows beside the waiting ones, as a busy pg-boss keeps them: the collectors
+    that run every cycle reach their rows through pg-boss's own fetch index (job_i5) of every
+    queue's partition; only pgboss_active, on its own longer interval, reads the partitions."""
+    pgboss.seed()
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO pgboss.job (name, state, started_on, completed_on) "
+            "SELECT (ARRAY['emails', 'reports', 'slow', 'idle'])[1 + n % 4], "
+            "(CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'completed' END)::pgboss.job_state, "
+            "now(), now() FROM generate_series(1, 300000) AS n"
+        )
+        connection.execute("ANALYZE")
+        collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
+        for collector in collectors:
+            plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {collector['query']}"))
+            if collector["name"] == "pgboss_active":
+                assert collector["interval"] >= 10, collector  # not every cycle
+                continue
+            assert "Seq Scan on j" not in plan, plan
+            assert plan.count("_i5 on j") == len(QUEUES), plan
