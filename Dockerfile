@@ -32,9 +32,13 @@ LABEL org.opencontainers.image.title="queue-exporter" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 # The same numeric ids as the Helm chart's securityContext (runAsUser/runAsGroup 65532).
+# The base's own pip, setuptools and wheel (python:3.11-slim has them in the interpreter's
+# site-packages) and the wheels kept for ensurepip go: the image holds no installer.
 RUN groupadd --system --gid 65532 queue-exporter \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
-       --shell /usr/sbin/nologin queue-exporter
+       --shell /usr/sbin/nologin queue-exporter \
+    && python -m pip uninstall --yes --no-cache-dir --root-user-action=ignore pip setuptools wheel \
+    && find / -xdev -name '*.whl' -type f -delete
 COPY --from=build /opt/queue-exporter /opt/queue-exporter
 ENV PATH=/opt/queue-exporter/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -34,6 +34,10 @@ DEBIAN_TOOLS=(
   "ss iproute2 the listen backlog in tests/test_http_attacks.py"
   "prometheus-redis-exporter prometheus-redis-exporter the Go peer bench/key_sampling.py compares with"
   "flock util-linux one build of a cached venv at a time"
+  "podman podman the image tests/test_image.py builds and runs (no Docker daemon)"
+  "buildah buildah the image built from the Dockerfile (scripts/build-image.sh)"
+  "runc runc the OCI runtime podman runs the image with"
+  "debootstrap debootstrap the stand-in base when python:3.11-slim-bookworm cannot be pulled"
 )
 
 # Python tools in venvs of their own, their pins conflicting with the project's venv:
