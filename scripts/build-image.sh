@@ -31,7 +31,7 @@ for tool in podman buildah; do
 done
 
 # One build at a time on this machine: a second one waits, then finds the image built.
-lock_dir=${XDG_CACHE_HOME:-$HOME/.cache}/queue-exporter
+lock_dir=${QE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/queue-exporter} # setup.sh's cache too
 mkdir -p "$lock_dir"
 exec 9>"$lock_dir/build-image.lock"
 flock 9
