@@ -1,0 +1,227 @@
+"""The graphile_worker preset against real graphile-worker: its migrations, addJob, its workers.
+
+tests/node/graphile_worker.cjs drives graphile-worker (tests/node/graphile_worker<version>):
+WorkerUtils.migrate() creates the schema, addJob adds jobs (some for later, one removed with
+remove_job), runOnce completes, fails for good and fails into a retry (pushed an hour out with
+rescheduleJobs), and a run() worker holds one job. The truth is graphile-worker's own public
+`jobs` view (queue_name, task_identifier, run_at, attempts, max_attempts, locked_at), read at
+each scrape.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from exporter import presets
+from tests.conftest import Series, stop_process, value, wait_for, wait_until_served_as_truth
+
+NODE = Path(__file__).parent / "node"
+SOURCES = (
+    "postgres:graphile_worker_jobs",
+    "postgres:graphile_worker_due",
+    "postgres:graphile_worker_locked",
+)
+STATES = ("pending", "scheduled", "retry", "active", "failed")
+
+
+def _missing(what: str) -> None:
+    message = f"{what} not found (scripts/setup.sh installs it)"
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + ": CI must have it")
+    pytest.skip(message)
+
+
+class GraphileWorker:
+    def __init__(self, version: str, dsn: str, tmp_path: Path) -> None:
+        if shutil.which("node") is None:
+            _missing("node")
+        if not (NODE / f"graphile_worker{version}/node_modules/graphile-worker").is_dir():
+            _missing(f"graphile-worker in tests/node/graphile_worker{version}")
+        parts = conninfo_to_dict(dsn)
+        self.url = f"postgres://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
+        self.dsn = dsn
+        self.version = version
+        self.release = tmp_path / "release"
+
+    def _argv(self, command: str, *args: str) -> list[str]:
+        script = str(NODE / "graphile_worker.cjs")
+        return ["node", script, self.version, command, self.url, "graphile_worker", *args]
+
+    def seed(self) -> None:
+        done = subprocess.run(
+            self._argv("seed"), capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+
+    def worker(self) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            self._argv("work", str(self.release)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stderr is not None
+        line = process.stderr.readline()
+        assert line.strip() == "working", line + process.stderr.read()[-2000:]
+        return process
+
+    def jobs(self) -> tuple[list[dict[str, Any]], float]:
+        """Every row of graphile-worker's own `jobs` view, and the database's now."""
+        with psycopg.connect(self.dsn) as connection:
+            cursor = connection.execute(
+                "SELECT queue_name, task_identifier, extract(epoch FROM run_at)::float8 AS run_at,"
+                " extract(epoch FROM created_at)::float8 AS created_at, attempts, max_attempts,"
+                " extract(epoch FROM locked_at)::float8 AS locked_at,"
+                " extract(epoch FROM now())::float8 AS now FROM graphile_worker.jobs"
+            )
+            names = [column.name for column in cursor.description or ()]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+            now = connection.execute("SELECT extract(epoch FROM now())::float8").fetchone()
+        assert now is not None
+        return rows, now[0]
+
+    def names(self) -> set[str]:
+        with psycopg.connect(self.dsn) as connection:
+            rows = connection.execute(
+                "SELECT DISTINCT coalesce(queue_name, task_identifier) FROM graphile_worker.jobs"
+            ).fetchall()
+        return {row[0] for row in rows}
+
+
+@pytest.fixture(params=["016"])
+def graphile(
+    request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path
+) -> Iterator[GraphileWorker]:
+    worker = GraphileWorker(request.param, postgres_dsn, tmp_path)
+    yield worker
+    worker.release.touch()
+
+
+def _state(job: dict[str, Any], now: float) -> str:
+    if job["locked_at"] is not None:
+        return "active"
+    if job["attempts"] >= job["max_attempts"]:
+        return "failed"
+    if job["run_at"] > now:
+        return "retry" if job["attempts"] > 0 else "scheduled"
+    return "pending"
+
+
+def _served(series: Series, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (labels["queue"], labels.get("state", "")): number
+        for (metric, label_set), number in series.items()
+        if metric == name and (labels := dict(label_set)).get("system") == "graphile_worker"
+    }
+
+
+def test_depths_ages_and_due_equal_what_graphile_worker_says(
+    graphile: GraphileWorker, postgres_dsn: str, run_exporter: Any
+) -> None:
+    graphile.seed()
+    worker = graphile.worker()
+    try:
+
+        def held() -> float | None:
+            jobs, _ = graphile.jobs()
+            locked = [job["locked_at"] for job in jobs if job["task_identifier"] == "hold"]
+            return locked[0] if locked and locked[0] is not None else None
+
+        locked_at = wait_for(held, timeout=60)
+        # the queue label: named queues and every task (graphile-worker's own tables list them)
+        with psycopg.connect(postgres_dsn) as connection:
+            known = {
+                row[0]
+                for row in connection.execute(
+                    "SELECT queue_name FROM graphile_worker._private_job_queues"
+                    " UNION SELECT identifier FROM graphile_worker._private_tasks"
+                )
+            }
+        assert {"emails", "slow", "send_email", "explode", "flaky", "later", "hold"} <= known
+        exporter = run_exporter(
+            postgres_dsn=postgres_dsn,
+            preset=[{"name": "graphile_worker", "params": {"locked_interval": 0.5}}],
+        )
+        holding = [True]
+
+        def mismatches(series: Series, scraped_at: float) -> list[str]:
+            found = []
+            jobs, now = graphile.jobs()
+            depths: Counter[tuple[str, str]] = Counter({(q, s): 0 for q in known for s in STATES})
+            due: Counter[str] = Counter()
+            for job in jobs:
+                queue = job["queue_name"] or job["task_identifier"]
+                state = _state(job, now)
+                depths[queue, state] += 1
+                if state == "pending" and job["run_at"] > job["created_at"]:
+                    due[queue] += 1
+            expected = {key: float(n) for key, n in depths.items()}
+            served = _served(series, "queue_depth")
+            if served != expected:
+                found.append(f"queue_depth: served {served}, graphile-worker says {expected}")
+            served_due = {q: n for (q, _), n in _served(series, "queue_scheduled_due").items()}
+            if served_due != {q: float(n) for q, n in due.items()}:
+                found.append(f"queue_scheduled_due: served {served_due}, graphile says {due}")
+            ages = _served(series, "queue_oldest_age_seconds")
+            first = min(
+                job["run_at"]
+                for job in jobs
+                if job["task_identifier"] == "later" and job["run_at"] <= now
+            )
+            later = ages.get(("later", "pending"))
+            if later is None or not scraped_at - 1 - first <= later <= now - first:
+                found.append(f"later pending age {later}: run_at {first}")
+            slow = ages.get(("slow", "active"))
+            if holding[0] and (slow is None or not abs(slow - (now - locked_at)) < 3):
+                found.append(f"slow active age {slow}: locked_at {locked_at}")
+            if not holding[0] and slow is not None:
+                found.append(f"slow active age {slow} served with nothing running")
+            extra = set(ages) - {("later", "pending"), ("slow", "active")}
+            if extra:
+                found.append(f"ages served for {sorted(extra)}")
+            for source in SOURCES:
+                if value(series, "queue_exporter_source_up", source=source) != 1:
+                    found.append(f"{source} is not up")
+            return found
+
+        wait_until_served_as_truth(exporter, mismatches)
+        graphile.release.touch()  # the held job completes (and is deleted): active drops to 0
+        holding[0] = False
+        wait_until_served_as_truth(exporter, mismatches)
+        assert "hold" not in graphile.names()
+    finally:
+        graphile.release.touch()
+        stop_process(worker, 15)
+
+
+def test_hot_path_reads_graphile_workers_main_index(
+    graphile: GraphileWorker, postgres_dsn: str
+) -> None:
+    """200k permanently failed jobs beside the available ones: the collectors that run every
+    cycle reach their rows through graphile-worker's jobs_main_index (WHERE is_available);
+    only graphile_worker_locked, on its own longer interval, reads the rest."""
+    graphile.seed()
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO graphile_worker._private_jobs (task_id, attempts, max_attempts) "
+            "SELECT (SELECT id FROM graphile_worker._private_tasks WHERE identifier = 'explode'),"
+            " 1, 1 FROM generate_series(1, 200000)"
+        )
+        connection.execute("ANALYZE")
+        for collector in presets.expand("graphile_worker")["sources"]["postgres"]["collectors"]:
+            plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {collector['query']}"))
+            if collector["name"] == "graphile_worker_locked":
+                assert collector["interval"] >= 10, collector  # not every cycle
+                continue
+            assert "Seq Scan on _private_jobs" not in plan, plan
+            assert "jobs_main_index" in plan, plan
