@@ -123,6 +123,42 @@ class NodeWork:
     def queued(self) -> int:
         return len(self.pending) + len(self.asked) + self.plain_cost
 
+    def queue(self, commands: Iterable[Command], asked: bool = False) -> None:
+        (self.asked if asked else self.pending).extend(commands)
+
+    def queue_plain(self, keys: list[PlainKey], cost: int) -> None:
+        """Plain keys of one group, `cost` commands each."""
+        self.plain += keys
+        self.plain_cost += cost * len(keys)
+
+    def start_scan(self, glob: str, count: int) -> None:
+        self.scan = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
+
+    def send(self, sampler: RoundSampler, size: int) -> None:
+        """The next round, if there is anything to send; the SCAN goes along while what waits
+        after this round is less than a round."""
+        if not (self.queued() or self.scan):
+            return
+        batch = self.take(size)
+        scan, self.scan = (self.scan, None) if self.queued() < size else (None, self.scan)
+        self.in_flight = SentRound(sampler, self.client, scan, batch)
+
+    def received(self) -> SentRound:
+        """The round in flight, now to be read."""
+        sent, self.in_flight = self.in_flight, None
+        assert sent is not None
+        return sent
+
+    def scanned(self, sent: SentRound, cursor: Any) -> None:
+        """Its SCAN page is in: the next one goes with the page's reads."""
+        if sent.scan is not None and cursor not in (b"0", 0):
+            self.scan = (sent.scan[0], cursor, *sent.scan[2:])
+
+    def abandon(self) -> None:
+        if self.in_flight is not None:
+            self.in_flight.sent.abandon()
+            self.in_flight = None
+
     def take(self, size: int) -> tuple[list[Command], list[Command], list[PlainKey]]:
         """The next round's commands, asked commands and plain keys: at most `size` commands
         (at least one key in an empty round)."""
@@ -139,15 +175,16 @@ class NodeWork:
         self.plain_cost -= cost
         return commands, asked, plain
 
-    def drop(self) -> tuple[list[Command], list[PlainKey]]:
-        """Its server failed: what it was to read (in flight and queued), taken out."""
+    def drop(self, sent: SentRound | None) -> tuple[list[Command], list[PlainKey]]:
+        """Its server failed: what it was to read (`sent`, in flight and queued), taken out."""
         commands, plain = self.pending + self.asked, self.plain
-        if self.in_flight is not None:
-            commands += self.in_flight.commands + self.in_flight.asked
-            plain = self.in_flight.plain + plain
-            self.in_flight.sent.abandon()
+        for one in (sent, self.in_flight):
+            if one is not None:
+                commands += one.commands + one.asked
+                plain = one.plain + plain
+        self.abandon()
         self.pending, self.asked, self.plain, self.plain_cost = [], [], [], 0
-        self.in_flight, self.scan = None, None
+        self.scan = None
         return commands, plain
 
 
@@ -174,7 +211,7 @@ class Transport:
         """Commands to send: on the node whose SCAN page is read (no slot lookup), else each
         on its key's node. Outside a SCAN, full rounds go at once."""
         if self.into is not None:
-            self.into.pending.extend(commands)
+            self.into.queue(commands)
             return
         self._route(commands)
         self._send_full()
@@ -182,8 +219,7 @@ class Transport:
     def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group, placed as add() places commands."""
         if self.into is not None:
-            self.into.plain += keys
-            self.into.plain_cost += group.cost * len(keys)
+            self.into.queue_plain(keys, group.cost)
             return
         for plain_key in keys:
             name, client = self._node_of(plain_key[1])
@@ -191,8 +227,7 @@ class Transport:
             if node is None:
                 self.sampler.node_lost(name, [], [plain_key], self.lost[name])
                 continue
-            node.plain.append(plain_key)
-            node.plain_cost += group.cost
+            node.queue_plain([plain_key], group.cost)
         self._send_full()
 
     def _route(self, commands: Iterable[Command]) -> None:
@@ -204,10 +239,8 @@ class Transport:
             node = self._node(name, client)
             if node is None:
                 self.sampler.node_lost(name, [command], [], self.lost[name])
-            elif asked:
-                node.asked.append(command)
             else:
-                node.pending.append(command)
+                node.queue([command], asked)
 
     def _node_of(self, key: bytes) -> tuple[str, redis.Redis]:
         return ("", self.client) if self.nodes is None else self.nodes.node_of(key)
@@ -232,7 +265,7 @@ class Transport:
             if node is None:  # failed earlier this cycle: not asked again
                 yield name, self.lost[name]
             else:
-                node.scan = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
+                node.start_scan(glob, count)
         yield from self._run(full_only=False)
 
     def flush(self) -> None:
@@ -251,15 +284,14 @@ class Transport:
         while True:
             for node in list(self.work.values()):
                 if node.in_flight is None and (node.queued() >= self.size or not full_only):
-                    self._send(node)
+                    node.send(self.sampler, self.size)
             waiting = [node for node in self.work.values() if node.in_flight is not None]
             if not waiting:
                 break
             rounds = [node.in_flight.sent for node in waiting if node.in_flight is not None]
             first = rounds[0] if len(rounds) == 1 else SentCommands.first_in(rounds)
             node = waiting[rounds.index(first)]
-            sent, node.in_flight = node.in_flight, None
-            assert sent is not None
+            sent = node.received()
             try:
                 scanned, follow_ups = sent.handle(self.sampler)
             except redis.RedisError as error:
@@ -282,8 +314,7 @@ class Transport:
                 yield node.name, scanned
                 continue
             cursor, keys = scanned
-            if cursor not in (b"0", 0):  # the next page, asked with this one's reads
-                node.scan = (sent.scan[0], cursor, *sent.scan[2:])
+            node.scanned(sent, cursor)
             self.into = node
             try:
                 yield node.name, keys
@@ -292,34 +323,20 @@ class Transport:
         if self.lost and not self.sampler.node_answered:
             raise next(iter(self.lost.values()))
 
-    def _send(self, node: NodeWork) -> None:
-        """The node's next round, if it has anything to send; its SCAN goes along while what
-        waits after this round is less than a round."""
-        if not (node.queued() or node.scan):
-            return
-        batch = node.take(self.size)
-        scan = node.scan if node.queued() < self.size else None
-        if scan is not None:
-            node.scan = None
-        node.in_flight = SentRound(self.sampler, node.client, scan, batch)
-
     def _lose(self, node: NodeWork, error: redis.RedisError, sent: SentRound | None) -> None:
         """A node failed: what it was to read (sent, in flight or queued) loses its groups,
         and so does whatever is routed to it later this cycle."""
         assert self.nodes is not None
         self.nodes.noticed(error)
         self.lost.setdefault(node.name, error)
-        node.in_flight = sent
-        commands, plain = node.drop()
+        commands, plain = node.drop(sent)
         self.sampler.node_lost(node.name, commands, plain, error)
         del self.work[node.name]
 
     def abandon(self) -> None:
         """The cycle failed: no round in flight is read (their connections are dropped)."""
         for node in self.work.values():
-            if node.in_flight is not None:
-                node.in_flight.sent.abandon()
-                node.in_flight = None
+            node.abandon()
 
 
 def _each(reply: Any, count: int) -> Iterator[Any]:
