@@ -11,17 +11,14 @@ import importlib.util
 import json
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import Series, stop_process, wait_for, wait_until_served_as_truth
+from tests.saq_app.control import driver
+from tests.saq_app.control import worker as start_worker
 
-ROOT = Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 STATES = {"queued": "pending", "active": "active", "scheduled": "scheduled"}
 
 
@@ -32,31 +29,6 @@ def saq_installed() -> None:
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
-
-
-def _driver(redis_url: str, *args: str) -> Any:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.saq_app.driver", redis_url, *args],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout) if done.stdout else None
-
-
-def _worker(redis_url: str, queue: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "tests.saq_app.worker", redis_url, queue],
-        env=ENV,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-    return process
 
 
 def _mismatches(series: Series, truth: dict[str, Any], scraped_ms: float) -> list[str]:
@@ -110,12 +82,12 @@ def test_every_state_and_age_as_saq_reports_them(saq_installed, redis_url, run_e
         {"queue": "idle", "function": "succeed"},
         {"queue": "idle", "function": "succeed", "in": -60},
     ]
-    _driver(redis_url, "enqueue", json.dumps(work + idle))
-    worker = _worker(redis_url, "work")
+    driver(redis_url, "enqueue", json.dumps(work + idle))
+    worker, _ = start_worker(redis_url, "work")
     try:
 
         def settled() -> dict[str, Any] | None:
-            truth = _driver(redis_url, "truth", "default", "work", "idle")
+            truth = driver(redis_url, "truth", "default", "work", "idle")
             view = truth["queues"]["work"]
             counts = (view["queued"], view["active"], view["scheduled"])
             return truth if counts == (3, 1, 2) else None

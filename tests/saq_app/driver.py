@@ -47,7 +47,7 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
             "active": info["active"],
             "scheduled": info["scheduled"],
             "oldest_ms": min(queued, default=None),
-            "workers": len(info["workers"]),
+            "workers": {worker: info["stats"] for worker, info in info["workers"].items()},
         }
         await queue.disconnect()
     return {"version": saq.__version__, "now_ms": now_ms, "queues": views}

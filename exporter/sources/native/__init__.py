@@ -19,6 +19,7 @@ from exporter.sources.native.config import (
     NativeConfig,
     ReaderConfig,
     RqReaderConfig,
+    SaqReaderConfig,
     SidekiqReaderConfig,
 )
 
@@ -69,4 +70,8 @@ def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval:
         from exporter.sources.native.sidekiq import SidekiqReader
 
         return SidekiqReader(settings, connection)
+    if isinstance(settings, SaqReaderConfig):
+        from exporter.sources.native.saq import SaqReader
+
+        return SaqReader(settings, connection)
     raise TypeError(f"no reader for {type(settings).__name__}")

@@ -148,11 +148,28 @@ class SidekiqReaderConfig(ReaderConfig):
         return [scan_glob(self.namespace) + name for name in ("queues", "processes", "stat:*")]
 
 
+class SaqReaderConfig(ReaderConfig):
+    system: str = Field("saq", min_length=1, description="the system label")
+    queues: list[str] = Field(
+        default_factory=lambda: ["default"],
+        description="queues whose counters exist from the start (besides every queue with "
+        "live workers' stats)",
+    )
+    ACL_COMMANDS = ("scan", "zrangebyscore", "mget")
+
+    def acl_read_keys(self) -> list[str]:
+        return ["saq:*:stats", "saq:*:worker_info:*"]
+
+    def record_globs(self) -> list[str]:
+        return ["saq:*:stats"]
+
+
 class NativeConfig(StrictModel):
     rq: RqReaderConfig | None = None
     bullmq: BullmqReaderConfig | None = None
     celery: CeleryReaderConfig | None = None
     sidekiq: SidekiqReaderConfig | None = None
+    saq: SaqReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())

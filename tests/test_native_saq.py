@@ -1,0 +1,101 @@
+"""The SAQ native reader against real SAQ workers: the counts each worker reports (SAQ's own
+Queue.info()) are what we serve as increments, across a worker's restart.
+
+The exporter starts first (its first read is the baseline); a worker completes, fails and
+retries jobs, is stopped, and a new worker (a new id, its counts from zero) completes more.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import scrape_series, stop_process, total, value, wait_for
+from tests.saq_app.control import driver
+from tests.saq_app.control import worker as start_worker
+
+
+@pytest.fixture
+def saq_installed() -> None:
+    if importlib.util.find_spec("saq") is None:
+        message = "saq not installed (pyproject's dev extra has it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def _stats(redis_url: str, worker_id: str) -> dict[str, int] | None:
+    workers = driver(redis_url, "truth", "work")["queues"]["work"]["workers"]
+    stats: dict[str, int] | None = workers.get(worker_id)
+    return stats
+
+
+def _served(app: Any) -> dict[str, float]:
+    series = scrape_series(app)
+    labels = {"system": "saq", "queue": "work"}
+    return {
+        "complete": total(series, "queue_jobs_completed_total", **labels),
+        "failed": total(series, "queue_jobs_failed_total", error_type="non_retryable", **labels),
+        "retried": total(series, "queue_jobs_retried_total", **labels),
+        "retryable": total(series, "queue_jobs_failed_total", error_type="retryable", **labels),
+    }
+
+
+def _expected(*stats: dict[str, int]) -> dict[str, float]:
+    summed = {
+        kind: float(sum(s[kind] for s in stats)) for kind in ("complete", "failed", "retried")
+    }
+    return {**summed, "retryable": summed["retried"]}
+
+
+def test_worker_counts_served_as_increments_across_a_restart(
+    saq_installed, redis_url, run_exporter
+):
+    app = run_exporter(
+        redis_url=redis_url, preset=[{"name": "saq", "params": {"queues": ["work"]}}]
+    )
+    wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:saq"))
+    first, first_id = start_worker(redis_url, "work")
+    started: list[Any] = [first]
+    try:
+        plan = [
+            *({"queue": "work", "function": "succeed"} for _ in range(3)),
+            *({"queue": "work", "function": "fail"} for _ in range(2)),
+            {"queue": "work", "function": "fail", "retries": 2, "retry_delay": 3600},
+        ]
+        driver(redis_url, "enqueue", json.dumps(plan))
+        wanted = {"complete": 3, "failed": 2, "retried": 1}
+
+        def reported() -> dict[str, int] | None:
+            stats = _stats(redis_url, first_id)
+            return stats if stats and all(stats[k] == n for k, n in wanted.items()) else None
+
+        first_stats = wait_for(reported, timeout=60, interval=0.5)
+        wait_for(lambda: _served(app) == _expected(first_stats), timeout=20)
+
+        # a restart: the new worker has a new id and counts from zero
+        stop_process(first, signal.SIGTERM)
+        second, second_id = start_worker(redis_url, "work")
+        started.append(second)
+        driver(redis_url, "enqueue", json.dumps([{"queue": "work", "function": "succeed"}] * 2))
+
+        def reported_again() -> dict[str, int] | None:
+            stats = _stats(redis_url, second_id)
+            return stats if stats and stats["complete"] == 2 else None
+
+        second_stats = wait_for(reported_again, timeout=60, interval=0.5)
+        expected = _expected(first_stats, second_stats)
+        wait_for(lambda: _served(app) == expected, timeout=20)
+        # and it stays so while the workers' records come and go (no worker counted twice)
+        for _ in range(5):
+            time.sleep(0.5)  # a few reads (sample interval 0.2 s)
+            assert _served(app) == expected
+    finally:
+        for process in started:
+            stop_process(process, signal.SIGTERM)
