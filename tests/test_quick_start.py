@@ -1,6 +1,6 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
-data the real library wrote (RQ, Celery, BullMQ, Sidekiq), or that the system's documented
+data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq), or that the system's documented
 layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
@@ -22,7 +22,7 @@ import redis
 
 from tests.attune_db import Attune
 from tests.conftest import Series
-from tests.real_queues import BullMQ, Sidekiq
+from tests.real_queues import BeeQueue, Bull, BullMQ, Sidekiq
 
 ROOT = Path(__file__).resolve().parent.parent
 README_REDIS_URL = "redis://redis:6379/0"
@@ -90,6 +90,28 @@ def bullmq_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
     return {("emails", "pending"): counts["wait"] + counts["prioritized"] + counts["paused"]}
 
 
+def bull_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
+    """Bull 4 (the bull package): waiting jobs in one queue, a paused queue's jobs in another."""
+    bull = Bull(4, redis_db)
+    bull.stop(bull.hold(
+        {"op": "add", "queue": "emails", "count": 3},
+        {"op": "pause", "queue": "exports"},
+        {"op": "add", "queue": "exports", "count": 2},
+    ))  # fmt: skip
+    queues = bull.truth(["emails", "exports"])["queues"]
+    return {
+        (queue, "pending"): queues[queue]["counts"]["waiting"] + queues[queue]["counts"]["paused"]
+        for queue in ("emails", "exports")
+    }
+
+
+def bee_queue_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
+    bee_queue = BeeQueue(2, redis_db)
+    bee_queue.stop(bee_queue.hold({"op": "add", "queue": "emails", "count": 3}))
+    counts = bee_queue.truth(["emails"])["queues"]["emails"]["counts"]
+    return {("emails", "pending"): counts["waiting"]}
+
+
 def sidekiq_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
     sidekiq = Sidekiq(redis_db)
     sidekiq.push({"queue": "default", "count": 2}, {"queue": "critical"})
@@ -144,6 +166,8 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "rq": ("rq", rq_data),
     "celery": ("celery", celery_data),
     "bullmq": ("bullmq", bullmq_data),
+    "bull": ("bull", bull_data),
+    "bee_queue": ("bee_queue", bee_queue_data),
     "sidekiq": ("sidekiq", sidekiq_data),
     "attune": ("attune", attune_data),
     "orchestrata": ("orchestrata", orchestrata_data),
