@@ -132,7 +132,9 @@ class NodeQueues(Driver):
     """A Node queue library (tests/node/<folder>, run by tests/node/<script>): steps through its
     API, some kept running (held), and its own view of the queues (truth)."""
 
-    def __init__(self, package: str, folder: str, script: str, db: int, prefix: str) -> None:
+    def __init__(
+        self, package: str, folder: str, script: str, db: int, prefix: str, port: int = REDIS_PORT
+    ) -> None:
         node = shutil.which("node")
         install = TESTS / "node" / folder
         if node is None:
@@ -140,7 +142,10 @@ class NodeQueues(Driver):
         if not (install / "node_modules" / package).is_dir():
             _missing(f"{package} in {install.relative_to(TESTS.parent)}")
         super().__init__([str(node), str(TESTS / "node" / script), str(install)], {})
-        self.connection = {"host": REDIS_HOST, "port": REDIS_PORT, "db": db, "prefix": prefix}
+        self.connection = {"host": REDIS_HOST, "port": port, "db": db, "prefix": prefix}
+
+    def steps(self, *steps: dict[str, Any]) -> None:
+        assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"
 
     def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
         """Run steps whose processors keep jobs active until the process is stopped."""
@@ -157,16 +162,16 @@ class NodeQueues(Driver):
 class Bull(NodeQueues):
     """The `bull` package, 3.x or 4.x."""
 
-    def __init__(self, major: int, db: int, prefix: str = "bull") -> None:
-        super().__init__("bull", f"bull{major}", "bull.cjs", db, prefix)
+    def __init__(self, major: int, db: int, prefix: str = "bull", port: int = REDIS_PORT) -> None:
+        super().__init__("bull", f"bull{major}", "bull.cjs", db, prefix, port)
         self.major = major
 
 
 class BeeQueue(NodeQueues):
     """The `bee-queue` package, 2.x."""
 
-    def __init__(self, major: int, db: int, prefix: str = "bq") -> None:
-        super().__init__("bee-queue", f"beequeue{major}", "bee-queue.cjs", db, prefix)
+    def __init__(self, major: int, db: int, prefix: str = "bq", port: int = REDIS_PORT) -> None:
+        super().__init__("bee-queue", f"beequeue{major}", "bee-queue.cjs", db, prefix, port)
         self.major = major
 
 
