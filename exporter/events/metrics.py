@@ -261,6 +261,10 @@ _SYSTEM_HANDLERS: dict[str, Handler] = {
 # -- workers ------------------------------------------------------------------------------------
 
 
+# Refused workers a registry remembers (WorkerRegistry.record): ~100 bytes each.
+MAX_REFUSALS = 50_000
+
+
 class WorkerRegistry:
     """Live workers of one stream (or native reader), from their heartbeats.
 
@@ -276,25 +280,44 @@ class WorkerRegistry:
         # What the feed's label values end with: its redis_source, or nothing.
         self.suffix: tuple[str, ...] = () if redis_source is None else (redis_source,)
         self._workers: dict[tuple[str, str, str], Heartbeat] = {}
+        self._refused: set[tuple[str, str, str]] = set()  # refused lately (record)
+        self._refusals_until = 0.0
         self._lock = threading.Lock()
 
     def record(self, heartbeats: list[Heartbeat], admit: Callable[[LabelValues], bool]) -> int:
         """Take the heartbeats of known workers, and of new ones while there is room for
-        them (max_workers) and their queue (`admit`); how many max_workers refused."""
+        them (max_workers) and their queue (`admit`); how many max_workers refused. A worker
+        refused is remembered for `timeout` (up to max_workers of them): its heartbeats in
+        the meantime are neither counted again nor asked about, so a flood of names that
+        keeps beating is counted once per name, not once per read (up to MAX_REFUSALS names
+        remembered)."""
         refused = 0
         with self._lock:
+            self._forget_refusals_when_due()
             workers = self._workers
             for beat in heartbeats:
                 key = (beat.system, beat.queue, beat.worker)
                 known = workers.get(key)
                 if known is None:
+                    if key in self._refused:
+                        continue
                     if len(workers) >= self.max_workers:
                         refused += 1
                     elif admit((*key[:2], *self.suffix)):
                         workers[key] = beat
+                        continue
+                    if len(self._refused) < MAX_REFUSALS:
+                        self._refused.add(key)
                 elif beat.ts >= known.ts:  # consumers may deliver out of order
                     workers[key] = beat
         return refused
+
+    def _forget_refusals_when_due(self) -> None:
+        """Once per timeout: room may have freed since (workers and queues left)."""
+        now = time.monotonic()
+        if now >= self._refusals_until:
+            self._refused.clear()
+            self._refusals_until = now + self.timeout
 
     def prune(self, now: float) -> None:
         oldest = now - self.timeout

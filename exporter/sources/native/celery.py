@@ -40,6 +40,7 @@ from exporter import numbers
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
+from exporter.logs import LogLimiter
 from exporter.numbers import InvalidValue
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
@@ -48,6 +49,7 @@ from exporter.sources.native.config import CeleryReaderConfig
 from exporter.sources.native.framework import MAX_WORKERS, RedisReader, Signals
 
 log = logging.getLogger(__name__)
+_limited = LogLimiter(log)
 
 DEPTH = BY_NAME["queue_depth"]
 # Tasks remembered between their events (queue, name, times) at most; the oldest go first.
@@ -80,9 +82,9 @@ class CeleryReader(RedisReader):
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
         self._subscription: redis.client.PubSub | None = None
-        self._received: list[dict[str, Any]] = []
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
+        self._beyond_limit = 0  # heartbeats of new workers beyond MAX_WORKERS in this read
         self._last_event = time.monotonic()
 
     def read(self, signals: Signals) -> None:
@@ -92,11 +94,6 @@ class CeleryReader(RedisReader):
         except Exception:
             self.close()
             raise
-        events, self._received = self._received, []
-        signals.tally.consumed += len(events)
-        for event in events:
-            with signals.record("celery event"):  # one odd event costs itself only
-                self._apply(event, signals)
         idle = time.monotonic() - self._last_event
         if self.config.report_no_events and idle > self.config.events_timeout:
             signals.silent = (
@@ -140,7 +137,9 @@ class CeleryReader(RedisReader):
         return self._subscription
 
     def _on_message(self, raw: bytes, signals: Signals) -> None:
-        """One kombu message: a JSON envelope whose body holds the event (or a batch of them)."""
+        """One kombu message: a JSON envelope whose body holds the event (or a batch of them),
+        applied at once: what a read holds is one message, not all it drained (a flood of
+        400k heartbeats would be 190 MiB of dicts)."""
         if len(raw) > MAX_MESSAGE_BYTES:
             raise InvalidValue("oversized_field", f"a message of {len(raw)} bytes")
         body = _kombu_body(raw)
@@ -148,13 +147,13 @@ class CeleryReader(RedisReader):
         if len(batch) > MAX_BATCH:
             signals.tally.refuse("over_limit")
             batch = batch[:MAX_BATCH]
-        for event in batch:
-            if isinstance(event, dict):
-                self._received.append(event)
-            else:
-                signals.tally.consumed += 1
-                signals.tally.refuse("bad_value")
         self._last_event = time.monotonic()
+        signals.tally.consumed += len(batch)
+        for event in batch:
+            with signals.record("celery event"):  # one odd event costs itself only
+                if not isinstance(event, dict):
+                    raise InvalidValue("bad_value", "an event that is no JSON object")
+                self._apply(event, signals)
 
     def _unacked(self, signals: Signals) -> Counter[tuple[str, str, str]]:
         """(queue, task id, state) of each delivered, unacknowledged message: pending, or
@@ -196,7 +195,8 @@ class CeleryReader(RedisReader):
         active = event.get("active")
         busy = 0 if active is None else numbers.count(active)
         if hostname not in self._workers and len(self._workers) >= MAX_WORKERS:
-            raise InvalidValue("over_limit", f"more than {MAX_WORKERS} workers")
+            self._beyond_limit += 1  # counted once per read (_report), not per heartbeat
+            return
         self._workers[hostname] = (busy, ts)
 
     def _task_event(
@@ -273,6 +273,15 @@ class CeleryReader(RedisReader):
     # -- what is held now -----------------------------------------------------------------------
 
     def _report(self, signals: Signals, unacked: Counter[tuple[str, str, str]]) -> None:
+        if self._beyond_limit:
+            signals.tally.refuse("over_limit")
+            _limited.warning(
+                "workers",
+                "celery: heartbeats of %d workers beyond the %d remembered were not taken",
+                self._beyond_limit,
+                MAX_WORKERS,
+            )
+            self._beyond_limit = 0
         system = self.config.system
         horizon = signals.now - self.config.events_timeout
         for hostname, (active, beat) in list(self._workers.items()):

@@ -142,8 +142,8 @@ class Signals:
     def unreadable(self, key: str | bytes, error: Exception) -> None:
         """Count and name a record that cannot be read (e.g. a pipeline's error reply); a
         backend failure is raised instead, since then the whole read cannot tell the truth."""
-        if isinstance(error, BACKEND_ERRORS) or is_cluster_state_error(error):
-            raise error
+        if isinstance(error, (*BACKEND_ERRORS, ReaderError)) or is_cluster_state_error(error):
+            raise error  # a read past its deadline too (record() within record())
         reason = record_reason(error)
         self.tally.refuse(reason)
         name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
