@@ -38,6 +38,7 @@ DEBIAN_TOOLS=(
   "buildah buildah the image built from the Dockerfile (scripts/build-image.sh)"
   "runc runc the OCI runtime podman runs the image with"
   "debootstrap debootstrap the stand-in base when python:3.11-slim-bookworm cannot be pulled"
+  "docker-registry docker-registry the registry tests/test_image.py pushes the image to"
 )
 
 # Python tools in venvs of their own, their pins conflicting with the project's venv:

@@ -431,3 +431,97 @@ def test_labels_chart_and_docs_agree(image):
     deploy = (ROOT / "docs" / "deploy.md").read_text()
     assert image in deploy
     assert "bash scripts/build-image.sh" in deploy
+
+
+# -- the documented commands --------------------------------------------------------------------
+
+
+def test_build_is_skipped_when_nothing_changed(image):
+    before = inspect(image)["Id"]
+    done = subprocess.run(
+        ["bash", "scripts/build-image.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"{image} is up to date" in done.stderr
+    assert inspect(image)["Id"] == before
+
+
+def documented_commands(marker: str) -> list[str]:
+    """The commands of docs/deploy.md's sh block that holds `marker`."""
+    blocks = re.findall(r"```sh\n(.*?)```", (ROOT / "docs" / "deploy.md").read_text(), re.S)
+    (block,) = [block for block in blocks if marker in block]
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+@pytest.fixture
+def registry(tmp_path: Path) -> Iterator[str]:
+    """A registry of the test's own (Debian's docker-registry, the CNCF distribution server)
+    on a free port, plain HTTP on 127.0.0.1: its host:port."""
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "version": 0.1,
+                "log": {"level": "warn"},
+                "storage": {"filesystem": {"rootdirectory": str(tmp_path / "storage")}},
+                "http": {"addr": address},
+            }
+        )
+    )
+    server = subprocess.Popen(
+        [require("docker-registry"), "serve", str(config)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{address}/v2/", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            assert server.poll() is None, "docker-registry exited"
+            return False
+
+    try:
+        wait_for(answers, timeout=30, interval=0.2)
+        yield address
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def registry_json(url: str, accept: str) -> Any:
+    request = urllib.request.Request(url, headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def test_documented_push_reaches_a_registry(image, registry):
+    """docs/deploy.md's push commands, run as written with the registry's host swapped for a
+    local one (plain HTTP, so --tls-verify=false); the registry then serves the image's layers
+    and labels."""
+    commands = documented_commands("podman push")
+    assert [command.split()[:2] for command in commands] == [["podman", "tag"], ["podman", "push"]]
+    for command in commands:
+        words = command.replace("registry.example.com", registry).split()
+        if words[1] == "push":
+            words.insert(2, "--tls-verify=false")
+        podman(*words[1:], timeout=600)
+    pushed = f"{registry}/queue-exporter:{__version__}"
+    assert pushed in " ".join(commands).replace("registry.example.com", registry)
+
+    manifest = registry_json(
+        f"http://{registry}/v2/queue-exporter/manifests/{__version__}",
+        "application/vnd.oci.image.manifest.v1+json, "
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )
+    config = registry_json(
+        f"http://{registry}/v2/queue-exporter/blobs/{manifest['config']['digest']}", "*/*"
+    )
+    local = inspect(image)
+    assert config["rootfs"]["diff_ids"] == local["RootFS"]["Layers"]
+    assert len(manifest["layers"]) == len(local["RootFS"]["Layers"])
+    assert config["config"]["Labels"] == local["Labels"]
+    assert config["config"]["User"] == "65532:65532"
+    podman("rmi", pushed)  # the tag the documented command added
