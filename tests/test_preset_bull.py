@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 
 from tests.conftest import Series, wait_until_served_as_truth
 from tests.real_queues import BULL_MAJORS, Bull
@@ -121,3 +122,53 @@ def test_every_state_and_age_as_bull_counts_them(bull, redis_url, run_exporter):
     app = run_exporter(redis_url=redis_url, preset=["bull"])
     wait_until_served_as_truth(app, lambda series, at: _mismatches(series, truth, at * 1000))
     bull.stop(held)
+
+
+def _errors(series: Series, reason: str) -> float:
+    wanted = {("source", "redis"), ("reason", reason)}
+    return sum(
+        v
+        for (name, labels), v in series.items()
+        if name == "queue_exporter_source_errors_total" and wanted <= labels
+    )
+
+
+def test_hostile_jobs_cost_only_their_own_age(bull, redis_client, redis_url, run_exporter):
+    """Jobs Bull wrote, then broken in Redis: the next waiting job's hash missing, of another
+    type, without its timestamp or with one that is no number. Each costs its queue's age
+    only (counted by reason); every depth stays Bull's, and the sound queues keep their age,
+    a job with a 1 MB body too (only its timestamp field is read)."""
+    now_ms = int(time.time() * 1000)
+    hostile = ["missing", "wrongtype", "notime", "notanumber"]
+    bull.stop(bull.hold(
+        *[{"op": "add", "queue": "good", "opts": {"timestamp": now_ms - s * 1000}} for s in (90, 30)],
+        {"op": "add", "queue": "huge", "pad": 1_000_000,
+         "opts": {"timestamp": now_ms - 45_000}},
+        *[{"op": "add", "queue": queue, "count": 2} for queue in hostile],
+    ))  # fmt: skip
+    truth = bull.truth(["good", "huge", *hostile])  # before the jobs are broken
+    assert truth["version"].split(".")[0] == str(bull.major)
+    client: redis.Redis = redis_client
+    job = {queue: f"bull:{queue}:{client.lindex(f'bull:{queue}:wait', -1).decode()}"
+           for queue in hostile}  # fmt: skip
+    client.delete(job["missing"])
+    client.delete(job["wrongtype"])
+    client.rpush(job["wrongtype"], "not a hash")
+    client.hdel(job["notime"], "timestamp")
+    client.hset(job["notanumber"], "timestamp", "yesterday")
+
+    # what must be served: Bull's own counts everywhere, no age where the next job is broken
+    for queue in hostile:
+        truth["queues"][queue]["next_timestamps_ms"] = []
+    reasons = ("time_missing", "wrong_type", "time_unparsable")
+
+    def mismatches(series: Series, scraped_ms: float) -> list[str]:
+        found = _mismatches(series, truth, scraped_ms)
+        found += [f"{reason} not counted" for reason in reasons if _errors(series, reason) < 1]
+        up = [v for (n, ls), v in series.items() if n == "queue_exporter_source_up"]
+        return found + ([] if up == [1] else [f"source_up {up}"])
+
+    app = run_exporter(
+        {"sources": {"redis": {"cycle_timeout": 30}}}, redis_url=redis_url, preset=["bull"]
+    )
+    wait_until_served_as_truth(app, lambda series, at: mismatches(series, at * 1000))

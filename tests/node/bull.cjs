@@ -38,6 +38,9 @@ async function workUntil(queue, step) {
   });
 }
 
+// A step's job data; `pad` bytes of body make a large job (too large for a command line).
+const jobData = step => (step.pad ? { ...step.data, body: 'x'.repeat(step.pad) } : step.data || {});
+
 async function steps() {
   const queues = {};
   const queue = name => (queues[name] = queues[name] || new Queue(name, options));
@@ -45,7 +48,7 @@ async function steps() {
   for (const step of spec.steps) {
     if (step.op === 'add') {
       for (let i = 0; i < (step.count || 1); i += 1) {
-        await queue(step.queue).add(step.data || {}, step.opts || {});
+        await queue(step.queue).add(jobData(step), step.opts || {});
       }
     } else if (step.op === 'pause') {
       await queue(step.queue).pause();
