@@ -16,6 +16,7 @@ import tomllib
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,17 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> str:
     return done.stdout
 
 
+@dataclass(frozen=True)
+class Built:
+    reference: str  # localhost/queue-exporter:<version>
+    # The image the reference named once built: what the tests run and read (a build from
+    # another work tree on this machine may move the tag meanwhile).
+    id: str
+
+
 @pytest.fixture(scope="module")
-def image() -> str:
-    """scripts/build-image.sh's image (built, or found up to date): its reference."""
+def image() -> Built:
+    """scripts/build-image.sh's image (built, or found up to date)."""
     require("podman")
     require("buildah")
     done = subprocess.run(
@@ -72,7 +81,7 @@ def image() -> str:
     reference, size, unit = done.stdout.splitlines()[-1].split()
     assert unit == "MB" and int(size) > 0
     assert reference == f"localhost/queue-exporter:{__version__}"
-    return reference
+    return Built(reference, inspect(reference)["Id"])
 
 
 def inspect(image: str) -> dict[str, Any]:
@@ -214,7 +223,7 @@ def test_serves_as_the_chart_runs_it(
         }
     )
     # The chart's image reference is the one scripts/build-image.sh builds.
-    assert container["image"] == image
+    assert container["image"] == image.reference
     env = [f"--env={item['name']}=image-test-pod" for item in container["env"]]
     flags = [
         *security_flags(pod, container),
@@ -226,7 +235,7 @@ def test_serves_as_the_chart_runs_it(
     ]  # fmt: skip
     # One difference from the pod: a free port, since the host's network is shared.
     args = [*container["args"], f"--listen-address=127.0.0.1:{port}"]
-    exporter = Container(image, flags, args, tmp_path)
+    exporter = Container(image.id, flags, args, tmp_path)
     containers.append(exporter)
 
     def ready() -> bool:
@@ -288,7 +297,7 @@ def test_serves_as_the_chart_runs_it(
 
 
 @pytest.fixture(scope="module")
-def idle(image: str) -> Iterator[str]:
+def idle(image: Built) -> Iterator[str]:
     """A container of the image that waits, for commands run in it (one start: with vfs each
     container copies the image): the chart's user, read-only but for /tmp (the chart's
     emptyDir), no capability, no network."""
@@ -296,7 +305,7 @@ def idle(image: str) -> Iterator[str]:
     podman(
         "run", "--detach", "--name", name, *HOST_LIMITS, "--user", "65532:65532", "--read-only",
         "--read-only-tmpfs=false", "--tmpfs", "/tmp:rw,size=64m,mode=1777", "--cap-drop=all", "--security-opt", "no-new-privileges",
-        "--network", "none", "--entrypoint", "python", image, "-c",
+        "--network", "none", "--entrypoint", "python", image.id, "-c",
         "import signal; signal.pause()",
     )  # fmt: skip
     yield name
@@ -387,7 +396,7 @@ def test_contents(idle):
 
 
 def test_size_is_bounded(image):
-    size_mb = inspect(image)["Size"] / 1e6
+    size_mb = inspect(image.id)["Size"] / 1e6
     assert size_mb <= SIZE_BOUND_MB, f"{size_mb:.0f} MB"
     deploy = (ROOT / "docs" / "deploy.md").read_text()
     assert f"{SIZE_BOUND_MB} MB" in deploy  # the bound the docs state
@@ -403,7 +412,7 @@ def git(*args: str) -> str:
 
 
 def test_labels_chart_and_docs_agree(image):
-    labels = inspect(image)["Labels"]
+    labels = inspect(image.id)["Labels"]
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     chart = yaml.safe_load((ROOT / "helm/queue-exporter/Chart.yaml").read_text())
     assert labels["org.opencontainers.image.version"] == __version__ == chart["appVersion"]
@@ -423,13 +432,13 @@ def test_labels_chart_and_docs_agree(image):
     assert f"ARG VERSION={__version__}\n" in dockerfile
 
     _, container, docs = chart_pod({"config": {"presets": ["rq"]}})
-    assert container["image"] == image
+    assert container["image"] == image.reference
     assert one(docs, "ConfigMap")["metadata"]["labels"]["app.kubernetes.io/version"] == (
         __version__
     )
     assert kind(docs, "Deployment")
     deploy = (ROOT / "docs" / "deploy.md").read_text()
-    assert image in deploy
+    assert image.reference in deploy
     assert "bash scripts/build-image.sh" in deploy
 
 
@@ -437,13 +446,12 @@ def test_labels_chart_and_docs_agree(image):
 
 
 def test_build_is_skipped_when_nothing_changed(image):
-    before = inspect(image)["Id"]
     done = subprocess.run(
         ["bash", "scripts/build-image.sh"], cwd=ROOT, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr
-    assert f"{image} is up to date" in done.stderr
-    assert inspect(image)["Id"] == before
+    assert f"{image.reference} is up to date" in done.stderr
+    assert inspect(image.reference)["Id"] == image.id
 
 
 def documented_commands(marker: str) -> list[str]:
@@ -519,7 +527,7 @@ def test_documented_push_reaches_a_registry(image, registry):
     config = registry_json(
         f"http://{registry}/v2/queue-exporter/blobs/{manifest['config']['digest']}", "*/*"
     )
-    local = inspect(image)
+    local = inspect(image.id)
     assert config["rootfs"]["diff_ids"] == local["RootFS"]["Layers"]
     assert len(manifest["layers"]) == len(local["RootFS"]["Layers"])
     assert config["config"]["Labels"] == local["Labels"]
