@@ -25,10 +25,21 @@ def build_sources(
         redis_samplers(config.sources.redis, telemetry, config.sample_interval)
     )
     postgres_config = config.sources.postgres
-    if postgres_config is not None and postgres_config.collectors:
+    if postgres_config is not None and (postgres_config.collectors or postgres_config.finished):
         from exporter.sources import postgres  # psycopg loads only when PostgreSQL is sampled
 
-        sources.extend(postgres.build_sources(postgres_config, telemetry, config.sample_interval))
+        connector = postgres.PostgresConnector(postgres_config)
+        sources.extend(
+            postgres.build_sources(postgres_config, telemetry, config.sample_interval, connector)
+        )
+        if event_metrics is not None and postgres_config.finished:
+            from exporter.sources.native import finished_rows
+
+            sources.extend(
+                finished_rows.build_sources(
+                    postgres_config, connector, event_metrics, config.sample_interval
+                )
+            )
     if event_metrics is not None:
         sources.extend(
             native.build_sources(
@@ -45,7 +56,9 @@ def build_sources(
 def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | None:
     """The one EventMetrics that event streams and native readers feed, when any is on."""
     events, readers = config.sources.events, config.sources.native
-    if not (events is not None and events.streams) and not (readers and readers.enabled()):
+    finished = config.sources.postgres is not None and bool(config.sources.postgres.finished)
+    streams = events is not None and bool(events.streams)
+    if not streams and not (readers and readers.enabled()) and not finished:
         return None
     buckets = (events or EventsSourceConfig()).buckets()
     return EventMetrics(telemetry, buckets, by_redis=config.sources.several_redis())

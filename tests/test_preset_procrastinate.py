@@ -9,6 +9,7 @@ job) and the times this test saw around each defer and start.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -214,7 +215,13 @@ def test_hot_path_reads_procrastinates_indexes_not_the_finished_rows(
             "unnest('{deferred,started,succeeded}'::procrastinate_job_event_type[]) AS event"
         )
         connection.execute("ANALYZE")
-        for query in _preset_queries():
+        # the finished-rows reader, one interval after its baseline (max id): by the primary key
+        finished = presets.expand("procrastinate")["sources"]["postgres"]["finished"][0]
+        row = connection.execute(finished["baseline"]).fetchone()
+        assert row is not None
+        after = row[0] - 100
+        read = finished["query"].replace("{after}", str(after)).replace("{limit}", "10000")
+        for query in [*_preset_queries(), finished["baseline"], read]:
             plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {query}").fetchall())
             assert "Seq Scan on procrastinate_jobs" not in plan, plan
             assert "Seq Scan on procrastinate_events" not in plan, plan
@@ -251,3 +258,106 @@ def test_a_renamed_column_costs_only_the_collector_that_reads_it(
         return found
 
     wait_until_served_as_truth(exporter, reported)
+
+
+def _family(series: Series, name: str, **labels: str) -> float:
+    wanted = {"system": "procrastinate", **labels}
+    return sum(
+        number
+        for (metric, label_set), number in series.items()
+        if metric == name and wanted.items() <= dict(label_set).items()
+    )
+
+
+def test_native_counts_what_finished_once_and_survives_procrastinates_clean_up(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    """Completed, failed and retried attempts and their execution and wait times, from the rows
+    Procrastinate writes as jobs finish: what finished before the reader's first read is not
+    counted, what finished after is counted once, and deleting the old jobs
+    (JobManager.delete_old_jobs) takes nothing back."""
+    app = procrastinate_app
+    app.tasks["send_email"].configure(queue="emails").defer(to="before")  # before the baseline
+    run_once = [sys.executable, "-m", "procrastinate", "--app", "tests.procrastinate_app.tasks.app",
+                "worker", "--queues", "emails,reports", "--one-shot"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROCRASTINATE_DSN": postgres_dsn}
+    subprocess.run(run_once, env=env, check=True, timeout=60, capture_output=True)
+    exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
+    wait_for(
+        lambda: (
+            value(_scrape(exporter), "queue_exporter_source_up", source="native:procrastinate") == 1
+        )
+    )
+
+    for n in range(5):
+        app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}")
+    for _ in range(2):
+        app.tasks["explode"].configure(queue="emails").defer()
+    app.tasks["flaky"].configure(queue="reports").defer()
+    subprocess.run(run_once, env=env, check=True, timeout=60, capture_output=True)
+
+    def truth() -> dict[tuple[str, str, str], float]:
+        """What Procrastinate says finished since the baseline: its jobs' statuses and attempts
+        (the job deferred before the exporter started left out)."""
+        counts: Counter[tuple[str, str, str]] = Counter()
+        for job in app.job_manager.list_jobs():
+            if job.task_kwargs.get("to") == "before":
+                continue
+            if job.status == "succeeded":
+                counts["queue_jobs_completed_total", job.queue, job.task_name] += 1
+            elif job.status == "failed":
+                counts["queue_jobs_failed_total", job.queue, job.task_name] += 1
+            elif job.status == "todo" and job.attempts:
+                counts["queue_jobs_retried_total", job.queue, job.task_name] += job.attempts
+                counts["queue_jobs_failed_total", job.queue, job.task_name] += job.attempts
+        return counts
+
+    expected = truth()
+    assert expected == {
+        ("queue_jobs_completed_total", "emails", "send_email"): 5,
+        ("queue_jobs_failed_total", "emails", "explode"): 2,
+        ("queue_jobs_failed_total", "reports", "flaky"): 1,
+        ("queue_jobs_retried_total", "reports", "flaky"): 1,
+    }  # what the workers were given: Procrastinate agrees
+
+    def mismatches(series: Series, _: float) -> list[str]:
+        found = []
+        for (metric, queue, task), number in expected.items():
+            served = _family(series, metric, queue=queue, job_type=task)
+            if served != number:
+                found.append(
+                    f"{metric}{{{queue}, {task}}}: served {served}, Procrastinate {number}"
+                )
+        attempts = sum(expected[key] for key in expected if key[0] != "queue_jobs_retried_total")
+        for histogram in ("queue_job_execution_seconds_count", "queue_job_wait_seconds_count"):
+            served = _family(series, histogram)
+            if served != attempts:
+                found.append(f"{histogram}: served {served}, attempts {attempts}")
+        return found
+
+    wait_until_served_as_truth(exporter, mismatches)
+    asyncio.run(_delete_old_jobs(postgres_dsn))
+    assert app.job_manager.list_jobs(status="succeeded") == []
+    for _ in range(3):  # later reads: nothing counted twice, nothing taken back
+        wait_until_served_as_truth(exporter, mismatches)
+        time.sleep(0.5)
+    app.tasks["send_email"].configure(queue="emails").defer(to="after")
+    subprocess.run(run_once, env=env, check=True, timeout=60, capture_output=True)
+    expected["queue_jobs_completed_total", "emails", "send_email"] += 1
+    wait_until_served_as_truth(exporter, mismatches)
+
+
+async def _delete_old_jobs(dsn: str) -> None:
+    """Procrastinate's own clean-up of finished jobs (their events go with them)."""
+    from tests.procrastinate_app.tasks import app
+
+    connector = procrastinate.PsycopgConnector(conninfo=dsn)
+    with app.replace_connector(connector) as bound:
+        async with bound.open_async():
+            await bound.job_manager.delete_old_jobs(nb_hours=0, include_failed=True)
+
+
+def _scrape(exporter: Any) -> Series:
+    from tests.conftest import scrape_series
+
+    return scrape_series(exporter)

@@ -327,9 +327,13 @@ def error_reason(error: Exception) -> str:
 
 
 def build_sources(
-    config: PostgresSourceConfig, telemetry: Telemetry, default_interval: float
+    config: PostgresSourceConfig,
+    telemetry: Telemetry,
+    default_interval: float,
+    connector: PostgresConnector | None = None,
 ) -> list[PostgresCollectorSource]:
-    connector = PostgresConnector(config)
+    """A source per collector, on `connector`'s pool (default: a pool of their own)."""
+    connector = connector or PostgresConnector(config)
     interval = config.sample_interval or default_interval
     return [
         PostgresCollectorSource(

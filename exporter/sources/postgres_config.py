@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from exporter.logs import mask_connection_string, register_connection_secrets, register_secret
 from exporter.models import StrictModel
+from exporter.sources.native.finished_rows_config import FinishedRowsConfig
 from exporter.sources.sql_collectors import SqlCollector, duplicate_custom_metrics
 
 SslMode = Literal["disable", "allow", "prefer", "require", "verify-ca", "verify-full"]
@@ -56,6 +57,11 @@ class PostgresSourceConfig(StrictModel):
         "answer is cut off by the exporter after connect_timeout more",
     )
     collectors: list[SqlCollector] = Field(default_factory=list)
+    finished: list[FinishedRowsConfig] = Field(
+        default_factory=list,
+        description="readers of the rows a job queue writes as jobs finish: completed, failed "
+        "and retried counts, execution and wait times (native signals, leader only)",
+    )
 
     @field_validator("dsn")
     @classmethod
@@ -81,6 +87,9 @@ class PostgresSourceConfig(StrictModel):
         names = [collector.name for collector in self.collectors]
         for name in sorted({name for name in names if names.count(name) > 1}):
             problems.append(f"two collectors are named {name!r}")
+        readers = [reader.name for reader in self.finished]
+        for name in sorted({name for name in readers if readers.count(name) > 1}):
+            problems.append(f"two finished-row readers are named {name!r}")
         problems += duplicate_custom_metrics(self.collectors)
         if problems:
             raise ValueError("; ".join(problems))

@@ -1,0 +1,168 @@
+"""The reader of rows a PostgreSQL job queue writes as jobs finish (finished_rows_config.py).
+
+Each read runs the preset's query for the rows past the last position counted (read-only,
+under the statement timeout and the exporter's deadline, on the SQL collectors' pool) and turns
+them into queue_jobs_completed_total / queue_jobs_failed_total / queue_jobs_retried_total and the
+execution and wait histograms. The first read of a new reader only takes the baseline: with
+leader election a replica that leads again gets a new reader (framework.NativeSource), so no job
+is counted twice, and jobs that finished while no replica read are not counted.
+
+A row it cannot read (an unknown outcome, a NULL queue, a negative duration) costs that row
+alone (framework.Signals.record), named with the preset's table and the column at fault.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import sql
+
+from exporter import numbers
+from exporter.events.metrics import EventMetrics
+from exporter.events.wire import ERROR_TYPES
+from exporter.sources.native.finished_rows_config import OUTCOMES, FinishedRowsConfig
+from exporter.sources.native.framework import NativeSource, ReaderError, Signals
+from exporter.sources.postgres import PostgresConnector, error_reason
+from exporter.sources.postgres_config import PostgresSourceConfig
+from exporter.sources.sql_collectors import QueryShapeError
+
+REQUIRED = ("cursor", "queue", "job_type", "outcome")
+OPTIONAL = ("execution_seconds", "wait_seconds", "error_type")
+
+
+class RowError(ValueError):
+    """A finished row that cannot be counted: names the table and the column at fault."""
+
+
+class FinishedRowsReader:
+    def __init__(self, config: FinishedRowsConfig, connector: PostgresConnector, timeout: float):
+        self.name = f"native:{config.name}"
+        self.config = config
+        self._connector = connector
+        self._timeout = timeout
+        self._cursor: Any = None  # the last position counted; None until the baseline
+        self._thread: int | None = None
+
+    def read(self, signals: Signals) -> None:
+        self._thread = threading.get_ident()
+        if self._cursor is None:
+            rows, _, _ = self._connector.fetch(self.config.baseline, self._timeout, 1)
+            self._cursor = rows[0][0] if rows and rows[0][0] is not None else 0
+            return
+        query = sql.SQL(self.config.query).format(
+            after=sql.Literal(self._cursor), limit=sql.Literal(self.config.max_rows)
+        )
+        rows, columns, _ = self._connector.fetch(
+            query.as_string(None), self._timeout, self.config.max_rows
+        )
+        index = self._columns(columns)
+        for row in rows:
+            position = row[index["cursor"]]
+            with signals.record(f"{self.config.table} row {position}"):
+                self._count(signals, row, index)
+            if position is not None and position > self._cursor:
+                self._cursor = position
+
+    def _columns(self, columns: Sequence[tuple[str, int]]) -> dict[str, int]:
+        index = {name: position for position, (name, _) in enumerate(columns)}
+        missing = [name for name in REQUIRED if name not in index]
+        if missing:
+            raise QueryShapeError(
+                f"{self.name} ({self.config.table}): the query returns no column "
+                f"{', '.join(missing)}"
+            )
+        return index
+
+    def _count(self, signals: Signals, row: Sequence[Any], index: dict[str, int]) -> None:
+        def column(name: str) -> Any:
+            return row[index[name]] if name in index else None
+
+        queue, job_type, outcome = column("queue"), column("job_type"), column("outcome")
+        if not isinstance(queue, str) or not isinstance(job_type, str):
+            raise RowError(f"{self.config.table}: queue/job_type is not a text: {queue!r}")
+        if outcome not in OUTCOMES:
+            raise RowError(f"{self.config.table}: column outcome is {str(outcome)[:50]!r}")
+        labels = (self.config.system, queue, job_type, "")
+        tally = signals.tally
+        execution = self._seconds(column("execution_seconds"), "execution_seconds")
+        wait = self._seconds(column("wait_seconds"), "wait_seconds")
+        if outcome == "completed":
+            tally.count("queue_jobs_completed_total", labels)
+        else:
+            error_type = column("error_type") or ("retryable" if outcome == "retried" else "other")
+            if error_type not in ERROR_TYPES:
+                error_type = "other"
+            tally.count("queue_jobs_failed_total", (*labels, error_type))
+            if outcome == "retried":
+                tally.count("queue_jobs_retried_total", labels)
+        if execution is not None:
+            tally.observe("queue_job_execution_seconds", labels, execution)
+        if wait is not None:
+            tally.observe("queue_job_wait_seconds", labels, wait)
+
+    def _seconds(self, value: Any, name: str) -> float | None:
+        if value is None:
+            return None
+        try:
+            return numbers.seconds(value)
+        except numbers.InvalidValue as error:
+            raise numbers.InvalidValue(
+                error.reason, f"{self.config.table}: column {name} is {numbers.shown(value)}"
+            ) from None
+
+    def interrupt(self) -> None:
+        if self._thread is not None:
+            self._connector.sever(self._thread)
+
+    def close(self) -> None:
+        """Nothing of its own: the pool belongs to the source (FinishedRowsSource)."""
+
+
+class FinishedRowsSource(NativeSource):
+    """A FinishedRowsReader as a source: the pool is held while the source lives (a reader is
+    rebuilt after a gap in the reads, the pool is not), and PostgreSQL's errors get their
+    reasons."""
+
+    def __init__(
+        self,
+        config: FinishedRowsConfig,
+        connector: PostgresConnector,
+        timeout: float,
+        interval: float,
+        metrics: EventMetrics,
+    ) -> None:
+        connector.acquire()
+        self._connector = connector
+        super().__init__(lambda: FinishedRowsReader(config, connector, timeout), interval, metrics)
+        # Waiting for a connection, then the query: past both, the server is not answering.
+        self.deadline = connector.config.connect_timeout + timeout
+
+    def error_reason(self, error: Exception) -> str:
+        if isinstance(error, ReaderError):
+            return error.reason
+        return error_reason(error)
+
+    def close(self) -> None:
+        super().close()
+        self._connector.release()
+
+
+def build_sources(
+    config: PostgresSourceConfig,
+    connector: PostgresConnector,
+    metrics: EventMetrics,
+    default_interval: float,
+) -> list[FinishedRowsSource]:
+    interval = config.sample_interval or default_interval
+    return [
+        FinishedRowsSource(
+            reader,
+            connector,
+            reader.timeout or config.statement_timeout,
+            reader.interval or interval,
+            metrics,
+        )
+        for reader in config.finished
+    ]

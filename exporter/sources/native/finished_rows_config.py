@@ -1,0 +1,51 @@
+"""`sources.postgres.finished`: a reader of rows a PostgreSQL job queue writes as jobs finish.
+
+One mechanism, configured with data by a preset: a `baseline` query gives the current position
+(the newest finished row's cursor, e.g. an events table's id), and `query` the rows finished
+past a position, oldest first. Light: loaded by the configuration without psycopg.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from exporter.models import StrictModel
+
+# What a finished row says happened, as the query's `outcome` column spells it.
+OUTCOMES = ("completed", "failed", "retried")
+
+
+class FinishedRowsConfig(StrictModel):
+    name: str = Field(
+        min_length=1,
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
+        description="the source is native:<name>",
+    )
+    system: str = Field(min_length=1, description="the system label of what it counts")
+    table: str = Field(min_length=1, description="the table the rows come from, for messages")
+    baseline: str = Field(
+        description="one row, column `cursor`: the newest finished row's position now (NULL: "
+        "no row yet); a new reader starts there and counts nothing before it"
+    )
+    query: str = Field(
+        description="the rows finished after {after} (the last position counted), at most "
+        "{limit}, ordered by cursor; columns cursor, queue, job_type, outcome (completed, "
+        "failed, retried) and, may be NULL, execution_seconds, wait_seconds, error_type"
+    )
+    interval: float | None = Field(
+        None, gt=0, description="seconds between reads (default: the postgres sample_interval)"
+    )
+    timeout: float | None = Field(
+        None, gt=0, description="statement timeout in seconds (default: statement_timeout)"
+    )
+    max_rows: int = Field(
+        10_000, ge=1, description="rows counted per read at most; the rest at the next read"
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _placeholders(cls, query: str) -> str:
+        missing = [name for name in ("{after}", "{limit}") if name not in query]
+        if missing:
+            raise ValueError(f"the query must use {' and '.join(missing)}")
+        return query
