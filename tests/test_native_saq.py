@@ -99,3 +99,47 @@ def test_worker_counts_served_as_increments_across_a_restart(
     finally:
         for process in started:
             stop_process(process, signal.SIGTERM)
+
+
+def _info(complete: int) -> str:
+    """A worker's info as SAQ's Queue.worker_info writes it."""
+    stats = {"complete": complete, "failed": 0, "retried": 0, "aborted": 0, "uptime": 1}
+    return json.dumps({"stats": stats, "queue_key": "work", "metadata": None})
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(lambda c, key: c.rpush(key, "x"), id="wrong-type"),
+        pytest.param(lambda c, key: c.set(key, "not json"), id="not-json"),
+        pytest.param(lambda c, key: c.set(key, json.dumps({"stats": []})), id="stats-not-object"),
+        pytest.param(lambda c, key: c.set(key, "x" * (2 << 20)), id="huge"),
+        pytest.param(lambda c, key: c.set(key, _info(-5)), id="negative-count"),
+    ],
+)
+def test_a_hostile_worker_record_costs_itself_only(redis_client, redis_url, hostile):
+    """One live worker's record is hostile: refused by reason at every read, and the other
+    worker's completions are counted all the same."""
+    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.sources.native.config import SaqReaderConfig
+    from exporter.sources.native.framework import Signals
+    from exporter.sources.native.saq import SaqReader
+
+    expires = int(time.time() * 1000) + 600_000
+    good, bad = "saq:work:worker_info:good", "saq:work:worker_info:bad"
+    redis_client.zadd("saq:work:stats", {good: expires, bad: expires})
+    redis_client.set(good, _info(3))
+    hostile(redis_client, bad)
+    reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=redis_url))
+    try:
+        baseline = Signals()
+        reader.read(baseline)
+        assert sum(baseline.tally.invalid.values()) == 1
+        redis_client.set(good, _info(5))
+        signals = Signals()
+        reader.read(signals)
+        assert sum(signals.tally.invalid.values()) == 1
+        completed = signals.tally.counts[("queue_jobs_completed_total", ("saq", "work", "", ""))]
+        assert completed == 2
+    finally:
+        reader.close()

@@ -155,7 +155,7 @@ class SaqReaderConfig(ReaderConfig):
         description="queues whose counters exist from the start (besides every queue with "
         "live workers' stats)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore", "mget")
+    ACL_COMMANDS = ("scan", "zrangebyscore", "get")
 
     def acl_read_keys(self) -> list[str]:
         return ["saq:*:stats", "saq:*:worker_info:*"]

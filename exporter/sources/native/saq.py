@@ -106,7 +106,10 @@ class SaqReader(RedisReader):
         if not keys:
             return {}
         counts: dict[Hashable, float] = {}
-        for key, raw in zip(keys, client.mget(keys), strict=True):
+        pipe = client.pipeline(transaction=False)
+        for key in keys:
+            pipe.get(key)  # not MGET: a record of another type must say so (WRONGTYPE)
+        for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
             name = key.decode("utf-8", "replace")
             with signals.record(key):  # a bad record costs itself: its last counts stand in
                 counts.update({(queue, name, stat): n for stat, n in _stats(raw).items()})
@@ -131,8 +134,10 @@ class SaqReader(RedisReader):
                     signals.tally.consumed += int(amount)
 
 
-def _stats(raw: bytes | str | None) -> dict[str, float]:
+def _stats(raw: bytes | str | Exception | None) -> dict[str, float]:
     """A worker info's counts; none once it expired."""
+    if isinstance(raw, Exception):
+        raise raw
     if raw is None:
         return {}
     if len(raw) > MAX_INFO_BYTES:
