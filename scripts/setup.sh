@@ -241,10 +241,12 @@ python_venvs() {
     link_tool "${words[0]}"
   done
   # The lowest version of every dependency pyproject.toml allows (scripts/floors.py): .ci/run
-  # runs a smoke subset of the tests there, so a floor that stopped working fails CI; pytest,
-  # pytest-timeout and pytest-xdist at the project's pins, no other pin for the floors.
+  # runs a smoke subset of the tests there, so a floor that stopped working fails CI. The test
+  # tools (pytest and its plugins, Hypothesis and psutil, which tests/ imports) at the
+  # project's pins; the floors need no other pin.
   mapfile -t floors < <("$PYTHON" scripts/floors.py)
-  mapfile -t floor_tools < <(grep -E -i '^(pytest|pytest-timeout|pytest-xdist|execnet)==' constraints/dev.txt)
+  local tools='pytest|pytest-timeout|pytest-xdist|execnet|pluggy|iniconfig|hypothesis|attrs|sortedcontainers|psutil'
+  mapfile -t floor_tools < <(grep -E -i "^($tools)==" constraints/dev.txt)
   cached_venv floors - "${floors[@]}" "${floor_tools[@]}"
   link_tool floors
 }
