@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
 # queue-exporter's container image: a virtualenv built in one stage, copied into a slim
 # runtime without pip or build tools, run as a non-root user on a read-only root filesystem.
+# Built and run by the tests with podman and buildah: scripts/build-image.sh (docs/deploy.md)
+# tags it localhost/queue-exporter:<version>, the Helm chart's default image. With Docker:
 #   docker build -t queue-exporter:0.1.0 --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) .
-#   docker run --read-only -p 9839:9839 queue-exporter:0.1.0 serve --redis-url redis://host:6379/0
+#   docker run --read-only -p 9839:9839 queue-exporter:0.1.0 serve --redis-url redis://host:6379/0 --preset rq
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
