@@ -26,7 +26,7 @@ from tests.conftest import REDIS_HOST, REDIS_PORT
 TESTS = Path(__file__).parent
 BULLMQ_MAJORS = (5, 6)
 BULL_MAJORS = (3, 4)
-BEE_QUEUE_MAJORS = (2,)
+BEE_QUEUE_MAJORS = (1, 2)
 
 
 def _missing(what: str) -> None:
@@ -168,7 +168,7 @@ class Bull(NodeQueues):
 
 
 class BeeQueue(NodeQueues):
-    """The `bee-queue` package, 2.x."""
+    """The `bee-queue` package, 1.x or 2.x."""
 
     def __init__(self, major: int, db: int, prefix: str = "bq", port: int = REDIS_PORT) -> None:
         super().__init__("bee-queue", f"beequeue{major}", "bee-queue.cjs", db, prefix, port)
