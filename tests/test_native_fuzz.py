@@ -28,10 +28,12 @@ from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native.bull import BullReader
 from exporter.sources.native.bullmq import BullmqReader
 from exporter.sources.native.celery import CeleryReader
 from exporter.sources.native.config import (
     BullmqReaderConfig,
+    BullReaderConfig,
     CeleryReaderConfig,
     RqReaderConfig,
     SidekiqReaderConfig,
@@ -337,5 +339,70 @@ def test_bullmq_counts_every_good_job_whatever_else_is_recorded(
         job = {"system": "bullmq", "job_type": "good"}
         assert total(series, "queue_jobs_completed_total", **job) == good
         assert total(series, "queue_job_execution_seconds_sum", **job) == good * 1.5
+    finally:
+        feed.close()
+
+
+# -- Bull (the bull package) ---------------------------------------------------------------------
+
+_bull3_job = st.one_of(
+    st.none(),  # a finished id whose hash is gone
+    st.just("list"),  # a hash of another type
+    _one_bad(
+        {
+            "name": "h",
+            "timestamp": _BULL_NOW - 3000,
+            "delay": 0,
+            "processedOn": _BULL_NOW - 2000,
+            "finishedOn": _BULL_NOW - 1000,
+            "attemptsMade": 1,
+            "failedReason": "boom",
+        }
+    ),
+)
+
+
+@FUZZ
+@given(
+    jobs=st.lists(_bull3_job, min_size=3, max_size=6),
+    scores=st.lists(st.floats(allow_nan=False) | st.sampled_from([0, -1, 1e300]), max_size=3),
+    good=st.integers(1, 3),
+)
+def test_bull_counts_every_good_job_whatever_else_is_recorded(
+    redis_client, redis_url, jobs, scores, good
+):
+    redis_client.flushdb()
+    redis_client.set("bull:q:id", 0)
+    redis_client.set("bull:other:id", 0)
+    redis_client.set("bull:other:failed", "not a zset")
+    feed = _Feed(lambda: BullReader(BullReaderConfig(), RedisConnectionConfig(url=redis_url)))
+    try:
+        feed.read()  # the baseline
+        now_ms = int(time.time() * 1000)
+        for index, fields in enumerate(jobs):
+            if fields == "list":
+                redis_client.rpush(f"bull:q:h{index}", "not a hash")
+            elif fields:
+                redis_client.hset(f"bull:q:h{index}", mapping=_fields(fields))
+            redis_client.zadd(f"bull:q:{'failed' if index % 2 else 'completed'}",
+                              {f"h{index}": now_ms})  # fmt: skip
+        for index, score in enumerate(scores):  # members of any score, no hash
+            redis_client.zadd("bull:q:completed", {f"s{index}": score})
+        for index in range(good):
+            times = {"timestamp": now_ms - 3000, "processedOn": now_ms - 2000, "finishedOn": now_ms}
+            redis_client.hset(
+                f"bull:q:g{index}", mapping={"name": "good", "attemptsMade": 1, **times}
+            )
+            redis_client.zadd("bull:q:completed", {f"g{index}": now_ms})
+        job = {"system": "bull", "queue": "q", "job_type": "good"}
+        for read in (1, 2):  # whatever was scored before, the next jobs are counted too
+            if read == 2:
+                for index in range(good):
+                    redis_client.hset(f"bull:q:n{index}", mapping={"name": "good", **times})
+                    redis_client.zadd("bull:q:completed", {f"n{index}": now_ms + 1})
+            series = feed.read()
+            assert total(series, "queue_jobs_completed_total", **job) == good * read
+            assert total(series, "queue_jobs_retried_total", **job) == good
+            assert total(series, "queue_job_execution_seconds_sum", **job) == good * 2.0 * read
     finally:
         feed.close()

@@ -147,7 +147,11 @@ def test_hostile_jobs_cost_only_their_own_age(bee_queue, redis_client, redis_url
     def mismatches(series: Series, scraped_ms: float) -> list[str]:
         found = _mismatches(series, truth, scraped_ms)
         found += [f"{reason} not counted" for reason in reasons if _errors(series, reason) < 1]
-        up = [v for (n, ls), v in series.items() if n == "queue_exporter_source_up"]
+        up = [
+            v
+            for (n, ls), v in series.items()
+            if n == "queue_exporter_source_up" and ("source", "redis") in ls
+        ]
         return found + ([] if up == [1] else [f"source_up {up}"])
 
     app = run_exporter(

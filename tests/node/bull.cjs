@@ -5,6 +5,7 @@
 //   steps  run spec.steps (add jobs, pause, processors that finish a known number of jobs,
 //          processors kept busy), print "ready", then keep held processors busy until SIGTERM
 //   truth  print what the library itself says about spec.queues, as JSON
+//   finished  print every completed and failed job of spec.queues (getCompleted, getFailed)
 // Jobs behave as their data says: {sleep_ms, fail: "always" | <attempts that fail>}.
 'use strict';
 const path = require('path');
@@ -34,7 +35,7 @@ async function workUntil(queue, step) {
     };
     queue.on('completed', () => { done.completed += 1; check(); });
     queue.on('failed', () => { done.failed += 1; check(); });
-    queue.process(1, runJob);
+    queue.process('*', 1, runJob); // every job name
   });
 }
 
@@ -48,7 +49,8 @@ async function steps() {
   for (const step of spec.steps) {
     if (step.op === 'add') {
       for (let i = 0; i < (step.count || 1); i += 1) {
-        await queue(step.queue).add(jobData(step), step.opts || {});
+        const q = queue(step.queue);
+        await (step.name ? q.add(step.name, jobData(step), step.opts || {}) : q.add(jobData(step), step.opts || {}));
       }
     } else if (step.op === 'pause') {
       await queue(step.queue).pause();
@@ -61,7 +63,7 @@ async function steps() {
       const q = new Queue(step.queue, options);
       await new Promise(resolve => {
         q.once('active', resolve);
-        q.process(1, runJob);
+        q.process('*', 1, runJob);
       });
       held.push(q);
     } else if (step.op === 'sleep') {
@@ -96,7 +98,27 @@ async function truth() {
   console.log(JSON.stringify(result));
 }
 
-const commands = { steps, truth };
+// Every finished job Bull keeps, as its own Job objects read them.
+async function finished() {
+  const result = { queues: {} };
+  for (const name of spec.queues) {
+    const q = new Queue(name, options);
+    const jobs = {};
+    for (const [state, list] of [['completed', await q.getCompleted()], ['failed', await q.getFailed()]]) {
+      for (const job of list.filter(Boolean)) {
+        jobs[job.id] = {
+          state, name: job.name, processedOn: job.processedOn, finishedOn: job.finishedOn,
+          attemptsMade: job.attemptsMade, failedReason: job.failedReason || null,
+        };
+      }
+    }
+    result.queues[name] = jobs;
+    await q.close();
+  }
+  console.log(JSON.stringify(result));
+}
+
+const commands = { steps, truth, finished };
 commands[command]().then(
   () => process.exit(0),
   error => { console.error(error); process.exit(1); },

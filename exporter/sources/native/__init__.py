@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import (
     BullmqReaderConfig,
+    BullReaderConfig,
     CeleryReaderConfig,
     NativeConfig,
     ReaderConfig,
@@ -74,4 +75,8 @@ def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval:
         from exporter.sources.native.saq import SaqReader
 
         return SaqReader(settings, connection)
+    if isinstance(settings, BullReaderConfig):
+        from exporter.sources.native.bull import BullReader
+
+        return BullReader(settings, connection)
     raise TypeError(f"no reader for {type(settings).__name__}")

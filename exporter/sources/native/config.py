@@ -164,12 +164,27 @@ class SaqReaderConfig(ReaderConfig):
         return ["saq:*:stats"]
 
 
+class BullReaderConfig(ReaderConfig):
+    system: str = Field("bull", min_length=1, description="the system label")
+    prefix: str = Field("bull", min_length=1, description="Bull's key prefix")
+
+    ACL_COMMANDS = ("scan", "zrangebyscore", "hmget")
+
+    def acl_read_keys(self) -> list[str]:
+        # id counters, completed and failed sets, job hashes (named by id)
+        return [scan_glob(literal(self.prefix)) + ":*"]
+
+    def record_globs(self) -> list[str]:
+        return [scan_glob(literal(self.prefix)) + ":*:id"]
+
+
 class NativeConfig(StrictModel):
     rq: RqReaderConfig | None = None
     bullmq: BullmqReaderConfig | None = None
     celery: CeleryReaderConfig | None = None
     sidekiq: SidekiqReaderConfig | None = None
     saq: SaqReaderConfig | None = None
+    bull: BullReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())
