@@ -110,8 +110,9 @@ def test_new_redis_presets_run_with_exactly_the_acl_they_print(acl_redis, run_ex
             )
             for system in AGED
         }
-        native = value(
-            series, "queue_exporter_source_last_success_timestamp_seconds", source="native:saq"
+        native = all(
+            value(series, "queue_exporter_source_last_success_timestamp_seconds", source=source)
+            for source in ("native:saq", "native:bull")
         )
         done = all(depths.values()) and all(age is not None for age in ages.values()) and native
         return series if done else None
