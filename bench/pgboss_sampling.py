@@ -1,10 +1,12 @@
 """The pgboss preset's cost per cycle at 1M job rows, as ratios against the bare SELECTs that
 give the same numbers, measured in the same run.
 
-    .venv/bin/python bench/pgboss_sampling.py [--jobs 1000000] [--runs 9] [--admin-dsn DSN]
+    .venv/bin/python bench/pgboss_sampling.py [--major 10|12] [--jobs 1000000] [--runs 9]
+                                              [--admin-dsn DSN]
 
-Creates a database of its own (qe_bench_<random>, dropped at the end), pg-boss 10's schema and
-queues through pg-boss itself (tests/node/pgboss.cjs seed, Node and tests/node/pgboss10 needed),
+Creates a database of its own (qe_bench_<random>, dropped at the end), pg-boss's schema and
+queues through pg-boss itself (tests/node/pgboss.cjs seed: tests/node/pgboss<major>, and for 12
+the Node 22 of tests/node/node22),
 then `--jobs` rows over its 4 queues as a busy pg-boss keeps them: 82% finished (completed,
 failed, cancelled), the rest created (due or scheduled), retry and active. Timed in turn, median
 of --runs after a warm-up:
@@ -57,11 +59,11 @@ ANALYZE;
 
 BARE_WAITING = """
 SELECT name, state, start_after > now() AS later, count(*), min(start_after)
-FROM pgboss.job WHERE state < 'active' GROUP BY 1, 2, 3
+FROM pgboss.job WHERE state IN ('created', 'retry') GROUP BY 1, 2, 3
 """
 BARE_DUE = """
 SELECT name, count(*) FROM pgboss.job
-WHERE state < 'active' AND state = 'created' AND start_after <= now() AND start_after > created_on
+WHERE state IN ('created', 'retry') AND state = 'created' AND start_after <= now() AND start_after > created_on
 GROUP BY 1
 """
 BARE_ACTIVE = (
@@ -72,6 +74,7 @@ EVERY_STATE = "SELECT name, state, count(*) FROM pgboss.job GROUP BY 1, 2"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--major", type=int, choices=(10, 12), default=10)
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN)
@@ -87,22 +90,25 @@ def main() -> None:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-def create_schema(dsn: str) -> None:
+def create_schema(dsn: str, major: int) -> None:
     """pg-boss's own migrations and createQueue, through its API."""
     parts = conninfo_to_dict(dsn)
     url = f"postgres://{parts['user']}@{parts['host']}:{parts.get('port', 5432)}/{parts['dbname']}"
     script = ROOT / "tests/node/pgboss.cjs"
+    node = str(ROOT / "tests/node/node22/node_modules/.bin/node") if major >= 12 else "node"
     subprocess.run(
-        ["node", str(script), "10", "seed", url, "pgboss"], check=True, capture_output=True
+        [node, str(script), str(major), "seed", url, "pgboss"], check=True, capture_output=True
     )
 
 
 def run(dsn: str, args: argparse.Namespace) -> None:
     started = time.perf_counter()
-    create_schema(dsn)
+    create_schema(dsn, args.major)
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute(FILL.format(jobs=args.jobs).encode())
-    print(f"pg-boss 10 schema and {args.jobs} job rows in {time.perf_counter() - started:.1f}s")
+    print(
+        f"pg-boss {args.major} schema and {args.jobs} job rows in {time.perf_counter() - started:.1f}s"
+    )
 
     config = config_module.from_dict(
         {
