@@ -50,6 +50,7 @@ TOOL_VENVS=(
   "rq1 rq>=1,<2"
   "arq arq==0.28.0"         # pins redis-py below 6: tests/test_preset_arq.py
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
+  "huey2 huey==2.6.0 redis==8.1.0"    # Huey 2.x beside the dev extra's 3.x
 )
 
 install_debian_tools() {

@@ -8,7 +8,6 @@ scheduled_count() and the due tasks among scheduled().
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -22,12 +21,14 @@ import pytest
 from tests.conftest import Series, stop_process, wait_for, wait_until_served_as_truth
 
 ROOT = Path(__file__).resolve().parent.parent
+# Huey 3.x in the project's venv (the dev extra), 2.x in a venv of its own (scripts/setup.sh)
+HUEY_PYTHONS = {"huey3": Path(sys.executable), "huey2": ROOT / ".venv/tools/huey2/bin/python"}
 DUE_IN = 8  # seconds: long enough for the consumer to be stopped before it is due
 
 
 class Huey:
-    def __init__(self, redis_url: str, name: str, priority: bool = False) -> None:
-        self.name = name
+    def __init__(self, python: Path, redis_url: str, name: str, priority: bool = False) -> None:
+        self.python, self.name = python, name
         self.env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
@@ -38,7 +39,7 @@ class Huey:
 
     def run(self, *args: str) -> str:
         done = subprocess.run(
-            [sys.executable, "-m", "tests.huey_app.driver", *args],
+            [self.python, "-m", "tests.huey_app.driver", *args],
             env=self.env,
             capture_output=True,
             text=True,
@@ -57,7 +58,7 @@ class Huey:
 
     def consumer(self) -> subprocess.Popen[bytes]:
         """The real `huey_consumer`, one worker thread."""
-        command = Path(sys.executable).parent / "huey_consumer"
+        command = self.python.parent / "huey_consumer"
         return subprocess.Popen(
             [command, "tests.huey_app.tasks.huey", "-w", "1", "-k", "thread"],
             env=self.env,
@@ -67,13 +68,16 @@ class Huey:
         )
 
 
-@pytest.fixture
-def huey_installed() -> None:
-    if importlib.util.find_spec("huey") is None:
-        message = "huey not installed (pyproject's dev extra has it)"
+@pytest.fixture(params=sorted(HUEY_PYTHONS))
+def huey_python(request: pytest.FixtureRequest) -> Path:
+    python = HUEY_PYTHONS[request.param]
+    probe = subprocess.run([python, "-c", "import huey"], capture_output=True, check=False)
+    if not python.exists() or probe.returncode != 0:
+        message = f"{request.param}: no Huey at {python} (scripts/setup.sh installs it)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+    return python
 
 
 def _mismatches(series: Series, truths: dict[str, dict[str, Any]]) -> list[str]:
@@ -102,11 +106,11 @@ def _value(series: Series, name: str, **labels: str) -> float | None:
     return values[0] if len(values) == 1 else None
 
 
-def test_every_state_as_huey_counts_it(huey_installed, redis_url, run_exporter):
+def test_every_state_as_huey_counts_it(huey_python, redis_url, run_exporter):
     # Huey puts a task with an eta on the queue; the consumer that takes it moves it to the
     # schedule, and its scheduler moves it back when due. With one worker: two complete, one
     # fails, one is retried in an hour, two wait in the schedule (an hour, and a few seconds)
-    work = Huey(redis_url, "work")
+    work = Huey(huey_python, redis_url, "work")
     work.enqueue(
         {"task": "succeed"},
         {"task": "succeed"},
@@ -125,10 +129,10 @@ def test_every_state_as_huey_counts_it(huey_installed, redis_url, run_exporter):
     work_truth = wait_for(lambda: (t := work.truth())["due"] == 1 and t, timeout=DUE_IN + 30)
     assert (work_truth["pending"], work_truth["scheduled"]) == (3, 3)
     # no consumer ever: even the delayed task is pending
-    idle = Huey(redis_url, "huey")
+    idle = Huey(huey_python, redis_url, "huey")
     idle.enqueue({"task": "succeed"}, {"task": "succeed"}, {"task": "succeed", "delay": 3600})
     # a PriorityRedisHuey: its queue is a zset
-    prio = Huey(redis_url, "prio", priority=True)
+    prio = Huey(huey_python, redis_url, "prio", priority=True)
     prio.enqueue(*({"task": "succeed", "priority": p} for p in (1, 5, 10)))
     truths = {"work": work_truth, "huey": idle.truth(), "prio": prio.truth()}
     assert truths["huey"]["pending"] == 3 and truths["prio"]["pending"] == 3
