@@ -43,8 +43,10 @@ def _missing(what: str) -> None:
 
 class GraphileWorker:
     def __init__(self, version: str, dsn: str, tmp_path: Path) -> None:
-        if shutil.which("node") is None:
-            _missing("node")
+        # 0.18 needs Node 22.18: npm's node package in tests/node/node22; 0.16 runs on Node 20
+        self.node = str(NODE / "node22/node_modules/.bin/node") if version >= "018" else "node"
+        if shutil.which(self.node) is None:
+            _missing(f"{self.node} (graphile-worker {version})")
         if not (NODE / f"graphile_worker{version}/node_modules/graphile-worker").is_dir():
             _missing(f"graphile-worker in tests/node/graphile_worker{version}")
         parts = conninfo_to_dict(dsn)
@@ -55,7 +57,7 @@ class GraphileWorker:
 
     def _argv(self, command: str, *args: str) -> list[str]:
         script = str(NODE / "graphile_worker.cjs")
-        return ["node", script, self.version, command, self.url, "graphile_worker", *args]
+        return [self.node, script, self.version, command, self.url, "graphile_worker", *args]
 
     def seed(self) -> None:
         done = subprocess.run(
@@ -98,7 +100,7 @@ class GraphileWorker:
         return {row[0] for row in rows}
 
 
-@pytest.fixture(params=["016"])
+@pytest.fixture(params=["016", "018"])
 def graphile(
     request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path
 ) -> Iterator[GraphileWorker]:

@@ -62,9 +62,11 @@ async function truth (idsFile) {
   const sizes = {}
   const jobs = []
   for (const queue of QUEUES) {
-    sizes[queue] = {
-      waiting: await b.getQueueSize(queue),
-      unfinished: await b.getQueueSize(queue, { before: 'completed' })
+    if (b.getQueueSize) { // pg-boss 10 (12 has no live count: getQueueStats reads its cache)
+      sizes[queue] = {
+        waiting: await b.getQueueSize(queue),
+        unfinished: await b.getQueueSize(queue, { before: 'completed' })
+      }
     }
     for (const id of ids[queue]) {
       const job = await b.getJobById(queue, id)
