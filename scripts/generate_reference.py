@@ -76,6 +76,14 @@ def presets_page() -> str:
         "throughput, failures, runtimes and workers: docs/native.md says what each reader reads,",
         "which versions are tested, and how to add a reader.",
         "",
+        "Each preset's **Queues found** line says where its queues come from: a set or the keys",
+        "the system itself keeps per queue (every queue, an empty one reading 0), a param that",
+        "lists them (only those: where the system records no list of its queues), or a SCAN of",
+        "the queue keys (a queue whose key Redis deleted when it emptied is absent until it holds",
+        "a job again). A `select` (the celery preset's `queues` param) narrows or adds to what is",
+        "found, and a queue found but left out is named in the log, on the status page and by",
+        "check-config.",
+        "",
     ]
     for name in presets.available():
         document = presets.read(name)
@@ -89,12 +97,59 @@ def presets_page() -> str:
         lines += _library_lines(document.get("library"))
         groups = document.get("sources", {}).get("redis", {}).get("key_groups", [])
         if groups:
+            expanded = (
+                presets.expand(name).get("sources", {}).get("redis", {}).get("key_groups", [])
+            )
+            lines += [f"Queues found: {_queues_found(groups, expanded)}.", ""]
             lines += ["| key pattern | type | state | reads |", "|---|---|---|---|"]
             lines += [_group_row(group) for group in groups]
             lines.append("")
         for section in sorted(set(document.get("sources", {})) - {"redis"}):
             lines += [f"It also configures `sources.{section}` (see docs/{section}.md).", ""]
     return "\n".join(lines)
+
+
+def _queues_found(groups: list[dict[str, Any]], expanded: list[dict[str, Any]]) -> str:
+    """Where a preset's key groups take their queues from, in words, each way once (params
+    named from the file, patterns as the defaults make them)."""
+    ways: list[str] = []
+    for group, resolved in zip(groups, expanded, strict=True):
+        if "queue" in group.get("labels", {}):
+            continue
+        for way in _ways(group, resolved):
+            if way not in ways:
+                ways.append(way)
+    return "; ".join(ways) or "named in its key patterns"
+
+
+def _ways(group: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
+    ways = []
+    listed = group.get("values", {}).get("queue")
+    if isinstance(listed, str) and listed.startswith("${"):
+        ways.append(f"listed in the `{listed[2:-1]}` param")
+    elif listed:
+        ways.append(f"listed: {listed}")
+    members = resolved.get("values_from_set", {}).get("queue")
+    if members is not None:
+        kind = "every set matching" if "{_" in members["key"] else "the set"
+        ways.append(f"the members of {kind} `{_escaped(members['key'])}`")
+    keys = resolved.get("values_from_keys", {}).get("queue")
+    for pattern in [keys] if isinstance(keys, str) else keys or []:
+        ways.append(f"the keys `{_escaped(pattern)}`")
+    select = group.get("select", {}).get("queue")
+    if isinstance(select, str) and select.startswith("${"):
+        ways.append(f"narrowed or added to by the `{select[2:-1]}` param")
+    split = group.get("split_by") or {}
+    if split.get("label") == "queue":
+        ways.append(f"each job's `{split['field']}` field (the jobs of every queue in one key)")
+    if not ways and "{queue}" in group["pattern"]:
+        ways.append("a SCAN of the key patterns below (an emptied queue is absent)")
+    return ways
+
+
+def _escaped(text: str) -> str:
+    """Control characters as escapes (Celery's \\x06\\x16 separator)."""
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def _library_lines(library: dict[str, Any] | None) -> list[str]:

@@ -35,6 +35,12 @@ from tests.real_queues import BullMQ, Sidekiq
 PASSWORD = "least-privilege-pw"
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "security.md"
 REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq"]
+# Celery's queues named: found queues may have any name (%R~*), named ones narrow the ACL to
+# their lists (docs/security.md)
+PRESET_ENTRIES = [
+    {"name": name, "params": {"queues": ["celery"]}} if name == "celery" else name
+    for name in REDIS_PRESETS
+]
 
 
 @pytest.fixture
@@ -67,7 +73,7 @@ def _seed(client: redis.Redis, now: float) -> None:
 
 def _events_config(port: int) -> dict[str, Any]:
     return {
-        "presets": REDIS_PRESETS,
+        "presets": PRESET_ENTRIES,
         "sources": {
             "redis": {"url": f"redis://queue-exporter:{PASSWORD}@127.0.0.1:{port}/0"},
             "events": {"streams": ["qe:events"]},

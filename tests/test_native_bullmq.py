@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -317,3 +318,31 @@ def test_workers_counted_as_bullmq_counts_them(bullmq, redis_url, run_exporter):
     wait_for(lambda: _workers(app, "mail") == {"busy": 0, "idle": 0})
     assert _workers(app, "video") == {"busy": 1, "idle": 0}
     bullmq.stop(busy)
+
+
+def test_a_queues_param_narrows_the_queues_found(bullmq, redis_url, run_exporter):
+    """queues: [mail, extra]: mail (found) and extra (named, not found) are served, video
+    (found, not named) is left out of the depths, the reader and its workers, and reported."""
+    bullmq.steps(
+        {"op": "add", "queue": "mail", "count": 2}, {"op": "add", "queue": "video", "count": 3}
+    )
+    preset = {"name": "bullmq", "params": {"queues": ["mail", "extra"]}}
+    app = run_exporter({"presets": [preset], "sources": {"redis": {"url": redis_url}}})
+    bullmq.worker("video")
+
+    def depths() -> dict[str, float] | None:
+        series = scrape_series(app)
+        found = {dict(ls)["queue"] for n, ls in series if n == "queue_depth"}
+        pending = {q: _total(series, "queue_depth", queue=q, state="pending") for q in found}
+        return pending if found else None
+
+    wait_for(lambda: depths() == {"mail": 2, "extra": 0})
+    wait_for(lambda: app.health.snapshot()[STREAM].up)
+    reports = [report for report in app.health.key_groups() if report.unselected]
+    assert reports and all(report.unselected == ("video",) for report in reports)
+    wait_for(lambda: bullmq.truth(["video"])["queues"]["video"]["counts"]["completed"] == 3)
+    assert bullmq.truth(["video"])["queues"]["video"]["workers"] == 1
+    time.sleep(1.0)  # five reads of the reader since
+    series = scrape_series(app)
+    assert _total(series, "queue_workers", queue="video") == 0  # not a queue served
+    assert _total(series, "queue_jobs_completed_total", queue="video") == 0

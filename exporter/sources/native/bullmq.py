@@ -51,6 +51,7 @@ from exporter.logs import LogLimiter
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.redis_pipeline import Args, in_transaction, round_trips, transaction_results
 from exporter.sources.key_groups import key_regex, literal, scan_glob
+from exporter.sources.key_values import select
 from exporter.sources.native.bullmq_workers import worker_connections
 from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import RedisReader, Signals
@@ -202,7 +203,7 @@ class BullmqReader(RedisReader):
             match = self._meta.match(key.decode("utf-8", "replace"))
             if match:
                 names.add(match.group("value"))
-        return sorted(names)
+        return select(names, self.config.queues)[0]  # the preset's queues param narrows them
 
     def _workers(
         self, client: redis.Redis | RedisCluster, queues: list[str], signals: Signals

@@ -50,6 +50,11 @@ class ReaderConfig(StrictModel):
 class RqReaderConfig(ReaderConfig):
     system: str = Field("rq", min_length=1, description="the system label")
     queues_set: str = Field("rq:queues", min_length=1, description="the set of queue keys")
+    queues: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="the queues read, as the preset's key groups' select: names (read even "
+        "when not found) and globs ('*': every queue found)",
+    )
 
     ACL_COMMANDS = ("smembers", "zrange", "hmget", "hget", "xrevrange")
 
@@ -111,6 +116,11 @@ class CeleryReaderConfig(ReaderConfig):
 class BullmqReaderConfig(ReaderConfig):
     system: str = Field("bullmq", min_length=1, description="the system label")
     prefix: str = Field("bull", min_length=1, description="BullMQ's key prefix")
+    queues: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="the queues read, as the preset's key groups' select: names (read even "
+        "when not found) and globs ('*': every queue found)",
+    )
     max_events: int = Field(
         10000, ge=1, description="events read per queue and read; the rest at the next read"
     )

@@ -37,6 +37,7 @@ from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
+from exporter.sources.key_values import select
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
 from exporter.sources.native.framework import MAX_QUEUES_PER_WORKER, RedisReader, Signals
 
@@ -92,7 +93,7 @@ class RqReader(RedisReader):
                 for key in (member.decode("utf-8", "replace") for member in members)
                 if key.startswith("rq:queue:")
             )
-        return names
+        return select(names, self.config.queues)[0]  # the preset's queues param narrows them
 
     def _registries(
         self, client: redis.Redis, queues: list[str], signals: Signals
