@@ -56,7 +56,8 @@ def build_sources(
 def build_event_metrics(config: Config, telemetry: Telemetry) -> EventMetrics | None:
     """The one EventMetrics that event streams and native readers feed, when any is on."""
     events, readers = config.sources.events, config.sources.native
-    finished = config.sources.postgres is not None and bool(config.sources.postgres.finished)
+    postgres = config.sources.postgres
+    finished = postgres is not None and any(reader.enabled for reader in postgres.finished)
     streams = events is not None and bool(events.streams)
     if not streams and not (readers and readers.enabled()) and not finished:
         return None

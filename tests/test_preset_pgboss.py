@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime
@@ -23,7 +24,14 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from exporter import presets
-from tests.conftest import Series, stop_process, value, wait_for, wait_until_served_as_truth
+from tests.conftest import (
+    Series,
+    scrape_series,
+    stop_process,
+    value,
+    wait_for,
+    wait_until_served_as_truth,
+)
 
 NODE = Path(__file__).parent / "node"
 QUEUES = ("emails", "reports", "slow", "idle")
@@ -217,7 +225,8 @@ def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
             "INSERT INTO pgboss.job (name, state, started_on, completed_on) "
             "SELECT (ARRAY['emails', 'reports', 'slow', 'idle'])[1 + n % 4], "
             "(CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'completed' END)::pgboss.job_state, "
-            "now(), now() FROM generate_series(1, 300000) AS n"
+            "now() - interval '2 minutes', now() - interval '1 minute' "
+            "FROM generate_series(1, 300000) AS n"
         )
         connection.execute("ANALYZE")
         collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
@@ -231,3 +240,71 @@ def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
                 assert plan.count("_i5 on j") == len(QUEUES), plan
             else:
                 assert "using job_common_i14 on job_common" in plan, plan
+        if pgboss.major >= 12:  # the native reader (native=true): through job_i16
+            finished = presets.expand("pgboss", {"native": True})["sources"]["postgres"]["finished"]
+            baseline = finished[0]["baseline"]
+            row = connection.execute(baseline).fetchone()
+            assert row is not None and row[0] is not None
+            read = finished[0]["query"].replace("{after}", str(row[0] - 10**6))
+            for query in (baseline, read.replace("{limit}", "10000")):
+                plan = "\n".join(r[0] for r in connection.execute(f"EXPLAIN {query}"))
+                assert "Seq Scan on j" not in plan, plan
+                assert "job_common_i16" in plan, plan
+
+
+def test_native_counts_pgboss12_finished_jobs_once(
+    postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    """pg-boss 12 with native=true: completed and failed jobs, with their run and wait times,
+    from the rows by completed_on (job_i16), each counted once; what finished before the
+    reader's baseline is not counted."""
+    boss = PgBoss(12, postgres_dsn, tmp_path)
+    boss.seed()
+    exporter = run_exporter(
+        postgres_dsn=postgres_dsn,
+        preset=[{"name": "pgboss", "params": {"native": True, "active_interval": 0.5}}],
+    )
+    wait_for(
+        lambda: value(scrape_series(exporter), "queue_exporter_source_up", source="native:pgboss")
+    )
+    worker = boss.worker()
+    try:
+
+        def settled() -> dict[str, Any] | None:
+            truth = boss.truth()
+            states = Counter((job["queue"], job["state"]) for job in truth["jobs"])
+            done = states["emails", "completed"] == 4 and states["emails", "failed"] == 2
+            return truth if done and states["slow", "active"] == 1 else None
+
+        truth = wait_for(settled, timeout=60)
+        finished = Counter(
+            (job["queue"], job["state"])
+            for job in truth["jobs"]
+            if job["state"] in ("completed", "failed")
+        )
+        assert finished == {("emails", "completed"): 4, ("emails", "failed"): 2}
+
+        def mismatches(series: Series, _: float) -> list[str]:
+            found = []
+            for (queue, state), number in finished.items():
+                metric = f"queue_jobs_{state}_total"
+                served = sum(
+                    n
+                    for (name, labels), n in series.items()
+                    if name == metric and {("system", "pgboss"), ("queue", queue)} <= labels
+                )
+                if served != number:
+                    found.append(f"{metric}{{{queue}}}: served {served}, pg-boss says {number}")
+            for histogram in ("queue_job_execution_seconds_count", "queue_job_wait_seconds_count"):
+                served = value(series, histogram, system="pgboss", queue="emails")
+                if served != sum(finished.values()):
+                    found.append(f"{histogram}: served {served}, finished {sum(finished.values())}")
+            return found
+
+        wait_until_served_as_truth(exporter, mismatches)
+        for _ in range(3):  # later reads count nothing again
+            time.sleep(0.5)
+            wait_until_served_as_truth(exporter, mismatches)
+    finally:
+        boss.release.touch()
+        stop_process(worker, 15)

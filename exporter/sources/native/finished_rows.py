@@ -165,4 +165,5 @@ def build_sources(
             metrics,
         )
         for reader in config.finished
+        if reader.enabled
     ]

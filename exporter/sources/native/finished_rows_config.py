@@ -16,6 +16,7 @@ OUTCOMES = ("completed", "failed", "retried")
 
 
 class FinishedRowsConfig(StrictModel):
+    enabled: bool = Field(True, description="read the rows (off: depth only)")
     name: str = Field(
         min_length=1,
         pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$",
