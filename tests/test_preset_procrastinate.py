@@ -361,3 +361,50 @@ def _scrape(exporter: Any) -> Series:
     from tests.conftest import scrape_series
 
     return scrape_series(exporter)
+
+
+def test_a_hostile_finished_row_costs_only_itself(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any
+) -> None:
+    """A job whose events say it ended before it started (a clock gone wrong, a hand-made row)
+    is refused alone, counted as negative_duration; the jobs around it are counted."""
+    app = procrastinate_app
+    exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
+    source = "native:procrastinate"
+    wait_for(lambda: value(_scrape(exporter), "queue_exporter_source_up", source=source) == 1)
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        row = connection.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, attempts) "
+            "VALUES ('emails', 'send_email', 'succeeded', 1) RETURNING id"
+        ).fetchone()
+        assert row is not None
+        connection.execute(
+            "INSERT INTO procrastinate_events (job_id, type, at) VALUES "
+            "(%(id)s, 'started', now() - interval '10 seconds'), "
+            "(%(id)s, 'succeeded', now() - interval '20 seconds')",
+            {"id": row[0]},
+        )
+    for n in range(3):
+        app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}")
+    run_once = [sys.executable, "-m", "procrastinate", "--app", "tests.procrastinate_app.tasks.app",
+                "worker", "--queues", "emails", "--one-shot"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROCRASTINATE_DSN": postgres_dsn}
+    subprocess.run(run_once, env=env, check=True, timeout=60, capture_output=True)
+    succeeded = len(app.job_manager.list_jobs(status="succeeded", task="send_email"))
+    assert succeeded == 4  # the three the worker ran, and the hostile one
+
+    def mismatches(series: Series, _: float) -> list[str]:
+        found = []
+        refused = value(
+            series, "queue_exporter_events_invalid_total", stream=source, reason="negative_duration"
+        )
+        if refused != 1:
+            found.append(f"refused rows: {refused}")
+        completed = _family(series, "queue_jobs_completed_total", queue="emails")
+        if completed != succeeded - 1:
+            found.append(f"completed {completed}: Procrastinate says {succeeded}, one hostile")
+        if value(series, "queue_exporter_source_up", source=source) != 1:
+            found.append(f"{source} is not up")
+        return found
+
+    wait_until_served_as_truth(exporter, mismatches)
