@@ -236,3 +236,29 @@ def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, ru
         series, "queue_exporter_source_errors_total", source="native:celery", reason="no_events"
     )
     assert value(series, "queue_depth", system="celery", queue="celery", state="active") == 0
+
+
+def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exporter):
+    """A rolling update: the task started before the reader subscribed, so no task-started
+    reaches it; the worker's heartbeat (`active`) says it runs."""
+    env = _env(redis_url, None, None)
+    worker = _worker(env, "celery", 1)
+    try:
+        _driver(env, "publish", json.dumps([{"task": "sleep_for", "seconds": 30}]))
+        wait_for(lambda: _driver(env, "truth", "celery")["active"].get("celery") == 1, timeout=30)  # type: ignore[index]
+        app = run_exporter({"presets": ["celery"]}, redis_url=redis_url)
+
+        def active() -> float | None:
+            series = scrape_series(app)
+            return value(series, "queue_depth", system="celery", queue="celery", state="active")
+
+        wait_for(lambda: active() == 1, timeout=30)
+        truth = _driver(env, "truth", "celery")
+        assert isinstance(truth, dict) and truth["active"].get("celery") == 1 == active()
+        # it ends unseen-started: no longer active, as the worker says
+        wait_for(
+            lambda: _driver(env, "truth", "celery")["active"].get("celery") is None, timeout=40
+        )  # type: ignore[index]
+        wait_for(lambda: active() == 0, timeout=10)
+    finally:
+        _stop(worker)

@@ -10,7 +10,9 @@ Producers that set `task_send_sent_event` add task-sent, which carries the task'
 without it a task's queue is `default_queue`.
 
 Running tasks are known only from events (with the default early ack a running task is in no
-Redis key): started and not yet ended, per queue, as `queue_depth{state="active"}`. Messages a
+Redis key): started and not yet ended, per queue, as `queue_depth{state="active"}`; a task that
+started before the reader subscribed is known from its worker's heartbeat (`active`, every 2 s)
+beyond the tasks seen starting there, under `default_queue` (the heartbeat does not name it). Messages a
 worker prefetched but has not started are in kombu's `unacked` hash, one per delivery, with the
 routing key: they are counted as pending of their queue, or scheduled while their ETA
 (countdown) is ahead (a running task of a late-ack worker is in that hash too, and counts as
@@ -61,6 +63,10 @@ DRAIN_SHARE = 0.5
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_BATCH = 10_000
 WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
+# Task events after which the task no longer runs on its worker.
+_ENDS = frozenset({"task-succeeded", "task-failed", "task-retried", "task-revoked"})
+_CHANGES = ("started", "ended", "ended_unseen")
+MAX_ACTIVE_QUEUES = 10_000  # queues remembered to read 0 once their tasks ended
 
 
 @dataclass(slots=True)
@@ -85,6 +91,12 @@ class CeleryReader(RedisReader):
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
         self._beyond_limit = 0  # heartbeats of new workers beyond MAX_WORKERS in this read
+        # Per (worker, change) since its last heartbeat: tasks seen starting, seen running and
+        # ending, and ending unseen (started before the reader subscribed): its heartbeat's
+        # `active` is compared with what ran at that heartbeat, not now.
+        self._since_beat: Counter[tuple[str, str]] = Counter()
+        # Queues that had a running task: their active depth reads 0 after it, not nothing
+        self._active_queues: set[str] = set()
         self._last_event = time.monotonic()
 
     def read(self, signals: Signals) -> None:
@@ -198,6 +210,8 @@ class CeleryReader(RedisReader):
             self._beyond_limit += 1  # counted once per read (_report), not per heartbeat
             return
         self._workers[hostname] = (busy, ts)
+        for change in _CHANGES:
+            self._since_beat.pop((hostname, change), None)
 
     def _task_event(
         self, kind: str, task_id: str, event: dict[str, Any], ts: float, signals: Signals
@@ -205,6 +219,7 @@ class CeleryReader(RedisReader):
         task = self._task(task_id)
         if isinstance(event.get("name"), str):
             task.name = event["name"]
+        self._note_since_beat(kind, task, event)
         system = self.config.system
 
         def emit(name: str, **fields: Any) -> None:
@@ -251,6 +266,17 @@ class CeleryReader(RedisReader):
         elif kind in ("task-revoked", "task-cancelled"):
             self._tasks.pop(task_id, None)
 
+    def _note_since_beat(self, kind: str, task: _Task, event: dict[str, Any]) -> None:
+        hostname = event.get("hostname")
+        if not isinstance(hostname, str) or hostname not in self._workers:
+            return  # no heartbeat of it to compare with yet
+        if kind == "task-started" and task.started_at is None:
+            self._since_beat[(hostname, "started")] += 1
+        elif kind in _ENDS and task.started_at is not None:
+            self._since_beat[(task.worker, "ended")] += 1
+        elif kind in _ENDS:
+            self._since_beat[(hostname, "ended_unseen")] += 1
+
     def _task(self, task_id: str) -> _Task:
         task = self._tasks.get(task_id)
         if task is None:
@@ -291,15 +317,32 @@ class CeleryReader(RedisReader):
             else:
                 signals.worker(system, WORKER_QUEUE, hostname, active, max(active, 1))
         selection = self.config.queues
-        running: Counter[str] = Counter({queue: 0 for queue in names(selection)})
+        zeros = [*names(selection), *self._active_queues]
+        running: Counter[str] = Counter({queue: 0 for queue in zeros})
         running_ids = set()
+        seen_running: Counter[str] = Counter()  # per worker: the running tasks events told of
         for task_id, task in self._tasks.items():
             if task.started_at is not None:
                 running[task.queue or self.config.default_queue] += 1
                 running_ids.add(task_id)
+                seen_running[task.worker] += 1
+        # Tasks a worker's heartbeat says it runs beyond those seen starting: they started
+        # before the reader subscribed (a rolling update, long tasks). Their queue is not told:
+        # default_queue, as for a task whose task-sent was not seen.
+        since = self._since_beat
+        for hostname, (active, _) in self._workers.items():
+            seen_at_beat = seen_running[hostname] - since[(hostname, "started")]
+            seen_at_beat += since[(hostname, "ended")]
+            unseen = active - seen_at_beat - since[(hostname, "ended_unseen")]
+            if unseen > 0:
+                running[self.config.default_queue] += unseen
+        for key in [key for key in since if key[0] not in self._workers]:
+            del since[key]
         for queue, count in running.items() if signals.silent is None else ():
             if selects(selection, queue):  # the preset's queues param narrows what is served
                 signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
+                if count and len(self._active_queues) < MAX_ACTIVE_QUEUES:
+                    self._active_queues.add(queue)
         for (queue, task_id, state), count in unacked.items():
             if task_id not in running_ids and selects(selection, queue):
                 signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)
