@@ -346,3 +346,35 @@ def test_a_queues_param_narrows_the_queues_found(bullmq, redis_url, run_exporter
     series = scrape_series(app)
     assert _total(series, "queue_workers", queue="video") == 0  # not a queue served
     assert _total(series, "queue_jobs_completed_total", queue="video") == 0
+
+
+def test_workers_cost_one_client_list_per_read(tmp_path):
+    """However many queues and workers: one CLIENT LIST per read (Redis's own command stats)."""
+    from tests.private_redis import PrivateRedis
+
+    server = PrivateRedis(tmp_path).start()
+    driver = BullMQ(6, 0, port=server.port)
+    try:
+        driver.steps(*({"op": "add", "queue": f"q{number}"} for number in range(5)))
+        for number in range(3):
+            driver.worker(f"q{number}")
+        reader = BullmqReader(BullmqReaderConfig(), RedisConnectionConfig(url=server.url))
+        admin = server.client()
+
+        def calls() -> int:
+            stats = admin.info("commandstats").get("cmdstat_client|list", {})
+            return int(stats.get("calls", 0))
+
+        before = calls()
+        reads = 4
+        heartbeats = 0
+        for _ in range(reads):
+            signals = Signals()
+            reader.read(signals)
+            heartbeats = len(signals.tally.heartbeats)
+        assert calls() - before == reads
+        assert heartbeats == 3  # every worker of every queue, from that one call
+        reader.close()
+    finally:
+        driver.stop_all()
+        server.stop()
