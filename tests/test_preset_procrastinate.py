@@ -408,3 +408,71 @@ def test_a_hostile_finished_row_costs_only_itself(
         return found
 
     wait_until_served_as_truth(exporter, mismatches)
+
+
+def test_a_hung_postgresql_costs_only_its_sources(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, redis_url: str, run_exporter: Any
+) -> None:
+    """Procrastinate's PostgreSQL frozen behind a proxy (sockets open, nothing answered): its
+        collectors and its native reader are withdrawn within two intervals (timeout, or no connection
+    left in the pool), while
+        a Redis source of the same exporter keeps answering; thawed, they all come back."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from tests.tcp_proxy import TcpProxy
+    from tests.timing import wake_up_lag
+
+    app = procrastinate_app
+    app.tasks["send_email"].configure(queue="emails").defer(to="x")
+    target = conninfo_to_dict(postgres_dsn)
+    proxy = TcpProxy(str(target.get("host", "127.0.0.1")), int(target.get("port", 5432))).start()
+    try:
+        interval = 2.5
+        via_proxy = make_conninfo(postgres_dsn, host="127.0.0.1", port=proxy.port)
+        exporter = run_exporter(
+            {
+                "sample_interval": interval,
+                "presets": ["procrastinate", "rq"],
+                "sources": {
+                    "postgres": {"dsn": via_proxy, "connect_timeout": 1, "statement_timeout": 0.5},
+                    "redis": {"url": redis_url},
+                },
+            }
+        )
+        ours = (*SOURCES, "native:procrastinate")
+        redis_sources = [
+            dict(labels)["source"]
+            for name, labels in _scrape(exporter)
+            if name == "queue_exporter_source_up"
+            and not dict(labels)["source"].startswith(("postgres:", "native:procrastinate"))
+        ]
+        assert redis_sources
+
+        def up(series: Series, source: str) -> float | None:
+            return value(series, "queue_exporter_source_up", source=source)
+
+        def withdrawn() -> Series | None:
+            series = _scrape(exporter)
+            return series if all(up(series, source) == 0 for source in ours) else None
+
+        def all_up(series: Series) -> bool:
+            return all(up(series, source) == 1 for source in (*ours, *redis_sources))
+
+        wait_for(lambda: all_up(_scrape(exporter)), timeout=30)
+        lag = wake_up_lag()
+        proxy.freeze()
+        series = wait_for(withdrawn, timeout=2 * interval + 5 * lag + 2)
+        assert value(series, "queue_depth", system="procrastinate", queue="emails") is None
+        for source in ours:
+            reasons = {
+                dict(labels)["reason"]
+                for name, labels in series
+                if name == "queue_exporter_source_errors_total" and dict(labels)["source"] == source
+            }
+            # its own query timed out, or it found the pool's connections all stuck in those
+            assert reasons and reasons <= {"timeout", "connection"}, (source, reasons)
+        assert all(up(series, source) == 1 for source in redis_sources), redis_sources
+        proxy.thaw()
+        wait_for(lambda: all_up(_scrape(exporter)), timeout=30)
+    finally:
+        proxy.cut()
