@@ -129,3 +129,52 @@ def test_finished_jobs_served_once_as_bull_keeps_them(bull, redis_url, run_expor
     _run(bull, {"op": "add", "queue": QUEUE}, {"op": "work", "queue": QUEUE, "completed": 1})
     wait_for(lambda: _served(scrape_series(again))["completed"] == 1)
     assert _served(scrape_series(again))["retried"] == 0
+
+
+def _workers(series: Series, queue: str) -> dict[str, float]:
+    return {
+        state: total(series, "queue_workers", system="bull", queue=queue, state=state)
+        for state in ("busy", "idle")
+    }
+
+
+def _bull_workers(bull: Bull, queues: list[str]) -> dict[str, dict[str, float]]:
+    """Each queue's workers as Bull's own getWorkers() lists them, busy unless blocked: its
+    connections that block for jobs (getWorkers lists all a Queue named: Bull 3 names a
+    worker's three and a producer's)."""
+    views = bull.truth(queues)["queues"]
+    found = {}
+    for queue in queues:
+        listed = views[queue]["workers"]
+        blocked = ["b" in worker["flags"] for worker in listed if worker["cmd"] == "brpoplpush"]
+        found[queue] = {"busy": float(blocked.count(False)), "idle": float(blocked.count(True))}
+    return found
+
+
+def test_workers_as_bull_lists_them(bull, redis_url, run_exporter):
+    queues = ["busy", "idle"]
+    held = bull.hold(
+        # queues are those with an id counter: one job ever added
+        {"op": "add", "queue": "idle"},
+        {"op": "work", "queue": "idle", "completed": 1},
+        {"op": "add", "queue": "busy", "data": {"sleep_ms": 600_000}},
+        {"op": "hold", "queue": "busy"},
+        {"op": "idle", "queue": "idle"},
+        {"op": "idle", "queue": "idle"},
+    )
+    app = run_exporter(redis_url=redis_url, preset=["bull"])
+    seen: dict[str, Any] = {}
+
+    def agrees() -> bool:
+        seen["bull"] = _bull_workers(bull, queues)
+        seen["served"] = {queue: _workers(scrape_series(app), queue) for queue in queues}
+        return seen["served"] == seen["bull"]
+
+    try:
+        wait_for(agrees, timeout=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"served {seen['served']}, Bull {seen['bull']}") from None
+    assert seen["bull"] == {"busy": {"busy": 1, "idle": 0}, "idle": {"busy": 0, "idle": 2}}
+    bull.stop(held)  # its workers leave: none listed, none served
+    wait_for(lambda: _bull_workers(bull, queues) == {q: {"busy": 0, "idle": 0} for q in queues})
+    wait_for(lambda: all(_workers(scrape_series(app), q) == {"busy": 0, "idle": 0} for q in queues))

@@ -3,7 +3,7 @@
 // The install dir (bull3, bull4) picks the library version, so one script serves both majors.
 // Commands:
 //   steps  run spec.steps (add jobs, pause, processors that finish a known number of jobs,
-//          processors kept busy), print "ready", then keep held processors busy until SIGTERM
+//          processors kept busy or idle), print "ready", then keep held processors until SIGTERM
 //   truth  print what the library itself says about spec.queues, as JSON
 //   finished  print every completed and failed job of spec.queues (getCompleted, getFailed)
 // Jobs behave as their data says: {sleep_ms, fail: "always" | <attempts that fail>}.
@@ -13,7 +13,9 @@ const path = require('path');
 const [installDir, command, specText] = process.argv.slice(2);
 const Queue = require(path.resolve(installDir, 'node_modules', 'bull'));
 const spec = JSON.parse(specText);
-const options = { redis: { host: spec.host, port: spec.port, db: spec.db }, prefix: spec.prefix || 'bull' };
+// Each Queue its own options: Bull 4 writes its worker name into the redis options it was
+// given (bclient.options.connectionName), which would name every later connection made from them.
+const options = () => ({ redis: { host: spec.host, port: spec.port, db: spec.db }, prefix: spec.prefix || 'bull' });
 
 const sleep = ms => new Promise(resolve => setTimeout(resolve, ms));
 
@@ -44,7 +46,7 @@ const jobData = step => (step.pad ? { ...step.data, body: 'x'.repeat(step.pad) }
 
 async function steps() {
   const queues = {};
-  const queue = name => (queues[name] = queues[name] || new Queue(name, options));
+  const queue = name => (queues[name] = queues[name] || new Queue(name, options()));
   const held = [];
   for (const step of spec.steps) {
     if (step.op === 'add') {
@@ -55,16 +57,22 @@ async function steps() {
     } else if (step.op === 'pause') {
       await queue(step.queue).pause();
     } else if (step.op === 'work') {
-      const q = new Queue(step.queue, options);
+      const q = new Queue(step.queue, options());
       await workUntil(q, step);
       await q.close();
     } else if (step.op === 'hold') {
       // a processor that takes one long job and keeps it active until this process ends
-      const q = new Queue(step.queue, options);
+      const q = new Queue(step.queue, options());
       await new Promise(resolve => {
         q.once('active', resolve);
         q.process('*', 1, runJob);
       });
+      held.push(q);
+    } else if (step.op === 'idle') {
+      // a processor with nothing to do, kept until this process ends
+      const q = new Queue(step.queue, options());
+      q.process('*', 1, runJob);
+      await q.isReady();
       held.push(q);
     } else if (step.op === 'sleep') {
       await sleep(step.ms);
@@ -82,7 +90,7 @@ async function steps() {
 async function truth() {
   const result = { now_ms: Date.now(), version: require(path.resolve(installDir, 'node_modules', 'bull', 'package.json')).version, queues: {} };
   for (const name of spec.queues) {
-    const q = new Queue(name, options);
+    const q = new Queue(name, options());
     const counts = await q.getJobCounts();
     const next = (await q.getWaiting(0, 0)).filter(Boolean).map(job => job.timestamp);
     const delayed = await q.getDelayed();
@@ -92,7 +100,12 @@ async function truth() {
       ? job.processedOn + job.opts.backoff.delay
       : job.timestamp + job.delay);
     const due = delayed.filter(job => dueAt(job) <= result.now_ms).length;
-    result.queues[name] = { counts, next_timestamps_ms: next, due };
+    // its workers as Queue.getWorkers() lists them (CLIENT LIST entries: flags b = blocked),
+    // of this database (getWorkers lists every database's connections of the same name)
+    const workers = ((await q.getWorkers()) || [])
+      .filter(c => Number(c.db) === spec.db)
+      .map(c => ({ id: c.id, flags: c.flags, cmd: c.cmd }));
+    result.queues[name] = { counts, next_timestamps_ms: next, due, workers };
     await q.close();
   }
   console.log(JSON.stringify(result));
@@ -102,7 +115,7 @@ async function truth() {
 async function finished() {
   const result = { queues: {} };
   for (const name of spec.queues) {
-    const q = new Queue(name, options);
+    const q = new Queue(name, options());
     const jobs = {};
     for (const [state, list] of [['completed', await q.getCompleted()], ['failed', await q.getFailed()]]) {
       for (const job of list.filter(Boolean)) {

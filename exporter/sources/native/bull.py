@@ -20,7 +20,15 @@ finished jobs in full. Jobs removed on completion or
 failure (removeOnComplete: true) leave no record and are not counted; a keep-count smaller
 than what finishes in one interval loses the excess.
 
-Queues are those with an `<prefix>:<queue>:id` counter, as for the preset.
+Queues are those with an `<prefix>:<queue>:id` counter, as for the preset. Workers come from
+the connections Bull names `<prefix>:<base64 of the queue name>` (CLIENT SETNAME,
+lib/worker.js), which `Queue.getWorkers()` lists from CLIENT LIST; one CLIENT LIST per read
+serves every queue (bullmq_workers.py's form, without BullMQ's `:w:` names). getWorkers()
+counts connections, not workers: Bull 4 names a worker's blocking connection only, Bull 3
+every connection of every Queue (a producer's too, a worker's three). So a worker here is a
+named connection whose last command is BRPOPLPUSH, the blocking one each worker has, in the
+reader's database (CLIENT LIST lists every database's): idle while blocked waiting for its
+next job, else busy (one slot each: CLIENT LIST does not tell a worker's concurrency).
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, literal, scan_glob
+from exporter.sources.native.bullmq_workers import worker_connections
 from exporter.sources.native.config import BullReaderConfig
 from exporter.sources.native.framework import RedisReader, Signals
 
@@ -93,6 +102,16 @@ class BullReader(RedisReader):
         client = self._connect()
         try:
             queues = self._queues(client)
+            if self.config.workers:
+                database = str(self.connection.database)
+                clients = [
+                    fields
+                    for fields in client.client_list()
+                    if fields.get("cmd") == "brpoplpush" and str(fields.get("db")) == database
+                ]
+                for worker in worker_connections(clients, self._prefix, queues):
+                    busy = int(not worker.waiting)
+                    signals.worker(self.config.system, worker.queue, worker.identity, busy, 1)
             finished = self._finished(client, queues, signals)
             jobs = self._jobs(client, finished, signals)
         except (redis.ConnectionError, redis.TimeoutError):

@@ -177,8 +177,13 @@ class SaqReaderConfig(ReaderConfig):
 class BullReaderConfig(ReaderConfig):
     system: str = Field("bull", min_length=1, description="the system label")
     prefix: str = Field("bull", min_length=1, description="Bull's key prefix")
+    workers: bool = Field(
+        True,
+        description="count each queue's workers as Queue.getWorkers() does, from their named "
+        "connections in one CLIENT LIST per read (needs +client|list)",
+    )
 
-    ACL_COMMANDS = ("scan", "zrangebyscore", "hmget")
+    ACL_COMMANDS = ("scan", "zrangebyscore", "hmget", "client|list")
 
     def acl_read_keys(self) -> list[str]:
         # id counters, completed and failed sets, job hashes (named by id)
