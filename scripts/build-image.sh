@@ -44,7 +44,8 @@ version=$(sed -n 's/^__version__ = "\(.*\)"$/\1/p' exporter/__init__.py)
 
 if [ -n "${PYTHON_IMAGE:-}" ]; then
   base=$PYTHON_IMAGE
-elif podman image exists "$OFFICIAL_BASE" || podman pull --quiet "$OFFICIAL_BASE" >/dev/null 2>&1; then
+elif podman image exists "$OFFICIAL_BASE" ||
+  timeout 120 podman --storage-driver "$STORAGE_DRIVER" pull --quiet "$OFFICIAL_BASE" >/dev/null 2>&1; then
   base=$OFFICIAL_BASE
 else
   echo "build-image: $OFFICIAL_BASE cannot be pulled: a stand-in made with debootstrap" >&2

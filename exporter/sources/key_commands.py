@@ -107,16 +107,30 @@ class Cycle:
         # partly summed
         self.lost_groups: set[int] = set()
         self.node_answered = False  # some cluster node answered: the source is up
-        # values_from_keys patterns scanned (BullMQ's groups share one SCAN of meta keys), and
-        # those scanned without some node
-        self.values_found: dict[str, list[str]] = {}
-        self.partial_values: set[str] = set()
+        # What once() found (BullMQ's groups share one SCAN of meta keys), and what of it was
+        # found without some node
+        self._found: dict[str, list[str]] = {}
+        self._partial: set[str] = set()
         # Per SCAN (by its groups), which groups took each key it found, and what it gave them
         self.routes: dict[tuple[int, ...], dict[bytes, Route]] = {}
 
     def answered(self) -> None:
         """A cluster node answered a round."""
         self.node_answered = True
+
+    def once(self, name: str, find: Callable[[], list[str]]) -> tuple[list[str], bool]:
+        """What `find` gives, run once a cycle per name (the groups that name one pattern share
+        its SCAN), and whether some cluster node's part of it is missing."""
+        if name not in self._found:
+            lost = len(self.lost_groups)
+            self._found[name] = find()
+            if len(self.lost_groups) > lost:
+                self._partial.add(name)
+        return self._found[name], name in self._partial
+
+    def routes_found(self, groups: tuple[int, ...], routes: dict[bytes, Route]) -> None:
+        """The routes of a SCAN's keys this cycle (filled as its pages come)."""
+        self.routes[groups] = routes
 
     def commands_for_key(
         self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
@@ -465,7 +479,7 @@ class Cycle:
         self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
     ) -> list[Command]:
         """The replies of plain groups' keys (see PlainGroup): each key's depth, then its
-        head's age, failing alone as in _handle. On a cluster a key whose depth read failed is
+        head's age, failing alone as in handle. On a cluster a key whose depth read failed is
         read again the general way (returned), which follows ASK and withdraws on MOVED.
 
         Samples go straight into the tables, combined as their specs say (depths add up, ages

@@ -267,7 +267,7 @@ class RedisKeySampler:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
         routes: dict[bytes, Route] = {}
-        cycle.routes[scan.groups] = routes
+        cycle.routes_found(scan.groups, routes)
         last_cycle = self._known.get(scan.groups, {})
         unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
@@ -385,17 +385,16 @@ class RedisKeySampler:
     ) -> list[str]:
         """The keys matching `pattern` (its placeholders wildcards): one SCAN a cycle, shared by
         the groups that name it (Celery's two groups, one SCAN of kombu's bindings)."""
-        cached = f"keys of\n{pattern}"
-        if cached not in cycle.values_found:
-            regex = key_regex(pattern)
-            lost = len(cycle.lost_groups)
+        regex = key_regex(pattern)
+
+        def find() -> list[str]:
             keys = (text(key) for key in self._scan_keys(client, cycle, pattern, tally))
-            cycle.values_found[cached] = sorted({key for key in keys if regex.match(key)})
-            if len(cycle.lost_groups) > lost:
-                cycle.partial_values.add(cached)
-        if cached in cycle.partial_values:  # a node's sets are missing: so are its queues
+            return sorted({key for key in keys if regex.match(key)})
+
+        keys, partial = cycle.once(f"keys of\n{pattern}", find)
+        if partial:  # a node's sets are missing: so are its queues
             cycle.lose_group(tally, pattern.encode(), "sets scanned without a node")
-        return cycle.values_found[cached]
+        return keys
 
     def _exist(self, client: redis.Redis, keys: list[bytes]) -> list[bool]:
         """Which of the keys exist: one EXISTS each, a pipeline per page (per key's node on a
@@ -410,19 +409,18 @@ class RedisKeySampler:
     def _values_from_keys(
         self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
     ) -> list[str]:
-        if pattern not in cycle.values_found:
-            regex = key_regex(pattern)
-            lost = len(cycle.lost_groups)
-            found = self._scan_keys(client, cycle, pattern, tally)
-            matches = (regex.match(text(key)) for key in found)
-            cycle.values_found[pattern] = sorted(
-                {match.group("value") for match in matches if match}
+        regex = key_regex(pattern)
+
+        def find() -> list[str]:
+            matches = (
+                regex.match(text(key)) for key in self._scan_keys(client, cycle, pattern, tally)
             )
-            if len(cycle.lost_groups) > lost:
-                cycle.partial_values.add(pattern)
-        if pattern in cycle.partial_values:  # a node's values are missing: so are its queues
+            return sorted({match.group("value") for match in matches if match})
+
+        values, partial = cycle.once(pattern, find)
+        if partial:  # a node's values are missing: so are its queues
             cycle.lose_group(tally, pattern.encode(), "values scanned without a node")
-        return cycle.values_found[pattern]
+        return values
 
     def _transport(self, client: redis.Redis, cycle: Cycle) -> Transport:
         """The rounds to send commands in, on the server or on each cluster node.
