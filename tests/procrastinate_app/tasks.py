@@ -35,3 +35,8 @@ def hold(release: str) -> None:
     deadline = time.monotonic() + 120
     while not Path(release).exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+@app.task(name="nap")
+def nap(seconds: float) -> None:
+    time.sleep(seconds)

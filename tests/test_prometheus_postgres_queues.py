@@ -1,0 +1,110 @@
+"""The dashboards and recording rules against a real Prometheus, fed by real Procrastinate,
+pg-boss 12 and graphile-worker workers through the procrastinate, pgboss (native=true) and
+graphile_worker presets alone, all three in one database: every query by system returns series
+of the three, except where NOT_FED says why a library cannot feed it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import procrastinate
+
+from tests.conftest import stop_process, wait_for
+from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
+from tests.test_preset_graphile_worker import GraphileWorker
+from tests.test_preset_pgboss import PgBoss
+from tests.test_preset_procrastinate import WORKED_QUEUES, _worker
+from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
+
+SYSTEMS = ("procrastinate", "pgboss", "graphile_worker")
+ALL = frozenset(SYSTEMS)
+PGBOSS = frozenset({"pgboss"})
+GRAPHILE = frozenset({"graphile_worker"})
+NOT_FED: NotFed = {
+    **not_fed_by_redis_alone(ALL),
+    "jobs_enqueued": (ALL, "no count of enqueues is read"),
+    "jobs_started": (ALL, "no count of starts is read"),
+    "dequeue": (ALL, "no dequeue apart from a start"),
+    "timed_out": (ALL, "no timeout count"),
+    "dead_lettered": (ALL, "no dead-letter queues read"),
+    "requeued": (ALL, "no count of requeues"),
+    "max_retries_exceeded": (ALL, "a final failure is counted as failed"),
+    "jobs_scheduled": (ALL, "no count of scheduled jobs"),
+    "total_seconds": (ALL, "execution and wait times only"),
+    "retry_delay": (ALL, "no retry delays"),
+    "schedule_delay": (ALL, "no schedule delays"),
+    "job_attempts": (ALL, "no attempts per finished job"),
+    "worker": (ALL, "no busy/idle per worker"),
+    "backend_operation": (ALL, "backend_op events only"),
+    "reaper": (ALL, "no reaper"),
+    "scheduler_": (ALL, "scheduler_cycle events only"),
+    "idempotency": (ALL, "no idempotency keys"),
+    'state="dead_letter"': (ALL, "final failures stay in the job table"),
+    "dead_letter_depth": (ALL, "final failures stay in the job table"),
+    "retried": (PGBOSS | GRAPHILE, "a retried attempt leaves no row of its own"),
+    "completed": (GRAPHILE, "graphile-worker deletes a job when it completes"),
+    "failed": (GRAPHILE, "graphile-worker keeps no row per failed attempt"),
+    "jobs_finished": (GRAPHILE, "graphile-worker deletes a job when it completes"),
+    "jobs_failure": (GRAPHILE, "graphile-worker keeps no row per failed attempt"),
+    "execution_seconds": (GRAPHILE, "no runtimes without finished rows"),
+    "wait_seconds": (GRAPHILE, "no wait times without finished rows"),
+}
+
+
+def test_postgres_queue_dashboards_have_data(
+    postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    from tests.procrastinate_app.tasks import app as procrastinate_app
+
+    boss = PgBoss(12, postgres_dsn, tmp_path / "pgboss")
+    graphile = GraphileWorker("016", postgres_dsn, tmp_path / "graphile")
+    (tmp_path / "pgboss").mkdir()
+    (tmp_path / "graphile").mkdir()
+    connector = procrastinate.PsycopgConnector(conninfo=postgres_dsn)
+    with procrastinate_app.replace_connector(connector) as app, app.open():
+        app.schema_manager.apply_schema()
+        boss.seed()
+        graphile.seed()
+        exporter = run_exporter(
+            {
+                "presets": [
+                    "procrastinate",
+                    {"name": "pgboss", "params": {"native": True, "active_interval": 0.5}},
+                    {"name": "graphile_worker", "params": {"locked_interval": 0.5}},
+                ],
+                "sample_interval": 0.5,
+            },
+            postgres_dsn=postgres_dsn,
+        )
+        wait_for(lambda: exporter.health.snapshot()["native:procrastinate"].up, timeout=30)
+        wait_for(lambda: exporter.health.snapshot()["native:pgboss"].up, timeout=30)
+        prometheus = Prometheus(tmp_path, [f"127.0.0.1:{exporter.server.port}"])
+        started = []
+        try:
+            wait_for(prometheus.ready, timeout=30)
+            wait_for(lambda: prometheus.query(f'up{{job="{SCRAPE_JOB}"}} == 1'), timeout=60)
+            release = tmp_path / "release"
+            for _ in range(60):
+                app.tasks["nap"].configure(queue="emails").defer(seconds=0.15)
+            for _ in range(6):
+                app.tasks["explode"].configure(queue="emails").defer()
+            app.tasks["flaky"].configure(queue="reports").defer()
+            app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1}).defer(
+                to="x"
+            )
+            app.tasks["send_email"].configure(queue="idle").defer(to="waits")
+            app.tasks["send_email"].configure(queue="idle", schedule_in={"seconds": 1}).defer(
+                to="due"
+            )
+            app.tasks["hold"].configure(queue="slow").defer(release=str(release))
+            started.append(_worker(postgres_dsn, WORKED_QUEUES))
+            started.append(boss.worker())
+            started.append(graphile.worker())
+            wait_until_fed(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
+        finally:
+            prometheus.stop()
+            for path in (tmp_path / "release", boss.release, graphile.release):
+                path.touch()
+            for process in started:
+                stop_process(process, 15)
