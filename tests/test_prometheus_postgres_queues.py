@@ -12,6 +12,7 @@ import procrastinate
 
 from tests.conftest import stop_process, wait_for
 from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
+from tests.test_keda_example import _scaled_object
 from tests.test_preset_graphile_worker import GraphileWorker
 from tests.test_preset_pgboss import PgBoss
 from tests.test_preset_procrastinate import WORKED_QUEUES, _worker
@@ -102,9 +103,55 @@ def test_postgres_queue_dashboards_have_data(
             started.append(boss.worker())
             started.append(graphile.worker())
             wait_until_fed(prometheus.query, FAST_RULES, SYSTEMS, NOT_FED)
+            _keda_reads_what_each_library_holds(prometheus, app, boss, graphile)
         finally:
             prometheus.stop()
             for path in (tmp_path / "release", boss.release, graphile.release):
                 path.touch()
             for process in started:
                 stop_process(process, 15)
+
+
+def _keda_reads_what_each_library_holds(
+    prometheus: Prometheus, app: procrastinate.App, boss: PgBoss, graphile: GraphileWorker
+) -> None:
+    """The KEDA example's ScaledObject, unchanged, for a queue of each system that no worker
+    serves: its depth trigger's query returns what the library holds there, its age trigger an
+    age."""
+    jobs, _ = graphile.jobs()
+    holds = {
+        ("procrastinate", "idle"): len(app.job_manager.list_jobs(queue="idle", status="todo")),
+        ("pgboss", "idle"): sum(
+            1
+            for job in boss.truth()["jobs"]
+            if job["queue"] == "idle" and job["state"] == "created"
+        ),
+        ("graphile_worker", "later"): sum(1 for job in jobs if job["task_identifier"] == "later"),
+    }
+    queues = [
+        {"system": system, "queue": queue, "depthPerReplica": 1, "oldestAgePerReplica": 1}
+        for system, queue in holds
+    ]
+    prometheus_values = {
+        "serverAddress": "http://prometheus:9090",
+        "selector": f'job="{SCRAPE_JOB}"',
+    }
+    triggers = _scaled_object({"queues": queues, "prometheus": prometheus_values})["spec"][
+        "triggers"
+    ]
+    served: dict[str, float] = {}
+
+    def answers() -> bool:
+        for trigger in triggers:
+            result = prometheus.query(trigger["metadata"]["query"])
+            served[trigger["name"]] = float(result[0]["value"][1]) if result else -1.0
+        depths = [served[f"{s.replace('_', '-')}-{q}-depth"] for s, q in holds]
+        ages = [served[f"{s.replace('_', '-')}-{q}-oldest-age"] for s, q in holds]
+        return depths == [float(n) for n in holds.values()] and all(age > 0 for age in ages)
+
+    try:
+        wait_for(answers, timeout=30, interval=1.0)
+    except AssertionError:
+        raise AssertionError(
+            f"KEDA's queries return {served}; the libraries hold {holds}"
+        ) from None
