@@ -12,6 +12,7 @@ series carry the contract's labels; any other metric name defines a custom metri
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -331,13 +332,29 @@ def _block(
         values, label_columns = _kept(present, values, label_columns)
         skipped = len(column) - len(values)
     if plan.to_float:
-        values = list(map(float, values))
+        values = _floats(values)
     refused = 0
     if not all_finite(values, plan.counter):  # rare: checked one by one
         sound = [is_finite(value, plan.counter) for value in values]
         kept, label_columns = _kept(sound, values, label_columns)
         refused, values = len(values) - len(kept), kept
     return SeriesColumns(tuple(label_columns), values), skipped, refused
+
+
+def _floats(values: Sequence[Any]) -> list[float]:
+    """numeric (Decimal) and boolean values as floats; one that cannot be (a signalling NaN)
+    becomes NaN, which the number check then refuses: it costs its row alone."""
+    try:
+        return list(map(float, values))
+    except (ValueError, TypeError, OverflowError):
+        return [_float_or_nan(value) for value in values]
+
+
+def _float_or_nan(value: Any) -> float:
+    try:
+        return float(value)
+    except (ValueError, TypeError, OverflowError):
+        return math.nan
 
 
 def _kept(
