@@ -528,3 +528,19 @@ def test_workers_refused_are_counted_once_per_name_not_per_read():
     assert workers.record(beats, lambda _: True) == 0  # the same names: not again
     assert workers.record([Heartbeat("app", "q", "w9", 0, 1, now)], lambda _: True) == 1
     telemetry.shutdown()
+
+
+def test_worker_sets_beyond_the_limit_are_cut_and_counted_once(redis_client, redis_url):
+    """A Sidekiq `processes` set (and RQ's `rq:workers`) naming more than MAX_WORKERS
+    identities: the first MAX_WORKERS are read, the excess counted once per read."""
+    redis_client.sadd("processes", *[f"p{index:06d}" for index in range(MAX_WORKERS + 50)])
+    info = {"concurrency": 2, "queues": ["default"]}
+    redis_client.hset("p000000", mapping={"info": json.dumps(info), "busy": "1"})
+    reader = SidekiqReader(SidekiqReaderConfig(), RedisConnectionConfig(url=redis_url))
+    try:
+        for _ in range(2):
+            signals = _read(reader)
+            assert signals.tally.invalid == {"over_limit": 1}
+            assert [beat.worker for beat in signals.tally.heartbeats] == ["p000000"]
+    finally:
+        reader.close()

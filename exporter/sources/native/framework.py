@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import redis
 
@@ -72,6 +72,8 @@ CPU_GRACE = 2.0
 MAX_QUEUES_PER_WORKER = 1_000
 # A reader not asked to read for this many intervals stood by while another replica led.
 GAP_INTERVALS = 3.0
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 _unreadable_log = LogLimiter(log)
@@ -121,11 +123,15 @@ class Signals:
     ) -> None:
         """The worker serving each of `queues`, at most MAX_QUEUES_PER_WORKER of them (the
         rest refused: over_limit, once for the record)."""
-        if len(queues) > MAX_QUEUES_PER_WORKER:
-            self.tally.refuse("over_limit")
-            queues = queues[:MAX_QUEUES_PER_WORKER]
-        for queue in queues:
+        for queue in self.at_most(queues, MAX_QUEUES_PER_WORKER):
             self.worker(system, queue, worker, active, capacity)
+
+    def at_most(self, items: list[_T], limit: int) -> list[_T]:
+        """The first `limit` items; more are refused as over_limit, once for them all."""
+        if len(items) <= limit:
+            return items
+        self.tally.refuse("over_limit")
+        return items[:limit]
 
     @contextmanager
     def record(self, key: str | bytes) -> Iterator[None]:

@@ -39,7 +39,12 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_values import select
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
-from exporter.sources.native.framework import MAX_QUEUES_PER_WORKER, RedisReader, Signals
+from exporter.sources.native.framework import (
+    MAX_QUEUES_PER_WORKER,
+    MAX_WORKERS,
+    RedisReader,
+    Signals,
+)
 
 DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
@@ -123,7 +128,7 @@ class RqReader(RedisReader):
     def _workers(self, client: redis.Redis, signals: Signals) -> None:
         keys: list[bytes] = []
         with signals.record("rq:workers"):
-            keys = sorted(_members(client, "rq:workers"))
+            keys = signals.at_most(sorted(_members(client, "rq:workers")), MAX_WORKERS)
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hmget(key, ("state", "queues"))

@@ -27,6 +27,7 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import SidekiqReaderConfig
 from exporter.sources.native.framework import (
     MAX_QUEUES_PER_WORKER,
+    MAX_WORKERS,
     CounterDeltas,
     RedisReader,
     Signals,
@@ -87,7 +88,7 @@ class SidekiqReader(RedisReader):
         identities: list[bytes] = []
         with signals.record(f"{namespace}processes"):
             members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
-            identities = sorted(members)
+            identities = signals.at_most(sorted(members), MAX_WORKERS)
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(namespace.encode() + identity, ("info", "busy"))
