@@ -379,12 +379,13 @@ class MetricStore:
             state = self._new_series(series, metric, labels, lambda: _HistogramSeries(size))
         if not _sound_values(values, True):
             kept = [value for value in values if _sound_value(value, True)]
-            self._dropped(metric, len(values) - len(kept))
+            if len(kept) < len(values):
+                self._dropped(metric, len(values) - len(kept))
             values = kept
         buckets = state.buckets
         for value in values:
             buckets[bisect_left(bounds, value)] += 1
-        state.sum += sum(values)
+        state.sum += sum(values, 0.0)  # a float sum: integers near float range add up to inf
         state.count += len(values)
         state.touched = now
 

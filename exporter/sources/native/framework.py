@@ -23,8 +23,8 @@ the reader wraps each record in `signals.record(key)` (or hands a pipeline's err
 reason, names it in a rate-limited warning (a traceback only for an error of the exporter's
 own, rate-limited too), and lets the read go on. Each record also checks the read's deadline:
 a read that spends its interval on CPU (a flood of records) stops between two records once
-past CPU_GRACE deadlines and fails with reason `timeout`, rather than run on for as long as
-the flood lasts (the watchdog cuts sockets, not CPU).
+past twice its deadline (CPU_GRACE seconds past it at least) and fails with reason `timeout`,
+rather than run on for as long as the flood lasts (the watchdog cuts sockets, not CPU).
 Limits bound what one record may bring (queues of one worker: MAX_QUEUES_PER_WORKER) and
 what a reader remembers (workers: MAX_WORKERS); what is beyond them is counted as
 `over_limit`, once per record and read. With leader
@@ -66,8 +66,9 @@ from exporter.samples import SampleSet
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
 WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
-# A read busy on CPU stops between two records past this many deadlines (NativeSource.sample).
-CPU_GRACE = 2.0
+# A read busy on CPU stops between two records once past its deadline by as much again, and by
+# this many seconds at least (NativeSource.sample): a short interval on a loaded host is no flood.
+CPU_GRACE = 1.0
 # Queues one worker record may list (an RQ worker hash, a Sidekiq process): the rest is refused.
 MAX_QUEUES_PER_WORKER = 1_000
 # A reader not asked to read for this many intervals stood by while another replica led.
@@ -284,9 +285,10 @@ class NativeSource:
             self.reader.close()
             self.reader = self.make_reader()
         # At the deadline the watchdog (base.py) severs the reader's sockets, which cannot stop
-        # a read busy on CPU: that one stops between two records once CPU_GRACE deadlines
-        # passed (a read a little late on a loaded host still tells the truth, as before).
-        stop = time.monotonic() + self.deadline * CPU_GRACE
+        # a read busy on CPU: that one stops between two records once past the deadline by as
+        # much again, CPU_GRACE at least (a read a little late on a loaded host still tells
+        # the truth, as before).
+        stop = time.monotonic() + self.deadline + max(self.deadline, CPU_GRACE)
         signals = Signals(source=self.name, deadline=stop)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
