@@ -81,9 +81,14 @@ def take(config: Config) -> Inventory:
             sources.append(SourceTarget(kind, redis.masked_url(), what))
     postgres = config.sources.postgres
     collectors = postgres.collectors if postgres is not None else []
+    finished = [r for r in postgres.finished if r.enabled] if postgres is not None else []
     if postgres is not None and collectors:
         target = postgres.masked_dsn() or f"DSN from {postgres.dsn_file}"
         sources.append(SourceTarget("postgres", target, _count(len(collectors), "SQL collector")))
+    dsn = (postgres.masked_dsn() if postgres is not None else None) or "the postgres DSN"
+    for rows in finished:  # sources.postgres.finished: a native reader of finished rows
+        what = f"the rows of {rows.table} as jobs finish"
+        sources.append(SourceTarget(f"native {rows.name}", dsn, what))
     events = config.sources.events
     streams = events.streams if events is not None else []
     if events is not None and streams:
@@ -108,7 +113,7 @@ def take(config: Config) -> Inventory:
             if events is not None
         ),
         sql_collectors=tuple(c.name for c in collectors),
-        native_readers=tuple(readers),
+        native_readers=(*readers, *(rows.name for rows in finished)),
     )
 
 
