@@ -14,7 +14,7 @@ from tests.conftest import is_ready, scrape_series, total, value, wait_for
 from tests.real_queues import BullMQ
 from tests.test_native_celery import _driver, _env, _stop, _worker
 
-EVENTS_TIMEOUT = 1.0  # seconds without a Celery event before the reader says it hears none
+EVENTS_TIMEOUT = 2.0  # seconds without a Celery event before the reader says it hears none
 
 
 @pytest.fixture
@@ -34,9 +34,10 @@ def _workers(app) -> dict[str, float]:
 def test_stopped_workers_leave_the_exporter_ready(redis_url, bullmq, run_exporter):
     env = _env(redis_url, None, None)
     native = {"celery": {"events_timeout": EVENTS_TIMEOUT}}
-    app = run_exporter(
-        {"presets": ["celery", "bullmq"], "sources": {"native": native}}, redis_url=redis_url
-    )
+    # cycles of a second: a loaded host's slow cycle must not pass its deadline (the exporter
+    # would then rightly be unready: a backend that does not answer in time)
+    raw = {"presets": ["celery", "bullmq"], "sources": {"native": native}, "sample_interval": 1.0}
+    app = run_exporter(raw, redis_url=redis_url)
     bullmq.steps({"op": "add", "queue": "mail"})  # the queue exists: its meta hash
 
     def start() -> tuple:
