@@ -544,3 +544,20 @@ def test_worker_sets_beyond_the_limit_are_cut_and_counted_once(redis_client, red
             assert [beat.worker for beat in signals.tally.heartbeats] == ["p000000"]
     finally:
         reader.close()
+
+
+def test_bullmq_stored_positions_of_any_shape_start_afresh(redis_client, redis_url):
+    """The positions the BullMQ reader stores (its own key, writable by anyone with the
+    exporter's Redis rights) nested 100k deep, or with an infinite count: the reader starts
+    afresh (a baseline) instead of failing every read."""
+    config = BullmqReaderConfig()
+    redis_client.hset("bull:q:meta", "opts.maxLenEvents", 10000)
+    for stored in (_deep(), json.dumps({"q": ["0-0", float("inf")]}).encode()):
+        redis_client.set(config.positions_key, stored)
+        reader = BullmqReader(config, RedisConnectionConfig(url=redis_url))
+        try:
+            _read(reader)  # a baseline, stored anew
+            redis_client.xadd("bull:q:events", {"event": "completed", "jobId": "1"})
+            assert _counted(_read(reader), "queue_jobs_completed_total") == 1
+        finally:
+            reader.close()

@@ -177,7 +177,7 @@ class BullmqReader(RedisReader):
                 str(queue): _Position(str(last_id).encode(), int(added))
                 for queue, (last_id, added) in stored.items()
             }
-        except (ValueError, TypeError, AttributeError) as error:
+        except (ValueError, TypeError, AttributeError, RecursionError, OverflowError) as error:
             _limited.warning(
                 "positions", "bullmq: stored positions unreadable (%r): starting afresh", error
             )
