@@ -20,6 +20,7 @@ import base64
 import json
 import logging
 import math
+import statistics
 import time
 import uuid
 from collections.abc import Iterator
@@ -298,24 +299,29 @@ def test_rq_worker_listing_300k_queues_is_bounded(redis_client, redis_url):
     reader = RqReader(RqReaderConfig(), RedisConnectionConfig(url=redis_url))
     try:
         _read(reader)
-        started = time.perf_counter()
-        _read(reader)
-        reference = time.perf_counter() - started
+        plain = []
+        for _ in range(5):
+            started = time.perf_counter()
+            _read(reader)
+            plain.append(time.perf_counter() - started)
+        reference = statistics.median(plain)
         flood = ",".join(f"q{index}" for index in range(300_000))
         redis_client.hset("rq:worker:flood", mapping={"state": "idle", "queues": flood})
-        started = time.perf_counter()
-        redis_client.hget("rq:worker:flood", "queues")
-        fetch = time.perf_counter() - started  # what reading the flood's field alone costs
-        for _ in range(3):
+        fetches, reads = [], []
+        for _ in range(5):
+            started = time.perf_counter()
+            redis_client.hget("rq:worker:flood", "queues")
+            fetches.append(time.perf_counter() - started)  # the flood's field alone
             started = time.perf_counter()
             signals = _read(reader)
-            took = time.perf_counter() - started
+            reads.append(time.perf_counter() - started)
             assert signals.tally.invalid == {"over_limit": 1}
             beats = signals.tally.heartbeats
             assert [b.queue for b in beats if b.worker == "busy" and b.active] == ["default"]
             assert sum(b.worker == "flood" for b in beats) == MAX_QUEUES_PER_WORKER
         # a read costs about the field's fetch (2 MB) plus a read without the flood; without
         # the limit it took 3.8 s (issue 23; bench/native_floods.py: 2.4 s against 0.03 s)
+        took, fetch = statistics.median(reads), statistics.median(fetches)
         assert took < 10 * (fetch + reference), (took, fetch, reference)
     finally:
         reader.close()
