@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Series, scrape_series, total, value, wait_for
+from tests import claims
+from tests.conftest import REDIS_HOST, REDIS_PORT, Series, scrape_series, total, value, wait_for
 from tests.real_queues import BULL_MAJORS, Bull
 
 QUEUE = "work"
@@ -162,6 +163,19 @@ def test_workers_as_bull_lists_them(bull, redis_url, run_exporter):
         {"op": "idle", "queue": "idle"},
         {"op": "idle", "queue": "idle"},
     )
+    # a worker of a queue of the same name in another database is another queue's
+    with claims.redis_database(REDIS_HOST, REDIS_PORT) as other_db:
+        elsewhere = Bull(bull.major, other_db)
+        try:
+            elsewhere.hold({"op": "idle", "queue": "idle"})
+            _workers_served_as_bull_lists_them(bull, queues, held, run_exporter, redis_url)
+        finally:
+            elsewhere.stop_all()
+
+
+def _workers_served_as_bull_lists_them(
+    bull: Bull, queues: list[str], held: Any, run_exporter: Any, redis_url: str
+) -> None:
     app = run_exporter(redis_url=redis_url, preset=["bull"])
     seen: dict[str, Any] = {}
 

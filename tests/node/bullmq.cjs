@@ -102,7 +102,8 @@ async function truth() {
     }
     const delayed = await q.getDelayed();
     const due = delayed.filter(job => job.timestamp + job.delay <= result.now_ms).length;
-    const workers = (await q.getWorkers()).length;
+    // getWorkers() lists every database's connections named for the queue: this one's only
+    const workers = (await q.getWorkers()).filter(c => Number(c.db) === (spec.db || 0)).length;
     result.queues[name] = { counts, next_timestamp_ms: next, due, paused: await q.isPaused(), workers };
     await q.close();
   }

@@ -103,13 +103,9 @@ class BullReader(RedisReader):
         try:
             queues = self._queues(client)
             if self.config.workers:
-                database = str(self.connection.database)
-                clients = [
-                    fields
-                    for fields in client.client_list()
-                    if fields.get("cmd") == "brpoplpush" and str(fields.get("db")) == database
-                ]
-                for worker in worker_connections(clients, self._prefix, queues):
+                blocking = [c for c in client.client_list() if c.get("cmd") == "brpoplpush"]
+                database = self.connection.database
+                for worker in worker_connections(blocking, self._prefix, queues, database):
                     busy = int(not worker.waiting)
                     signals.worker(self.config.system, worker.queue, worker.identity, busy, 1)
             finished = self._finished(client, queues, signals)

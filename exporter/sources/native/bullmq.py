@@ -216,7 +216,8 @@ class BullmqReader(RedisReader):
             replies = [client.client_list()]
         else:
             replies = [node.client_list() for _, node in self._nodes.primaries()]
-        lists = [worker_connections(reply, prefix, queues) for reply in replies]
+        database = self.connection.database
+        lists = [worker_connections(reply, prefix, queues, database) for reply in replies]
         for worker in max(lists, key=len, default=[]):
             signals.worker(system, worker.queue, worker.identity, int(not worker.waiting), 1)
 

@@ -3,8 +3,8 @@
 Every BullMQ Worker names its blocking connection with CLIENT SETNAME
 `<prefix>:<base64 of the queue name>`, or `<prefix>:<base64>:w:<worker name>` when the worker
 has a name, and `Queue.getWorkers()` lists the CLIENT LIST entries whose name is that, or
-starts with the `:w:` form (BullMQ 5.x and 6.x, queue-getters.js). One CLIENT LIST per read
-serves every queue. On a Redis Cluster, where each connection appears on every node it opened,
+starts with the `:w:` form (BullMQ 5.x and 6.x, queue-getters.js), of every database: here
+only the reader's database counts. One CLIENT LIST per read serves every queue. On a Redis Cluster, where each connection appears on every node it opened,
 the node listing the most worker connections is read, as BullMQ does.
 
 Busy or idle: an idle worker waits for its next job blocked on that connection (CLIENT LIST
@@ -36,13 +36,18 @@ def client_name(prefix: str, queue: str) -> str:
 
 
 def worker_connections(
-    clients: Iterable[Mapping[str, Any]], prefix: str, queues: Iterable[str]
+    clients: Iterable[Mapping[str, Any]], prefix: str, queues: Iterable[str], database: int
 ) -> list[WorkerConnection]:
     """The worker connections of the known queues among CLIENT LIST's entries (redis-py's
-    client_list(): a mapping of fields per connection)."""
+    client_list(): a mapping of fields per connection) that last used `database`: CLIENT LIST
+    lists every database's, and a queue of the same name in another one is another queue
+    (Queue.getWorkers() counts those too)."""
     names = {client_name(prefix, queue): queue for queue in queues}
+    wanted_db = str(database)
     found = []
     for fields in clients:
+        if str(fields.get("db", "")) != wanted_db:
+            continue
         name = str(fields.get("name", ""))
         named_at = name.find(":w:", len(prefix) + 1)
         queue = names.get(name if named_at < 0 else name[:named_at])
