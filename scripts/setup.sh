@@ -147,6 +147,8 @@ cached_venv() {
   local name=$1 constraints=$2
   shift 2
   local pins=()
+  [ "$constraints" = - ] || [ -f "$constraints" ] ||
+    die "venv $name: no $constraints (each venv is pinned whole: its pip freeze, see docs/testing.md)"
   [ "$constraints" = - ] || pins=(-c "$constraints")
   local key
   key=$({ printf '%s\n' "$python_tag" "$@"; [ "$constraints" = - ] || cat "$constraints"; } |
