@@ -44,7 +44,6 @@ SAMPLER_COMMANDS = (
     "hlen",
     "hget",
     "hvals",
-    "get",
     "xlen",
     "xrange",
     "xrevrange",
@@ -176,7 +175,22 @@ def acl_rules(config: Config) -> list[str]:
     own = [f"~{OWN_KEYS}", *([f"~{OWN_TAGGED_KEYS}"] if cluster else [])]
     rules += own
     rules.append(f"({' '.join(own)} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
+    rules += [f"(%R~{pattern} +{command})" for command, pattern in value_reads(config)]
     return rules
+
+
+def value_reads(config: Config) -> list[tuple[str, str]]:
+    """(command, key glob) of every command that reads a string's value (GET, MGET), each
+    granted in a selector on its own keys: the read patterns are broad (a Sidekiq namespace's
+    `*`), and GET granted with them would read any string, secrets included."""
+    reads: list[tuple[str, str]] = []
+    groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
+    for group in groups:
+        if group.oldest is not None and group.oldest.string_key is not None:
+            reads.append(("get", scan_glob(group.oldest.string_key)))
+    for reader in _native_readers(config):
+        reads += reader.acl_value_reads()
+    return list(dict.fromkeys(reads))
 
 
 def sentinel_setuser_line(

@@ -134,6 +134,8 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
     with pytest.raises(redis.exceptions.NoPermissionError):
         sidecar.get("secrets:not-a-queue")
     with pytest.raises(redis.exceptions.NoPermissionError):
+        sidecar.mget("secrets:not-a-queue")  # the Sidekiq reader's MGET: its counters alone
+    with pytest.raises(redis.exceptions.NoPermissionError):
         sidecar.delete("qe:events")
     with pytest.raises(redis.exceptions.NoPermissionError):
         sidecar.config_get("*")

@@ -37,6 +37,12 @@ class ReaderConfig(StrictModel):
     def acl_read_keys(self) -> list[str]:
         return []
 
+    def acl_value_reads(self) -> list[tuple[str, str]]:
+        """(command, key glob) pairs of commands that read a string's value (GET, MGET): ACL
+        selectors grant each on its keys alone (redis_acl.py), since `%R~` on a broad glob with
+        GET granted everywhere would let the sidecar read any string, secrets included."""
+        return []
+
     def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
         """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
         return []
@@ -147,11 +153,14 @@ class SidekiqReaderConfig(ReaderConfig):
     system: str = Field("sidekiq", min_length=1, description="the system label")
     namespace: str = Field("", description="key prefix (redis-namespace), as the preset's")
 
-    ACL_COMMANDS = ("mget", "smembers", "hmget")
+    ACL_COMMANDS = ("smembers", "hmget")
 
     def acl_read_keys(self) -> list[str]:
         # process hashes are named by identity (hostname:pid:nonce): any key of the namespace
         return [scan_glob(self.namespace) + "*"]
+
+    def acl_value_reads(self) -> list[tuple[str, str]]:
+        return [("mget", scan_glob(self.namespace) + "stat:*")]  # stat:processed, stat:failed
 
     def record_globs(self) -> list[str]:
         # its queue set, process set and counters: any key of the namespace says nothing
@@ -165,10 +174,13 @@ class SaqReaderConfig(ReaderConfig):
         description="queues whose counters exist from the start (besides every queue with "
         "live workers' stats)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore", "get")
+    ACL_COMMANDS = ("scan", "zrangebyscore")
 
     def acl_read_keys(self) -> list[str]:
         return ["saq:*:stats", "saq:*:worker_info:*"]
+
+    def acl_value_reads(self) -> list[tuple[str, str]]:
+        return [("get", "saq:*:worker_info:*")]
 
     def record_globs(self) -> list[str]:
         return ["saq:*:stats"]
