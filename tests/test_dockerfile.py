@@ -1,6 +1,6 @@
-"""The Dockerfile, read as text (no Docker engine here): multi-stage, a slim base, no build
-tools in the final stage, a non-root user matching the chart's, the console script as
-entrypoint, OCI labels."""
+"""The Dockerfile, read as text (tests/test_image.py builds and runs it): multi-stage, a slim
+base, no build tools in the stages that make the image, a non-root user matching the chart's,
+the console script as entrypoint, OCI labels."""
 
 from __future__ import annotations
 
@@ -86,24 +86,43 @@ def parsed() -> tuple[dict[str, str], list[Stage]]:
     return stages(instructions(DOCKERFILE.read_text()))
 
 
+def image_stages(found: list[Stage]) -> list[Stage]:
+    """The final stage and the stages whose whole root filesystem it copies (`COPY --from=x / /`
+    onto `FROM scratch`): what ends up in the image."""
+    by_name = {stage.name: stage for stage in found if stage.name}
+    chain = [found[-1]]
+    while roots := [
+        copy.split()[0].removeprefix("--from=")
+        for copy in chain[-1].all("COPY")
+        if copy.startswith("--from=") and copy.split()[1:] == ["/", "/"]
+    ]:
+        (root,) = roots
+        chain.append(by_name[root])
+    return chain
+
+
 def test_multi_stage_on_a_slim_base(parsed: tuple[dict[str, str], list[Stage]]) -> None:
     global_args, found = parsed
     assert len(found) >= 2
     build, final = found[0], found[-1]
     assert build.name
+    image = image_stages(found)
     for stage in found:
+        if stage is final and stage.base == "scratch":
+            assert len(image) > 1, "FROM scratch copies the root of a stage on the slim base"
+            continue
         base = re.sub(r"\$\{(\w+)\}", lambda m: global_args[m.group(1)], stage.base)
         assert re.fullmatch(r"python:3\.1[1-9]-slim(-\w+)?", base), base
-    copies = final.all("COPY")
+    copies = [copy for stage in image for copy in stage.all("COPY")]
     assert any(copy.startswith(f"--from={build.name} ") for copy in copies)
 
 
-def test_no_build_tools_in_the_final_stage(parsed: tuple[dict[str, str], list[Stage]]) -> None:
-    final = parsed[1][-1]
-    for run in final.all("RUN"):
-        assert not BUILD_TOOLS.search(run), run
-    # The project's sources stay in the build stage: only the built venv is copied.
-    assert all(copy.startswith("--from=") for copy in final.all("COPY"))
+def test_no_build_tools_in_the_image(parsed: tuple[dict[str, str], list[Stage]]) -> None:
+    for stage in image_stages(parsed[1]):
+        for run in stage.all("RUN"):
+            assert not BUILD_TOOLS.search(run), run
+        # The project's sources stay in the build stage: only the built venv is copied.
+        assert all(copy.startswith("--from=") for copy in stage.all("COPY"))
 
 
 def test_runs_as_the_charts_non_root_user(parsed: tuple[dict[str, str], list[Stage]]) -> None:
@@ -118,7 +137,7 @@ def test_runs_as_the_charts_non_root_user(parsed: tuple[dict[str, str], list[Sta
     values = yaml.safe_load((ROOT / "helm" / "queue-exporter" / "values.yaml").read_text())
     for context in (values["securityContext"], values["podSecurityContext"]):
         assert (context["runAsUser"], context["runAsGroup"]) == (int(uid), int(gid))
-    created = " ".join(final.all("RUN"))
+    created = " ".join(run for stage in image_stages(parsed[1]) for run in stage.all("RUN"))
     assert f"--uid {uid}" in created and f"--gid {gid}" in created
 
 
