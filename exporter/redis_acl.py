@@ -25,10 +25,11 @@ CONNECTION_COMMANDS = ("ping", "select")
 # LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
 # reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads), which
 # measures a head found too large with MEMORY USAGE instead of copying it again; GET reads the
-# JSON string key a head item names (SAQ's jobs).
+# JSON string key a head item names (SAQ's jobs). Which keys built from a group's values exist
+# (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
+# after an XLEN of 0 (STREAM_EXISTS).
 SAMPLER_COMMANDS = (
     "scan",
-    "exists",  # which names built from a group's values are keys (its keys matched)
     "eval_ro",
     "memory|usage",
     "smembers",
@@ -67,6 +68,7 @@ EVENTS_COMMANDS = (
     "xack",
     "xautoclaim",
 )
+STREAM_EXISTS = "exists"
 RUNNERQ_COMMANDS = ("hmget",)  # activity:{id} hashes, for the type and times of events
 # The leader-election lease (exporter/leader.py: two keys under OWN_KEYS): Lua scripts loaded
 # with SCRIPT LOAD and run with EVALSHA call GET, SET, PEXPIRE, INCR and DEL. Those writes are
@@ -155,6 +157,8 @@ def acl_rules(config: Config) -> list[str]:
     commands = [*CONNECTION_COMMANDS, *SCRIPT_COMMANDS]
     if read_key_patterns(config):
         commands += SAMPLER_COMMANDS
+    if any(_reads_built_stream(group) for group in _key_groups(config)):
+        commands.append(STREAM_EXISTS)
     if stream_keys(config):
         commands += EVENTS_COMMANDS
         if RUNNERQ_ACTIVITY_KEYS in read_key_patterns(config):
@@ -177,6 +181,16 @@ def acl_rules(config: Config) -> list[str]:
     rules.append(f"({' '.join(own)} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     rules += [f"(%R~{pattern} +{command})" for command, pattern in value_reads(config)]
     return rules
+
+
+def _key_groups(config: Config) -> list[KeyGroup]:
+    return [group for redis in config.sources.redis_list() for group in redis.key_groups]
+
+
+def _reads_built_stream(group: KeyGroup) -> bool:
+    """A group whose keys are streams built from known values and read by XLEN (no consumer
+    group): an XLEN of 0 is followed by EXISTS (key_commands.Presence)."""
+    return group.enumerated and group.type == "stream" and not group.stream_group
 
 
 def value_reads(config: Config) -> list[tuple[str, str]]:

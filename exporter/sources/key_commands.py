@@ -41,6 +41,10 @@ MAX_DEPTH = BY_NAME["queue_max_depth"]
 UNREAD = "__unread__"
 
 DEPTH_COMMAND = {"list": "LLEN", "zset": "ZCARD", "set": "SCARD", "hash": "HLEN", "stream": "XLEN"}
+# The reads whose reply tells whether their key exists: a whole key's depth (Redis deletes an
+# emptied list, zset, set or hash, so such a key exists exactly when its depth is above 0; a
+# stream may exist empty) and a stream's XINFO GROUPS (answered only for a stream that exists).
+_TELLS_PRESENCE = frozenset((*DEPTH_COMMAND.values(), "XINFO"))
 
 
 class ItemError(Exception):
@@ -133,6 +137,28 @@ class Cycle:
         self.routes[groups] = routes
 
     def commands_for_key(
+        self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
+    ) -> Iterator[Command]:
+        """The reads of a key; a key built from known values is also told present or not."""
+        commands = self._reads(tally, key, captured, labels)
+        return self._telling_presence(tally, key, commands) if tally.group.enumerated else commands
+
+    def _telling_presence(
+        self, tally: GroupTally, key: bytes, commands: Iterator[Command]
+    ) -> Iterator[Command]:
+        """A built key's reads, the first that tells whether the key exists (_TELLS_PRESENCE)
+        telling the tally (Presence), no EXISTS sent: reads of part of a zset (priority bands,
+        a score window) add its ZCARD."""
+        told = False
+        for args, on_reply, owner in commands:
+            if not told and args[0] in _TELLS_PRESENCE:
+                told = True
+                on_reply = Presence(tally, key, args[0], on_reply)
+            yield args, on_reply, owner
+        if not told:
+            yield ("ZCARD", key), Presence(tally, key, "ZCARD", None), tally
+
+    def _reads(
         self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
     ) -> Iterator[Command]:
         group = tally.group
@@ -456,6 +482,8 @@ class Cycle:
                     yield redirect
                     continue
                 reason = response_reason(reply)
+                if reason == "wrong_type" and type(on_reply) is Presence:
+                    on_reply.tally.present(on_reply.key)  # a key of another type exists
                 if self.nodes is not None and self.nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
                     self.lose_group(tally, key_of(args), str(reply)[:80], reason)
@@ -492,6 +520,7 @@ class Cycle:
             if key_group is not group:  # a round's keys are mostly of one group: its locals
                 group = key_group
                 tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
+                built = group.built
                 samples, now, series = group.cycle.samples, group.cycle.now, tally.series
                 depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
                 max_table = samples.table(MAX_DEPTH)
@@ -506,10 +535,15 @@ class Cycle:
                     if read_time is not None:
                         next(heads_left)
                     continue
-                tally.failed(key, response_reason(depth))
+                reason = response_reason(depth)
+                tally.failed(key, reason)
+                if built and reason == "wrong_type":  # a key of another type exists
+                    tally.present(key)
             else:
                 depth_table[labels] = depth_of(labels, 0.0) + float(depth)
                 series[labels] = None
+                if built and depth:  # a built key exists when its depth is above 0
+                    tally.present(key)
             if read_time is None:
                 continue
             head = next(heads_left)
@@ -561,6 +595,7 @@ class PlainGroup:
     failures and reports are those the general path gives (tests/test_key_sampling_rounds.py)."""
 
     __slots__ = (
+        "built",
         "cost",
         "cycle",
         "depth_command",
@@ -576,6 +611,7 @@ class PlainGroup:
         group = tally.group
         self.tally, self.cycle, self.max_depth = tally, cycle, group.max_depth
         self.depth_command = DEPTH_COMMAND[group.type]
+        self.built = group.enumerated  # its keys' depths tell which exist (GroupTally.present)
         self.oldest = group.oldest if group.type in ("list", "zset") else None
         self.read: Args | None = None
         self.probe_read: Args | None = None
@@ -597,6 +633,32 @@ class PlainGroup:
             and group.scores is None
             and (group.oldest is None or group.oldest.time_in not in ("hash", "string"))
         )
+
+
+class Presence:
+    """The reply handler of a built key's read that tells whether the key exists (see
+    _TELLS_PRESENCE), then hands the reply on. A list, zset, set or hash exists when its depth
+    is above 0; a stream's XLEN of 0 is followed by EXISTS, since a stream may exist empty; a
+    reply of XINFO GROUPS means the stream exists. A WRONGTYPE reply (another type) means the
+    key exists too: Cycle.handle tells the tally."""
+
+    __slots__ = ("command", "key", "tally", "then")
+
+    def __init__(self, tally: GroupTally, key: bytes, command: str, then: OnReply | None) -> None:
+        self.tally, self.key, self.command, self.then = tally, key, command, then
+
+    def __call__(self, reply: Any) -> Command | None:
+        if self.command == "XINFO" or reply:
+            self.tally.present(self.key)
+        elif self.command == "XLEN":
+            if self.then is not None:
+                self.then(reply)
+            return ("EXISTS", self.key), self._exists, self.tally
+        return self.then(reply) if self.then is not None else None
+
+    def _exists(self, reply: Any) -> None:
+        if reply:
+            self.tally.present(self.key)
 
 
 # A plain group's key to read: its group, the key, its series' labels.

@@ -104,11 +104,17 @@ class GroupTally:
             self.example_keys += [key for key, _ in page[: EXAMPLES - self.keys]]
         self.keys += len(page)
 
-    def built(self, page: list[tuple[bytes, KeyMatch]], present: list[bool]) -> None:
-        """Count the keys of a page built from known values that exist: a name made from a
-        queue's value is not a key found (its queue reads 0 all the same)."""
+    def built(self, page: list[tuple[bytes, KeyMatch]]) -> None:
+        """Count a page of keys built from known values. Which of them exist is told by their
+        reads (present): a name made from a queue's value is not a key found (its queue reads
+        0 all the same)."""
         self.named += len(page)
-        self.matched([entry for entry, exists in zip(page, present, strict=True) if exists])
+
+    def present(self, key: bytes) -> None:
+        """A key built from known values exists: its whole-key depth read said so."""
+        if self.keys < EXAMPLES:
+            self.example_keys.append(key)
+        self.keys += 1
 
     def failed(self, key: bytes, reason: str, detail: str = "") -> None:
         """Count and name a key the group could not read (rate-limited per group and reason).

@@ -177,7 +177,7 @@ class RedisKeySampler:
                 read(tally, page)
         for tally in (tally for tally in tallies if tally.group.enumerated):
             for page in self._enumerated_pages(client, cycle, tally):
-                tally.built(page, self._exist(client, [key for key, _ in page]))
+                tally.built(page)  # which exist, their depth reads tell
                 read(tally, page)
         rounds.flush()
 
@@ -395,16 +395,6 @@ class RedisKeySampler:
         if partial:  # a node's sets are missing: so are its queues
             cycle.lose_group(tally, pattern.encode(), "sets scanned without a node")
         return keys
-
-    def _exist(self, client: redis.Redis, keys: list[bytes]) -> list[bool]:
-        """Which of the keys exist: one EXISTS each, a pipeline per page (per key's node on a
-        cluster), one round trip per page of built keys in a cycle."""
-        if self._nodes is not None:
-            return [bool(self._nodes.node_of(key)[1].exists(key)) for key in keys]
-        pipeline = client.pipeline(transaction=False)
-        for key in keys:
-            pipeline.exists(key)
-        return [bool(found) for found in pipeline.execute()]
 
     def _values_from_keys(
         self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
