@@ -141,7 +141,7 @@ class Cycle:
     ) -> Iterator[Command]:
         """The reads of a key; a key built from known values is also told present or not."""
         commands = self._reads(tally, key, captured, labels)
-        return self._telling_presence(tally, key, commands) if tally.group.enumerated else commands
+        return self._telling_presence(tally, key, commands) if tally.enumerated else commands
 
     def _telling_presence(
         self, tally: GroupTally, key: bytes, commands: Iterator[Command]

@@ -232,6 +232,13 @@ class Transport:
 
     def _route(self, commands: Iterable[Command]) -> None:
         """Each command on its key's node, or (after an ASK reply) on the node it names."""
+        if self.nodes is None:  # one server: no key to look up
+            node = self._node("", self.client)
+            if node is None:
+                self.sampler.node_lost("", list(commands), [], self.lost[""])
+            else:
+                node.queue(commands)
+            return
         for command in commands:
             args = command[0]
             asked = args[0] is ASKED

@@ -90,6 +90,7 @@ class GroupTally:
         self.warnings = warnings
         self.keys = 0  # keys found: scanned, or built from values and present
         self.named = 0  # keys built from values, present or not (their queues read 0 if not)
+        self.enumerated = group.enumerated  # its keys built from values: asked once a cycle
         self.example_keys: list[bytes] = []
         self.failed_keys: list[tuple[str, bytes]] = []  # the first few (reason, key)
         self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples

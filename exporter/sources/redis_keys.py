@@ -167,8 +167,9 @@ class RedisKeySampler:
             if plain is not None:
                 rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
                 return
-            for key, match in page:
-                rounds.add(cycle.commands_for_key(tally, key, *match))
+            # a page's commands added at once: routed and sent in full rounds once a page
+            commands = (cycle.commands_for_key(tally, key, *match) for key, match in page)
+            rounds.add(itertools.chain.from_iterable(commands))
 
         for scan in self._scan_plan.scans():
             members = [tallies[index] for index in scan.groups]
