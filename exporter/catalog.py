@@ -385,3 +385,6 @@ EVENTS: tuple[MetricSpec, ...] = (
 
 ALL: tuple[MetricSpec, ...] = SAMPLED + SELF + EVENTS
 BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in ALL}
+# Families only a native reader (sources.native) serves, one series per reader: a deployment
+# running none (the demo) has no series of them, which is no gap.
+NATIVE_ONLY: frozenset[str] = frozenset({"queue_exporter_native_silent"})

@@ -93,7 +93,8 @@ class Demo:
         return found
 
     def wait_for_every_family(self) -> set[str]:
-        wanted = {_sample_name(spec) for spec in catalog.ALL}
+        # The demo runs no native reader: a family only such a reader serves has no series.
+        wanted = {_sample_name(s) for s in catalog.ALL if s.name not in catalog.NATIVE_ONLY}
         deadline = time.monotonic() + FAMILY_TIMEOUT
         missing = wanted
         while time.monotonic() < deadline:

@@ -323,7 +323,12 @@ def test_the_exposition_passes_promtool_check_metrics(
     raw = _demo_config(redis_url, postgres_dsn, "linted")
     app = run_exporter({**raw, "limits": {"max_series_per_metric": 3}})
     start_workload()
-    wanted = {f"{s.name}_bucket" if s.kind == "histogram" else s.name for s in catalog.ALL}
+    # The demo's configuration runs no native reader: a family only one serves is not here.
+    wanted = {
+        f"{s.name}_bucket" if s.kind == "histogram" else s.name
+        for s in catalog.ALL
+        if s.name not in catalog.NATIVE_ONLY
+    }
     exposition = wait_for(
         lambda: (
             (text := scrape(app.server.port))
