@@ -55,6 +55,15 @@ def _pending(app) -> dict[str, float]:
     }
 
 
+def _active(app) -> dict[str, float]:
+    series = scrape_series(app)
+    return {
+        dict(labels)["queue"]: value
+        for (name, labels), value in series.items()
+        if name == "queue_depth" and dict(labels)["state"] == "active"
+    }
+
+
 def test_every_routed_queue_is_found_without_params(redis_client, redis_url, run_exporter):
     waiting = _publish_routed(redis_url)
     assert waiting == TASKS  # nothing consumed them: kombu counts what was published
@@ -63,6 +72,9 @@ def test_every_routed_queue_is_found_without_params(redis_client, redis_url, run
     app = run_exporter({"presets": ["celery"]}, redis_url=redis_url)
     pending = wait_for(lambda: found if set(found := _pending(app)) >= set(TASKS) else None)
     assert pending == waiting  # every queue, and no pidbox or event receiver queue beside them
+    # No task ran: the reader finds the same queues in the bindings, each reading active 0.
+    active = wait_for(lambda: found if set(found := _active(app)) >= set(TASKS) else None)
+    assert {queue: active[queue] for queue in TASKS} == dict.fromkeys(TASKS, 0.0)
 
 
 def test_a_queues_param_narrows_and_adds_and_what_it_leaves_out_is_reported(

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import re
 import time
 from base64 import b64decode
 from collections import Counter, OrderedDict
@@ -46,7 +48,7 @@ from exporter.logs import LogLimiter
 from exporter.numbers import InvalidValue
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
-from exporter.sources.key_values import names, selects
+from exporter.sources.key_values import member_values, names, selects
 from exporter.sources.native.config import CeleryReaderConfig
 from exporter.sources.native.framework import MAX_WORKERS, RedisReader, Signals
 
@@ -67,6 +69,12 @@ WORKER_QUEUE = "all"  # heartbeats do not say which queues a worker serves
 _ENDS = frozenset({"task-succeeded", "task-failed", "task-retried", "task-revoked"})
 _CHANGES = ("started", "ended", "ended_unseen")
 MAX_ACTIVE_QUEUES = 10_000  # queues remembered to read 0 once their tasks ended
+# kombu's bindings: a set per exchange, a member "<routing key>SEP<pattern>SEP<queue>" per queue
+# a worker or producer declared; the pidbox and event receivers' queues are no task queues (the
+# celery preset's values_exclude). Read again at most this often: a SCAN of the keyspace.
+BINDINGS = "_kombu.binding.*"
+NOT_TASK_QUEUES = re.compile(r".*\.pidbox|celeryev\..*")
+BINDINGS_REFRESH = 30.0
 
 
 @dataclass(slots=True)
@@ -98,11 +106,14 @@ class CeleryReader(RedisReader):
         # Queues that had a running task: their active depth reads 0 after it, not nothing
         self._active_queues: set[str] = set()
         self._last_event = time.monotonic()
+        self._declared: list[str] = []  # queues found in kombu's bindings: active reads 0
+        self._declared_at = -math.inf
 
     def read(self, signals: Signals) -> None:
         try:
             self._drain(self.drain_budget, signals)
             unacked = self._unacked(signals)
+            self._refresh_declared(signals)
         except Exception:
             self.close()
             raise
@@ -179,6 +190,21 @@ class CeleryReader(RedisReader):
             with signals.record(key):  # an entry that is not kombu's costs itself only
                 deliveries[_delivery(raw, signals.now)] += 1
         return deliveries
+
+    def _refresh_declared(self, signals: Signals) -> None:
+        """The task queues kombu's bindings name: each reads active 0 while none of its tasks
+        runs and the reader hears events (a queue found before any of its tasks ran)."""
+        if time.monotonic() - self._declared_at < BINDINGS_REFRESH:
+            return
+        connection, members = self._connect(), list[bytes | str]()
+        for key in connection.scan_iter(match=BINDINGS, count=1000):
+            with signals.record(key):  # not a set: counted, the rest goes on
+                members.extend(connection.smembers(key))
+        sep = self.config.sep
+        found = member_values(members, f"{{_routing_key}}{sep}{{_pattern}}{sep}{{value}}")
+        queues = sorted(queue for queue in found if not NOT_TASK_QUEUES.fullmatch(queue))
+        self._declared = signals.at_most(queues, MAX_ACTIVE_QUEUES)
+        self._declared_at = time.monotonic()
 
     # -- events -> metrics --------------------------------------------------------------------
 
@@ -317,7 +343,7 @@ class CeleryReader(RedisReader):
             else:
                 signals.worker(system, WORKER_QUEUE, hostname, active, max(active, 1))
         selection = self.config.queues
-        zeros = [*names(selection), *self._active_queues]
+        zeros = [*names(selection), *self._declared, *self._active_queues]
         running: Counter[str] = Counter({queue: 0 for queue in zeros})
         running_ids = set()
         seen_running: Counter[str] = Counter()  # per worker: the running tasks events told of

@@ -75,8 +75,8 @@ class CeleryReaderConfig(ReaderConfig):
     system: str = Field("celery", min_length=1, description="the system label")
     queues: list[str] = Field(
         default_factory=lambda: ["*"],
-        description="the queues served, as the key groups' select: names (whose active depth "
-        "reads 0 when none runs) and globs ('*': every queue)",
+        description="the queues served, as the key groups' select: names and globs ('*': every "
+        "queue); a name or a queue found in kombu's bindings reads active 0 when none runs",
     )
     default_queue: str = Field(
         "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
@@ -94,16 +94,19 @@ class CeleryReaderConfig(ReaderConfig):
         "reads 0); the source stays up either way",
     )
     unacked_key: str = Field("unacked", min_length=1, description="kombu's unacked hash")
+    sep: str = Field(
+        "\x06\x16", min_length=1, description="kombu's sep transport option (bindings' members)"
+    )
     events_channel: str | None = Field(
         None,
         description="Pub/Sub pattern Celery's events are published on "
         "(default: kombu's /<db>.celeryev/*)",
     )
 
-    ACL_COMMANDS = ("hvals", "psubscribe")
+    ACL_COMMANDS = ("hvals", "psubscribe", "scan", "smembers")
 
     def acl_read_keys(self) -> list[str]:
-        return [scan_glob(self.unacked_key)]
+        return ["_kombu.binding.*", scan_glob(self.unacked_key)]
 
     def record_globs(self) -> list[str]:
         # kombu's bindings: each queue a worker or producer declared (its events come on Pub/Sub)
