@@ -70,10 +70,9 @@ _ENDS = frozenset({"task-succeeded", "task-failed", "task-retried", "task-revoke
 _CHANGES = ("started", "ended", "ended_unseen")
 MAX_ACTIVE_QUEUES = 10_000  # queues remembered to read 0 once their tasks ended
 # kombu's bindings: a set per exchange, a member "<routing key>SEP<pattern>SEP<queue>" per queue
-# a worker or producer declared; the pidbox and event receivers' queues are no task queues (the
-# celery preset's values_exclude). Read again at most this often: a SCAN of the keyspace.
+# a worker or producer declared, but those config.not_task_queues names (the celery preset's
+# pidbox and event receivers' queues). Read again at most this often: a SCAN of the keyspace.
 BINDINGS = "_kombu.binding.*"
-NOT_TASK_QUEUES = re.compile(r".*\.pidbox|celeryev\..*")
 BINDINGS_REFRESH = 30.0
 
 
@@ -202,7 +201,8 @@ class CeleryReader(RedisReader):
                 members.extend(connection.smembers(key))
         sep = self.config.sep
         found = member_values(members, f"{{_routing_key}}{sep}{{_pattern}}{sep}{{value}}")
-        queues = sorted(queue for queue in found if not NOT_TASK_QUEUES.fullmatch(queue))
+        skipped = re.compile(self.config.not_task_queues or "(?!)")  # (?!): matches nothing
+        queues = sorted(queue for queue in found if not skipped.fullmatch(queue))
         self._declared = signals.at_most(queues, MAX_ACTIVE_QUEUES)
         self._declared_at = time.monotonic()
 

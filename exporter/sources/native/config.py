@@ -6,9 +6,10 @@ Each reader's section says what the reader reads and the least Redis permissions
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from exporter.models import StrictModel
 from exporter.redis_connection import RedisConnectionConfig
@@ -97,6 +98,11 @@ class CeleryReaderConfig(ReaderConfig):
     sep: str = Field(
         "\x06\x16", min_length=1, description="kombu's sep transport option (bindings' members)"
     )
+    not_task_queues: str | None = Field(
+        None,
+        description="regex of queue names found in kombu's bindings that are no task queues "
+        "(the celery preset: the pidbox and event receivers' queues)",
+    )
     events_channel: str | None = Field(
         None,
         description="Pub/Sub pattern Celery's events are published on "
@@ -104,6 +110,16 @@ class CeleryReaderConfig(ReaderConfig):
     )
 
     ACL_COMMANDS = ("hvals", "psubscribe", "scan", "smembers")
+
+    @field_validator("not_task_queues")
+    @classmethod
+    def _compiles(cls, regex: str | None) -> str | None:
+        if regex is not None:
+            try:
+                re.compile(regex)
+            except re.error as error:
+                raise ValueError(f"not a regular expression: {error}") from None
+        return regex
 
     def acl_read_keys(self) -> list[str]:
         return ["_kombu.binding.*", scan_glob(self.unacked_key)]
