@@ -119,6 +119,7 @@ def _queues_found(groups: list[dict[str, Any]], expanded: list[dict[str, Any]]) 
         for way in _ways(group, resolved):
             if way not in ways:
                 ways.append(way)
+    ways.sort(key=lambda way: way.startswith("narrowed"))  # last: it narrows every way found
     return "; ".join(ways) or "named in its key patterns"
 
 
@@ -136,12 +137,12 @@ def _ways(group: dict[str, Any], resolved: dict[str, Any]) -> list[str]:
     keys = resolved.get("values_from_keys", {}).get("queue")
     for pattern in [keys] if isinstance(keys, str) else keys or []:
         ways.append(f"the keys `{_escaped(pattern)}`")
-    select = group.get("select", {}).get("queue")
-    if isinstance(select, str) and select.startswith("${"):
-        ways.append(f"narrowed or added to by the `{select[2:-1]}` param")
     split = group.get("split_by") or {}
     if split.get("label") == "queue":
         ways.append(f"each job's `{split['field']}` field (the jobs of every queue in one key)")
+    select = group.get("select", {}).get("queue")
+    if isinstance(select, str) and select.startswith("${"):
+        ways.append(f"narrowed or added to by the `{select[2:-1]}` param")
     if not ways and "{queue}" in group["pattern"]:
         ways.append("a SCAN of the key patterns below (an emptied queue is absent)")
     return ways

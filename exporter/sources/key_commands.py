@@ -33,6 +33,7 @@ from exporter.sources.key_types import (
     Route,
     key_of,
 )
+from exporter.sources.key_values import Selector
 
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
@@ -260,6 +261,8 @@ class Cycle:
         if group.due is not None:
             due_limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
         keep_last = group.oldest is not None and group.oldest.end == "tail"
+        selection = group.select.get(split.label, ["*"])
+        keeps = Selector(selection)
 
         def on_items(reply: Any) -> None:
             items = _listed_items(reply, scored=group.type == "zset")
@@ -274,6 +277,8 @@ class Cycle:
                 if value is None:
                     unreadable += 1
                     value = UNREAD
+                elif not keeps(value):
+                    continue
                 item_labels = labels._replace(**{split.label: value})
                 self.samples.add_labelled(DEPTH, item_labels, 1.0)
                 tally.series[item_labels] = None
@@ -291,6 +296,13 @@ class Cycle:
                 tally.failed(key, "label_unreadable", f"{unreadable} item(s)")
             if too_large:
                 tally.failed(key, "item_too_large", f"{too_large} item(s)")
+            for name in keeps.names:  # a queue named in the selection reads 0 when it has none
+                named = labels._replace(**{split.label: name})
+                self._depth(tally, named)(0)
+                if due is not None:
+                    self.samples.add_labelled(due, named.for_metric(due), 0.0)
+            new = sorted(value for value in keeps.left_out if value not in tally.unselected)
+            tally.left_out(split.label, new)
             if group.oldest is not None:
                 self._split_ages(tally, key, labels, heads)
 

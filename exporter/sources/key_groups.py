@@ -190,8 +190,9 @@ class KeyGroup(StrictModel):
     select: dict[str, list[str]] = Field(
         default_factory=dict,
         description="narrow or add to a placeholder's values found (values_from_set, "
-        "values_from_keys): a name is taken whether found or not, a glob (*, ?, [...]) keeps the "
-        "values found that match it (['*']: every one); found values left out are reported",
+        "values_from_keys) or to split_by's label values read from the items: a name is taken "
+        "whether found or not (it reads 0), a glob (*, ?, [...]) keeps the values found that "
+        "match it (['*']: every one); found values left out are reported, their items not counted",
     )
     split_by: LabelFromItems | None = Field(
         None, description="read every item and split the depth by a label value inside it"
@@ -229,9 +230,13 @@ class KeyGroup(StrictModel):
             if name not in names:
                 raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
         found = {*self.values_from_set, *self.values_from_keys}
+        if self.split_by is not None:
+            found.add(self.split_by.label)
         for name in self.select:
             if name not in found:
-                raise ValueError(f"select: {{{name}}} takes no values from a set or keys to narrow")
+                raise ValueError(
+                    f"select: {{{name}}} takes no values from a set, keys or split_by to narrow"
+                )
         for name, regex in self.values_exclude.items():
             if name not in names:
                 raise ValueError(f"values_exclude: {{{name}}} is not a placeholder of the pattern")

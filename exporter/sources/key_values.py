@@ -68,3 +68,25 @@ def selects(selection: list[str], value: str) -> bool:
         fnmatch.fnmatchcase(value, entry) if _GLOB.search(entry) else value == entry
         for entry in selection
     )
+
+
+class Selector:
+    """A selection applied to values met one at a time (split_by's label values, read from
+    each item): whether each is kept, each value decided once, and the ones left out."""
+
+    def __init__(self, selection: list[str]) -> None:
+        self.selection = selection
+        self.every = "*" in selection  # the default: no value is left out, none looked at
+        self.names = names(selection)
+        self.left_out: list[str] = []
+        self._decided: dict[str, bool] = {}
+
+    def __call__(self, value: str) -> bool:
+        if self.every:
+            return True
+        kept = self._decided.get(value)
+        if kept is None:
+            kept = self._decided[value] = selects(self.selection, value)
+            if not kept:
+                self.left_out.append(value)
+        return kept

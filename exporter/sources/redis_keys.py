@@ -336,6 +336,8 @@ class RedisKeySampler:
             excluded = re.compile(regex)
             choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
         for name, selection in group.select.items():
+            if name not in choices:
+                continue  # split_by's label: selected item by item (key_commands)
             choices[name], left_out = select(choices[name], selection)
             tally.left_out(name, left_out)
         names = list(choices)

@@ -171,6 +171,11 @@ class BullmqReaderConfig(ReaderConfig):
 class SidekiqReaderConfig(ReaderConfig):
     system: str = Field("sidekiq", min_length=1, description="the system label")
     namespace: str = Field("", description="key prefix (redis-namespace), as the preset's")
+    queues: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="the queues whose workers are counted, as the preset's key groups' select: "
+        "names and globs ('*': every queue)",
+    )
 
     ACL_COMMANDS = ("smembers", "hmget")
 

@@ -61,6 +61,7 @@ from exporter.redis_connection import (
     sever,
 )
 from exporter.samples import SampleSet
+from exporter.sources.key_values import selects
 
 # Workers a reader reported are forgotten after this many of its intervals without a report:
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
@@ -121,11 +122,14 @@ class Signals:
         worker: str,
         active: numbers.Number,
         capacity: numbers.Number,
+        selection: list[str] | None = None,
     ) -> None:
         """The worker serving each of `queues`, at most MAX_QUEUES_PER_WORKER of them (the
-        rest refused: over_limit, once for the record)."""
+        rest refused: over_limit, once for the record); with a selection (the preset's queues
+        param), only the queues it keeps."""
         for queue in self.at_most(queues, MAX_QUEUES_PER_WORKER):
-            self.worker(system, queue, worker, active, capacity)
+            if selection is None or selects(selection, queue):
+                self.worker(system, queue, worker, active, capacity)
 
     def at_most(self, items: list[_T], limit: int) -> list[_T]:
         """The first `limit` items; more are refused as over_limit, once for them all."""

@@ -145,7 +145,7 @@ class RqReader(RedisReader):
                 # limit's worth, the rest is refused (Signals.workers).
                 listed = (queues or b"").split(b",", MAX_QUEUES_PER_WORKER)
                 names = [name.decode("utf-8", "replace") for name in listed if name]
-                signals.workers(self.config.system, names, worker, busy, 1)
+                signals.workers(self.config.system, names, worker, busy, 1, self.config.queues)
 
     def _rate_limited(self, client: redis.Redis, signals: Signals) -> None:
         """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""

@@ -6,7 +6,7 @@ the `processes` set of live process identities, each a hash with `busy` (threads
 `beat` and `info` (JSON: `concurrency`, `queues`), expiring 60 s after the process stops
 beating. The reader turns the two counters into increments (the first read is the baseline,
 a counter that went down after `Sidekiq::Stats#reset` counts from zero) and each live process
-into a worker of every queue it serves. Per-queue latency is the preset's key group
+into a worker of every queue it serves (of those the preset's queues param selects). Per-queue latency is the preset's key group
 (`queue_oldest_age_seconds`), and jobs being worked on its work-hash group.
 
 Sidekiq 6 records no runtime per job in Redis (7.1's metrics do), so this reader feeds no
@@ -99,7 +99,9 @@ class SidekiqReader(RedisReader):
                     continue
                 busy, concurrency, queues = process
                 name = identity.decode("utf-8", "replace")
-                signals.workers(self.config.system, queues, name, busy, concurrency)
+                signals.workers(
+                    self.config.system, queues, name, busy, concurrency, self.config.queues
+                )
 
 
 def _process(reply: list[bytes | None] | Exception) -> tuple[int, int, list[str]] | None:
