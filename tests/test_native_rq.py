@@ -187,3 +187,25 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         )
     finally:
         _stop(idle)
+
+
+def test_a_queues_param_narrows_the_workers_too(rq_python, redis_url, run_exporter):
+    """queues: [mail]: a worker serving mail and video (its rq:worker hash lists both) is a
+    worker of mail alone, as the depths are; stopped, it leaves mail's workers."""
+    preset = {"name": "rq", "params": {"queues": ["mail"]}}
+    app = run_exporter({"presets": [preset], "sources": {"redis": {"url": redis_url}}})
+    worker = _worker(rq_python, redis_url, "mail", "video", burst=False)
+
+    def workers() -> dict[str, float]:
+        series = scrape_series(app)
+        return {
+            dict(ls)["queue"]: v
+            for (n, ls), v in series.items()
+            if n == "queue_workers" and {("system", "rq"), ("state", "idle")} <= ls
+        }
+
+    try:
+        assert wait_for(workers, timeout=30) == {"mail": 1}  # one read gives both, or neither
+    finally:
+        _stop(worker)
+    wait_for(lambda: not workers(), timeout=30)
