@@ -39,7 +39,7 @@ from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources import postgres
 from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.celery import CeleryReader
+from exporter.sources.native.celery import DEPTH, MAX_UNACKED, CeleryReader
 from exporter.sources.native.config import (
     BullmqReaderConfig,
     CeleryReaderConfig,
@@ -357,6 +357,43 @@ def test_celery_worker_table_is_bounded(redis_client, redis_url):
         signals = _read(reader)
         assert signals.tally.invalid == {}
         assert [b.active for b in signals.tally.heartbeats if b.worker == "w0@flood"] == [3]
+    finally:
+        reader.close()
+
+
+def test_celery_unacked_flood_is_read_up_to_its_limit(redis_client, redis_url):
+    """Issue 23 (the unacked hash): kombu's `unacked` flooded with 200,000 entries. Each read
+    takes MAX_UNACKED of them (HSCAN, UNACKED_SCAN a call) as pending depth and counts the
+    excess once (over_limit); the reader stays up, 100 good events beside the flood are
+    counted, and the process's peak RSS stays within 1.3x of a read of a handful of entries."""
+    message = {"headers": {"id": "t"}, "body": "x" * 200, "properties": {}}
+    redis_client.hset("unacked", "good", json.dumps([message, "", "q1"]))
+    reader = CeleryReader(CeleryReaderConfig(), RedisConnectionConfig(url=redis_url), 2.0)
+    try:
+        _reset_rss_peak()
+        signals = _read(reader)  # subscribed; the handful read
+        idle = _rss_peak()
+        assert signals.tally.invalid == {}
+        # written by Redis itself: the test's own process stays as it was at the idle read
+        entry = json.dumps([{**message, "headers": {"id": "ID"}}, "", "flood"])
+        fill = (
+            "for i = 1, 200000 do"
+            " redis.call('HSET', KEYS[1], 'f' .. i, (ARGV[1]:gsub('ID', 'f' .. i))) end"
+        )
+        redis_client.eval(fill, 1, "unacked", entry)
+        assert redis_client.hlen("unacked") == 200_001
+        for _ in range(2):
+            with _dispatcher(redis_url) as dispatcher:
+                for index in range(100):
+                    dispatcher.send("task-succeeded", uuid=f"g{index}", runtime=0.5)
+            _reset_rss_peak()
+            signals = _read(reader)
+            peak = _rss_peak()
+            assert signals.tally.invalid == {"over_limit": 1}
+            assert _counted(signals, "queue_jobs_completed_total") == 100
+            held = signals.samples.table(DEPTH).items()
+            assert sum(count for labels, count in held if labels[3] == "pending") == MAX_UNACKED
+            assert peak <= idle * 1.3, (peak / 2**20, idle / 2**20)
     finally:
         reader.close()
 

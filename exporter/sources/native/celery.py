@@ -73,6 +73,11 @@ MAX_ACTIVE_QUEUES = 10_000  # queues remembered to read 0 once their tasks ended
 # a worker or producer declared, but those config.not_task_queues names (the celery preset's
 # pidbox and event receivers' queues). Read again at most this often: a SCAN of the keyspace.
 BINDINGS = "_kombu.binding.*"
+# kombu's unacked hash holds one entry per prefetched message (prefetch multiplier x
+# concurrency per worker): read this many per HSCAN, this many per read at most. (HSCAN may
+# return an entry twice while Redis rehashes the hash: a rare double in a depth gauge.)
+UNACKED_SCAN = 1000
+MAX_UNACKED = 10_000
 BINDINGS_REFRESH = 30.0
 
 
@@ -179,15 +184,20 @@ class CeleryReader(RedisReader):
 
     def _unacked(self, signals: Signals) -> Counter[tuple[str, str, str]]:
         """(queue, task id, state) of each delivered, unacknowledged message: pending, or
-        scheduled while its ETA (countdown) is ahead: the worker holds it until then."""
+        scheduled while its ETA (countdown) is ahead: the worker holds it until then. Read
+        UNACKED_SCAN entries at a time, MAX_UNACKED at most: a hash flooded with more costs
+        a read no more than that (the excess refused: over_limit, once)."""
         deliveries: Counter[tuple[str, str, str]] = Counter()
-        messages: list[bytes] = []
-        key = self.config.unacked_key
+        key, taken = self.config.unacked_key, 0
         with signals.record(key):  # not a hash: counted, the rest goes on
-            messages = self._connect().hvals(key)  # type: ignore[assignment]
-        for raw in messages:
-            with signals.record(key):  # an entry that is not kombu's costs itself only
-                deliveries[_delivery(raw, signals.now)] += 1
+            entries = self._connect().hscan_iter(key, count=UNACKED_SCAN)
+            for _, raw in entries:
+                if taken == MAX_UNACKED:
+                    signals.tally.refuse("over_limit")
+                    break
+                taken += 1
+                with signals.record(key):  # an entry that is not kombu's costs itself only
+                    deliveries[_delivery(raw, signals.now)] += 1
         return deliveries
 
     def _refresh_declared(self, signals: Signals) -> None:

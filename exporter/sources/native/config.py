@@ -109,7 +109,7 @@ class CeleryReaderConfig(ReaderConfig):
         "(default: kombu's /<db>.celeryev/*)",
     )
 
-    ACL_COMMANDS = ("hvals", "psubscribe", "scan", "smembers")
+    ACL_COMMANDS = ("hscan", "psubscribe", "scan", "smembers")
 
     @field_validator("not_task_queues")
     @classmethod
