@@ -27,9 +27,10 @@ CONNECTION_COMMANDS = ("ping", "select")
 # measures a head found too large with MEMORY USAGE instead of copying it again; GET reads the
 # JSON string key a head item names (SAQ's jobs). Which keys built from a group's values exist
 # (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
-# after an XLEN of 0 (STREAM_EXISTS).
+# after an XLEN of 0 (STREAM_EXISTS). TYPE names the type of a key that answered WRONGTYPE.
 SAMPLER_COMMANDS = (
     "scan",
+    "type",
     "eval_ro",
     "memory|usage",
     "smembers",

@@ -109,7 +109,7 @@ def test_items_naming_a_hash_fail_only_themselves(redis_client, redis_url, run_e
     group = "key group 'rq:queue:{queue}' (system rq, list)"
     for key, reason, words in [
         ("rq:queue:binary", "item_not_utf8", "the head item names a hash but is not UTF-8"),
-        (f"rq:job:{job}", "wrong_type", "holds another Redis type than the group's"),
+        (f"rq:job:{job}", "wrong_type", "holds another Redis type than the group's (a list)"),
     ]:
         assert [w for w in warnings if f"[{reason}]" in w] == [
             f"{group}: key {key!r}: {words} [{reason}]"

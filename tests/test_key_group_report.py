@@ -81,6 +81,7 @@ def test_a_key_of_the_wrong_type_is_named_with_its_group(
     report = wait_for(lambda: _reports(app).get(RIGHT))
     assert (report.keys_matched, report.series, report.errors) == (2, 1, {"wrong_type": 1})
     assert report.last_warning is not None and "jobs:sms:p1" in report.last_warning
+    assert "another Redis type than the group's (a zset)" in report.last_warning  # TYPE's
     named = [r.getMessage() for r in caplog.records]
     assert any(RIGHT in m and "'jobs:sms:p1'" in m and "wrong_type" in m for m in named)
 

@@ -77,7 +77,7 @@ def test_status_json_states_what_was_found(layout, redis_url, run_exporter):
     assert redis["up"] is True and redis["errors"]["wrong_type"] >= 1
     warnings = status["view"]["warnings"]
     assert any("orchestrata:dlq:{queue}" in w and "matched no keys" in w for w in warnings)
-    assert any("'orchestrata:queue:wrong:p1'" in w for w in warnings)
+    assert any("'orchestrata:queue:wrong:p1'" in w and "(a zset)" in w for w in warnings)
 
 
 def test_a_stream_that_does_not_exist_is_a_warning(redis_client, redis_url, run_exporter):

@@ -118,6 +118,8 @@ class Cycle:
         self._partial: set[str] = set()
         # Per SCAN (by its groups), which groups took each key it found, and what it gave them
         self.routes: dict[tuple[int, ...], dict[bytes, Route]] = {}
+        # (group, key) whose WRONGTYPE reply asked its TYPE this cycle: asked once for its reads
+        self._typed: set[tuple[int, bytes]] = set()
 
     def answered(self) -> None:
         """A cluster node answered a round."""
@@ -499,6 +501,10 @@ class Cycle:
                 if self.nodes is not None and self.nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
                     self.lose_group(tally, key_of(args), str(reply)[:80], reason)
+                elif (args[2] if args[0] is ASKED else args)[0] == "TYPE":  # not read: unnamed
+                    tally.failed(key_of(args), "wrong_type")
+                elif reason == "wrong_type":
+                    yield from self.wrong_type(tally, key_of(args))
                 else:
                     tally.failed(key_of(args), reason)
                 continue
@@ -509,6 +515,19 @@ class Cycle:
                 continue
             if follow_up is not None:
                 yield follow_up
+
+    def wrong_type(self, tally: GroupTally, key: bytes) -> Iterator[Command]:
+        """A key of another type than its group's: its TYPE is read, so that the failure names
+        the type found. Read only after a WRONGTYPE reply (rare), once per group and key."""
+        if (id(tally), key) in self._typed:
+            return
+        self._typed.add((id(tally), key))
+
+        def on_type(reply: Any) -> None:
+            found = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+            tally.failed(key, "wrong_type", "deleted since" if found == "none" else f"a {found}")
+
+        yield ("TYPE", key), on_type, tally
 
     def _too_large(self, tally: GroupTally, key: bytes, size: int) -> None:
         """An item over max_item_bytes, measured in Redis: its head is probed next cycle."""
@@ -548,9 +567,12 @@ class Cycle:
                         next(heads_left)
                     continue
                 reason = response_reason(depth)
-                tally.failed(key, reason)
-                if built and reason == "wrong_type":  # a key of another type exists
-                    tally.present(key)
+                if reason == "wrong_type":
+                    again += self.wrong_type(tally, key)
+                    if built:  # a key of another type exists
+                        tally.present(key)
+                else:
+                    tally.failed(key, reason)
             else:
                 depth_table[labels] = depth_of(labels, 0.0) + float(depth)
                 series[labels] = None
@@ -563,7 +585,10 @@ class Cycle:
                 self._too_large(tally, key, head)
                 continue
             if isinstance(head, redis.ResponseError):
-                tally.failed(key, response_reason(head))
+                if response_reason(head) == "wrong_type":
+                    again += self.wrong_type(tally, key)
+                else:
+                    tally.failed(key, response_reason(head))
                 continue
             try:
                 head_at = read_time(head)
