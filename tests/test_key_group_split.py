@@ -54,6 +54,34 @@ def test_unreadable_and_unread_items_count_under_unread(redis_client, redis_url,
     assert errors.get("label_unreadable", 0) >= 1 and errors.get("items_unread", 0) >= 1
 
 
+def test_select_narrows_the_split_values_and_names_what_it_leaves_out(
+    redis_client, redis_url, run_exporter
+):
+    """select: {queue: [mail, "b*", extra]}: mail and bills counted (a name, a glob), extra
+    read 0 (named, found nowhere), sms's items not counted and reported once a cycle."""
+    now = time.time()
+    queues = ["mail", "mail", "bills", "sms", "sms"]
+    members = {json.dumps({"queue": q, "n": n}): now - 10 * n for n, q in enumerate(queues)}
+    redis_client.zadd("retry", members)
+    group = {
+        **SPLIT_RETRY,
+        "split_by": {"label": "queue", "field": "queue"},
+        "select": {"queue": ["mail", "b*", "extra"]},
+    }
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="extra")
+    served = {
+        dict(labels)["queue"]: count
+        for (name, labels), count in series.items()
+        if name == "queue_depth" and ("system", "custom") in labels
+    }
+    assert served == {"mail": queues.count("mail"), "bills": 1, "extra": 0}
+    assert value(series, "queue_scheduled_due", system="custom", queue="extra") == 0
+    assert value(series, "queue_oldest_age_seconds", system="custom", queue="sms") is None
+    report = next(r for r in app.health.key_groups() if r.pattern == "retry")
+    assert report.unselected == ("sms",)
+
+
 def test_queues_from_keys_read_zero_once_their_jobs_are_gone(redis_client, redis_url, run_exporter):
     redis_client.hset("jobs:mail:meta", "created", "1")
     redis_client.hset("jobs:bills:meta", "created", "1")
@@ -77,6 +105,7 @@ def test_queues_from_keys_read_zero_once_their_jobs_are_gone(redis_client, redis
         ({"type": "set", "due": None, "oldest": None}, "split_by applies to list, zset and hash"),
         ({"labels": {"queue": "all"}}, "split_by: 'queue' is already a pattern placeholder"),
         ({"values_from_keys": {"queue": "x"}}, "values: {queue} is not a placeholder"),
+        ({"select": {"priority": ["1"]}}, "select: {priority} takes no values from a set, keys"),
     ],
 )
 def test_bad_split_settings_are_refused_with_their_place(change, message):

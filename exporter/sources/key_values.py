@@ -1,9 +1,9 @@
 """Which values an enumerated key group's placeholders take: parsing set members, selecting.
 
 A placeholder's values are found in Redis (a set's members, the sets a key pattern matches, the
-keys a pattern matches: redis_keys.py reads them) and then narrowed or added to by the group's
-`select`: a plain name is taken whether found or not, a glob keeps the found values it
-matches. A value found but selected by nothing is reported: a queue that exists and is not
+keys a pattern matches: redis_keys.py reads them; a split_by label's values read from each
+item: key_commands.py, with a Selector) and then narrowed or added to by the group's `select`:
+a plain name is taken whether found or not, a glob keeps the found values it matches. A value found but selected by nothing is reported: a queue that exists and is not
 counted must be said, never silently left out.
 """
 
