@@ -80,6 +80,13 @@ def _self(
 SAMPLED: tuple[MetricSpec, ...] = (
     _sampled("queue_depth", "gauge", QUEUE_LABELS, "Items in the queue, by priority and state."),
     _sampled(
+        "queue_depth_estimate",
+        "gauge",
+        QUEUE_LABELS,
+        "The PostgreSQL planner's estimate of queue_depth (table statistics as of the last "
+        "ANALYZE), served instead of an exact count too costly to take each cycle.",
+    ),
+    _sampled(
         "queue_oldest_age_seconds",
         "gauge",
         QUEUE_LABELS,
@@ -388,3 +395,6 @@ BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in ALL}
 # Families only a native reader (sources.native) serves, one series per reader: a deployment
 # running none (the demo) has no series of them, which is no gap.
 NATIVE_ONLY: frozenset[str] = frozenset({"queue_exporter_native_silent"})
+# Families only a native reader or a preset's opt-in (pgboss estimate=true) serves: a
+# configuration that turns neither on (the demo) has no series of them, which is no gap.
+OPT_IN: frozenset[str] = NATIVE_ONLY | {"queue_depth_estimate"}

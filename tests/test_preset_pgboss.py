@@ -23,10 +23,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+from exporter import config as config_module
 from exporter import presets
 from tests.conftest import (
     Series,
     scrape_series,
+    scrape_when,
     stop_process,
     value,
     wait_for,
@@ -231,6 +233,13 @@ def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
         connection.execute("ANALYZE")
         collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
         for collector in collectors:
+            if collector["name"] == "pgboss_active_estimate":  # estimate=true, pg-boss 10
+                if pgboss.major < 12:
+                    plan = "\n".join(
+                        r[0] for r in connection.execute(f"EXPLAIN {collector['query']}")
+                    )
+                    assert "Scan on j" not in plan, plan  # catalogs only, no job row
+                continue
             plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {collector['query']}"))
             if collector["name"] == "pgboss_active" and pgboss.major < 12:
                 assert collector["interval"] >= 10, collector  # not every cycle
@@ -308,3 +317,84 @@ def test_native_counts_pgboss12_finished_jobs_once(
     finally:
         boss.release.touch()
         stop_process(worker, 15)
+
+
+def _partition_scans(dsn: str, queue: str) -> tuple[int, int]:
+    """Sequential and index scans of `queue`'s pg-boss 10 partition, as PostgreSQL counts them."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT t.seq_scan, COALESCE(t.idx_scan, 0) FROM pgboss.queue AS q "
+            "JOIN pg_stat_user_tables AS t "
+            "ON t.schemaname = 'pgboss' AND t.relname = q.partition_name WHERE q.name = %s",
+            (queue,),
+        ).fetchone()
+    assert row is not None, queue
+    return int(row[0]), int(row[1])
+
+
+def test_estimate_serves_the_planners_active_count_without_the_costly_scan(
+    postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    """pg-boss 10 with estimate=true: its active jobs (20k rows, 2k of them active through its
+    own fetch(), most of the rest completed) are served as queue_depth_estimate, within 5% + 1
+    of pg-boss's own getQueueSize after ANALYZE, and the partition is never read sequentially
+    (the exact count's scan) while the index-read waiting counts run; the same check sees the
+    scan with estimate=false."""
+    boss = PgBoss(10, postgres_dsn, tmp_path)
+    counts = {"sent": 20000, "fetched": 19900, "completed": 17900}
+    sizes = boss.run("bulk", json.dumps(counts))
+    active = sizes["unfinished"] - sizes["waiting"]
+    assert active == counts["fetched"] - counts["completed"], sizes
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute("ANALYZE pgboss.job")
+    seq_before, idx_before = _partition_scans(postgres_dsn, "bulk")
+    exporter = run_exporter(
+        postgres_dsn=postgres_dsn, preset=[{"name": "pgboss", "params": {"estimate": True}}]
+    )
+
+    def estimated() -> float | None:
+        series = scrape_series(exporter)
+        estimate = value(series, "queue_depth_estimate", system="pgboss", queue="bulk")
+        if estimate is None or not abs(estimate - active) <= 0.05 * active + 1:
+            return None
+        assert value(series, "queue_depth", queue="bulk", state="active") is None
+        assert value(series, "queue_exporter_source_up", source="postgres:pgboss_active") is None
+        return estimate
+
+    wait_for(estimated, timeout=30)
+    # the exporter's own index reads (pgboss_jobs and pgboss_due, every cycle) are counted by
+    # now: several cycles' worth, so its backends have reported their scans
+    wait_for(lambda: _partition_scans(postgres_dsn, "bulk")[1] >= idx_before + 10, timeout=30)
+    assert (
+        value(scrape_series(exporter), "queue_depth", queue="bulk", state="pending")
+        == sizes["waiting"]
+    )
+    assert _partition_scans(postgres_dsn, "bulk")[0] == seq_before
+    exporter.shutdown()
+
+    exact = run_exporter(
+        postgres_dsn=postgres_dsn, preset=[{"name": "pgboss", "params": {"active_interval": 0.5}}]
+    )
+    scrape_when(exact, "queue_depth", queue="bulk", state="active")
+    assert value(scrape_series(exact), "queue_depth", queue="bulk", state="active") == active
+    wait_for(lambda: _partition_scans(postgres_dsn, "bulk")[0] > seq_before, timeout=30)
+
+
+def test_estimate_param_runs_one_of_the_two_active_collectors() -> None:
+    """`estimate` enables the estimate's collector and disables the exact one (`${!estimate}`);
+    a value that is not true or false is refused, naming the preset and the param."""
+
+    def collectors(spec: str) -> list[str]:
+        raw = {
+            "sources": {"postgres": {"dsn": "postgresql://exporter@db/app"}},
+            "presets": [presets.parse_spec(spec)],
+        }
+        config = config_module.from_dict(raw)
+        assert config.sources.postgres is not None
+        return [collector.name for collector in config.sources.postgres.collectors]
+
+    assert collectors("pgboss") == ["pgboss_jobs", "pgboss_due", "pgboss_active"]
+    estimated = collectors("pgboss:estimate=true")
+    assert estimated == ["pgboss_jobs", "pgboss_due", "pgboss_active_estimate"]
+    with pytest.raises(presets.PresetError, match="pgboss: param estimate: expected true or false"):
+        presets.expand("pgboss", {"estimate": "maybe"})

@@ -327,7 +327,7 @@ def test_the_exposition_passes_promtool_check_metrics(
     wanted = {
         f"{s.name}_bucket" if s.kind == "histogram" else s.name
         for s in catalog.ALL
-        if s.name not in catalog.NATIVE_ONLY
+        if s.name not in catalog.OPT_IN
     }
     exposition = wait_for(
         lambda: (

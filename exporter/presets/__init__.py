@@ -4,7 +4,8 @@ A preset file holds `description`, `params` (defaults an operator may override),
 `library` (the versions tested and how each state the library holds is served) and a piece
 of the ordinary configuration (`sources: ...`) in which `${param}` is substituted
 (`${param|pattern}`: as literal text of a key pattern, its braces doubled, so that a hash-tagged
-prefix such as BullMQ's `{bull}` is not read as a placeholder). Loading a
+prefix such as BullMQ's `{bull}` is not read as a placeholder; `${!param}`, a whole value: the
+negation of a true/false param, to enable one of two exclusive collectors). Loading a
 preset merges that piece into the configuration: lists are extended, so a preset's key
 groups join the operator's own.
 
@@ -24,6 +25,7 @@ import yaml
 from exporter.sources.key_groups import literal
 
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\|pattern)?\}")
+_NEGATED = re.compile(r"\$\{!([A-Za-z_][A-Za-z0-9_]*)\}")
 # The preset files sit beside this module: the package is installed as files (pip, the
 # Dockerfile), and reading them as such spares start-up importlib.resources (tempfile, shutil).
 _DIRECTORY = Path(__file__).parent
@@ -167,6 +169,9 @@ def _substitute(value: Any, params: dict[str, Any], preset: str) -> Any:
         return [_substitute(item, params, preset) for item in value]
     if not isinstance(value, str):
         return value
+    negated = _NEGATED.fullmatch(value)
+    if negated:
+        return not _flag(negated.group(1), params, preset)
     whole = _PARAM.fullmatch(value)
     if whole and not whole.group(2):  # a whole-string reference keeps the parameter's type
         return _param(whole.group(1), params, preset)
@@ -182,3 +187,10 @@ def _param(name: str, params: dict[str, Any], preset: str) -> Any:
     if name not in params:
         raise PresetError(f"preset {preset}: no param {name!r}")
     return params[name]
+
+
+def _flag(name: str, params: dict[str, Any], preset: str) -> bool:
+    value = _param(name, params, preset)
+    if not isinstance(value, bool):
+        raise PresetError(f"preset {preset}: param {name}: expected true or false, got {value!r}")
+    return value

@@ -63,6 +63,13 @@ class PostgresSourceConfig(StrictModel):
         "and retried counts, execution and wait times (native signals, leader only)",
     )
 
+    @field_validator("collectors")
+    @classmethod
+    def _enabled_only(cls, collectors: list[SqlCollector]) -> list[SqlCollector]:
+        # A preset offers exclusive variants of a collector (pgboss: the exact active count or
+        # the planner's estimate), its params enabling one: the others are as if absent.
+        return [collector for collector in collectors if collector.enabled]
+
     @field_validator("dsn")
     @classmethod
     def _parsable(cls, dsn: SecretStr | None) -> SecretStr | None:

@@ -74,6 +74,9 @@ class SqlValue(StrictModel):
 
 class SqlCollector(StrictModel):
     name: str = Field(description="the source is named postgres:<name>")
+    enabled: bool = Field(
+        True, description="run it (off: as if absent; a preset's param turns one on or off)"
+    )
     query: str = Field(description="one read-only statement")
     labels: list[str] = Field(
         default_factory=list, description="result columns that become labels (same name)"

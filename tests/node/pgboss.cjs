@@ -3,6 +3,9 @@
 //                                                 and jobs; prints {"ids": {queue: [id...]}}
 //   node pgboss.cjs <major> work  DSN SCHEMA RELEASE_FILE   -> real workers until killed
 //   node pgboss.cjs <major> truth DSN SCHEMA IDS_JSON       -> getQueueSize and getJobById, as JSON
+//   node pgboss.cjs 10 bulk DSN SCHEMA COUNTS_JSON  -> queue 'bulk': insert() `sent` jobs, fetch()
+//                                                 `fetched` of them (active), complete() `completed`;
+//                                                 prints its getQueueSize (waiting, unfinished)
 const path = require('node:path')
 const fs = require('node:fs')
 const [major, command, dsn, schema, extra] = process.argv.slice(2)
@@ -85,5 +88,30 @@ async function truth (idsFile) {
   process.stdout.write(JSON.stringify({ sizes, jobs, now }))
 }
 
-const commands = { seed, work: () => work(extra), truth: () => truth(extra) }
+async function bulk (counts) {
+  const { sent, fetched, completed } = JSON.parse(counts)
+  const b = boss()
+  await b.start()
+  await b.createQueue('bulk')
+  for (let n = 0; n < sent; n += 1000) {
+    await b.insert(Array.from({ length: Math.min(1000, sent - n) }, () => ({ name: 'bulk', data: {} })))
+  }
+  const active = []
+  while (active.length < fetched) {
+    const jobs = await b.fetch('bulk', { batchSize: Math.min(1000, fetched - active.length) })
+    if (!jobs.length) throw new Error(`fetch() gave ${active.length} of ${fetched} jobs`)
+    active.push(...jobs.map((job) => job.id))
+  }
+  for (let n = 0; n < completed; n += 1000) {
+    await b.complete('bulk', active.slice(n, Math.min(completed, n + 1000)))
+  }
+  const sizes = {
+    waiting: await b.getQueueSize('bulk'),
+    unfinished: await b.getQueueSize('bulk', { before: 'completed' })
+  }
+  await b.stop({ graceful: false, wait: true })
+  process.stdout.write(JSON.stringify(sizes))
+}
+
+const commands = { seed, bulk: () => bulk(extra), work: () => work(extra), truth: () => truth(extra) }
 commands[command]().catch((error) => { console.error(error); process.exit(1) })
