@@ -15,6 +15,8 @@ of --runs after a warm-up:
   SELECTs the same numbers need (per queue and waiting state: count and oldest start_after; per
   queue: due) on one open connection;
 - active (every active_interval): pgboss_active's sample() against its bare SELECT;
+- pg-boss 10, estimate=true (every cycle): pgboss_active_estimate's sample() against its bare
+  SELECT (catalogs only), and against the exact active count it replaces;
 - for scale: counting every state per queue, the query that reads every finished row.
 """
 
@@ -35,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.postgres_sampling import interleaved_medians  # noqa: E402
 from exporter import config as config_module  # noqa: E402
+from exporter import presets  # noqa: E402
 from exporter.app import App  # noqa: E402
 from exporter.sources.postgres import PostgresCollectorSource  # noqa: E402
 
@@ -110,15 +113,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         f"pg-boss {args.major} schema and {args.jobs} job rows in {time.perf_counter() - started:.1f}s"
     )
 
-    config = config_module.from_dict(
-        {
-            "listen_address": "127.0.0.1:0",
-            "sample_interval": 3600,
-            "presets": ["pgboss"],
-            "sources": {"postgres": {"dsn": dsn, "statement_timeout": 30}},
-        }
-    )
-    app = App(config)
+    app = _app(dsn, {})
     sources = {runner.source.name: runner.source for runner in app.runners}
     jobs, due, active = (sources[f"postgres:pgboss_{name}"] for name in ("jobs", "due", "active"))
     assert all(isinstance(s, PostgresCollectorSource) for s in (jobs, due, active))
@@ -160,6 +155,48 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         f"ratio {exporter_active / bare_active:.2f}x (every active_interval, default 30 s)"
     )
     print(f"  for scale: every state per queue (reads every finished row) {every * 1000:8.1f} ms")
+    app.shutdown()
+    if args.major < 12:
+        estimate(dsn, args.runs, exporter_active)
+
+
+def _app(dsn: str, params: dict[str, object]) -> App:
+    config = config_module.from_dict(
+        {
+            "listen_address": "127.0.0.1:0",
+            "sample_interval": 3600,
+            "presets": [{"name": "pgboss", "params": params}],
+            "sources": {"postgres": {"dsn": dsn, "statement_timeout": 30}},
+        }
+    )
+    return App(config)
+
+
+def estimate(dsn: str, runs: int, exact: float) -> None:
+    """pg-boss 10 with estimate=true: the planner's estimate of the active jobs."""
+    app = _app(dsn, {"estimate": True})
+    source = next(
+        r.source for r in app.runners if r.source.name == "postgres:pgboss_active_estimate"
+    )
+    assert isinstance(source, PostgresCollectorSource)
+    collectors = presets.expand("pgboss", {"estimate": True})["sources"]["postgres"]["collectors"]
+    query = next(c["query"] for c in collectors if c["name"] == "pgboss_active_estimate")
+    with psycopg.connect(dsn) as bare:
+
+        def fetch() -> object:
+            with bare.cursor(binary=True) as cursor:
+                cursor.execute(query)
+                rows = cursor.fetchall()
+            bare.rollback()
+            return rows
+
+        bare_estimate, exporter_estimate = interleaved_medians([fetch, source.sample], runs)
+    print(f"  estimate: bare SELECT       {bare_estimate * 1000:8.1f} ms")
+    print(
+        f"  estimate: exporter source   {exporter_estimate * 1000:8.1f} ms   "
+        f"ratio {exporter_estimate / bare_estimate:.2f}x; "
+        f"{exact / exporter_estimate:.0f}x cheaper than the exact active count"
+    )
     app.shutdown()
 
 
