@@ -41,9 +41,9 @@ DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 FILL = """
 SET search_path TO attune, public;
 INSERT INTO pack (ref, label) SELECT 'pack' || p, 'Pack ' || p FROM generate_series(0, 99) p;
-INSERT INTO action (ref, pack, pack_ref, label, description, entrypoint)
+INSERT INTO action (ref, pack, pack_ref, label, entrypoint)
 SELECT 'pack' || (i % 100) || '.action_' || i, (i % 100) + 1, 'pack' || (i % 100),
-       'Action ' || i, '', 'run.py'
+       'Action ' || i, 'run.py'
 FROM generate_series(1, {actions}) i;
 INSERT INTO queue_stats (action_id, queue_length, active_count, max_concurrent,
                          oldest_enqueued_at, total_enqueued, total_completed, last_updated)
