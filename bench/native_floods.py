@@ -1,8 +1,8 @@
 """What floods of hostile records cost the native readers and SQL collectors, bounded and not
-(issue 23's attacks 10, 11 and 15).
+(issue 23's attacks 10, 11 and 15, kombu's unacked hash and RQ's registries).
 
     .venv/bin/python bench/native_floods.py [--hostnames 400000] [--queues 300000]
-        [--rows 1000000] [--postgres DSN]
+        [--rows 1000000] [--entries 200000] [--postgres DSN] [--cases celery,rq,...]
 
 Each case runs in a process of its own (its RSS is its own), twice: with the limits the
 exporter ships, and with the limit lifted (the constant set past the flood, as the code was
@@ -12,7 +12,12 @@ before the limit existed), against a private redis-server or the given PostgreSQ
 - rq: one worker hash listing --queues queues beside a busy worker; a read's median time over
   5 reads, against a read without the flood (queues per worker: MAX_QUEUES_PER_WORKER);
 - sql: a collector whose query returns --rows rows; peak RSS of a run, against a run of a
-  query of max_rows rows (collector max_rows, 10,000 here).
+  query of max_rows rows (collector max_rows, 10,000 here);
+- unacked: kombu's `unacked` hash flooded with --entries entries; peak RSS and time of a read,
+  against a read of a handful (entries per read: MAX_UNACKED);
+- registry: --entries members flooded into RQ's finished registry between two reads; peak RSS
+  and time of the read that meets them, against a read of empty registries (members per
+  registry and read: MAX_REGISTRY).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -178,12 +184,96 @@ def sql(rows: int, bounded: bool, dsn: str) -> dict[str, float]:
         telemetry.shutdown()
 
 
+def _fill(client: Any, script: str, key: str, entries: int, argument: object) -> None:
+    """Written by Redis itself (a Lua loop): the bench's process stays as it was."""
+    loop = f"for i = 1, {entries} do {script} end"
+    client.eval(loop, 1, key, argument)
+
+
+def unacked(entries: int, bounded: bool) -> dict[str, float]:
+    import redis
+
+    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.sources.native import celery as celery_module
+    from exporter.sources.native.config import CeleryReaderConfig
+    from exporter.sources.native.framework import Signals
+    from tests.private_redis import PrivateRedis
+
+    if not bounded:
+        celery_module.MAX_UNACKED = entries + 1
+    message = {"headers": {"id": "ID"}, "body": "x" * 200, "properties": {}}
+    entry = json.dumps([message, "", "flood"])
+    with tempfile.TemporaryDirectory() as directory:
+        server = PrivateRedis(Path(directory)).start()
+        try:
+            client = redis.Redis.from_url(server.url)
+            client.hset("unacked", "good", entry)
+            config, connection = CeleryReaderConfig(), RedisConnectionConfig(url=server.url)
+            reader = celery_module.CeleryReader(config, connection, 20.0)
+            _reset_peak()
+            started = time.perf_counter()
+            reader.read(Signals())
+            reference = time.perf_counter() - started
+            idle = _rss("VmHWM")
+            script = "redis.call('HSET', KEYS[1], 'f' .. i, (ARGV[1]:gsub('ID', 'f' .. i)))"
+            _fill(client, script, "unacked", entries, entry)
+            _reset_peak()
+            started = time.perf_counter()
+            reader.read(Signals())
+            took = time.perf_counter() - started
+            peak = _rss("VmHWM")
+            reader.close()
+            return {"idle_peak_mib": idle / MIB, "flood_peak_mib": peak / MIB,
+                    "ratio": peak / idle, "reference_s": reference, "read_s": took}  # fmt: skip
+        finally:
+            server.stop()
+
+
+def registry(entries: int, bounded: bool) -> dict[str, float]:
+    import redis
+
+    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.sources.native import rq as rq_module
+    from exporter.sources.native.config import RqReaderConfig
+    from exporter.sources.native.framework import Signals
+    from tests.private_redis import PrivateRedis
+
+    if not bounded:
+        rq_module.MAX_REGISTRY = entries + 1
+    with tempfile.TemporaryDirectory() as directory:
+        server = PrivateRedis(Path(directory)).start()
+        try:
+            client = redis.Redis.from_url(server.url)
+            client.sadd("rq:queues", "rq:queue:default")
+            reader = rq_module.RqReader(RqReaderConfig(), RedisConnectionConfig(url=server.url))
+            reader.read(Signals())
+            _reset_peak()
+            started = time.perf_counter()
+            reader.read(Signals())
+            reference = time.perf_counter() - started
+            idle = _rss("VmHWM")
+            script = "redis.call('ZADD', KEYS[1], ARGV[1] + i / 1000, 'flood' .. i)"
+            _fill(client, script, "rq:finished:default", entries, time.time())
+            _reset_peak()
+            started = time.perf_counter()
+            reader.read(Signals())
+            took = time.perf_counter() - started
+            peak = _rss("VmHWM")
+            reader.close()
+            return {"idle_peak_mib": idle / MIB, "flood_peak_mib": peak / MIB,
+                    "ratio": peak / idle, "reference_s": reference, "read_s": took}  # fmt: skip
+        finally:
+            server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hostnames", type=int, default=400_000)
     parser.add_argument("--queues", type=int, default=300_000)
     parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--entries", type=int, default=200_000)
     parser.add_argument("--postgres", default="host=127.0.0.1 user=postgres dbname=postgres")
+    parser.add_argument("--cases", default="celery,rq,sql,unacked,registry")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--unbounded", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -193,10 +283,12 @@ def main() -> None:
             "celery": lambda: celery(args.hostnames, bounded),
             "rq": lambda: rq(args.queues, bounded),
             "sql": lambda: sql(args.rows, bounded, args.postgres),
+            "unacked": lambda: unacked(args.entries, bounded),
+            "registry": lambda: registry(args.entries, bounded),
         }[args.case]()
         print(json.dumps(result))
         return
-    for case in ("celery", "rq", "sql"):
+    for case in args.cases.split(","):
         for unbounded in (False, True):
             command = [sys.executable, __file__, "--case", case, *sys.argv[1:]]
             command += ["--unbounded"] if unbounded else []

@@ -7,7 +7,8 @@ Each test names the class of attack, the issue's example among its cases. The cl
 - a record whose reading raises anything (RecursionError from deep nesting included) costs
   itself only: the read goes on and counts every good record;
 - what a record may bring and what a reader remembers is bounded (queues per worker, workers
-  a Celery reader remembers, rows a SQL collector reads), the excess counted once per read;
+  a Celery reader remembers, entries of kombu's unacked hash and members of an RQ registry a
+  read takes, rows a SQL collector reads), the excess counted once per read;
 - the tracebacks and warnings of refused records are rate-limited.
 Everything runs against the test's own Redis database or PostgreSQL database; the good
 records are written by the systems' own libraries where the test can run them (Celery's
@@ -32,6 +33,7 @@ from celery import Celery
 from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
+from rq import Queue, SimpleWorker
 
 from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
@@ -53,7 +55,7 @@ from exporter.sources.native.framework import (
     Reader,
     Signals,
 )
-from exporter.sources.native.rq import RqReader
+from exporter.sources.native.rq import MAX_REGISTRY, RqReader
 from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.telemetry import Telemetry
@@ -394,6 +396,49 @@ def test_celery_unacked_flood_is_read_up_to_its_limit(redis_client, redis_url):
             held = signals.samples.table(DEPTH).items()
             assert sum(count for labels, count in held if labels[3] == "pending") == MAX_UNACKED
             assert peak <= idle * 1.3, (peak / 2**20, idle / 2**20)
+    finally:
+        reader.close()
+
+
+def test_rq_registry_flood_is_read_up_to_its_limit(redis_client, redis_url):
+    """Issue 23 (RQ's registries): 200,000 members flooded into a finished registry between two
+    reads. A read takes the MAX_REGISTRY highest scored and remembers no more; the flood's
+    excess is counted once (over_limit); the process's peak RSS stays within 1.3x of a read of
+    empty registries; five jobs RQ itself runs afterwards (its own worker, scored by RQ) are
+    counted exactly once, with no over_limit, and a read with nothing new counts nothing."""
+    queue = Queue("default", connection=redis_client)
+    reader = RqReader(RqReaderConfig(), RedisConnectionConfig(url=redis_url))
+
+    def completed(signals: Signals) -> float:
+        return _counted(signals, "queue_jobs_completed_total")
+
+    try:
+        queue.enqueue("builtins.len", "x")
+        SimpleWorker([queue], connection=redis_client).work(burst=True)  # rq:queues lists it
+        _reset_rss_peak()
+        _read(reader)  # the baseline
+        idle = _rss_peak()
+        # written by Redis itself, scored below what RQ gives a job finishing now (its
+        # result_ttl ahead): a backlog of old finishes the reader has not seen
+        fill = (
+            "for i = 1, 200000 do redis.call('ZADD', KEYS[1], ARGV[1] + i / 1000, 'flood' .. i) end"
+        )
+        redis_client.eval(fill, 1, "rq:finished:default", time.time())
+        _reset_rss_peak()
+        signals = _read(reader)
+        peak = _rss_peak()
+        assert signals.tally.invalid == {"over_limit": 1}
+        assert completed(signals) == MAX_REGISTRY - 1  # the first job was read before
+        assert peak <= idle * 1.3, (peak / 2**20, idle / 2**20)
+        jobs = [queue.enqueue("builtins.len", "abc") for _ in range(5)]
+        SimpleWorker([queue], connection=redis_client).work(burst=True)
+        assert all(job.get_status() == "finished" for job in jobs)
+        signals = _read(reader)
+        assert signals.tally.invalid == {}
+        assert completed(signals) == 5
+        assert _counted(signals, "queue_jobs_started_total") == 5
+        signals = _read(reader)
+        assert (signals.tally.invalid, completed(signals)) == ({}, 0)
     finally:
         reader.close()
 

@@ -15,7 +15,7 @@ started before the reader subscribed is known from its worker's heartbeat (`acti
 beyond the tasks seen starting there, under `default_queue` (the heartbeat does not name it). Messages a
 worker prefetched but has not started are in kombu's `unacked` hash, one per delivery, with the
 routing key: they are counted as pending of their queue, or scheduled while their ETA
-(countdown) is ahead (a running task of a late-ack worker is in that hash too, and counts as
+(countdown) is ahead (MAX_UNACKED entries a read at most) (a running task of a late-ack worker is in that hash too, and counts as
 active only).
 
 When no event arrives for `events_timeout` (workers heartbeat every 2 s, idle or not) the

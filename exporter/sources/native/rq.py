@@ -20,14 +20,23 @@ they can, so its changes are counted once, then.
 
 A started member in RQ 2+ is `<job id>:<execution id>` (RQ job ids hold no colon), so a job
 retried and started again between two reads is still seen leaving; RQ 1 writes the job id.
+
+Each registry is read up to MAX_REGISTRY members, its highest scored: RQ scores a member by
+when it expires (its end or start plus its TTL), so with a common TTL the newest. A registry
+that holds more is read as a window of its newest: a member scored below the lowest of a full
+read was not read (neither new when it shows later, nor gone when it is no longer read), and
+a full read whose lowest member is new may have left new members unread: counted once per read
+as over_limit. So what a read holds and remembers is bounded per registry; registries within
+the limit are read whole, as before.
 """
 
 from __future__ import annotations
 
+import math
 import zlib
 from base64 import b64decode
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -50,6 +59,35 @@ DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
 # Failure text read to classify a failure (a traceback); beyond it nothing is decompressed.
 _MAX_EXC_TEXT = 65536
+# Members read and remembered per registry and read: the highest scored.
+MAX_REGISTRY = 10_000
+# Jobs whose hashes one pipeline reads: a read of 10,000 changes holds 1,000 replies at a time.
+JOBS_PER_PIPELINE = 1_000
+
+
+@dataclass(slots=True)
+class _Registry:
+    """One registry's members as one read saw them (member -> score)."""
+
+    members: dict[str, float] = field(default_factory=dict)
+    full: bool = False  # read at MAX_REGISTRY: members scored below the lowest were not read
+
+    @property
+    def floor(self) -> float:
+        """The score below which this read saw nothing (members were, unread, when full)."""
+        return min(self.members.values(), default=-math.inf) if self.full else -math.inf
+
+    def added(self, before: _Registry) -> set[str]:
+        """Members not in `before`, but those below its floor (there then, unread)."""
+        floor = before.floor
+        return {m for m, score in self.members.items() if m not in before.members and score > floor}
+
+    def lost_unread(self, before: _Registry) -> bool:
+        """True when this read was full and its lowest member is new: more may be beyond."""
+        if not self.full:
+            return False
+        floor = self.floor
+        return any(score == floor for score in (self.members[m] for m in self.added(before)))
 
 
 @dataclass(slots=True)
@@ -68,7 +106,7 @@ class RqReader(RedisReader):
         self.name = "native:rq"
         self.config = config
         # (queue, registry) -> members at the previous read; None before the first read.
-        self._previous: dict[tuple[str, str], set[str]] | None = None
+        self._previous: dict[tuple[str, str], _Registry] | None = None
         self._listed: list[str] = []  # the queues rq:queues named at the previous read
 
     def read(self, signals: Signals) -> None:
@@ -102,16 +140,17 @@ class RqReader(RedisReader):
 
     def _registries(
         self, client: redis.Redis, queues: list[str], signals: Signals
-    ) -> dict[tuple[str, str], set[str]]:
-        """Each queue's registries. A queue with one that cannot be read keeps its previous
-        state (none: it is left out), so its changes are counted once, when all can be read."""
+    ) -> dict[tuple[str, str], _Registry]:
+        """Each queue's registries, MAX_REGISTRY members each at most. A queue with one that
+        cannot be read keeps its previous state (none: it is left out), so its changes are
+        counted once, when all can be read."""
         pipe = client.pipeline(transaction=False)
         for queue in queues:
             for registry in RQ_REGISTRIES:
-                pipe.zrange(f"rq:{registry}:{queue}", 0, -1)
+                pipe.zrange(f"rq:{registry}:{queue}", -MAX_REGISTRY, -1, withscores=True)
         replies = iter(pipe.execute(raise_on_error=False))
         previous = self._previous or {}
-        current: dict[tuple[str, str], set[str]] = {}
+        current: dict[tuple[str, str], _Registry] = {}
         for queue in queues:
             read = {}
             for registry in RQ_REGISTRIES:
@@ -119,7 +158,8 @@ class RqReader(RedisReader):
                 with signals.record(f"rq:{registry}:{queue}"):
                     if isinstance(reply, Exception):
                         raise reply
-                    read[registry] = {member.decode("utf-8", "replace") for member in reply}
+                    members = {m.decode("utf-8", "replace"): float(s) for m, s in reply}
+                    read[registry] = _Registry(members, len(members) >= MAX_REGISTRY)
             if len(read) < len(RQ_REGISTRIES):
                 read = {r: previous[(queue, r)] for r in RQ_REGISTRIES if (queue, r) in previous}
             current.update(((queue, registry), members) for registry, members in read.items())
@@ -184,38 +224,52 @@ class RqReader(RedisReader):
         self,
         client: redis.Redis,
         queues: list[str],
-        current: dict[tuple[str, str], set[str]],
+        current: dict[tuple[str, str], _Registry],
         signals: Signals,
     ) -> None:
         previous = self._previous or {}
         changes: list[tuple[str, str, str]] = []  # (queue, what, job id)
+        unread = False  # a registry had more new members than MAX_REGISTRY lets a read take
         for queue in queues:
             if (queue, "wip") not in current:
                 continue  # not read yet: counted from the first read of all its registries
             if queue in self._listed and (queue, "wip") not in previous:
                 continue  # listed before but never read: this read is its baseline
-            running, running_before = current[(queue, "wip")], previous.get((queue, "wip"), set())
-            new_finished = current[(queue, "finished")] - previous.get((queue, "finished"), set())
-            new_failed = current[(queue, "failed")] - previous.get((queue, "failed"), set())
+            now = {r: current[(queue, r)] for r in RQ_REGISTRIES}
+            before = {r: previous.get((queue, r)) or _Registry() for r in RQ_REGISTRIES}
+            unread = unread or any(now[r].lost_unread(before[r]) for r in RQ_REGISTRIES)
+            new_finished = now["finished"].added(before["finished"])
+            new_failed = now["failed"].added(before["failed"])
             ended = new_finished | new_failed
-            seen_running = {_job_id(member) for member in running_before}
+            seen_running = {_job_id(member) for member in before["wip"].members}
             changes += [(queue, "completed", job_id) for job_id in new_finished]
             changes += [(queue, "failed", job_id) for job_id in new_failed]
             # A job may start and end between two reads: its end implies its start.
-            starts = {_job_id(member) for member in running - running_before}
+            starts = {_job_id(member) for member in now["wip"].added(before["wip"])}
             changes += [(queue, "started", job_id) for job_id in starts | (ended - seen_running)]
-            left = {_job_id(member) for member in running_before - running} - ended
+            # what is no longer read because newer members pushed it out did not leave
+            gone = before["wip"].added(now["wip"])
+            left = {_job_id(member) for member in gone} - ended
             changes += [(queue, "left", job_id) for job_id in left]
+        if unread:
+            signals.tally.refuse("over_limit")
         if not changes:
             return
         # queue_exporter_events_total{stream="native:rq"}: the job records that changed
         signals.tally.consumed += len({(queue, job_id) for queue, _, job_id in changes})
-        jobs = self._jobs(client, sorted({job_id for _, _, job_id in changes}), signals)
+        by_job: dict[str, list[tuple[str, str]]] = {}
         for queue, what, job_id in changes:
-            with signals.record(f"rq:job:{job_id}"):  # a time refused costs this change only
-                # A job deleted since (a result_ttl shorter than the interval) still counts,
-                # untyped.
-                self._emit(signals, queue, what, jobs.get(job_id) or _Job())
+            by_job.setdefault(job_id, []).append((queue, what))
+        job_ids = sorted(by_job)
+        for first in range(0, len(job_ids), JOBS_PER_PIPELINE):  # replies held a batch at a time
+            batch = job_ids[first : first + JOBS_PER_PIPELINE]
+            jobs = self._jobs(client, batch, signals)
+            for job_id in batch:
+                for queue, what in by_job[job_id]:
+                    with signals.record(f"rq:job:{job_id}"):  # a time refused costs this only
+                        # A job deleted since (a result_ttl shorter than the interval) still
+                        # counts, untyped.
+                        self._emit(signals, queue, what, jobs.get(job_id) or _Job())
 
     def _jobs(self, client: redis.Redis, job_ids: list[str], signals: Signals) -> dict[str, _Job]:
         if not job_ids:
