@@ -7,6 +7,7 @@ import gc
 import importlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -60,6 +61,7 @@ def main(context: click.Context) -> None:
     if context.invoked_subcommand != "serve":
         gc.enable()  # off while the command line loaded (exporter/__main__.py); serve's start-up
         # keeps it off until it listens (App.listen)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # ignored while it loaded: serve's alone
 
 
 def env_option(

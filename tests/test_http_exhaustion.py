@@ -151,6 +151,31 @@ def test_sighup_is_ignored_with_a_log_line(serve, redis_db, redis_client):
     assert exporter.get()[0] == 200
 
 
+def test_sighup_during_start_up_ends_nothing(serve, redis_db, redis_client):
+    """From the entry point's first line SIGHUP is ignored (the SigIgn mask of /proc), and
+    SIGHUPs sent all through the rest of start-up, until serve's own handler logs one, end
+    nothing."""
+    redis_client.rpush("jobs:emails", "a")
+    exporter = serve(_sources(redis_db))
+    hup = 1 << (signal.SIGHUP - 1)
+
+    def ignored() -> bool:
+        status = Path(f"/proc/{exporter.process.pid}/status").read_text()
+        mask = next(line for line in status.splitlines() if line.startswith("SigIgn:"))
+        return bool(int(mask.split()[1], 16) & hup)
+
+    wait_for(ignored, timeout=30, interval=0.001)
+
+    def hung_up_until_logged() -> bool:
+        if exporter.process.poll() is not None:
+            raise AssertionError(f"serve exited on SIGHUP: {exporter.log()[-2000:]}")
+        exporter.process.send_signal(signal.SIGHUP)
+        return "received SIGHUP: ignored" in exporter.log()
+
+    wait_for(hung_up_until_logged, timeout=60, interval=0.005)
+    exporter.wait_serving()
+
+
 @pytest.mark.parametrize(
     ("accept_encoding", "gzipped"),
     [
