@@ -65,6 +65,11 @@ UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 
 # The exposition, uncompressed: OpenMetrics when the argument is True, Prometheus text otherwise.
 Render = Callable[[bool], bytes]
+# Whether a body Render returned may still be sent now (Telemetry.still_served).
+StillServed = Callable[[bytes], bool]
+# Renders of one scrape at most, each made because the last one's lease passed before it was
+# sent: beyond them the scrape is answered 503 rather than with series of a passed lease.
+RENDER_ATTEMPTS = 3
 # A page: its content type and body, built per request (exporter/status_page.py).
 Page = Callable[[], tuple[str, bytes]]
 # Counts a refused login by its reason (catalog.AUTH_FAILURE_REASONS).
@@ -83,9 +88,11 @@ class MetricsServer:
         settings: HttpConfig | None = None,
         pages: Mapping[str, Page] | None = None,
         count_auth_failure: CountAuthFailure = lambda reason: None,
+        still_served: StillServed = lambda body: True,
     ) -> None:
         """Raises WebConfigError for a web config file that does not load (before binding).
-        `pages` are served by path behind the same TLS and auth as /metrics."""
+        `pages` are served by path behind the same TLS and auth as /metrics. `still_served` is
+        asked on the loop, right before a rendered body is written, whether it may still be."""
         self.host = host
         self.web: WebConfigWatcher | None = None
         if web_config_file is not None:  # its models, bcrypt and ssl contexts load only then
@@ -94,6 +101,7 @@ class MetricsServer:
             self.web = WebConfigWatcher(web_config_file)
         self.settings = settings or HttpConfig()
         self.render = render
+        self.still_served = still_served
         self.compress = SharedCompression()
         self.pages = dict(pages or {})
         self.health = health
@@ -351,14 +359,24 @@ class _Handler(RequestHandler):
         openmetrics = _wants_openmetrics(self.request.headers.get("Accept", ""))
         gzipped = wants_gzip(self.request.headers.get("Accept-Encoding", ""))
         render, compress = self.front.render, self.front.compress
-        try:
-            body = await self.front.run_blocking(
-                self.front.scrape_pool,
-                lambda: compress(render(openmetrics)) if gzipped else render(openmetrics),
-            )
-        except Exception:
-            log.exception("rendering /metrics failed")
-            await self._send(500, b"rendering metrics failed\n")
+
+        def rendered() -> tuple[bytes, bytes]:
+            raw = render(openmetrics)
+            return raw, compress(raw) if gzipped else raw
+
+        for _ in range(RENDER_ATTEMPTS):
+            try:
+                raw, body = await self.front.run_blocking(self.front.scrape_pool, rendered)
+            except Exception:
+                log.exception("rendering /metrics failed")
+                await self._send(500, b"rendering metrics failed\n")
+                return
+            # Asked here, on the loop, with nothing but the write after it: a body rendered
+            # before the process was stopped is not sent once its lease has passed.
+            if self.front.still_served(raw):
+                break
+        else:
+            await self._send(503, b"the leader lease changed during every render\n")
             return
         if gzipped:
             self.set_header("Content-Encoding", "gzip")

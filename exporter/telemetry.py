@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 
     from exporter.self_metrics import SelfMetrics
 
+# Renders whose fences are kept for still_served(): more than the scrapes answered at once.
+KEPT_BODY_FENCES = 16
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
@@ -70,6 +72,10 @@ class Telemetry:
         )
         self._fences: dict[str, Callable[[], bool]] = {}
         self._fence_lock = threading.Lock()
+        # The fences each recent body was rendered under (by the body's id, the last
+        # KEPT_BODY_FENCES renders), and those the render on this thread has relied on so far.
+        self._body_fences: dict[int, list[Callable[[], bool]]] = {}
+        self._rendering = threading.local()
         self.store = MetricStore(guard, self.limits.series_idle_timeout, serves=self._serves)
         self._line_starts = exposition.LineStarts()
         self._renders = {
@@ -125,7 +131,23 @@ class Telemetry:
         """Whether `source`'s snapshot may be served now (its lease, if any, still held)."""
         with self._fence_lock:
             fence = self._fences.get(source)
-        return fence is None or fence()
+        if fence is None:
+            return True
+        held = fence()
+        relied_on: list[Callable[[], bool]] | None = getattr(self._rendering, "fences", None)
+        if held and relied_on is not None:
+            relied_on.append(fence)
+        return held
+
+    def still_served(self, body: bytes) -> bool:
+        """Whether `body` (a render's, still referenced by the caller) may be sent now: every
+        lease its sampled series were served under is still held. The HTTP server asks right
+        before it writes the body: a process stopped (SIGSTOP, a long GC or swap) between the
+        render and the write must not send, on resuming, series of a lease that passed to
+        another replica meanwhile. False for a body this Telemetry did not render lately."""
+        with self._fence_lock:
+            fences = self._body_fences.get(id(body))
+        return fences is not None and all(fence() for fence in fences)
 
     # -- /metrics ----------------------------------------------------------------------------
 
@@ -136,11 +158,21 @@ class Telemetry:
         return self._renders[openmetrics]()
 
     def _render(self, openmetrics: bool) -> bytes:
-        with self.source_change:
-            own = self._own(openmetrics)
-            families = self.store.families()
+        fences: list[Callable[[], bool]] = []
+        self._rendering.fences = fences
+        try:
+            with self.source_change:
+                own = self._own(openmetrics)
+                families = self.store.families()
+        finally:
+            self._rendering.fences = None
         chunks = exposition.render(families, openmetrics, self._line_starts)
-        return b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
+        body = b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
+        with self._fence_lock:
+            self._body_fences[id(body)] = fences
+            while len(self._body_fences) > KEPT_BODY_FENCES:
+                del self._body_fences[next(iter(self._body_fences))]
+        return body
 
     def _own(self, openmetrics: bool) -> list[bytes]:
         if self._self_metrics is not None:

@@ -567,3 +567,48 @@ def test_the_listen_backlog_is_a_real_one(front_door):
     with open("/proc/sys/net/core/somaxconn") as somaxconn:
         assert backlog == min(BACKLOG, int(somaxconn.read()))
     assert backlog >= 128  # stdlib http.server: 5
+
+
+def _get_metrics(server: MetricsServer) -> tuple[int, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        connection.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
+        response = connection.getresponse()
+        body = response.read()
+        if response.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return response.status, body
+    finally:
+        connection.close()
+
+
+def test_a_body_no_longer_served_when_it_is_written_is_rendered_again():
+    """still_served is asked right before the write (a lease that passed while the process was
+    stopped after the render): such a body is never sent, a new render is."""
+    renders: list[bytes] = []
+
+    def render(_: bool) -> bytes:
+        renders.append(f"render {len(renders)}\n".encode())
+        return renders[-1]
+
+    refused: list[bytes] = []
+
+    def still_served(body: bytes) -> bool:
+        if len(refused) < 1:
+            refused.append(body)
+            return False
+        return True
+
+    server = MetricsServer(
+        "127.0.0.1", 0, render, HealthBoard(), None, HttpConfig(), still_served=still_served
+    )
+    server.start()
+    try:
+        status, body = _get_metrics(server)
+        assert (status, body) == (200, renders[1]) and refused == [renders[0]]
+        server.still_served = lambda body: False  # the lease passes at every render
+        status, body = _get_metrics(server)
+        assert status == 503 and b"lease" in body
+        assert not any(rendered in body for rendered in renders)
+    finally:
+        server.stop()

@@ -152,6 +152,26 @@ def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):
     telemetry.shutdown()
 
 
+def test_a_body_rendered_under_a_lease_is_not_sent_once_the_lease_has_passed(redis_url):
+    """A process stopped between a render and its write (SIGSTOP, issue 23 attack 21) must
+    not send, on resuming, the body of a lease that lapsed meanwhile (the HTTP server asks
+    still_served right before the write, and renders again)."""
+    clock = FakeClock()
+    telemetry = Telemetry(HealthBoard())
+    leader = _leadership(redis_url, ttl=10, clock=clock)
+    assert leader.renew()
+    runner = SourceRunner(_Source(), telemetry, threading.Event(), leader)
+    assert runner.run_once()
+    body = telemetry.render(False)
+    assert b"\nqueue_depth{" in body and telemetry.still_served(body)
+    clock.now += 10  # stopped past lease_ttl: the lease may be another replica's by now
+    assert not telemetry.still_served(body)
+    again = telemetry.render(False)
+    assert b"\nqueue_depth{" not in again and telemetry.still_served(again)
+    assert not telemetry.still_served(b"not a body it rendered")
+    telemetry.shutdown()
+
+
 def test_replicas_share_sampling_through_the_lease(redis_client, redis_url, run_exporter):
     redis_client.rpush("jobs:emails", "a", "b")
     election = {"enabled": True, "lease_ttl": 3, "renew_interval": 0.2}
