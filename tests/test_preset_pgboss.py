@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -248,7 +249,9 @@ def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
             if pgboss.major < 12:
                 assert plan.count("_i5 on j") == len(QUEUES), plan
             else:
-                assert "using job_common_i14 on job_common" in plan, plan
+                # an index scan of it or a bitmap scan: the planner picks either by the
+                # statistics (both read only the unfinished rows the index holds)
+                assert re.search(r"(using|Bitmap Index Scan on) job_common_i14\b", plan), plan
         if pgboss.major >= 12:  # the native reader (native=true): through job_i16
             finished = presets.expand("pgboss", {"native": True})["sources"]["postgres"]["finished"]
             baseline = finished[0]["baseline"]
