@@ -92,7 +92,9 @@ class App:
         event_metrics = build.build_event_metrics(self.config, self.telemetry)
         self.runners = [
             SourceRunner(source, self.telemetry, self.stopping, self.leadership)
-            for source in build.build_sources(self.config, self.telemetry, event_metrics)
+            for source in build.build_sources(
+                self.config, self.telemetry, event_metrics, self.leadership
+            )
         ]
         self.event_consumers = build.stream_consumers(self.config, self.telemetry, event_metrics)
         self._sources_built = True

@@ -19,8 +19,14 @@ from exporter.telemetry import Telemetry
 
 
 def build_sources(
-    config: Config, telemetry: Telemetry, event_metrics: EventMetrics | None
+    config: Config,
+    telemetry: Telemetry,
+    event_metrics: EventMetrics | None,
+    leadership: Leadership | None = None,
 ) -> list[Source]:
+    """The samplers of the configuration; native readers learn from `leadership` which lease
+    they read under, to tell a replica that leads again after another did (framework.Terms)."""
+    term = leadership.token if leadership is not None else None
     sources: list[Source] = list(
         redis_samplers(config.sources.redis, telemetry, config.sample_interval)
     )
@@ -37,7 +43,7 @@ def build_sources(
 
             sources.extend(
                 finished_rows.build_sources(
-                    postgres_config, connector, event_metrics, config.sample_interval
+                    postgres_config, connector, event_metrics, config.sample_interval, term
                 )
             )
     if event_metrics is not None:
@@ -48,6 +54,7 @@ def build_sources(
                 event_metrics,
                 config.sample_interval,
                 config.sources.redis_source,
+                term,
             )
         )
     return sources

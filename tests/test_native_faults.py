@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import Callable
 
 import pytest
 import redis
@@ -25,6 +26,8 @@ from hypothesis import strategies as st
 from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
+from exporter.leader import Leadership
+from exporter.leader_config import LeaderElectionConfig
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.bullmq import BullmqReader
 from exporter.sources.native.celery import CeleryReader
@@ -148,42 +151,95 @@ def test_readers_come_back_after_a_redis_restart(tmp_path, run_exporter):
         server.stop()
 
 
-def test_a_reader_left_standing_by_does_not_count_what_the_leader_counted(redis_client, redis_url):
-    """Reads resume after more than three intervals (another replica led): the source starts
-    a new reader, whose first read is a baseline (RQ's registries, Celery's subscription);
-    then both count again."""
+LEASE_KEY = "test:leader"
+
+
+def _leadership(redis_url: str, identity: str) -> Leadership:
+    """A replica's lease on the test's Redis, renewed by the test (no thread)."""
+    config = LeaderElectionConfig(
+        enabled=True, key=LEASE_KEY, lease_ttl=0.2, renew_interval=0.05, identity=identity
+    )
+    return Leadership(config, RedisConnectionConfig(url=redis_url, socket_timeout=5))
+
+
+def _native_sources(
+    redis_url: str, term: Callable[[], int | None] | None
+) -> tuple[Telemetry, list[NativeSource]]:
+    """The RQ and Celery readers run as the exporter runs them, reading every 0.1 s."""
     connection = RedisConnectionConfig(url=redis_url)
     telemetry = Telemetry(HealthBoard())
     metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
     sources = [
-        NativeSource(lambda: RqReader(RqReaderConfig(), connection), 0.1, metrics),
-        NativeSource(lambda: CeleryReader(CeleryReaderConfig(), connection, 0.1), 0.1, metrics),
+        NativeSource(lambda: RqReader(RqReaderConfig(), connection), 0.1, metrics, term=term),
+        NativeSource(
+            lambda: CeleryReader(CeleryReaderConfig(), connection, 0.1), 0.1, metrics, term=term
+        ),
     ]
+    return telemetry, sources
+
+
+def _read_all(telemetry: Telemetry, sources: list[NativeSource]) -> Series:
+    for source in sources:
+        source.sample()
+    return parse_exposition(telemetry.render(False).decode())
+
+
+def test_a_reader_left_standing_by_does_not_count_what_the_leader_counted(redis_client, redis_url):
+    """Another replica led between two reads (the lease's fencing token moved past this
+    replica's next one): the source starts a new reader, whose first read is a baseline (RQ's
+    registries, Celery's subscription); then both count again. A lease that lapsed with none
+    taking it (this replica's next token) is no gap: what finished meanwhile is counted."""
+    replica, other = _leadership(redis_url, "replica"), _leadership(redis_url, "other")
+    assert replica.renew()
+    telemetry, sources = _native_sources(redis_url, replica.token)
     redis_client.sadd("rq:queues", "rq:queue:default")
-
-    def read_all() -> Series:
-        for source in sources:
-            source.sample()
-        return parse_exposition(telemetry.render(False).decode())
-
     try:
-        read_all()  # the baseline, and the subscription
+        _read_all(telemetry, sources)  # the baseline, and the subscription
+        # The lease lapses (Redis expires it) and none takes it: this replica's next lease.
+        wait_for(lambda: not redis_client.exists(LEASE_KEY), timeout=30)
+        redis_client.zadd("rq:finished:default", {"while-lapsed": 1})
+        assert replica.renew()
+        lapsed = _read_all(telemetry, sources)
+        assert total(lapsed, "queue_jobs_completed_total", system="rq") == 1
+
+        replica.release()
+        assert other.renew()  # another replica leads and counts what happens now
         redis_client.zadd("rq:finished:default", {"while-away": 1})
         _heartbeat(redis_url, "away@test")
-        time.sleep(0.5)
-        away = read_all()
-        assert total(away, "queue_jobs_completed_total", system="rq") == 0
+        other.release()
+        assert replica.renew()
+        away = _read_all(telemetry, sources)
+        assert total(away, "queue_jobs_completed_total", system="rq") == 1
         assert not value(away, "queue_workers", system="celery", state="idle")
 
         redis_client.zadd("rq:finished:default", {"while-leading": 1})
         _heartbeat(redis_url, "here@test")
-        time.sleep(0.05)
-        leading = read_all()
-        assert total(leading, "queue_jobs_completed_total", system="rq") == 1
-        assert value(leading, "queue_workers", system="celery", state="idle") == 1
+        leading = wait_for(lambda: _idle_celery_worker(_read_all(telemetry, sources)), timeout=30)
+        assert total(leading, "queue_jobs_completed_total", system="rq") == 2
     finally:
         for source in sources:
             source.close()
+
+
+def test_a_late_read_counts_what_happened_since_the_last(redis_client, redis_url):
+    """Without leader election, reads far apart (a loaded host, a slow read: here ten
+    intervals) are no gap: a job that finished in between is counted, not taken as a
+    baseline and lost."""
+    telemetry, sources = _native_sources(redis_url, None)
+    redis_client.sadd("rq:queues", "rq:queue:default")
+    try:
+        _read_all(telemetry, sources)  # the baseline
+        redis_client.zadd("rq:finished:default", {"late": 1})
+        time.sleep(1.0)  # ten of the readers' intervals
+        late = _read_all(telemetry, sources)
+        assert total(late, "queue_jobs_completed_total", system="rq") == 1
+    finally:
+        for source in sources:
+            source.close()
+
+
+def _idle_celery_worker(series: Series) -> Series | None:
+    return series if value(series, "queue_workers", system="celery", state="idle") else None
 
 
 def _heartbeat(redis_url: str, hostname: str) -> None:

@@ -37,9 +37,11 @@ def build_sources(
     metrics: EventMetrics,
     default_interval: float,
     redis_source: Callable[[RedisConnectionConfig | None], str | None] = lambda _: None,
+    term: Callable[[], int | None] | None = None,
 ) -> list[NativeSource]:
     """A source per enabled reader; `redis_source` names a reader's Redis (its own connection,
-    or None: the default one) in the redis_source label, or None with one Redis."""
+    or None: the default one) in the redis_source label, or None with one Redis; `term` is the
+    leader lease's fencing token (Leadership.token), None without leader election."""
     if config is None:
         return []
     from exporter.sources.native.framework import NativeSource
@@ -49,7 +51,8 @@ def build_sources(
         connection = settings.redis or default_connection or RedisConnectionConfig()
         interval = settings.interval or default_interval
         make_reader = functools.partial(_reader, settings, connection, interval)
-        sources.append(NativeSource(make_reader, interval, metrics, redis_source(settings.redis)))
+        label = redis_source(settings.redis)
+        sources.append(NativeSource(make_reader, interval, metrics, label, term))
     return sources
 
 

@@ -4,8 +4,9 @@ Each read runs the preset's query for the rows past the last position counted (r
 under the statement timeout and the exporter's deadline, on the SQL collectors' pool) and turns
 them into queue_jobs_completed_total / queue_jobs_failed_total / queue_jobs_retried_total and the
 execution and wait histograms. The first read of a new reader only takes the baseline: with
-leader election a replica that leads again gets a new reader (framework.NativeSource), so no job
-is counted twice, and jobs that finished while no replica read are not counted.
+leader election a replica that leads again after another one led gets a new reader
+(framework.Terms), so no job is counted twice; jobs that finished while no exporter ran (a
+restart) are not counted.
 
 A row it cannot read (an unknown outcome, a NULL queue, a negative duration) costs that row
 alone (framework.Signals.record), named with the preset's table and the column at fault.
@@ -13,8 +14,9 @@ alone (framework.Signals.record), named with the preset's table and the column a
 
 from __future__ import annotations
 
+import functools
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from psycopg import sql
@@ -122,7 +124,7 @@ class FinishedRowsReader:
 
 class FinishedRowsSource(NativeSource):
     """A FinishedRowsReader as a source: the pool is held while the source lives (a reader is
-    rebuilt after a gap in the reads, the pool is not), and PostgreSQL's errors get their
+    rebuilt when another replica led in between, the pool is not), and PostgreSQL's errors get their
     reasons."""
 
     def __init__(
@@ -132,10 +134,12 @@ class FinishedRowsSource(NativeSource):
         timeout: float,
         interval: float,
         metrics: EventMetrics,
+        term: Callable[[], int | None] | None = None,
     ) -> None:
         connector.acquire()
         self._connector = connector
-        super().__init__(lambda: FinishedRowsReader(config, connector, timeout), interval, metrics)
+        make_reader = functools.partial(FinishedRowsReader, config, connector, timeout)
+        super().__init__(make_reader, interval, metrics, term=term)
         # Waiting for a connection, then the query: past both, the server is not answering.
         self.deadline = connector.config.connect_timeout + timeout
 
@@ -154,7 +158,9 @@ def build_sources(
     connector: PostgresConnector,
     metrics: EventMetrics,
     default_interval: float,
+    term: Callable[[], int | None] | None = None,
 ) -> list[FinishedRowsSource]:
+    """A source per enabled reader; `term` as for NativeSource (Leadership.token)."""
     interval = config.sample_interval or default_interval
     return [
         FinishedRowsSource(
@@ -163,6 +169,7 @@ def build_sources(
             reader.timeout or config.statement_timeout,
             reader.interval or interval,
             metrics,
+            term,
         )
         for reader in config.finished
         if reader.enabled

@@ -29,8 +29,11 @@ Limits bound what one record may bring (queues of one worker: MAX_QUEUES_PER_WOR
 what a reader remembers (workers: MAX_WORKERS); what is beyond them is counted as
 `over_limit`, once per record and read. With leader
 election it runs, like every sampler, only on the leader (leader.py), so replicas do not count
-the same job twice; a replica that leads again gets a new reader, whose first read is a
-baseline (without leader election every replica counts every job).
+the same job twice; a replica that leads again after another replica led gets a new reader,
+whose first read is a baseline (without leader election every replica counts every job). Which
+replica led in between, the lease's fencing tokens tell (`Terms`), not the time between two
+reads: a read late on a loaded host, or a replica whose lease lapsed with none taking it, still
+counts what happened meanwhile.
 
 A reader that follows a stream of events (Celery) reads what arrived since its last read,
 within a deadline, in each `read()`; a reader of records (RQ) compares them with what it saw
@@ -72,8 +75,6 @@ MAX_WORKERS = 10_000
 CPU_GRACE = 1.0
 # Queues one worker record may list (an RQ worker hash, a Sidekiq process): the rest is refused.
 MAX_QUEUES_PER_WORKER = 1_000
-# A reader not asked to read for this many intervals stood by while another replica led.
-GAP_INTERVALS = 3.0
 
 _T = TypeVar("_T")
 
@@ -236,30 +237,40 @@ class RedisReader:
         return self._client
 
 
-class ReadGap:
-    """Tells that reads were not asked for a while: another replica led meanwhile (leader.py),
-    so what changed in between was counted there and must not be again.
+class Terms:
+    """Tells whether another replica led since the previous read (leader.py), so that what
+    changed in between was counted there and must not be again.
 
-    Failed reads count as asked (the runner retries within an interval), so an outage of the
-    backend is not a gap: what happened during it is still counted once it is back.
+    `term` gives the lease's fencing token this replica holds now (Leadership.token); without
+    leader election there is none (one term for the life of the process). Every acquisition of the
+    lease takes the next token, so a token one past the previous read's is this replica's own
+    next lease (its lease lapsed, none took it: nothing was counted elsewhere), and any other
+    change is another replica's lease in between (or a fencing counter lost with its Redis).
+    Time tells nothing here: a read late on a loaded host, an outage of the backend or a lapse
+    of the lease none took is no gap, and what happened during it is counted at the next read.
     """
 
-    def __init__(self, interval: float) -> None:
-        self.longest = interval * GAP_INTERVALS
-        self._last: float | None = None
+    def __init__(self, term: Callable[[], int | None] | None) -> None:
+        self._term = term
+        self._last: int | None = None
 
-    def passed(self) -> bool:
-        """Call at the start of each read: True when the previous one is long past."""
-        now, last = time.monotonic(), self._last
-        self._last = now
-        return last is not None and now - last > self.longest
+    def another_led(self) -> tuple[int, int] | None:
+        """Call at the start of each read: (the previous read's token, this one's) when another
+        replica may have led in between, else None."""
+        now = self._term() if self._term is not None else None
+        if now is None:  # no election (or a lease lapsing now: the runner drops such a read)
+            return None
+        last, self._last = self._last, now
+        if last is None or now in (last, last + 1):
+            return None
+        return last, now
 
 
 class NativeSource:
     """Runs a Reader as a Source (sources/base.py): its interval, error handling, leadership.
 
-    `make_reader` builds the reader, again after a gap in the reads: a replica that leads
-    again (leader.py) must not count what the leader of the meantime counted, and a new
+    `make_reader` builds the reader, again when another replica led since the previous read
+    (`Terms`): this replica must not count what the leader of the meantime counted, and a new
     reader's first read is a baseline.
     """
 
@@ -269,6 +280,7 @@ class NativeSource:
         interval: float,
         metrics: EventMetrics,
         redis_source: str | None = None,
+        term: Callable[[], int | None] | None = None,  # Leadership.token, with an election
     ) -> None:
         self.make_reader = make_reader
         self.redis_source = redis_source  # with several Redis sources, on every series
@@ -280,12 +292,20 @@ class NativeSource:
         self.workers: WorkerRegistry = metrics.worker_registry(
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS, redis_source
         )
-        self._gap = ReadGap(interval)
+        self._terms = Terms(term)
         self._silent: str | None = None
         metrics.declare_stream(self.name, self.workers)
 
     def sample(self) -> SampleSet:
-        if self._gap.passed():
+        another_led = self._terms.another_led()
+        if another_led is not None:
+            log.info(
+                "%s: leads again under fencing token %d (%d before): another replica led in "
+                "between and counted what happened then; a new reader takes its baseline",
+                self.name,
+                another_led[1],
+                another_led[0],
+            )
             self.reader.close()
             self.reader = self.make_reader()
         # At the deadline the watchdog (base.py) severs the reader's sockets, which cannot stop
