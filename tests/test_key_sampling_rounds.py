@@ -1,4 +1,4 @@
-"""Plain key groups are read in bulk rounds (redis_keys._PlainGroup), the others a command and a
+"""Plain key groups are read in bulk rounds (key_commands.PlainGroup), the others a command and a
 reply handler per read: both ways give the same series, errors and reports for the same keys,
 whatever the round size."""
 
@@ -15,9 +15,10 @@ from exporter.telemetry import Telemetry
 
 ZSET = {"system": "jobs", "pattern": "delayed:{_shard}:{queue}", "type": "zset"}
 OLDEST = {"time_in": "score", "format": "epoch_s"}
-# `due` sends the same keys down the general path; without it the group is plain.
+# A score window sends the same keys down the general path (every score here is above 0, so
+# the window holds every member); without it the group is plain.
 GENERAL = {**ZSET, "state": "retry", "oldest": OLDEST, "max_depth": 7}
-GENERAL["due"] = {"metric": "queue_scheduled_due"}
+GENERAL["scores"] = {"window": "positive"}
 PLAIN = {**ZSET, "state": "scheduled", "oldest": OLDEST, "max_depth": 7}
 
 

@@ -10,7 +10,7 @@ RESP3) and the item's time, and name what hostile data raised. Sending them is t
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -22,12 +22,13 @@ from exporter.redis_connection import redis_error_reason
 from exporter.redis_pipeline import Args, bound_each, bounded_reads, probe_first, script_read
 from exporter.samples import SampleSet
 from exporter.sources.item_time import TimeParseError, parse_time
-from exporter.sources.key_groups import KeyGroup, OldestItem, fill
+from exporter.sources.key_groups import DueCount, KeyGroup, OldestItem, ScoreWindow, fill
 from exporter.sources.key_types import (
     ASKED,
     ITEM_READ,
     Command,
     GroupTally,
+    KeyMatch,
     Labels,
     OnReply,
     Route,
@@ -184,8 +185,7 @@ class Cycle:
                     read = probe_first(read)
                 yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
-            limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
-            count_due = ("ZCOUNT", key, "-inf", f"({limit!r}")
+            count_due = ("ZCOUNT", key, "-inf", f"({scores_now(self.now, group.due)!r}")
             yield count_due, self._record(BY_NAME[group.due.metric], labels), tally
 
     def _bands(
@@ -220,7 +220,7 @@ class Cycle:
         group = tally.group
         window = group.scores
         assert window is not None
-        limit = self.now * (1000.0 if window.unit == "ms" else 1.0) * window.divisor
+        limit = scores_now(self.now, window)
         low, high = {
             "due": ("-inf", f"{limit!r}"),
             "ahead": (f"({limit!r}", "+inf"),
@@ -259,9 +259,7 @@ class Cycle:
         split = group.split_by
         assert split is not None
         due = BY_NAME[group.due.metric] if group.due is not None else None
-        due_limit = 0.0
-        if group.due is not None:
-            due_limit = self.now * (1000.0 if group.due.unit == "ms" else 1.0) * group.due.divisor
+        due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
         selection = group.select.get(split.label, ["*"])
         keeps = Selector(selection)
@@ -376,20 +374,27 @@ class Cycle:
             if head is None:
                 return None  # empty: no age
             item, score = head
-            if oldest.time_in == "hash":
-                values = {**captured, "item": item.decode()}
-                hash_key = fill(oldest.hash_key or "", values)
-                field = fill(oldest.field or "", values)
-                read = (ITEM_READ, hash_key.encode(), script_read("HGET", field))
-                return read, self._hash_time(oldest, labels), tally
-            if oldest.time_in == "string":
-                key = fill(oldest.string_key or "", {**captured, "item": item.decode()})
-                read = (ITEM_READ, key.encode(), script_read("GET"))
-                return read, self._hash_time(oldest, labels), tally
+            if oldest.time_in in ("hash", "string"):
+                return self.kept_time_read(tally, captured, labels, item)
             self._age(labels, item_time(oldest, item, score))
             return None
 
         return on_head
+
+    def kept_time_read(
+        self, tally: GroupTally, captured: dict[str, str], labels: Labels, item: bytes
+    ) -> Command:
+        """The read of the time a head item's hash field or string key keeps (the item names
+        it: RQ's, BullMQ's and Bull's job ids)."""
+        oldest = tally.group.oldest
+        assert oldest is not None
+        values = {**captured, "item": item.decode()}
+        if oldest.time_in == "hash":
+            key = fill(oldest.hash_key or "", values)
+            read = script_read("HGET", fill(oldest.field or "", values))
+        else:
+            key, read = fill(oldest.string_key or "", values), script_read("GET")
+        return (ITEM_READ, key.encode(), read), self._hash_time(oldest, labels), tally
 
     def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
         def on_field(reply: Any) -> None:
@@ -441,9 +446,11 @@ class Cycle:
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
         keys = [key for _, key, _ in reads]
         read_args = [read for _, _, read in reads]
-        direct += [(group.depth_command, key) for group, key, _ in plain]
         large_heads = self.large_heads
         for group, key, _ in plain:
+            direct.append((group.depth_command, key))
+            if group.due_spec is not None:
+                direct.append(("ZCOUNT", key, *group.due_window))
             if group.read is not None:
                 keys.append(key)
                 read_args.append(group.probe_read if key in large_heads else group.read)
@@ -535,62 +542,67 @@ class Cycle:
         tally.failed(key, "item_too_large", f"{size} bytes")
 
     def handle_plain(
-        self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
+        self, keys: list[PlainKey], direct: list[Any], heads: list[Any]
     ) -> list[Command]:
-        """The replies of plain groups' keys (see PlainGroup): each key's depth, then its
-        head's age, failing alone as in handle. On a cluster a key whose depth read failed is
-        read again the general way (returned), which follows ASK and withdraws on MOVED.
+        """The replies of plain groups' keys (see PlainGroup): each key's depth and due count
+        (`direct`), then its head's age or the read of the time its hash keeps, failing alone
+        as in handle. On a cluster a key whose depth read failed is read again the general
+        way (returned), which follows ASK and withdraws on MOVED.
 
         Samples go straight into the tables, combined as their specs say (depths add up, ages
         and limits keep the largest: checked where this module is loaded), without a call per
         sample: this loop runs once per key."""
         again: list[Command] = []
-        heads_left = iter(heads)
+        direct_left, heads_left = iter(direct), iter(heads)
         group: PlainGroup | None = None
-        for (key_group, key, labels), depth in zip(keys, depths, strict=True):
+        for key_group, key, match in keys:
+            labels = match[1]
             if key_group is not group:  # a round's keys are mostly of one group: its locals
                 group = key_group
                 tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
-                built = group.built
+                built, due, has_head = group.built, group.due_spec, group.read is not None
                 samples, now, series = group.cycle.samples, group.cycle.now, tally.series
                 depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
                 max_table = samples.table(MAX_DEPTH)
                 depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
+            depth = next(direct_left)
+            due_count: Any = next(direct_left) if due is not None else None
+            head = next(heads_left) if has_head else None
             if max_depth is not None:
                 queue = labels[:2]  # (system, queue)
                 if not max_of(queue, _LEAST) >= max_depth:
                     max_table[queue] = max_depth
             if isinstance(depth, redis.ResponseError):
-                if self.nodes is not None:  # the key's head read failed alike, if it has one
-                    again += group.cycle.commands_for_key(tally, key, {}, labels)
-                    if read_time is not None:
-                        next(heads_left)
+                if self.nodes is not None:  # the key's other reads failed alike
+                    again += group.cycle.commands_for_key(tally, key, match[0], labels)
                     continue
-                reason = response_reason(depth)
-                if reason == "wrong_type":
-                    again += self.wrong_type(tally, key)
-                    if built:  # a key of another type exists
-                        tally.present(key)
-                else:
-                    tally.failed(key, reason)
+                if built and response_reason(depth) == "wrong_type":
+                    tally.present(key)  # a key of another type exists
+                again += self._failed_read(tally, key, depth)
             else:
                 depth_table[labels] = depth_of(labels, 0.0) + float(depth)
                 series[labels] = None
                 if built and depth:  # a built key exists when its depth is above 0
                     tally.present(key)
-            if read_time is None:
+            if due is not None:
+                if isinstance(due_count, redis.ResponseError):
+                    again += self._failed_read(tally, key, due_count)
+                else:
+                    samples.add_labelled(due, labels.for_metric(due), float(due_count))
+            if not has_head:
                 continue
-            head = next(heads_left)
             if type(head) is int:  # its size: over the limit, in Redis
                 self._too_large(tally, key, head)
                 continue
             if isinstance(head, redis.ResponseError):
-                if response_reason(head) == "wrong_type":
-                    again += self.wrong_type(tally, key)
-                else:
-                    tally.failed(key, response_reason(head))
+                again += self._failed_read(tally, key, head)
                 continue
             try:
+                if read_time is None:  # the time is kept where the item points
+                    item = head_item(head)
+                    if item is not None:
+                        again.append(self.kept_time_read(tally, match[0], labels, item[0]))
+                    continue
                 head_at = read_time(head)
             except Exception as error:  # hostile data may raise anything
                 _unreadable(tally, key, error)
@@ -603,6 +615,16 @@ class Cycle:
             if not age_of(labels, _LEAST) >= age:
                 age_table[labels] = age
         return again
+
+    def _failed_read(
+        self, tally: GroupTally, key: bytes, error: redis.ResponseError
+    ) -> Iterable[Command]:
+        """A plain key's read Redis refused: counted, and a WRONGTYPE's TYPE read."""
+        reason = response_reason(error)
+        if reason == "wrong_type":
+            return self.wrong_type(tally, key)
+        tally.failed(key, reason)
+        return ()
 
     def lose_group(
         self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
@@ -621,24 +643,27 @@ class Cycle:
 
 
 class PlainGroup:
-    """A key group read in bulk: per key a depth command and, for a list or zset, the read of
-    its head or tail item, whose time is in the item or its score. No follow-up read (hash
-    times), no bands, split, due count or stream: those take the general path of a Command
-    per read, a reply handler each (Cycle). The plain keys of a round travel as a run of
-    depth commands and a run of item reads, their replies consumed in one loop
-    (RedisKeySampler.handle_plain) instead of a tuple, two closures and a handler call per
-    key: a 100k-key orchestrata cycle cost 2.4x the CPU of bench/key_sampling.py's floor (this
-    process and Redis) the general way, 1.4x this way (docs/benchmarks.md). Its keys' series,
-    failures and reports are those the general path gives (tests/test_key_sampling_rounds.py)."""
+    """A key group read in bulk: per key one whole-key depth command, a zset's due count, and
+    for a list or zset the read of its head or tail item, whose time is in the item or its
+    score, or in the hash field or string key the item names (Bull's, BullMQ's, RQ's job ids:
+    read next, a follow-up each). No bands, split, score window or stream: those take the
+    general path of a Command per read, a reply handler each (Cycle). The plain keys of a
+    round travel as a run of depth (and due count) commands and a run of item reads, their
+    replies consumed in one loop (Cycle.handle_plain) instead of a tuple, two or three
+    closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
+    bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way
+    (docs/benchmarks.md). Its keys' series, failures and reports are those the general path
+    gives (tests/test_key_sampling_rounds.py)."""
 
     __slots__ = (
         "built",
         "cost",
         "cycle",
         "depth_command",
+        "due_spec",
+        "due_window",
         "head_time",
         "max_depth",
-        "oldest",
         "probe_read",
         "read",
         "tally",
@@ -649,16 +674,23 @@ class PlainGroup:
         self.tally, self.cycle, self.max_depth = tally, cycle, group.max_depth
         self.depth_command = DEPTH_COMMAND[group.type]
         self.built = group.enumerated  # its keys' depths tell which exist (GroupTally.present)
-        self.oldest = group.oldest if group.type in ("list", "zset") else None
+        self.due_spec: MetricSpec | None = None
+        self.due_window: tuple[str, ...] = ()  # ZCOUNT's range of the scores already due
+        if group.due is not None:
+            self.due_spec = BY_NAME[group.due.metric]
+            self.due_window = ("-inf", f"({scores_now(cycle.now, group.due)!r}")
+        oldest = group.oldest if group.type in ("list", "zset") else None
         self.read: Args | None = None
         self.probe_read: Args | None = None
+        # The time a head read gives; None when the item names where its time is kept
         self.head_time: Callable[[Any], float | None] | None = None
-        if self.oldest is not None:
-            self.head_time = head_time(self.oldest)
-            self.read = END_READS[group.type, self.oldest.end]
+        if oldest is not None:
+            if oldest.time_in not in ("hash", "string"):
+                self.head_time = head_time(oldest)
+            self.read = END_READS[group.type, oldest.end]
             # a head found too large last cycle is probed before it is copied (probe_first)
-            self.probe_read = probe_first(self.read) if self.oldest.end == "head" else self.read
-        self.cost = 1 if self.read is None else 2
+            self.probe_read = probe_first(self.read) if oldest.end == "head" else self.read
+        self.cost = 1 + (self.read is not None) + (self.due_spec is not None)
 
     @staticmethod
     def suits(group: KeyGroup) -> bool:
@@ -666,9 +698,7 @@ class PlainGroup:
             group.type != "stream"
             and group.priority_bands is None
             and group.split_by is None
-            and group.due is None
             and group.scores is None
-            and (group.oldest is None or group.oldest.time_in not in ("hash", "string"))
         )
 
 
@@ -698,8 +728,13 @@ class Presence:
             self.tally.present(self.key)
 
 
-# A plain group's key to read: its group, the key, its series' labels.
-PlainKey = tuple[PlainGroup, bytes, Labels]
+# A plain group's key to read: its group, the key, what it gives (values and labels).
+PlainKey = tuple[PlainGroup, bytes, KeyMatch]
+
+
+def scores_now(now: float, scores: DueCount | ScoreWindow) -> float:
+    """The time `now` as a score of a zset whose scores are times in that unit and divisor."""
+    return now * (1000.0 if scores.unit == "ms" else 1.0) * scores.divisor
 
 
 def head_item(reply: Any) -> tuple[bytes, float | None] | None:

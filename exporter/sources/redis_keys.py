@@ -165,7 +165,7 @@ class RedisKeySampler:
         def read(tally: GroupTally, page: list[tuple[bytes, KeyMatch]]) -> None:
             plain = plains.get(id(tally))
             if plain is not None:
-                rounds.add_plain(plain, [(plain, key, match.labels) for key, match in page])
+                rounds.add_plain(plain, [(plain, key, match) for key, match in page])
                 return
             # a page's commands added at once: routed and sent in full rounds once a page
             commands = (cycle.commands_for_key(tally, key, *match) for key, match in page)
