@@ -395,6 +395,7 @@ BY_NAME: dict[str, MetricSpec] = {spec.name: spec for spec in ALL}
 # Families only a native reader (sources.native) serves, one series per reader: a deployment
 # running none (the demo) has no series of them, which is no gap.
 NATIVE_ONLY: frozenset[str] = frozenset({"queue_exporter_native_silent"})
-# Families only a native reader or a preset's opt-in (pgboss estimate=true) serves: a
-# configuration that turns neither on (the demo) has no series of them, which is no gap.
+# Families only a native reader or a preset's opt-in (estimate=true of pgboss or
+# graphile_worker) serves: a configuration that turns neither on (the demo) has no series of
+# them, which is no gap.
 OPT_IN: frozenset[str] = NATIVE_ONLY | {"queue_depth_estimate"}
