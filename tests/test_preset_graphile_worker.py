@@ -311,7 +311,7 @@ def _sample_tolerance(dsn: str, count: int) -> float:
 
 
 def test_estimate_serves_the_planners_locked_and_failed_counts_without_a_scan(
-    postgres_dsn: str, run_exporter: Any, tmp_path: Path
+    graphile: GraphileWorker, postgres_dsn: str, run_exporter: Any
 ) -> None:
     """graphile_worker:estimate=true over a realistic table (its own migrations and runOnce,
     then 5.9k available, 291 locked and 99.5k failed jobs): the whole table's locked and failed
@@ -319,7 +319,6 @@ def test_estimate_serves_the_planners_locked_and_failed_counts_without_a_scan(
     graphile-worker's own `jobs` view, no exact locked or failed series is served, and
     _private_jobs is never read sequentially meanwhile (the same check sees
     graphile_worker_locked's scan with estimate=false)."""
-    graphile = GraphileWorker("016", postgres_dsn, tmp_path)
     graphile.seed()
     _fill_for_the_estimate(postgres_dsn)
     jobs, now = graphile.jobs()
