@@ -91,8 +91,8 @@ _LEAST = float("-inf")
 class Cycle:
     """Everything that lives for one sample cycle: turns each key into commands, handles their
     replies into `samples`, and keeps what the cycle met on the way (heads too large, groups
-    that lost a cluster node, values and routes found). The rounds (key_rounds.py) send what
-    it gives them and hand the replies back to it (key_rounds.RoundSampler)."""
+    that lost a cluster node, values and routes found). The rounds (key_rounds.Transport)
+    send what it gives them and hand the replies back to it."""
 
     def __init__(
         self,
@@ -436,7 +436,7 @@ class Cycle:
 
         return on_groups
 
-    # -- the rounds' replies (key_rounds.RoundSampler) ---------------------------------------
+    # -- the rounds' replies (key_rounds.Transport) -------------------------------------------
 
     def round_commands(
         self, commands: list[Command], plain: list[PlainKey]

@@ -19,7 +19,7 @@ cycle against the floor's was 1.28x and 1.52x after, 1.46x and 1.50x before (10,
 1.20x-1.21x after, 1.16x-1.26x before), and a 3-primary cluster's cycle took 1.02x-1.20x the
 CPU of one server's after, 1.00x-1.09x before: the machinery bought no measured speed.
 
-What the replies mean is the cycle's (RoundSampler, key_commands.Cycle): this module only
+What the replies mean is the cycle's (key_commands.Cycle): this module only
 batches, sends, reads and sorts replies out, and hands them back.
 """
 
@@ -27,39 +27,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import redis
 
 from exporter.redis_cluster import ClusterNodes
 from exporter.redis_pipeline import Args, SentCommands
-from exporter.sources.key_commands import PlainGroup, PlainKey
+from exporter.sources.key_commands import Cycle, PlainGroup, PlainKey
 from exporter.sources.key_types import ASKED, ITEM_READ, Command, key_of
-
-
-class RoundSampler(Protocol):
-    """What a sent round asks of the cycle (key_commands.Cycle): what its commands send, how
-    its replies are handled, and who hears of a cluster node lost or answering."""
-
-    @property
-    def node_answered(self) -> bool: ...  # some cluster node answered this cycle: it is up
-
-    def answered(self) -> None: ...  # a cluster node answered a round
-
-    def round_commands(
-        self, commands: list[Command], plain: list[PlainKey]
-    ) -> tuple[list[Args], int]: ...
-
-    def handle(self, commands: list[Command], replies: list[Any]) -> Iterator[Command]: ...
-
-    def handle_plain(
-        self, keys: list[PlainKey], depths: list[Any], heads: list[Any]
-    ) -> list[Command]: ...
-
-    def node_lost(
-        self, node: str, commands: list[Command], plain: list[PlainKey], error: redis.RedisError
-    ) -> None: ...
-
 
 # What a node's SCAN gives the sampler: the keys of one page, or the error the node failed with.
 ScanPage = tuple[str, "list[bytes] | redis.RedisError"]
@@ -68,30 +43,32 @@ ScanPage = tuple[str, "list[bytes] | redis.RedisError"]
 class SentRound:
     """One round trip, sent: its SCAN (if any) first, then the commands an ASK reply sent to
     this node (each after ASKING, which holds for the one command after it), then the
-    commands and plain keys (RoundSampler.round_commands)."""
+    commands and plain keys (Cycle.round_commands)."""
 
     __slots__ = ("asked", "commands", "plain", "reads", "scan", "sent")
 
     def __init__(
         self,
-        sampler: RoundSampler,
+        cycle: Cycle,
         client: redis.Redis,
         scan: Args | None,
         batch: tuple[list[Command], list[Command], list[PlainKey]],
     ) -> None:
         self.commands, self.asked, self.plain = batch
         self.scan = scan
-        direct, self.reads = sampler.round_commands(self.commands, self.plain)
+        direct, self.reads = cycle.round_commands(self.commands, self.plain)
         head = [] if scan is None else [scan]
         head += [part for args, _, _ in self.asked for part in (("ASKING",), args[2])]
         self.sent = SentCommands(client, head + direct)
 
-    def handle(self, sampler: RoundSampler) -> tuple[Any, list[Command]]:
-        """Read the replies (raising if the round trip failed) and hand them to the sampler:
-        the SCAN's reply, and the follow-up commands the replies ask for."""
+    def handle(self, cycle: Cycle) -> tuple[Any, list[Command]]:
+        """Read the replies (raising if the round trip or its SCAN failed) and hand them to
+        the cycle: the SCAN's reply, and the follow-up commands the replies ask for."""
         replies = self.sent.replies()
-        scanned = replies[0] if self.scan is not None else None
         start = 0 if self.scan is None else 1
+        scanned = replies[0] if start else None
+        if isinstance(scanned, redis.RedisError):  # SCAN refused
+            raise scanned
         end = start + 2 * len(self.asked)
         asked_replies, replies = replies[start + 1 : end : 2], replies[end:]
         reads = _each(replies.pop(), self.reads) if self.reads else iter(())
@@ -100,9 +77,9 @@ class SentRound:
             next(reads) if args[0] is ITEM_READ else next(direct) for args, _, _ in self.commands
         ]
         asked = [(args[2], on_reply, tally) for args, on_reply, tally in self.asked]
-        follow_ups = list(sampler.handle(self.commands, ordered))
-        follow_ups += sampler.handle(asked, asked_replies)
-        return scanned, follow_ups + sampler.handle_plain(self.plain, list(direct), list(reads))
+        follow_ups = list(cycle.handle(self.commands, ordered))
+        follow_ups += cycle.handle(asked, asked_replies)
+        return scanned, follow_ups + cycle.handle_plain(self.plain, list(direct), list(reads))
 
 
 class NodeWork:
@@ -134,14 +111,14 @@ class NodeWork:
     def start_scan(self, glob: str, count: int) -> None:
         self.scan = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
 
-    def send(self, sampler: RoundSampler, size: int) -> None:
+    def send(self, cycle: Cycle, size: int) -> None:
         """The next round, if there is anything to send; the SCAN goes along while what waits
         after this round is less than a round."""
         if not (self.queued() or self.scan):
             return
         batch = self.take(size)
         scan, self.scan = (self.scan, None) if self.queued() < size else (None, self.scan)
-        self.in_flight = SentRound(sampler, self.client, scan, batch)
+        self.in_flight = SentRound(cycle, self.client, scan, batch)
 
     def received(self) -> SentRound:
         """The round in flight, now to be read."""
@@ -175,26 +152,14 @@ class NodeWork:
         self.plain_cost -= cost
         return commands, asked, plain
 
-    def drop(self, sent: SentRound | None) -> tuple[list[Command], list[PlainKey]]:
-        """Its server failed: what it was to read (`sent`, in flight and queued), taken out."""
-        commands, plain = self.pending + self.asked, self.plain
-        for one in (sent, self.in_flight):
-            if one is not None:
-                commands += one.commands + one.asked
-                plain = one.plain + plain
-        self.abandon()
-        self.pending, self.asked, self.plain, self.plain_cost = [], [], [], 0
-        self.scan = None
-        return commands, plain
-
 
 class Transport:
     """A cycle's rounds on one server, or on each node of a cluster (`nodes`)."""
 
     def __init__(
-        self, sampler: RoundSampler, client: redis.Redis, nodes: ClusterNodes | None, size: int
+        self, cycle: Cycle, client: redis.Redis, nodes: ClusterNodes | None, size: int
     ) -> None:
-        self.sampler, self.nodes, self.size = sampler, nodes, size
+        self.cycle, self.nodes, self.size = cycle, nodes, size
         # Each node's work; on one server, its only node's
         self.work = {} if nodes is not None else {"": NodeWork("", client)}
         self.client = client
@@ -218,39 +183,33 @@ class Transport:
 
     def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group, placed as add() places commands."""
-        if self.into is not None:
-            self.into.queue_plain(keys, group.cost)
-            return
-        for plain_key in keys:
-            name, client = self._node_of(plain_key[1])
-            node = self._node(name, client)
-            if node is None:
-                self.sampler.node_lost(name, [], [plain_key], self.lost[name])
-                continue
-            node.queue_plain([plain_key], group.cost)
-        self._send_full()
+        if self.into is not None or self.nodes is None:
+            (self.into or self.work[""]).queue_plain(keys, group.cost)
+        else:
+            for plain_key in keys:
+                name, client = self.nodes.node_of(plain_key[1])
+                node = self._node(name, client)
+                if node is None:
+                    self.cycle.node_lost(name, [], [plain_key], self.lost[name])
+                else:
+                    node.queue_plain([plain_key], group.cost)
+        if self.into is None:
+            self._send_full()
 
     def _route(self, commands: Iterable[Command]) -> None:
         """Each command on its key's node, or (after an ASK reply) on the node it names."""
-        if self.nodes is None:  # one server: no key to look up
-            node = self._node("", self.client)
-            if node is None:
-                self.sampler.node_lost("", list(commands), [], self.lost[""])
-            else:
-                node.queue(commands)
+        if self.nodes is None:  # one server: no key to look up, no node lost (it raises)
+            self.work[""].queue(commands)
             return
         for command in commands:
             args = command[0]
             asked = args[0] is ASKED
-            name, client = args[1] if asked else self._node_of(key_of(args))
+            name, client = args[1] if asked else self.nodes.node_of(key_of(args))
             node = self._node(name, client)
             if node is None:
-                self.sampler.node_lost(name, [command], [], self.lost[name])
+                self.cycle.node_lost(name, [command], [], self.lost[name])
             else:
                 node.queue([command], asked)
-
-    def _node_of(self, key: bytes) -> tuple[str, redis.Redis]:
-        return ("", self.client) if self.nodes is None else self.nodes.node_of(key)
 
     def _node(self, name: str, client: redis.Redis) -> NodeWork | None:
         """The node's work (None once it failed this cycle)."""
@@ -291,54 +250,45 @@ class Transport:
         while True:
             for node in list(self.work.values()):
                 if node.in_flight is None and (node.queued() >= self.size or not full_only):
-                    node.send(self.sampler, self.size)
-            waiting = [node for node in self.work.values() if node.in_flight is not None]
+                    node.send(self.cycle, self.size)
+            waiting = {node.in_flight.sent: node for node in self.work.values() if node.in_flight}
             if not waiting:
                 break
-            rounds = [node.in_flight.sent for node in waiting if node.in_flight is not None]
-            first = rounds[0] if len(rounds) == 1 else SentCommands.first_in(rounds)
-            node = waiting[rounds.index(first)]
+            rounds = list(waiting)
+            node = waiting[rounds[0] if len(rounds) == 1 else SentCommands.first_in(rounds)]
             sent = node.received()
             try:
-                scanned, follow_ups = sent.handle(self.sampler)
+                scanned, follow_ups = sent.handle(self.cycle)
             except redis.RedisError as error:
                 if self.nodes is None:
                     raise
-                scanning = sent.scan is not None or node.scan is not None
                 self._lose(node, error, sent)
-                if scanning:
+                if sent.scan is not None or node.scan is not None:
                     yield node.name, error  # its scan is cut short
                 continue
             if self.nodes is not None:
-                self.sampler.answered()
+                self.cycle.answered()
             self._route(follow_ups)
-            if sent.scan is None:
-                continue
-            if isinstance(scanned, redis.RedisError):  # SCAN refused
-                if self.nodes is None:
-                    raise scanned
-                self._lose(node, scanned, None)
-                yield node.name, scanned
-                continue
-            cursor, keys = scanned
-            node.scanned(sent, cursor)
-            self.into = node
-            try:
-                yield node.name, keys
-            finally:
-                self.into = None
-        if self.lost and not self.sampler.node_answered:
+            if sent.scan is not None:
+                cursor, keys = scanned
+                node.scanned(sent, cursor)
+                self.into = node
+                try:
+                    yield node.name, keys
+                finally:
+                    self.into = None
+        if self.lost and not self.cycle.node_answered:
             raise next(iter(self.lost.values()))
 
-    def _lose(self, node: NodeWork, error: redis.RedisError, sent: SentRound | None) -> None:
-        """A node failed: what it was to read (sent, in flight or queued) loses its groups,
-        and so does whatever is routed to it later this cycle."""
+    def _lose(self, node: NodeWork, error: redis.RedisError, sent: SentRound) -> None:
+        """A node failed: what it was to read (sent or queued) loses its groups, and so does
+        whatever is routed to it later this cycle (its work is dropped)."""
         assert self.nodes is not None
         self.nodes.noticed(error)
-        self.lost.setdefault(node.name, error)
-        commands, plain = node.drop(sent)
-        self.sampler.node_lost(node.name, commands, plain, error)
+        self.lost[node.name] = error
         del self.work[node.name]
+        commands = node.pending + node.asked + sent.commands + sent.asked
+        self.cycle.node_lost(node.name, commands, sent.plain + node.plain, error)
 
     def abandon(self) -> None:
         """The cycle failed: no round in flight is read (their connections are dropped)."""

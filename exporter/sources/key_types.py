@@ -106,13 +106,11 @@ class GroupTally:
         self.keys += len(page)
 
     def built(self, page: list[tuple[bytes, KeyMatch]]) -> None:
-        """Count a page of keys built from known values. Which of them exist is told by their
-        reads (present): a name made from a queue's value is not a key found (its queue reads
-        0 all the same)."""
+        """Count a page of keys built from known values: which exist, their reads tell."""
         self.named += len(page)
 
     def present(self, key: bytes) -> None:
-        """A key built from known values exists: its whole-key depth read said so."""
+        """A key built from known values exists (a read of it said so): a key found."""
         if self.keys < EXAMPLES:
             self.example_keys.append(key)
         self.keys += 1

@@ -139,7 +139,7 @@ class RedisKeySampler:
         )
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # about a round of commands at a time, however large the keyspace.
-        rounds = self._transport(client, cycle)
+        rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
         try:
             self._sample_groups(client, cycle, rounds)
         finally:  # a cycle that failed leaves no reply unread on a connection
@@ -152,12 +152,7 @@ class RedisKeySampler:
             return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
         return cycle.samples
 
-    def _sample_groups(
-        self,
-        client: redis.Redis,
-        cycle: Cycle,
-        rounds: Transport,
-    ) -> None:
+    def _sample_groups(self, client: redis.Redis, cycle: Cycle, rounds: Transport) -> None:
         """Find and read every key group's keys."""
         tallies = cycle.tallies
         plains = {id(t): PlainGroup(t, cycle) for t in tallies if PlainGroup.suits(t.group)}
@@ -224,19 +219,14 @@ class RedisKeySampler:
     # -- finding keys and running commands ------------------------------------------------------
 
     def _connect(self) -> redis.Redis:
-        if self._nodes is not None:
-            return self._nodes.primaries()[0][1]
-        if self._client is None:
-            if self.config.is_cluster:
-                replicas = self.config.read_from == "replica"
+        replicas = self.config.read_from == "replica"
+        if self.config.is_cluster:
+            if self._nodes is None:
                 self._nodes = ClusterNodes(self.config.connect_cluster(replicas), replicas)
-                return self._nodes.primaries()[0][1]  # commands go by key: see _client_for
-            self._client = self.config.connect(replica=self.config.read_from == "replica")
+            return self._nodes.primaries()[0][1]  # commands go by key (Transport)
+        if self._client is None:
+            self._client = self.config.connect(replica=replicas)
         return self._client
-
-    def _client_for(self, client: redis.Redis, key: str) -> redis.Redis:
-        """The client for a single-key command: on a cluster, the node of the key's slot."""
-        return self._nodes.node_of(key.encode())[1] if self._nodes is not None else client
 
     def _scan(
         self, cycle: Cycle, glob: str, tallies: list[GroupTally], rounds: Transport
@@ -259,11 +249,7 @@ class RedisKeySampler:
             yield page  # while rounds.into is its node: the keys' reads go there
 
     def _scanned_pages(
-        self,
-        cycle: Cycle,
-        scan: KeyScan,
-        tallies: list[GroupTally],
-        rounds: Transport,
+        self, cycle: Cycle, scan: KeyScan, tallies: list[GroupTally], rounds: Transport
     ) -> Iterator[tuple[GroupTally, list[tuple[bytes, KeyMatch]]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
@@ -310,16 +296,8 @@ class RedisKeySampler:
     def _enumerated_pages(
         self, client: redis.Redis, cycle: Cycle, tally: GroupTally
     ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
-        """The keys built from the group's values and what each gives, a page at a time."""
-        group = tally.group
-        built = self._enumerated_keys(client, cycle, tally)
-        while values := list(itertools.islice(built, self.config.scan_count)):
-            yield [(key, KeyMatch(found, labels_for(group, found))) for key, found in values]
-
-    def _enumerated_keys(
-        self, client: redis.Redis, cycle: Cycle, tally: GroupTally
-    ) -> Iterator[tuple[bytes, dict[str, str]]]:
-        """Keys built from known values: a queue that is empty (its key gone) still reads 0."""
+        """The keys built from the group's values and what each gives, a page at a time: a
+        queue that is empty (its key gone) still reads 0."""
         group = tally.group
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
@@ -330,97 +308,64 @@ class RedisKeySampler:
         for name, keys in group.values_from_keys.items():
             found = set(choices.get(name, []))
             for pattern in [keys] if isinstance(keys, str) else keys:
-                found.update(self._values_from_keys(client, cycle, pattern, tally))
+                found.update(self._scanned(client, cycle, pattern, tally, "value"))
             choices[name] = sorted(found)
         for name, regex in group.values_exclude.items():
             excluded = re.compile(regex)
             choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
         for name, selection in group.select.items():
-            if name not in choices:
-                continue  # split_by's label: selected item by item (key_commands)
-            choices[name], left_out = select(choices[name], selection)
-            tally.left_out(name, left_out)
+            if name in choices:  # else split_by's label: selected item by item (key_commands)
+                choices[name], left_out = select(choices[name], selection)
+                tally.left_out(name, left_out)
         names = list(choices)
-        for combination in itertools.product(*(choices[name] for name in names)):
-            captured = dict(zip(names, combination, strict=True))
-            yield fill(group.pattern, captured).encode(), captured
+        combinations = itertools.product(*choices.values())
+        while page := list(itertools.islice(combinations, self.config.scan_count)):
+            captured = [dict(zip(names, values, strict=True)) for values in page]
+            yield [
+                (fill(group.pattern, found).encode(), KeyMatch(found, labels_for(group, found)))
+                for found in captured
+            ]
 
     def _values_from_set(
         self, client: redis.Redis, cycle: Cycle, members: SetMembers, tally: GroupTally
     ) -> set[str] | None:
         """The values a set's members name; with a key pattern, every matching set's (kombu's
-        bindings: one set per exchange, found by one SCAN a cycle). None: the one set is not a
-        set, the group is lost."""
+        bindings: one set per exchange). None: the one set is not a set, the group is lost."""
         pattern = bool(placeholders(members.key))
-        keys = self._keys_of(client, cycle, members.key, tally) if pattern else [members.key]
+        keys = self._scanned(client, cycle, members.key, tally, 0) if pattern else [members.key]
         stored: list[Any] = []
         for key in keys:
+            node = client if self._nodes is None else self._nodes.node_of(key.encode())[1]
             try:
-                stored += self._members(self._client_for(client, key), key, members.type)
+                if members.type == "zset":
+                    stored += node.zrange(key, 0, -1)
+                else:
+                    stored += node.smembers(key)
             except redis.ResponseError as error:  # not a set: this key (this group) alone is lost
                 tally.failed(key.encode(), response_reason(error))
                 if not pattern:
                     return None
         return member_values(stored, members.member)
 
-    @staticmethod
-    def _members(client: redis.Redis, key: str, kind: str) -> list[Any]:
-        if kind == "zset":
-            return list(client.zrange(key, 0, -1))
-        return list(client.smembers(key))
-
-    def _scan_keys(
-        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
-    ) -> list[bytes]:
-        """Every key SCAN finds for the pattern's glob, in rounds of their own."""
-        rounds = self._transport(client, cycle)
-        try:
-            return [
-                key
-                for page in self._scan(cycle, scan_glob(pattern), [tally], rounds)
-                for key in page
-            ]
-        finally:
-            rounds.abandon()
-
-    def _keys_of(
-        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
+    def _scanned(
+        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally, part: str | int
     ) -> list[str]:
-        """The keys matching `pattern` (its placeholders wildcards): one SCAN a cycle, shared by
-        the groups that name it (Celery's two groups, one SCAN of kombu's bindings)."""
-        regex = key_regex(pattern)
+        """What a SCAN of `pattern` (its placeholders wildcards) finds: each key that matches
+        it (part 0), or the {value} each names (part "value"). One SCAN a cycle per pattern,
+        shared by the groups that name it (Celery's two groups, one SCAN of kombu's bindings),
+        in rounds of its own."""
 
         def find() -> list[str]:
-            keys = (text(key) for key in self._scan_keys(client, cycle, pattern, tally))
-            return sorted({key for key in keys if regex.match(key)})
+            regex = key_regex(pattern)
+            rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
+            try:
+                pages = self._scan(cycle, scan_glob(pattern), [tally], rounds)
+                matches = (regex.match(text(key)) for page in pages for key in page)
+                return sorted({match.group(part) for match in matches if match})
+            finally:
+                rounds.abandon()
 
-        keys, partial = cycle.once(f"keys of\n{pattern}", find)
-        if partial:  # a node's sets are missing: so are its queues
-            cycle.lose_group(tally, pattern.encode(), "sets scanned without a node")
-        return keys
-
-    def _values_from_keys(
-        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally
-    ) -> list[str]:
-        regex = key_regex(pattern)
-
-        def find() -> list[str]:
-            matches = (
-                regex.match(text(key)) for key in self._scan_keys(client, cycle, pattern, tally)
-            )
-            return sorted({match.group("value") for match in matches if match})
-
-        values, partial = cycle.once(pattern, find)
-        if partial:  # a node's values are missing: so are its queues
-            cycle.lose_group(tally, pattern.encode(), "values scanned without a node")
-        return values
-
-    def _transport(self, client: redis.Redis, cycle: Cycle) -> Transport:
-        """The rounds to send commands in, on the server or on each cluster node.
-
-        A reply that cannot be read fails only what it is about, whatever it raises: the item
-        or key is counted and named, and the rest of the cycle goes on. Only a round trip
-        itself (the backend) can fail the cycle; on a cluster, a node's round trip fails only
-        the groups of the keys it holds, unless no node answered.
-        """
-        return Transport(cycle, client, self._nodes, self.config.pipeline_size)
+        found, partial = cycle.once(f"{part}\n{pattern}", find)
+        if partial:  # a node's keys are missing: so are the queues they name
+            cycle.lose_group(tally, pattern.encode(), "scanned without a node")
+        return found
