@@ -22,9 +22,10 @@ import json
 import logging
 import math
 import statistics
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -52,7 +53,9 @@ from exporter.sources.native.framework import (
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
     NativeSource,
+    ReadDeadline,
     Reader,
+    ReaderError,
     Signals,
 )
 from exporter.sources.native.rq import MAX_REGISTRY, RqReader
@@ -566,23 +569,103 @@ def test_refused_records_are_logged_rate_limited(redis_client, redis_url, caplog
 
 
 def test_a_read_past_its_deadline_stops_between_records(redis_client, redis_url):
-    """A read whose records keep it busy on CPU past its deadline stops between two records
-    and fails as `timeout` (the watchdog can sever sockets, not stop a CPU loop)."""
-    redis_client.sadd("processes", *[f"p{index}" for index in range(2000)])
-    info = json.dumps({"concurrency": 1, "queues": ["q"]})
-    for index in range(2000):
-        redis_client.hset(f"p{index}", mapping={"info": info, "busy": "0"})
+    """A read past its deadline stops between two records and fails as `timeout` (the
+    watchdog can sever sockets, not stop a CPU loop); the next read within its deadline reads
+    everything."""
+    _sidekiq_processes(redis_client, 2000, queues=1)
     reader = SidekiqReader(SidekiqReaderConfig(), RedisConnectionConfig(url=redis_url))
     try:
-        from exporter.sources.native.framework import ReaderError
-
-        signals = Signals(deadline=time.monotonic())  # already past: the first record stops
+        spent = ReadDeadline(wall=0.0, cpu=0.0)  # already spent: the first record stops
         with pytest.raises(ReaderError) as stopped:
-            reader.read(signals)
+            reader.read(Signals(deadline=spent))
         assert stopped.value.reason == "timeout"
-        assert _read(reader).tally.invalid == {}  # the next read within its deadline reads all
+        assert _read(reader).tally.invalid == {}
     finally:
         reader.close()
+
+
+def test_a_read_busy_on_cpu_stops_once_it_has_spent_its_deadline(redis_client, redis_url):
+    """Records that keep a read busy on CPU: it stops once it has spent its deadline on CPU (it
+    stopped at twice the deadline in wall time before), and fails as `timeout`. The reference
+    is a whole read's CPU time, measured here; the reads get a quarter of it."""
+    _sidekiq_processes(redis_client, 2000, queues=100)
+    connection = RedisConnectionConfig(url=redis_url)
+    reader = SidekiqReader(SidekiqReaderConfig(), connection)
+    feed = None
+    try:
+        whole, _ = _cpu_and_wall(lambda: reader.read(Signals()))
+        started = time.thread_time()
+        budget = ReadDeadline.starting_now(whole / 4)
+        with pytest.raises(ReaderError) as stopped:
+            reader.read(Signals(deadline=budget))
+        spent = time.thread_time() - started
+        assert stopped.value.reason == "timeout"
+        assert whole / 4 <= spent < whole / 2
+        # As the exporter runs it: the deadline is the interval.
+        feed = _Feed(lambda: SidekiqReader(SidekiqReaderConfig(), connection), whole / 4)
+        with pytest.raises(ReaderError) as stopped:
+            feed.source.sample()
+        assert stopped.value.reason == "timeout"
+    finally:
+        reader.close()
+        if feed is not None:
+            feed.close()
+
+
+def test_a_read_slowed_by_the_host_is_not_stopped(redis_client, redis_url):
+    """A healthy read made slow by what the host runs beside it (here two threads keeping the
+    GIL busy, as a loaded host keeps the cores) outlasts its deadline in wall time, not on CPU:
+    it reads everything."""
+    _sidekiq_processes(redis_client, 2000, queues=100)
+    reader = SidekiqReader(SidekiqReaderConfig(), RedisConnectionConfig(url=redis_url))
+    try:
+        whole, _ = _cpu_and_wall(lambda: reader.read(Signals()))
+        budget = whole * 1.5
+        signals = Signals(deadline=ReadDeadline.starting_now(budget))
+        with _busy_threads(2):
+            spent, took = _cpu_and_wall(lambda: reader.read(signals))
+        assert took > budget, "the read was not slowed past its deadline: nothing was tested"
+        assert spent < budget
+        assert len(signals.tally.heartbeats) == 2000 * 100
+    finally:
+        reader.close()
+
+
+def _sidekiq_processes(redis_client, count: int, queues: int) -> None:
+    """`count` Sidekiq processes, each serving `queues` queues."""
+    redis_client.sadd("processes", *[f"p{index}" for index in range(count)])
+    info = json.dumps({"concurrency": 1, "queues": [f"q{index}" for index in range(queues)]})
+    pipe = redis_client.pipeline(transaction=False)
+    for index in range(count):
+        pipe.hset(f"p{index}", mapping={"info": info, "busy": "0"})
+    pipe.execute()
+
+
+def _cpu_and_wall(work: Callable[[], object]) -> tuple[float, float]:
+    """The CPU time of the calling thread and the wall time `work` took."""
+    cpu, wall = time.thread_time(), time.monotonic()
+    work()
+    return time.thread_time() - cpu, time.monotonic() - wall
+
+
+@contextmanager
+def _busy_threads(count: int) -> Iterator[None]:
+    """Threads spinning in Python while the block runs: they hold the GIL turn about."""
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            pass
+
+    threads = [threading.Thread(target=spin, daemon=True) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
 
 
 def test_the_renderer_survives_any_stored_value():

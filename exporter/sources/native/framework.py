@@ -21,10 +21,11 @@ whatever reading it raises: RecursionError, OverflowError, anything) costs that 
 the reader wraps each record in `signals.record(key)` (or hands a pipeline's error reply to
 `signals.unreadable`), which counts it in `queue_exporter_events_invalid_total` by a bounded
 reason, names it in a rate-limited warning (a traceback only for an error of the exporter's
-own, rate-limited too), and lets the read go on. Each record also checks the read's deadline:
-a read that spends its interval on CPU (a flood of records) stops between two records once
-past twice its deadline (CPU_GRACE seconds past it at least) and fails with reason `timeout`,
-rather than run on for as long as the flood lasts (the watchdog cuts sockets, not CPU).
+own, rate-limited too), and lets the read go on. Each record also checks the read's deadline
+(ReadDeadline): a read that has spent its deadline on CPU (a flood of records) stops between
+two records and fails with reason `timeout`, rather than run on for as long as the flood lasts
+(the watchdog cuts sockets, not CPU). The budget is the reading thread's own CPU time, so a
+healthy read slowed by a loaded host (waiting for a core or the GIL) is not stopped.
 Limits bound what one record may bring (queues of one worker: MAX_QUEUES_PER_WORKER) and
 what a reader remembers (workers: MAX_WORKERS); what is beyond them is counted as
 `over_limit`, once per record and read. With leader
@@ -70,9 +71,6 @@ from exporter.sources.key_values import selects
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
 WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
-# A read busy on CPU stops between two records once past its deadline by as much again, and by
-# this many seconds at least (NativeSource.sample): a short interval on a loaded host is no flood.
-CPU_GRACE = 1.0
 # Queues one worker record may list (an RQ worker hash, a Sidekiq process): the rest is refused.
 MAX_QUEUES_PER_WORKER = 1_000
 
@@ -89,6 +87,31 @@ BACKEND_ERRORS: tuple[type[Exception], ...] = (
 )
 
 
+@dataclass(frozen=True, slots=True)
+class ReadDeadline:
+    """When a read stops between two records (Signals.record), failing as `timeout`: once the
+    reading thread has spent its budget on CPU since the read began.
+
+    CPU time, not wall time, tells a flood from a loaded host: a read waiting for a core or the
+    GIL spends none, so a healthy read is not stopped for the host's load (a stop at the wall
+    deadline failed healthy reads on a loaded host), and a read busy on CPU stops at its
+    deadline. The wall deadline is the watchdog's (sources/base.py): past it the read's
+    sockets are severed, so a read waiting on its backend fails there. Only a read past its
+    budget in wall time (a thread spends no more CPU than that) asks for its CPU time, a system
+    call the reads within their deadline do not pay for."""
+
+    wall: float = math.inf  # time.monotonic() at which the budget has passed
+    cpu: float = math.inf  # time.thread_time() of the reading thread at which it is spent
+
+    @classmethod
+    def starting_now(cls, budget: float) -> ReadDeadline:
+        """For a read starting now on the calling thread (the one that reads its records)."""
+        return cls(time.monotonic() + budget, time.thread_time() + budget)
+
+    def passed(self) -> bool:
+        return time.monotonic() > self.wall and time.thread_time() >= self.cpu
+
+
 @dataclass(slots=True)
 class Signals:
     """What one read yields: lifecycle updates and sampled series."""
@@ -97,7 +120,7 @@ class Signals:
     samples: SampleSet = field(default_factory=SampleSet)
     now: float = field(default_factory=time.time)
     source: str = "native"  # the reader's source name, for the log
-    deadline: float = math.inf  # time.monotonic() past which the read stops between records
+    deadline: ReadDeadline = field(default_factory=ReadDeadline)  # never passes by default
     # Why the reader hears nothing from its system (Celery: no event for its timeout), when it
     # does not: its backend answers, so it stays up and ready, leaves out the series it cannot
     # vouch for, and says this (log, status page, queue_exporter_native_silent).
@@ -144,7 +167,7 @@ class Signals:
         """One record's fault boundary: whatever reading it raises costs it alone (counted and
         named); a failure of the backend still fails the whole read, and so does a read past
         its deadline (ReaderError `timeout`, raised before the record is read)."""
-        if time.monotonic() > self.deadline:
+        if self.deadline.passed():
             raise ReaderError("timeout", f"{self.source}: read stopped past its deadline")
         try:
             yield
@@ -309,11 +332,10 @@ class NativeSource:
             self.reader.close()
             self.reader = self.make_reader()
         # At the deadline the watchdog (base.py) severs the reader's sockets, which cannot stop
-        # a read busy on CPU: that one stops between two records once past the deadline by as
-        # much again, CPU_GRACE at least (a read a little late on a loaded host still tells
-        # the truth, as before).
-        stop = time.monotonic() + self.deadline + max(self.deadline, CPU_GRACE)
-        signals = Signals(source=self.name, deadline=stop)
+        # a read busy on CPU: that one stops between two records once it has spent the deadline
+        # on CPU (a read late for a loaded host, not for its own work, still tells the truth).
+        deadline = ReadDeadline.starting_now(self.deadline)
+        signals = Signals(source=self.name, deadline=deadline)
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
         self._report_silence(signals.silent)
