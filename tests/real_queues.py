@@ -109,8 +109,12 @@ class BullMQ(Driver):
             self.connection = {"cluster": [{"host": h, "port": p} for h, p in cluster]}
         self.connection["prefix"] = prefix
 
-    def steps(self, *steps: dict[str, Any]) -> None:
-        assert self.run("steps", {**self.connection, "steps": list(steps)}).strip() == "ready"
+    def steps(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run steps; the jobs that `work` steps with `report: true` completed, as BullMQ gave
+        them to the worker (queue, name, processed_on and finished_on in ms)."""
+        *lines, last = self.run("steps", {**self.connection, "steps": list(steps)}).splitlines()
+        assert last.strip() == "ready"
+        return [json.loads(line)["completed"] for line in lines]
 
     def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
         """Run steps whose workers keep jobs active until the process is stopped."""

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -47,9 +48,10 @@ def _total(series: Series, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in series.items() if n == name and wanted <= ls)
 
 
-def _work(bullmq: BullMQ) -> None:
-    """Jobs with known outcomes and runtimes, run by a real worker to the end."""
-    bullmq.steps(
+def _work(bullmq: BullMQ) -> list[dict[str, Any]]:
+    """Jobs with known outcomes and runtimes, run by a real worker to the end; the completed
+    ones as BullMQ gave them to the worker (their processedOn and finishedOn)."""
+    return bullmq.steps(
         {"op": "add", "queue": "jobs", "name": "slow", "count": 4, "data": {"sleep_ms": 700}},
         {"op": "add", "queue": "jobs", "name": "fast", "count": 3},
         {"op": "add", "queue": "jobs", "name": "broken", "count": 2, "data": {"fail": "always"}},
@@ -69,7 +71,14 @@ def _work(bullmq: BullMQ) -> None:
             "data": {"fail": "always"},
             "opts": {"attempts": 2, "backoff": {"type": "fixed", "delay": 100}},
         },
-        {"op": "work", "queue": "jobs", "completed": 8, "failed": 5, "options": {"concurrency": 4}},
+        {
+            "op": "work",
+            "queue": "jobs",
+            "completed": 8,
+            "failed": 5,
+            "options": {"concurrency": 4},
+            "report": True,
+        },
         # removed when they complete: their name and start come from the stream alone
         {
             "op": "add",
@@ -86,13 +95,13 @@ def _work(bullmq: BullMQ) -> None:
             "count": 5,
             "opts": {"removeOnComplete": True},
         },
-        {"op": "work", "queue": "tidy", "completed": 7},
+        {"op": "work", "queue": "tidy", "completed": 7, "report": True},
     )
 
 
 def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_exporter):
     app = _started(run_exporter, redis_url)
-    _work(bullmq)
+    completed = _work(bullmq)
     truth = bullmq.truth(["jobs"])["queues"]["jobs"]["counts"]
     assert (truth["completed"], truth["failed"]) == (8, 3)
 
@@ -112,20 +121,48 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     assert _total(series, "queue_jobs_completed_total", job_type="slow") == 4
     assert _total(series, "queue_jobs_completed_total", job_type="flaky") == 1
 
-    # the 0.7 s jobs took between 0.5 s and 1 s; the others far less
-    def bucket(job_type: str, le: str) -> float | None:
-        return value(series, "queue_job_execution_seconds_bucket", job_type=job_type, le=le)
-
-    assert (bucket("slow", "0.5"), bucket("slow", "1.0")) == (0, 4)
-    assert bucket("fast", "0.25") == 3
+    # Each runtime in the bucket BullMQ's own processedOn and finishedOn put it in (how long a
+    # 0.7 s job takes on a loaded host is the host's business), the removed ones' too.
+    for job_type in ("slow", "fast", "tidy", "brief"):  # each attempt completed
+        _assert_runtimes_bucketed(series, job_type, _runtimes(completed, job_type))
+    assert all(seconds >= 0.7 for seconds in _runtimes(completed, "slow"))
     assert _total(series, "queue_jobs_completed_total", queue="tidy", job_type="tidy") == 2
-    assert (bucket("tidy", "0.5"), bucket("tidy", "1.0")) == (0, 2)
     # gone before the reader got to them, most of them: times from their own entries
     assert value(series, "queue_job_wait_seconds_count", job_type="tidy") == 2
     assert value(series, "queue_job_wait_seconds_count", job_type="brief") == 5
     assert value(series, "queue_job_execution_seconds_count", job_type="brief") == 5
     assert value(series, "queue_job_wait_seconds_count", job_type="fast") == 3
     assert value(series, "queue_exporter_events_lost_total", stream=STREAM) == 0
+
+
+# The reader times a job removed when it completed by its events' stream ids (Redis's clock), a
+# few ms from the times BullMQ's Node process wrote: a runtime this close to a bucket's bound
+# may fall on either side of it.
+CLOCKS_APART = 0.05
+
+
+def _runtimes(completed: list[dict[str, Any]], job_type: str) -> list[float]:
+    """Seconds each completed job of `job_type` ran, by BullMQ's own times."""
+    return [
+        (job["finished_on"] - job["processed_on"]) / 1000.0
+        for job in completed
+        if job["name"] == job_type
+    ]
+
+
+def _assert_runtimes_bucketed(series: Series, job_type: str, runtimes: list[float]) -> None:
+    """The execution histogram of `job_type` counts, in every bucket, the runtimes at most its
+    bound (within CLOCKS_APART of it, either way)."""
+    counted = {
+        float(dict(labels)["le"]): number
+        for (name, labels), number in series.items()
+        if name == "queue_job_execution_seconds_bucket" and ("job_type", job_type) in labels
+    }
+    assert runtimes and counted, (job_type, runtimes, counted)
+    for bound, number in counted.items():
+        least = sum(seconds <= bound - CLOCKS_APART for seconds in runtimes)
+        most = sum(seconds <= bound + CLOCKS_APART for seconds in runtimes)
+        assert least <= number <= most, (job_type, bound, number, sorted(runtimes))
 
 
 def test_a_restarted_exporter_goes_on_where_it_stopped(bullmq, redis_url, serve_process):

@@ -36,15 +36,27 @@ function worker(queue, options = {}) {
   return new Worker(queue, runJob, { connection, prefix, ...options });
 }
 
-// A worker that stops once it has completed and failed the given numbers of jobs.
+// A worker that stops once it has completed and failed the given numbers of jobs. With
+// step.report, each completed job is printed as the worker got it from the library (a JSON line
+// {"completed": {queue, name, processed_on, finished_on}}, times in ms), before "ready".
 async function workUntil(step) {
   const done = { completed: 0, failed: 0 };
   const w = worker(step.queue, step.options);
+  const report = job => console.log(JSON.stringify({
+    completed: {
+      queue: step.queue, name: job.name,
+      processed_on: Number(job.processedOn), finished_on: Number(job.finishedOn),
+    },
+  }));
   await new Promise(resolve => {
     const check = () => {
       if (done.completed >= (step.completed || 0) && done.failed >= (step.failed || 0)) resolve();
     };
-    w.on('completed', () => { done.completed += 1; check(); });
+    w.on('completed', job => {
+      if (step.report) report(job);
+      done.completed += 1;
+      check();
+    });
     w.on('failed', () => { done.failed += 1; check(); });
   });
   await w.close(true); // its jobs are finished; forced, it does not wait out a blocking read
