@@ -27,6 +27,8 @@ class TcpProxy:
         self._flowing = threading.Event()
         self._flowing.set()
         self._held = 0  # chunks that arrived while frozen, not forwarded (yet)
+        # Per connection: the Redis command of its last request, while no reply came back since.
+        self._awaiting: dict[int, str | None] = {}
 
     def start(self) -> TcpProxy:
         listener = socket.socket()
@@ -65,6 +67,14 @@ class TcpProxy:
         with self._lock:
             return self._held
 
+    def awaiting(self) -> set[str]:
+        """The Redis commands (RESP: the first of a request) the clients wait on: sent (held
+        here while frozen, or forwarded before) with no reply come back since. A test waits for
+        each client it means to hang (the lease's EVALSHA, a consumer's XREAD, a sampler's SCAN)
+        to show here, instead of sleeping until it probably does."""
+        with self._lock:
+            return {command for command in self._awaiting.values() if command}
+
     def thaw(self) -> None:
         """Forward again, starting with what was held while frozen."""
         self._flowing.set()
@@ -87,19 +97,34 @@ class TcpProxy:
                 upstream.settimeout(None)
                 with self._lock:
                     self._sockets += [client, upstream]
-                for source, target in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pump, args=(source, target), daemon=True).start()
+                for source, target, request in (
+                    (client, upstream, True),
+                    (upstream, client, False),
+                ):
+                    pump = threading.Thread(
+                        target=self._pump, args=(source, target, request), daemon=True
+                    )
+                    pump.start()
 
-    def _pump(self, source: socket.socket, target: socket.socket) -> None:
+    def _pump(self, source: socket.socket, target: socket.socket, request: bool) -> None:
+        """Forward source's bytes to target; `request`: source is the client."""
+        connection = id(source if request else target)
         try:
             while data := source.recv(65536):
-                if not self._flowing.is_set():
-                    with self._lock:
+                with self._lock:
+                    if request:
+                        self._awaiting[connection] = _resp_command(data)
+                    if not self._flowing.is_set():
                         self._held += 1
                 self._flowing.wait()  # held while frozen; cut() sets it to end the pump
                 target.sendall(data)
+                if not request:
+                    with self._lock:
+                        self._awaiting.pop(connection, None)
         except OSError:
             pass
+        with self._lock:
+            self._awaiting.pop(connection, None)
         _close(source)
         _close(target)
 
@@ -108,3 +133,11 @@ def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
     sock.close()
+
+
+def _resp_command(chunk: bytes) -> str | None:
+    """The first command of a RESP request (`*N\\r\\n$L\\r\\nNAME...`), else None."""
+    parts = chunk.split(b"\r\n", 3)
+    if len(parts) < 3 or not parts[0].startswith(b"*") or not parts[1].startswith(b"$"):
+        return None
+    return parts[2].decode("ascii", "replace").upper()

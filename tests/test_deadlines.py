@@ -264,12 +264,19 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     )
     redis_proxy.freeze()
     postgres_proxy.freeze()
-    time.sleep(1.5)  # every source, the consumer and the lease renewal are blocked by now
+    # Every client is blocked: the lease's renewal, the consumer's read, the key sampler's scan
+    # and a collector's query wait on the frozen servers (a sleep may end before they do).
+    wait_for(lambda: _all_blocked(redis_proxy.awaiting(), postgres_proxy.held()), timeout=60)
     load = process_cost()  # what this machine's load adds to a process's stop, now
     stopped_in, stderr = serve.sigterm()
     assert stopped_in < 5 + load, (stopped_in, load, stderr[-3000:])
     assert "shutting down" in stderr
     assert "could not release the lease" in stderr  # left to expire, within lease_ttl
+
+
+def _all_blocked(redis_awaiting: set[str], postgres_held: int) -> bool:
+    consumer_reading = bool(redis_awaiting & {"XREAD", "XREADGROUP"})
+    return {"EVALSHA", "SCAN"} <= redis_awaiting and consumer_reading and postgres_held > 0
 
 
 def test_check_config_connect_gives_up_on_a_frozen_redis_at_the_cycle_deadline(
