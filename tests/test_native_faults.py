@@ -155,11 +155,14 @@ LEASE_KEY = "test:leader"
 
 
 def _leadership(redis_url: str, identity: str) -> Leadership:
-    """A replica's lease on the test's Redis, renewed by the test (no thread)."""
+    """A replica's lease on the test's Redis, renewed by the test (no thread). Redis expires it
+    0.2 s after a renewal; the replica's own clock stands still, so it holds its token until
+    the test renews it, however late the reads run on a loaded host."""
     config = LeaderElectionConfig(
         enabled=True, key=LEASE_KEY, lease_ttl=0.2, renew_interval=0.05, identity=identity
     )
-    return Leadership(config, RedisConnectionConfig(url=redis_url, socket_timeout=5))
+    connection = RedisConnectionConfig(url=redis_url, socket_timeout=5)
+    return Leadership(config, connection, clock=lambda: 0.0)
 
 
 def _native_sources(
