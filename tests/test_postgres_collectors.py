@@ -370,3 +370,53 @@ def test_password_file_is_used(postgres_dsn, run_exporter, tmp_path):
     assert value(series, "one") is None
     app = run_exporter(_postgres(postgres_dsn, collector, password_file=str(secret)))
     _when(app, lambda s: value(s, "one") == 1)
+
+
+def test_refuse_when_stops_a_collector_that_does_not_apply(postgres_dsn, run_exporter, caplog):
+    """refuse_when runs before the first read and after a failed one: a `refusal` that is not
+    NULL fails the run with its text (reason refused, every run while it stands), NULL lets
+    the query run, a check without a `refusal` column is a query_shape error."""
+
+    def collector(name, refuse_when, query="SELECT 1 AS n"):
+        values = [{"column": "n", "metric": f"my_{name}"}]
+        return {"name": name, "refuse_when": refuse_when, "query": query, "values": values}
+
+    refused = collector("refused", "SELECT 'this database is not the one it reads' AS refusal")
+    allowed = collector("allowed", "SELECT NULL::text AS refusal")
+    shapeless = collector("shapeless", "SELECT 1 AS other")
+    # fails (no table gate_rows) and so has its refuse_when asked again each run, which
+    # refuses once a table `gate` exists
+    gated = collector(
+        "gated",
+        "SELECT CASE WHEN to_regclass('gate') IS NOT NULL THEN 'gate is here' END AS refusal",
+        "SELECT count(*) AS n FROM gate_rows",
+    )
+    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    app = run_exporter(_postgres(postgres_dsn, refused, allowed, shapeless, gated))
+
+    def errors(series, source, reason):
+        found = value(series, "queue_exporter_source_errors_total", source=source, reason=reason)
+        return found or 0
+
+    series = _when(
+        app,
+        lambda s: (
+            errors(s, "postgres:refused", "refused") >= 2
+            and errors(s, "postgres:shapeless", "query_shape") >= 1
+            and errors(s, "postgres:gated", "missing_table") >= 1
+            and value(s, "my_allowed") == 1
+        ),
+    )
+    assert value(series, "queue_exporter_source_up", source="postgres:allowed") == 1
+    assert value(series, "queue_exporter_source_up", source="postgres:refused") == 0
+    assert value(series, "my_refused") is None
+    assert errors(series, "postgres:gated", "refused") == 0
+    logged = caplog.text
+    assert "CollectorRefused: this database is not the one it reads" in logged
+    assert "collector shapeless: refuse_when returns no column 'refusal' (it returns other)" in (
+        logged
+    )
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute("CREATE TABLE gate ()")
+    _when(app, lambda s: errors(s, "postgres:gated", "refused") >= 1)
+    assert "CollectorRefused: gate is here" in caplog.text

@@ -9,6 +9,7 @@ pg-boss's own getQueueSize (waiting; and before 'completed') and getJobById of e
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -28,6 +29,7 @@ from exporter import config as config_module
 from exporter import presets
 from tests.conftest import (
     Series,
+    scrape,
     scrape_series,
     scrape_when,
     stop_process,
@@ -381,6 +383,57 @@ def test_estimate_serves_the_planners_active_count_without_the_costly_scan(
     scrape_when(exact, "queue_depth", queue="bulk", state="active")
     assert value(scrape_series(exact), "queue_depth", queue="bulk", state="active") == active
     wait_for(lambda: _partition_scans(postgres_dsn, "bulk")[0] > seq_before, timeout=30)
+
+
+def _schema_version(dsn: str) -> int:
+    """The schema version pg-boss's migrations recorded in its version table."""
+    with psycopg.connect(dsn) as connection:
+        row = connection.execute("SELECT max(version) FROM pgboss.version").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_estimate_on_pgboss12_is_refused_naming_why(
+    postgres_dsn: str, run_exporter: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pgboss:estimate=true on a real pg-boss 12 (its own migrations): the estimate's collector
+    is refused before its query runs, reason refused, every cycle (counted, down on the status
+    page), the log naming pg-boss 12's schema version and what to do; the other collectors serve
+    pg-boss's own depths meanwhile."""
+    boss = PgBoss(12, postgres_dsn, tmp_path)
+    boss.seed()
+    version = _schema_version(postgres_dsn)
+    assert version > 24, version  # pg-boss 10's schema is version 24
+    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    exporter = run_exporter(
+        postgres_dsn=postgres_dsn, preset=[{"name": "pgboss", "params": {"estimate": True}}]
+    )
+    source = "postgres:pgboss_active_estimate"
+
+    def refusals() -> float:
+        series = scrape_series(exporter)
+        count = value(series, "queue_exporter_source_errors_total", source=source, reason="refused")
+        return count or 0.0
+
+    wait_for(lambda: refusals() >= 2, timeout=30)  # not once: every cycle while it stands
+    series = scrape_series(exporter)
+    assert value(series, "queue_exporter_source_up", source=source) == 0
+    for other in ("sql_error", "missing_column", "missing_table", "query_shape"):
+        assert value(series, "queue_exporter_source_errors_total", source=source, reason=other) in (
+            None,
+            0,
+        )
+    assert value(series, "queue_exporter_source_up", source="postgres:pgboss_jobs") == 1
+    assert value(series, "queue_depth", queue="idle", state="pending") == 5  # seeded: 5 now
+    assert value(series, "queue_depth_estimate", system="pgboss") is None
+    status = json.loads(scrape(exporter.server.port, "/status.json"))
+    row = next(s for s in status["sources"] if s["name"] == source)
+    assert row["up"] is False and row["last_error"] == "refused", row
+    assert row["errors"].get("refused", 0) >= 2, row
+    assert any(source in warning for warning in status["view"]["warnings"])
+    logged = caplog.text
+    assert f"pg-boss schema version {version} (pg-boss 10 is 24)" in logged
+    assert "estimate=true applies to pg-boss 10: leave it off" in logged
 
 
 def test_estimate_param_runs_one_of_the_two_active_collectors() -> None:

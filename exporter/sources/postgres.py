@@ -38,6 +38,7 @@ from exporter.logs import LogLimiter
 from exporter.samples import SampleSet
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.sql_collectors import (
+    CollectorRefused,
     QueryShapeError,
     RowConverter,
     SqlCollector,
@@ -252,15 +253,24 @@ class PostgresCollectorSource:
         self._connector = connector
         self._converter: tuple[Columns, RowConverter] | None = None
         self._sampling_thread: int | None = None
+        # refuse_when runs before the first read and after a failed one (an upgrade of the
+        # schema under a running exporter is named too), never on the hot path in between
+        self._check_due = collector.refuse_when is not None
         self.last_rows: int | None = None  # rows the last sample read (check-config --connect)
         connector.acquire()
 
     def sample(self) -> SampleSet:
         self._sampling_thread = threading.get_ident()
         collector = self.collector
-        rows, columns, more = self._connector.fetch(
-            collector.query, self.statement_timeout, collector.max_rows
-        )
+        if self._check_due and collector.refuse_when is not None:
+            self._refuse_unless_it_applies(collector.refuse_when)
+        try:
+            rows, columns, more = self._connector.fetch(
+                collector.query, self.statement_timeout, collector.max_rows
+            )
+        except Exception:
+            self._check_due = collector.refuse_when is not None
+            raise
         self.last_rows = len(rows)
         if more:  # counted once per run, whatever the number of rows beyond
             self.telemetry.count_error(self.name, "too_many_rows")
@@ -281,6 +291,20 @@ class PostgresCollectorSource:
     def error_reason(self, error: Exception) -> str:
         return error_reason(error)
 
+    def _refuse_unless_it_applies(self, check: str) -> None:
+        """Raise CollectorRefused with the text `check`'s `refusal` column holds, if any."""
+        rows, columns, _ = self._connector.fetch(check, self.statement_timeout, 1)
+        names = [name for name, _ in columns]
+        if "refusal" not in names:
+            raise QueryShapeError(
+                f"collector {self.collector.name}: refuse_when returns no column 'refusal' "
+                f"(it returns {', '.join(names) or 'nothing'})"
+            )
+        refusal = rows[0][names.index("refusal")] if rows else None
+        if refusal is not None:
+            raise CollectorRefused(str(refusal))
+        self._check_due = False
+
     def interrupt(self) -> None:
         if self._sampling_thread is not None:
             self._connector.sever(self._sampling_thread)
@@ -295,6 +319,7 @@ class PostgresCollectorSource:
 
 
 _REASONS: tuple[tuple[type[Exception] | tuple[type[Exception], ...], str], ...] = (
+    (CollectorRefused, "refused"),
     (QueryShapeError, "query_shape"),
     (errors.QueryCanceled, "timeout"),
     (errors.InsufficientPrivilege, "permission"),

@@ -43,6 +43,10 @@ class QueryShapeError(Exception):
     """The query's result does not have the columns the collector's config names."""
 
 
+class CollectorRefused(Exception):
+    """The collector's refuse_when found it does not apply to this database; the text says why."""
+
+
 class SqlValue(StrictModel):
     column: str = Field(description="result column holding the value")
     metric: str = Field(description="metric name: a built-in one (queue_depth, ...) or your own")
@@ -78,6 +82,12 @@ class SqlCollector(StrictModel):
         True, description="run it (off: as if absent; a preset's param turns one on or off)"
     )
     query: str = Field(description="one read-only statement")
+    refuse_when: str | None = Field(
+        None,
+        description="a read-only statement run before the first read and after a failed one: "
+        "a row whose column `refusal` is not NULL stops the run with that text (reason "
+        "refused), for a database the collector does not apply to",
+    )
     labels: list[str] = Field(
         default_factory=list, description="result columns that become labels (same name)"
     )
@@ -105,10 +115,10 @@ class SqlCollector(StrictModel):
             raise ValueError(f"{name!r}: use letters, digits, '_', '.', '-'")
         return name
 
-    @field_validator("query")
+    @field_validator("query", "refuse_when")
     @classmethod
-    def _query(cls, query: str) -> str:
-        if not query.strip():
+    def _query(cls, query: str | None) -> str | None:
+        if query is not None and not query.strip():
             raise ValueError("the query is empty")
         return query
 
