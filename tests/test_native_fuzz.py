@@ -4,7 +4,7 @@ Arbitrary: deep nesting, integers of hundreds of digits, NaN and infinities, wro
 times a year ahead, garbage text, in every field a reader reads. Whatever they hold, the read
 succeeds (the reader stays up), every good record is counted exactly once with its exact
 times, and the render of what was stored parses back in both formats. The good records are
-Celery's own events (its EventDispatcher) or, for RQ, BullMQ and Sidekiq, records in the
+Celery's own events (its EventDispatcher) or, for RQ, BullMQ, Bull, SAQ and Sidekiq, records in the
 layouts their sources write (the field names and formats of the seed documents and of
 tests/test_native_*.py, which check them against the real libraries).
 
@@ -36,10 +36,12 @@ from exporter.sources.native.config import (
     BullReaderConfig,
     CeleryReaderConfig,
     RqReaderConfig,
+    SaqReaderConfig,
     SidekiqReaderConfig,
 )
 from exporter.sources.native.framework import NativeSource
 from exporter.sources.native.rq import RqReader
+from exporter.sources.native.saq import SaqReader
 from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.telemetry import Telemetry
 from tests.conftest import Series, parse_exposition, total
@@ -404,5 +406,59 @@ def test_bull_counts_every_good_job_whatever_else_is_recorded(
             assert total(series, "queue_jobs_completed_total", **job) == good * read
             assert total(series, "queue_jobs_retried_total", **job) == good
             assert total(series, "queue_job_execution_seconds_sum", **job) == good * 2.0 * read
+    finally:
+        feed.close()
+
+
+# -- SAQ's finished jobs -------------------------------------------------------------------------
+
+
+def _saq_job(now_ms: int, **fields: Any) -> dict[str, Any]:
+    """A finished job as SAQ keeps it (times in ms): 1.5 s run, 1 s waited."""
+    times = {"queued": now_ms - 3000, "started": now_ms - 2000, "completed": now_ms - 500}
+    return {"function": "good", "queue": "q", "status": "complete", "attempts": 1, **times,
+            **fields}  # fmt: skip
+
+
+_saq_record = st.one_of(
+    st.just("list"),  # a job of another type
+    st.just("x" * (2 << 20)),  # huge
+    _texts,  # not JSON, or JSON of anything
+    _one_bad(_saq_job(_BULL_NOW, function="h")),
+    _one_bad(_saq_job(_BULL_NOW, function="h", status="failed", attempts=2, scheduled=int(NOW))),
+)
+
+
+@FUZZ
+@given(records=st.lists(_saq_record, min_size=3, max_size=6), good=st.integers(1, 3))
+def test_saq_observes_every_good_job_whatever_else_is_recorded(
+    redis_client, redis_url, records, good
+):
+    redis_client.flushdb()
+    redis_client.zadd("saq:q:incomplete", {"saq:job:q:waiting": 0})
+    redis_client.set("saq:job:q:waiting", "not read: it is not finished")
+    redis_client.set("saq:other:incomplete", "a queue's zset of another type")
+    redis_client.set("saq:job:other:x", "{}")
+    config = SaqReaderConfig(queues=["q"])
+    feed = _Feed(lambda: SaqReader(config, RedisConnectionConfig(url=redis_url)))
+    try:
+        feed.read()  # the baseline
+        for index, record in enumerate(records):
+            key = f"saq:job:q:h{index}"
+            if record == "list":
+                redis_client.rpush(key, "not a job")
+            else:
+                text = record if isinstance(record, str) else json.dumps(record)
+                redis_client.set(key, text, ex=600)
+        job = {"system": "saq", "queue": "q", "job_type": "good"}
+        for read in (1, 2):  # the next good jobs are observed too, none twice
+            now_ms = int(time.time() * 1000)
+            for index in range(good):
+                redis_client.set(f"saq:job:q:g{read}-{index}", json.dumps(_saq_job(now_ms)),
+                                 ex=600)  # fmt: skip
+            series = feed.read()
+            assert total(series, "queue_job_execution_seconds_count", **job) == good * read
+            assert total(series, "queue_job_execution_seconds_sum", **job) == good * 1.5 * read
+            assert total(series, "queue_job_wait_seconds_sum", **job) == good * 1.0 * read
     finally:
         feed.close()

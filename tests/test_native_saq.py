@@ -101,6 +101,122 @@ def test_worker_counts_served_as_increments_across_a_restart(
             stop_process(process, signal.SIGTERM)
 
 
+# -- runtimes: each finished job's own times -------------------------------------------------
+
+LEASE = {"enabled": True, "lease_ttl": 2, "renew_interval": 0.5}
+FINAL = ("complete", "failed", "aborted")
+
+
+def _finished_jobs(redis_url: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """SAQ's own view of the jobs (Queue.job), once every one of them finished."""
+
+    def finished() -> dict[str, dict[str, Any]] | None:
+        jobs: dict[str, dict[str, Any]] = driver(redis_url, "jobs", "work", *keys)
+        done = len(jobs) == len(keys) and all(job["status"] in FINAL for job in jobs.values())
+        return jobs if done else None
+
+    found: dict[str, dict[str, Any]] = wait_for(finished, timeout=60, interval=0.5)
+    return found
+
+
+def _runtimes_of(jobs: dict[str, dict[str, Any]]) -> dict[tuple[str, str], list[float]]:
+    """(histogram, function) -> seconds, as SAQ's Job.duration gives them: every attempt's
+    end that started ("process"), and the wait of a job that ran once ("start")."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for job in jobs.values():
+        if job["process"] is not None:
+            key = ("queue_job_execution_seconds", job["function"])
+            times.setdefault(key, []).append(job["process"] / 1000)
+        if job["attempts"] == 1 and job["start"] is not None:
+            times.setdefault(("queue_job_wait_seconds", job["function"]), []).append(
+                job["start"] / 1000
+            )
+    return times
+
+
+def _served_runtimes(app: Any, wanted: dict[tuple[str, str], list[float]]) -> dict[Any, Any]:
+    series = scrape_series(app)
+    served = {}
+    for metric, function in wanted:
+        labels = {"system": "saq", "queue": "work", "job_type": function}
+        served[metric, function] = (
+            total(series, f"{metric}_count", **labels),
+            total(series, f"{metric}_sum", **labels),
+        )
+    return served
+
+
+def _matches(served: dict[Any, Any], wanted: dict[tuple[str, str], list[float]]) -> bool:
+    return all(
+        served[key][0] == len(times) and served[key][1] == pytest.approx(sum(times), rel=1e-9)
+        for key, times in wanted.items()
+    )
+
+
+def _leader(*apps: Any) -> Any:
+    leaders = [app for app in apps if app.leadership.is_leader()]
+    return leaders[0] if len(leaders) == 1 else None
+
+
+def test_runtimes_are_saqs_own_job_times_once_across_replicas_and_a_handover(
+    saq_installed, redis_url, run_exporter
+):
+    """Two replicas under a lease; a real worker runs jobs that sleep known amounts, fail,
+    retry, are kept for ever (ttl 0) or not at all (ttl -1). The leader serves each finished
+    job's execution and wait time as SAQ's Job.duration gives them, once; the follower none.
+    The leader stops: the other takes over with a baseline, and counts only what finishes
+    after, once."""
+    raw = {
+        "presets": [{"name": "saq", "params": {"queues": ["work"]}}],
+        "leader_election": LEASE,
+    }
+    apps = [run_exporter(raw, redis_url=redis_url) for _ in range(2)]
+    leader = wait_for(lambda: _leader(*apps), timeout=30)
+    follower = next(app for app in apps if app is not leader)
+    wait_for(lambda: value(scrape_series(leader), "queue_exporter_source_up", source="native:saq"))
+    time.sleep(1.5)  # the leader's reader has read (its baseline) before the first job
+    process, _ = start_worker(redis_url, "work")
+    try:
+        plan = [
+            *({"function": "sleep_for", "kwargs": {"seconds": s}, "key": f"sleep-{s}"}
+              for s in (0.2, 0.4, 0.6)),
+            {"function": "sleep_for", "kwargs": {"seconds": 0.3}, "key": "kept", "ttl": 0},
+            {"function": "fail", "key": "failed-once"},
+            {"function": "fail", "key": "failed-twice", "retries": 2},
+            {"function": "succeed", "key": "no-record", "ttl": -1},
+        ]  # fmt: skip
+        driver(redis_url, "enqueue", json.dumps([{"queue": "work", **step} for step in plan]))
+        keys = [step["key"] for step in plan if step["key"] != "no-record"]
+        jobs = _finished_jobs(redis_url, keys)
+        assert jobs["failed-twice"]["attempts"] == 2  # retried: its wait is not observed
+        wanted = _runtimes_of(jobs)
+        assert ("queue_job_wait_seconds", "fail") in wanted
+        wait_for(lambda: _matches(_served_runtimes(leader, wanted), wanted), timeout=20)
+        for _ in range(4):  # a few reads later: still once, and none on the follower
+            time.sleep(0.5)
+            assert _matches(_served_runtimes(leader, wanted), wanted)
+            assert all(n == 0 for n, _ in _served_runtimes(follower, wanted).values())
+        served = scrape_series(leader)  # a job of ttl -1 leaves no record to read
+        assert value(served, "queue_job_execution_seconds_count", job_type="succeed") is None
+
+        # the leader stops: the follower leads, its first read a baseline of all that finished
+        leader.shutdown()
+        wait_for(lambda: follower.leadership.is_leader(), timeout=30)
+        wait_for(lambda: value(scrape_series(follower), "queue_exporter_source_up",
+                               source="native:saq"))  # fmt: skip
+        time.sleep(1.5)
+        after = [{"queue": "work", "function": "sleep_for", "kwargs": {"seconds": 0.1},
+                  "key": f"after-{n}"} for n in range(2)]  # fmt: skip
+        driver(redis_url, "enqueue", json.dumps(after))
+        wanted_after = _runtimes_of(_finished_jobs(redis_url, ["after-0", "after-1"]))
+        wait_for(lambda: _matches(_served_runtimes(follower, wanted_after), wanted_after))
+        for _ in range(4):
+            time.sleep(0.5)
+            assert _matches(_served_runtimes(follower, wanted_after), wanted_after)
+    finally:
+        stop_process(process, signal.SIGTERM)
+
+
 def _info(complete: int) -> str:
     """A worker's info as SAQ's Queue.worker_info writes it."""
     stats = {"complete": complete, "failed": 0, "retried": 0, "aborted": 0, "uptime": 1}

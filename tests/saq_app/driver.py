@@ -2,10 +2,12 @@
 
     python -m tests.saq_app.driver REDIS_URL enqueue PLAN_JSON
     python -m tests.saq_app.driver REDIS_URL truth QUEUE...
+    python -m tests.saq_app.driver REDIS_URL jobs QUEUE KEY...
 
 A plan is a list of {"queue", "function", optional "kwargs", "in" (seconds: scheduled that
-far ahead, negative: already due), "retries", "retry_delay", "timeout"}. `truth` prints each
-queue's Queue.info() counts and the enqueue time (ms) of the oldest queued job.
+far ahead, negative: already due), "retries", "retry_delay", "timeout", "key", "ttl"}.
+`truth` prints each queue's Queue.info() counts and the enqueue time (ms) of the oldest queued
+job; `jobs` each job as SAQ's Queue.job(key) reads it, with its durations (Job.duration, ms).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ async def enqueue(url: str, plan: list[dict[str, Any]]) -> None:
     for step in plan:
         queue = queues.setdefault(step["queue"], Queue.from_url(url, name=step["queue"]))
         options: dict[str, Any] = {
-            k: step[k] for k in ("retries", "retry_delay", "timeout") if k in step
+            k: step[k] for k in ("retries", "retry_delay", "timeout", "key", "ttl") if k in step
         }
         if "in" in step:
             options["scheduled"] = int(time.time() + step["in"])
@@ -53,12 +55,29 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
     return {"version": saq.__version__, "now_ms": now_ms, "queues": views}
 
 
+async def jobs(url: str, name: str, keys: list[str]) -> dict[str, Any]:
+    queue = Queue.from_url(url, name=name)
+    found = {}
+    for key in keys:
+        job = await queue.job(key)
+        if job is not None:
+            fields = ("function", "attempts", "queued", "started", "completed", "scheduled")
+            found[key] = {field: getattr(job, field) for field in fields}
+            found[key]["status"] = job.status.value
+            found[key]["process"] = job.duration("process")
+            found[key]["start"] = job.duration("start")
+    await queue.disconnect()
+    return found
+
+
 async def main() -> None:
     url, command, *args = sys.argv[1:]
     if command == "enqueue":
         await enqueue(url, json.loads(args[0]))
     elif command == "truth":
         print(json.dumps(await truth(url, args)))
+    elif command == "jobs":
+        print(json.dumps(await jobs(url, args[0], args[1:])))
     else:
         raise SystemExit(f"unknown command {command}")
 

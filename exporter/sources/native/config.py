@@ -198,13 +198,20 @@ class SaqReaderConfig(ReaderConfig):
         description="queues whose counters exist from the start (besides every queue with "
         "live workers' stats)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore")
+    runtimes: bool = Field(
+        True,
+        description="execution and wait times from each finished job's record (a PTTL per "
+        "job key and read, a GET per newly finished job)",
+    )
+    ACL_COMMANDS = ("scan", "zrangebyscore", "pttl", "zscore")
 
     def acl_read_keys(self) -> list[str]:
-        return ["saq:*:stats", "saq:*:worker_info:*"]
+        jobs = ["saq:job:*", "saq:*:incomplete"] if self.runtimes else []
+        return ["saq:*:stats", "saq:*:worker_info:*", *jobs]
 
     def acl_value_reads(self) -> list[tuple[str, str]]:
-        return [("get", "saq:*:worker_info:*")]
+        jobs = [("get", "saq:job:*")] if self.runtimes else []
+        return [("get", "saq:*:worker_info:*"), *jobs]
 
     def record_globs(self) -> list[str]:
         return ["saq:*:stats"]

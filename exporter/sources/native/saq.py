@@ -10,8 +10,9 @@ has a new id and counts from zero), a count that went down counts from zero. A w
 record lapsed or cannot be read keeps its last counts for FORGET_AFTER, so it is not counted
 again in full when it shows again.
 
-SAQ records no runtime per job outside the job itself and no busy/idle per worker, so this
-reader feeds no histogram and no `queue_workers`.
+Runtimes come from each finished job's own record (saq_jobs.py), found by the same SCAN:
+`queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false` turns this off).
+SAQ records no busy/idle per worker, so this reader feeds no `queue_workers`.
 """
 
 from __future__ import annotations
@@ -30,11 +31,13 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex
 from exporter.sources.native.config import SaqReaderConfig
 from exporter.sources.native.framework import CounterDeltas, RedisReader, Signals
+from exporter.sources.native.saq_jobs import JOB_PREFIX, FinishedJobs, JobKey, JobRecord
 
 log = logging.getLogger(__name__)
 # A worker's info JSON: its stats and metadata, a few hundred bytes.
 MAX_INFO_BYTES = 1 << 20
 STATS_KEYS = "saq:{value}:stats"
+INCOMPLETE_KEYS = "saq:{value}:incomplete"
 SCAN_COUNT = 1000
 # Seconds a worker's last counts are remembered once its record is gone: a record that lapsed
 # between two writes (its ttl is the write interval + 1 s) or could not be read for a while
@@ -60,19 +63,26 @@ class SaqReader(RedisReader):
         self._totals = CounterDeltas()
         # each worker's counts as last read, and when (signals.now)
         self._last: dict[Hashable, tuple[float, float]] = {}
+        self._jobs = FinishedJobs(config.system)
 
     def read(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues = self._queues(client)
+            queues, job_keys = self._keys(client)
             counts: dict[Hashable, float] = {}
             for queue in queues:
                 counts.update(self._workers(client, queue, signals))
+            finished: list[JobRecord] = []
+            if self.config.runtimes:
+                finished = self._jobs.read(client, job_keys, signals.now * 1000)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
         deltas = self._totals.update(self._remembered(counts, signals.now))
         self._count(queues, deltas, signals)
+        for record in finished:
+            with signals.record(record.job.key):  # a job of another type or garbled costs itself
+                self._jobs.observe(signals, record)
 
     def _remembered(self, counts: dict[Hashable, float], now: float) -> dict[Hashable, float]:
         """This read's counts, and the last ones of workers not read now (their record
@@ -85,15 +95,22 @@ class SaqReader(RedisReader):
                 del self._last[identity]
         return {identity: value for identity, (value, _) in self._last.items()}
 
-    def _queues(self, client: redis.Redis) -> list[str]:
-        """The listed queues and every queue with live workers' stats."""
-        regex = key_regex(STATS_KEYS)
-        found = set(self.config.queues)
-        for key in client.scan_iter(match="saq:*:stats", count=SCAN_COUNT):
-            match = regex.match(key.decode("utf-8", "replace"))
-            if match:
+    def _keys(self, client: redis.Redis) -> tuple[list[str], list[JobKey]]:
+        """The listed queues and every queue with live workers' stats; and, with runtimes,
+        every job's key of these queues and of those with unfinished jobs (one SCAN)."""
+        stats, incomplete = key_regex(STATS_KEYS), key_regex(INCOMPLETE_KEYS)
+        found, jobs = set(self.config.queues), set(self.config.queues)
+        job_names: list[str] = []
+        glob = "saq:*" if self.config.runtimes else "saq:*:stats"
+        for raw in client.scan_iter(match=glob, count=SCAN_COUNT):
+            key = raw.decode("utf-8", "replace")
+            if key.startswith(JOB_PREFIX):
+                job_names.append(key)
+            if match := stats.match(key):
                 found.add(match.group("value"))
-        return sorted(found)
+            elif match := incomplete.match(key):
+                jobs.add(match.group("value"))
+        return sorted(found), _job_keys(set(job_names), found | jobs)
 
     def _workers(self, client: redis.Redis, queue: str, signals: Signals) -> dict[Hashable, float]:
         """Each live worker's counts, by (queue, worker key, stat)."""
@@ -146,3 +163,18 @@ def _stats(raw: bytes | str | Exception | None) -> dict[str, float]:
     if not isinstance(stats, dict):
         raise numbers.InvalidValue("bad_value", "stats is not an object")
     return {stat: numbers.total(stats[stat]) for stat in COUNTERS if stat in stats}
+
+
+def _job_keys(names: set[str], queues: set[str]) -> list[JobKey]:
+    """Each job key (`saq:job:<queue>:<key>`) of a known queue: a queue's name and a job's
+    key may both hold colons (SAQ's cron keys are `cron:<function>`), so the longest known
+    queue the key starts with is the job's."""
+    keys = []
+    for name in sorted(names):
+        rest = name[len(JOB_PREFIX) :]
+        cut = rest.rfind(":")
+        while cut > 0 and rest[:cut] not in queues:
+            cut = rest.rfind(":", 0, cut)
+        if cut > 0:
+            keys.append(JobKey(rest[:cut], name))
+    return keys

@@ -1,0 +1,188 @@
+"""SAQ's finished jobs as execution and wait times, each job observed once.
+
+SAQ (0.26, saq/queue/redis.py and base.py) keeps each job as a JSON string at
+`saq:job:<queue>:<key>`: `queued` is set when it is enqueued (ms, not reset by a retry),
+`started` when a worker takes it (ms, reset to 0 by a retry, so only the last attempt's start
+is kept), `completed` when it finishes (ms), `attempts` counts the attempts, `scheduled` is
+when it is due (epoch seconds, 0: at once). It stays in the `saq:<queue>:incomplete` zset
+until it finishes; the finish (`_finish`, one MULTI) removes it from there and writes the
+record again with SETEX for the job's `ttl` (600 s by default), SET for ttl 0 (kept for ever)
+or deletes it (ttl -1: no record to read). There is no set of finished jobs.
+
+So every read lists the job keys (the reader's one SCAN), asks the remaining life (PTTL) of
+each, and asks `incomplete` (ZSCORE) about those with none: a finished record is one with a
+ttl, or one without that is no longer incomplete. Only the finished records not seen before
+(a key not remembered, or one whose expiry moved: written again) are read (GET), at most
+MAX_READS per read, the rest at the next. A record is observed once per `completed`: one
+remembered with the same or an earlier `completed` is not observed again, so a job updated
+after it finished, or read again, counts once. The reader's first read is its baseline: what
+finished before is remembered (its expiry) without being read, with the baseline's time as
+its `completed`. A remembered key that is gone, or seen incomplete again (a key enqueued
+again), is forgotten.
+
+What is observed, per queue and function (job_type): `queue_job_execution_seconds`
+(completed - started, the last attempt's) for every finished job that started, and
+`queue_job_wait_seconds` (started - max(queued, scheduled)) for a job that finished at its
+first attempt: a retried job's last start follows earlier attempts and backoffs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from exporter import numbers
+from exporter.sources.native.framework import Signals
+
+JOB_PREFIX = "saq:job:"
+# Finished records read (GET) per read; the rest at the next read.
+MAX_READS = 10_000
+# A job's JSON: its kwargs and result, usually small; larger is refused, not parsed.
+MAX_JOB_BYTES = 1 << 20
+# An expiry (read time + PTTL) that moved by more than this was written again.
+SAME_EXPIRY_MS = 1_000
+FINISHED = ("complete", "failed", "aborted")
+
+
+@dataclass(slots=True)
+class _Seen:
+    expiry_ms: float | None  # when its record expires; None: kept for ever
+    completed_ms: float  # its completion time (or the baseline's time) as last read
+
+
+@dataclass(frozen=True, slots=True)
+class JobKey:
+    queue: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """A finished job's record as read: its JSON, or the error reply reading it gave."""
+
+    job: JobKey
+    expiry_ms: float | None
+    raw: Any
+
+
+class FinishedJobs:
+    """The finished job records of one reader, remembered between its reads."""
+
+    def __init__(self, system: str) -> None:
+        self.system = system
+        self._seen: dict[str, _Seen] = {}
+        self._baseline_taken = False
+
+    def read(self, client: redis.Redis, keys: list[JobKey], now_ms: float) -> list[JobRecord]:
+        """The records finished since the last read (none on the first read: the baseline).
+        Backend errors raise."""
+        present = {job.key for job in keys}
+        self._seen = {key: seen for key, seen in self._seen.items() if key in present}
+        expiries = self._expiries(client, keys, now_ms)
+        wanted = [job for job in keys if job.key in expiries and self._changed(job, expiries)]
+        if not self._baseline_taken:
+            for job in wanted:
+                self._seen[job.key] = _Seen(expiries[job.key], now_ms)
+            self._baseline_taken = True
+            return []
+        wanted = wanted[:MAX_READS]
+        pipe = client.pipeline(transaction=False)
+        for job in wanted:
+            pipe.get(job.key)  # not MGET: a record of another type must say so (WRONGTYPE)
+        replies = pipe.execute(raise_on_error=False) if wanted else []
+        return [
+            JobRecord(job, expiries[job.key], raw) for job, raw in zip(wanted, replies, strict=True)
+        ]
+
+    def _expiries(
+        self, client: redis.Redis, keys: list[JobKey], now_ms: float
+    ) -> dict[str, float | None]:
+        """Each finished record's expiry (None: kept for ever); a key incomplete again (a
+        key enqueued again) is forgotten, to be read once it finished."""
+        pipe = client.pipeline(transaction=False)
+        for job in keys:
+            pipe.pttl(job.key)
+        lives = pipe.execute(raise_on_error=False) if keys else []
+        endless = [job for job, life in zip(keys, lives, strict=True) if life == -1]
+        pipe = client.pipeline(transaction=False)
+        for job in endless:
+            pipe.zscore(f"saq:{job.queue}:incomplete", job.key)
+        scores = pipe.execute(raise_on_error=False) if endless else []
+        expiries: dict[str, float | None] = {}
+        for job, life in zip(keys, lives, strict=True):
+            if isinstance(life, int) and life >= 0:
+                expiries[job.key] = now_ms + life
+        for job, score in zip(endless, scores, strict=True):
+            if score is None:
+                expiries[job.key] = None
+            else:
+                self._seen.pop(job.key, None)
+        return expiries
+
+    def _changed(self, job: JobKey, expiries: dict[str, float | None]) -> bool:
+        """A finished record not seen as it is now: new, or written again since."""
+        seen, expiry = self._seen.get(job.key), expiries[job.key]
+        if seen is None:
+            return True
+        if seen.expiry_ms is None or expiry is None:
+            return seen.expiry_ms is not expiry
+        return abs(seen.expiry_ms - expiry) > SAME_EXPIRY_MS
+
+    def observe(self, signals: Signals, record: JobRecord) -> None:
+        """One finished record's times into the histograms, once per `completed`. A record
+        that cannot be read raises (the caller's signals.record counts it), and is not read
+        again until it is written again."""
+        key, queue = record.job.key, record.job.queue
+        seen = self._seen.get(key)
+        before = seen.completed_ms if seen else -math.inf
+        self._seen[key] = _Seen(record.expiry_ms, before)
+        job = _job(record.raw)
+        if job is None:  # gone, or not finished yet (aborting): read again
+            self._seen.pop(key)
+            return
+        latest = signals.latest * 1000
+        completed = numbers.epoch(job["completed"], latest)
+        if completed <= before:
+            return  # the same finish, written again (or one before the baseline)
+        self._seen[key].completed_ms = completed
+        function = job.get("function", "")
+        if not isinstance(function, str) or job.get("queue", queue) != queue:
+            raise numbers.InvalidValue("bad_value", "function or queue is no name of this job")
+        for metric, value in _times(job, completed, latest):
+            signals.tally.observe(metric, (self.system, queue, function, ""), value)
+
+
+def _job(raw: Any) -> dict[str, Any] | None:
+    """A finished job's record; None once it expired or while it is not finished (aborting)."""
+    if isinstance(raw, Exception):
+        raise raw
+    if raw is None:
+        return None
+    if len(raw) > MAX_JOB_BYTES:
+        raise numbers.InvalidValue("oversized_field", f"a job of {len(raw)} bytes")
+    job = json.loads(raw)
+    if not isinstance(job, dict):
+        raise numbers.InvalidValue("bad_value", "a job that is not an object")
+    if job.get("status") not in FINISHED or not job.get("completed"):
+        return None
+    return job
+
+
+def _times(job: dict[str, Any], completed: float, latest: float) -> Iterable[tuple[str, float]]:
+    """(histogram, seconds) of one finished job; every value checked before any is yielded,
+    so a refused one costs the whole job."""
+    if not job.get("started"):
+        return []  # aborted before it ran
+    started = numbers.epoch(job["started"], latest)
+    times = [("queue_job_execution_seconds", numbers.seconds((completed - started) / 1000))]
+    if numbers.count(job.get("attempts", 0)) == 1:
+        queued = numbers.epoch(job.get("queued", 0), latest)
+        due = numbers.due(job.get("scheduled", 0)) * 1000
+        wait = (started - max(queued, due)) / 1000
+        times.append(("queue_job_wait_seconds", numbers.seconds(max(wait, 0.0))))
+    return times
