@@ -55,29 +55,68 @@ def _python_driver(python: Path, module: str, url: str, *args: str) -> None:
     assert done.returncode == 0, f"{module}: {done.stderr[-2000:]}"
 
 
-def _seed(url: str, port: int) -> None:
+def _arq_python() -> Path:
     if not ARQ_PYTHON.exists():
         message = f"no arq at {ARQ_PYTHON} (scripts/setup.sh installs it)"
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
+    return ARQ_PYTHON
+
+
+def seed_arq(url: str, port: int, db: int) -> None:
     arq_plan = [{"queue": "arq:queue", "function": "succeed", "defer_until": -30}]
-    _python_driver(ARQ_PYTHON, "tests.arq_app.driver", url, url, "enqueue", json.dumps(arq_plan))
+    _python_driver(_arq_python(), "tests.arq_app.driver", url, url, "enqueue", json.dumps(arq_plan))
+
+
+def seed_dramatiq(url: str, port: int, db: int) -> None:
     dramatiq_plan = [{"actor": "succeed", "age": 30}, {"actor": "succeed", "delay": 60_000}]
     _python_driver(
         Path(sys.executable), "tests.dramatiq_app.driver", url, "enqueue", json.dumps(dramatiq_plan)
     )
+
+
+def seed_huey(url: str, port: int, db: int) -> None:
     huey_plan = [{"task": "succeed"}]
     _python_driver(
         Path(sys.executable), "tests.huey_app.driver", url, "enqueue", json.dumps(huey_plan)
     )
+
+
+def seed_saq(url: str, port: int, db: int) -> None:
     saq_driver(url, "enqueue", json.dumps([{"queue": "default", "function": "succeed"}]))
-    steps = (
-        {"op": "add", "queue": "mail"},
-        {"op": "add", "queue": "mail", "opts": {"delay": 60_000}},
-    )
-    Bull(4, db=0, port=port).steps(*steps)
-    BeeQueue(2, db=0, port=port).steps(*steps)
+
+
+_NODE_STEPS = (
+    {"op": "add", "queue": "mail"},
+    {"op": "add", "queue": "mail", "opts": {"delay": 60_000}},
+)
+
+
+def seed_bull(url: str, port: int, db: int) -> None:
+    Bull(4, db=db, port=port).steps(*_NODE_STEPS)
+
+
+def seed_bee_queue(url: str, port: int, db: int) -> None:
+    BeeQueue(2, db=db, port=port).steps(*_NODE_STEPS)
+
+
+# Each system's queue PENDING names, written through the library itself into the database at
+# `url` (number `db` of the server on `port`): a pending job, and a delayed one where it has any.
+SEEDS = {
+    "arq": seed_arq,
+    "dramatiq": seed_dramatiq,
+    "huey": seed_huey,
+    "saq": seed_saq,
+    "bull": seed_bull,
+    "bee_queue": seed_bee_queue,
+}
+
+
+def _seed(url: str, port: int) -> None:
+    _arq_python()  # skipped before any system is written
+    for seed in SEEDS.values():
+        seed(url, port, 0)
 
 
 def test_new_redis_presets_run_with_exactly_the_acl_they_print(acl_redis, run_exporter):
