@@ -1,5 +1,6 @@
 """The dashboards and recording rules against a real Prometheus, fed by real SAQ and Dramatiq
-workers through the saq and dramatiq presets alone (key groups and SAQ's native reader):
+workers through the saq and dramatiq presets alone (key groups and SAQ's native reader, its
+runtimes from SAQ's finished jobs included):
 every query by system returns series of both systems, except where NOT_FED says why a library
 cannot feed it; and the totals Prometheus holds for SAQ equal what SAQ's workers counted."""
 
@@ -39,7 +40,11 @@ NOT_FED: NotFed = {
     "requeued": (BOTH, "no count of requeues"),
     "max_retries_exceeded": (BOTH, "a final failure is counted as failed"),
     "jobs_scheduled": (BOTH, "no count of scheduled jobs"),
-    "_seconds": (BOTH, "no runtime or wait per job outside the jobs"),
+    "execution_seconds": (DRAMATIQ, "Dramatiq keeps no runtime per job in Redis"),
+    "wait_seconds": (DRAMATIQ, "Dramatiq keeps no start time per job in Redis"),
+    "total_seconds": (BOTH, "SAQ's retries reset the start; Dramatiq keeps no end time"),
+    "delay_seconds": (BOTH, "no retry or schedule delay per job is kept once it ran"),
+    "stats_age_seconds": (BOTH, "Attune's statistics table"),
     "job_attempts": (BOTH, "no attempts per finished job"),
     "worker": (BOTH, "no busy/idle per worker (Dramatiq's heartbeats count producers too)"),
     "backend_operation": (BOTH, "backend_op events only"),
