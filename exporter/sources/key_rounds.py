@@ -19,8 +19,8 @@ cycle against the floor's was 1.28x and 1.52x after, 1.46x and 1.50x before (10,
 1.20x-1.21x after, 1.16x-1.26x before), and a 3-primary cluster's cycle took 1.02x-1.20x the
 CPU of one server's after, 1.00x-1.09x before: the machinery bought no measured speed.
 
-What the replies mean is the cycle's (key_commands.Cycle): this module only
-batches, sends, reads and sorts replies out, and hands them back.
+What the replies mean is the cycle's (key_commands.Cycle): this module only batches, sends,
+reads and sorts replies out, and hands them back.
 """
 
 from __future__ import annotations
@@ -166,10 +166,6 @@ class Transport:
         self.lost: dict[str, redis.RedisError] = {}  # the cluster nodes that failed this cycle
         self.into: NodeWork | None = None  # the node whose SCAN page's keys are being added
 
-    def shards(self) -> list[tuple[str, redis.Redis]]:
-        """The nodes to SCAN: one per shard on a cluster."""
-        return [("", self.client)] if self.nodes is None else self.nodes.shards()
-
     # -- queueing ------------------------------------------------------------------------------
 
     def add(self, commands: Iterable[Command]) -> None:
@@ -226,8 +222,9 @@ class Transport:
         """SCAN MATCH `glob` on every shard at once: each page of keys as it comes (the
         commands then added are its node's, and go with its next SCAN). A node that fails
         while it is scanned gives its error in place of a page, once."""
-        nodes = [(name, self._node(name, client)) for name, client in self.shards()]
-        for name, node in nodes:
+        shards = [("", self.client)] if self.nodes is None else self.nodes.shards()
+        for name, client in shards:
+            node = self._node(name, client)
             if node is None:  # failed earlier this cycle: not asked again
                 yield name, self.lost[name]
             else:

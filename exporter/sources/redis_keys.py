@@ -235,13 +235,9 @@ class RedisKeySampler:
         on a cluster a node's, every shard scanned at once): a page's keys are matched and
         queued in one loop, not a generator step each, and read with its node's next SCAN. A
         cluster node that does not answer loses the groups their keys: withdrawn this cycle,
-        unless no node answered."""
-        shards, failed = len(rounds.shards()), 0
+        unless no node answered (then the rounds raise)."""
         for name, page in rounds.scan(glob, self.config.scan_count):
             if isinstance(page, redis.RedisError):
-                failed += 1
-                if failed == shards and not cycle.node_answered:
-                    raise page
                 detail = f"node {name}: {redis_error_reason(page)}"
                 for tally in tallies:
                     cycle.lose_group(tally, glob.encode(), detail)
