@@ -41,7 +41,6 @@ from exporter.sources.key_commands import (
 )
 from exporter.sources.key_groups import (
     SetMembers,
-    fill,
     key_regex,
     literal_prefix,
     placeholders,
@@ -56,7 +55,7 @@ from exporter.sources.key_types import (
     labels_for,
     text,
 )
-from exporter.sources.key_values import member_values, select
+from exporter.sources.key_values import BuiltKeys, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -122,6 +121,8 @@ class RedisKeySampler:
         # the key gave them: the same keys come back every cycle, and matching each against
         # the patterns' regexes again cost more than reading it.
         self._known: dict[tuple[int, ...], dict[bytes, Route]] = {}
+        # The keys each enumerated group built last cycle, and what they gave (alike)
+        self._built = {id(group): BuiltKeys(group) for group in config.key_groups}
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -313,14 +314,7 @@ class RedisKeySampler:
             if name in choices:  # else split_by's label: selected item by item (key_commands)
                 choices[name], left_out = select(choices[name], selection)
                 tally.left_out(name, left_out)
-        names = list(choices)
-        combinations = itertools.product(*choices.values())
-        while page := list(itertools.islice(combinations, self.config.scan_count)):
-            captured = [dict(zip(names, values, strict=True)) for values in page]
-            yield [
-                (fill(group.pattern, found).encode(), KeyMatch(found, labels_for(group, found)))
-                for found in captured
-            ]
+        yield from self._built[id(group)].pages(choices, self.config.scan_count)
 
     def _values_from_set(
         self, client: redis.Redis, cycle: Cycle, members: SetMembers, tally: GroupTally
