@@ -153,6 +153,18 @@ def _matches(served: dict[Any, Any], wanted: dict[tuple[str, str], list[float]])
     )
 
 
+def _read_since(app: Any, moment: float) -> None:
+    """Wait for a read of the app's SAQ reader that succeeded after `moment`."""
+
+    def read() -> bool:
+        series = scrape_series(app)
+        last = value(series, "queue_exporter_source_last_success_timestamp_seconds",
+                     source="native:saq")  # fmt: skip
+        return last is not None and last > moment
+
+    wait_for(read, timeout=30)
+
+
 def _leader(*apps: Any) -> Any:
     leaders = [app for app in apps if app.leadership.is_leader()]
     return leaders[0] if len(leaders) == 1 else None
@@ -165,7 +177,7 @@ def test_runtimes_are_saqs_own_job_times_once_across_replicas_and_a_handover(
     retry, are kept for ever (ttl 0) or not at all (ttl -1). The leader serves each finished
     job's execution and wait time as SAQ's Job.duration gives them, once; the follower none.
     The leader stops: the other takes over with a baseline, and counts only what finishes
-    after, once."""
+    after, once, a key enqueued again once more."""
     raw = {
         "presets": [{"name": "saq", "params": {"queues": ["work"]}}],
         "leader_election": LEASE,
@@ -173,8 +185,7 @@ def test_runtimes_are_saqs_own_job_times_once_across_replicas_and_a_handover(
     apps = [run_exporter(raw, redis_url=redis_url) for _ in range(2)]
     leader = wait_for(lambda: _leader(*apps), timeout=30)
     follower = next(app for app in apps if app is not leader)
-    wait_for(lambda: value(scrape_series(leader), "queue_exporter_source_up", source="native:saq"))
-    time.sleep(1.5)  # the leader's reader has read (its baseline) before the first job
+    _read_since(leader, time.time())  # its baseline, before the first job
     process, _ = start_worker(redis_url, "work")
     try:
         plan = [
@@ -202,13 +213,19 @@ def test_runtimes_are_saqs_own_job_times_once_across_replicas_and_a_handover(
         # the leader stops: the follower leads, its first read a baseline of all that finished
         leader.shutdown()
         wait_for(lambda: follower.leadership.is_leader(), timeout=30)
-        wait_for(lambda: value(scrape_series(follower), "queue_exporter_source_up",
-                               source="native:saq"))  # fmt: skip
-        time.sleep(1.5)
+        _read_since(follower, time.time())  # its baseline as leader, before the next jobs
         after = [{"queue": "work", "function": "sleep_for", "kwargs": {"seconds": 0.1},
                   "key": f"after-{n}"} for n in range(2)]  # fmt: skip
         driver(redis_url, "enqueue", json.dumps(after))
-        wanted_after = _runtimes_of(_finished_jobs(redis_url, ["after-0", "after-1"]))
+        first_runs = _finished_jobs(redis_url, ["after-0", "after-1"])
+        wanted_after = _runtimes_of(first_runs)
+        wait_for(lambda: _matches(_served_runtimes(follower, wanted_after), wanted_after))
+        # a key enqueued again once it finished (as SAQ's unique cron jobs are) runs again
+        driver(redis_url, "enqueue", json.dumps(after[:1]))
+        again = _finished_jobs(redis_url, ["after-0"])
+        assert again["after-0"]["completed"] > first_runs["after-0"]["completed"]
+        for key, times in _runtimes_of(again).items():
+            wanted_after[key] = wanted_after.get(key, []) + times
         wait_for(lambda: _matches(_served_runtimes(follower, wanted_after), wanted_after))
         for _ in range(4):
             time.sleep(0.5)
