@@ -77,8 +77,7 @@ class SentRound:
             next(reads) if args[0] is ITEM_READ else next(direct) for args, _, _ in self.commands
         ]
         asked = [(args[2], on_reply, tally) for args, on_reply, tally in self.asked]
-        follow_ups = list(cycle.handle(self.commands, ordered))
-        follow_ups += cycle.handle(asked, asked_replies)
+        follow_ups = list(cycle.handle(self.commands + asked, ordered + asked_replies))
         return scanned, follow_ups + cycle.handle_plain(self.plain, list(direct), list(reads))
 
 
