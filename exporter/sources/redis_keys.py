@@ -142,7 +142,7 @@ class RedisKeySampler:
         # about a round of commands at a time, however large the keyspace.
         rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
         try:
-            self._sample_groups(client, cycle, rounds)
+            self._sample_groups(cycle, rounds)
         finally:  # a cycle that failed leaves no reply unread on a connection
             rounds.abandon()
         self._large_heads = cycle.large_heads_now
@@ -153,7 +153,7 @@ class RedisKeySampler:
             return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
         return cycle.samples
 
-    def _sample_groups(self, client: redis.Redis, cycle: Cycle, rounds: Transport) -> None:
+    def _sample_groups(self, cycle: Cycle, rounds: Transport) -> None:
         """Find and read every key group's keys."""
         tallies = cycle.tallies
         plains = {id(t): PlainGroup(t, cycle) for t in tallies if PlainGroup.suits(t.group)}
@@ -173,7 +173,7 @@ class RedisKeySampler:
                 tally.matched(page)
                 read(tally, page)
         for tally in (tally for tally in tallies if tally.group.enumerated):
-            for page in self._enumerated_pages(client, cycle, tally):
+            for page in self._enumerated_pages(cycle, tally, rounds):
                 tally.built(page)  # which exist, their depth reads tell
                 read(tally, page)
         rounds.flush()
@@ -291,21 +291,21 @@ class RedisKeySampler:
         return tuple(route)
 
     def _enumerated_pages(
-        self, client: redis.Redis, cycle: Cycle, tally: GroupTally
+        self, cycle: Cycle, tally: GroupTally, rounds: Transport
     ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
         """The keys built from the group's values and what each gives, a page at a time: a
         queue that is empty (its key gone) still reads 0."""
         group = tally.group
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
-            from_set = self._values_from_set(client, cycle, members, tally)
+            from_set = self._values_from_set(cycle, members, tally, rounds)
             if from_set is None:
                 return
             choices[name] = sorted(from_set.union(choices.get(name, [])))
         for name, keys in group.values_from_keys.items():
             found = set(choices.get(name, []))
             for pattern in [keys] if isinstance(keys, str) else keys:
-                found.update(self._scanned(client, cycle, pattern, tally, "value"))
+                found.update(self._scanned(cycle, pattern, tally, rounds, "value"))
             choices[name] = sorted(found)
         for name, regex in group.values_exclude.items():
             excluded = re.compile(regex)
@@ -317,15 +317,15 @@ class RedisKeySampler:
         yield from self._built[id(group)].pages(choices, self.config.scan_count)
 
     def _values_from_set(
-        self, client: redis.Redis, cycle: Cycle, members: SetMembers, tally: GroupTally
+        self, cycle: Cycle, members: SetMembers, tally: GroupTally, rounds: Transport
     ) -> set[str] | None:
         """The values a set's members name; with a key pattern, every matching set's (kombu's
         bindings: one set per exchange). None: the one set is not a set, the group is lost."""
         pattern = bool(placeholders(members.key))
-        keys = self._scanned(client, cycle, members.key, tally, 0) if pattern else [members.key]
+        keys = self._scanned(cycle, members.key, tally, rounds, 0) if pattern else [members.key]
         stored: list[Any] = []
         for key in keys:
-            node = client if self._nodes is None else self._nodes.node_of(key.encode())[1]
+            node = rounds.client if self._nodes is None else self._nodes.node_of(key.encode())[1]
             try:
                 if members.type == "zset":
                     stored += node.zrange(key, 0, -1)
@@ -338,22 +338,18 @@ class RedisKeySampler:
         return member_values(stored, members.member)
 
     def _scanned(
-        self, client: redis.Redis, cycle: Cycle, pattern: str, tally: GroupTally, part: str | int
+        self, cycle: Cycle, pattern: str, tally: GroupTally, rounds: Transport, part: str | int
     ) -> list[str]:
         """What a SCAN of `pattern` (its placeholders wildcards) finds: each key that matches
         it (part 0), or the {value} each names (part "value"). One SCAN a cycle per pattern,
-        shared by the groups that name it (Celery's two groups, one SCAN of kombu's bindings),
-        in rounds of its own."""
+        shared by the groups that name it (Celery's two groups, one SCAN of kombu's bindings)."""
 
         def find() -> list[str]:
+            rounds.flush()  # what is queued is read first: a node lost from here is the SCAN's
             regex = key_regex(pattern)
-            rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
-            try:
-                pages = self._scan(cycle, scan_glob(pattern), [tally], rounds)
-                matches = (regex.match(text(key)) for page in pages for key in page)
-                return sorted({match.group(part) for match in matches if match})
-            finally:
-                rounds.abandon()
+            pages = self._scan(cycle, scan_glob(pattern), [tally], rounds)
+            matches = (regex.match(text(key)) for page in pages for key in page)
+            return sorted({match.group(part) for match in matches if match})
 
         found, partial = cycle.once(f"{part}\n{pattern}", find)
         if partial:  # a node's keys are missing: so are the queues they name
