@@ -32,9 +32,9 @@ from tests.test_helm_chart import documents, exporter_pods, kind, one, render
 from tests.tools import require
 
 ROOT = Path(__file__).resolve().parent.parent
-# Fails the test past it: the image measured 161 MB on the debootstrap stand-in for
-# python:3.11-slim-bookworm (docs/deploy.md, "Size").
-SIZE_BOUND_MB = 165
+# Fails the test past it: issue 29's target. The image measured 143.7 MB on the debootstrap
+# stand-in for python:3.11-slim-bookworm (docs/deploy.md, "Size"): 6.3 MB of margin.
+SIZE_BOUND_MB = 150
 BUILD_INPUTS = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "exporter")
 # This machine refuses podman's default ulimits; the same on every run, nothing of the chart's.
 HOST_LIMITS = ("--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1000:1000")
@@ -429,6 +429,166 @@ def test_contents(idle):
     }
     assert writable <= STICKY_SCRATCH, writable - STICKY_SCRATCH
     assert all(paths[path].mode & stat.S_ISVTX for path in writable)
+
+
+# -- what the Dockerfile cut from the base, and that nothing needed it -------------------------
+
+# Every ELF file of the image (by its magic, wherever it is) and the libraries the dynamic
+# loader finds for it: `ldd` says "not found" for one that a cut removed.
+UNRESOLVED = """
+import os, subprocess
+for root in ("/usr", "/opt"):
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = os.path.join(folder, name)
+            if os.path.islink(path):
+                continue
+            with open(path, "rb") as file:
+                if file.read(4) != b"\\x7fELF":
+                    continue
+            done = subprocess.run(["ldd", path], capture_output=True, text=True)
+            print("checked", path)
+            for line in done.stdout.splitlines():
+                if "not found" in line:
+                    print("unresolved", path, line.strip())
+"""
+
+
+def test_every_library_the_image_links_is_there(idle):
+    """gconv is loaded by iconv_open, never linked; libmvec and libsqlite3 are libraries: no
+    program or extension module left in the image links them."""
+    done = run_in(idle, "python", "-c", UNRESOLVED)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    checked = [line.split()[1] for line in lines if line.startswith("checked ")]
+    assert len(checked) > 100, checked
+    assert any(path.endswith("/bin/python3.11") for path in checked)
+    assert any("psycopg_binary" in path for path in checked)
+    assert [line for line in lines if line.startswith("unresolved ")] == []
+
+
+# The standard library's modules the Dockerfile removes, and which modules left in the image
+# import them (an import statement anywhere in a module: top level, function or try block).
+CUT_MODULES = (
+    "sqlite3", "_sqlite3", "distutils", "_distutils_system_mod", "lib2to3", "pydoc_data",
+    "turtle", "tkinter", "_tkinter", "idlelib", "turtledemo", "_testcapi", "_testinternalcapi",
+    "_testbuffer", "_testclinic", "_testimportmultiple", "_testmultiphase", "_ctypes_test",
+    "xxlimited", "xxlimited_35", "_xxtestfuzz",
+)  # fmt: skip
+IMPORTERS = """
+import importlib.util, os, re, sys, sysconfig
+cut = sys.argv[1:]
+for name in cut:
+    if importlib.util.find_spec(name) is not None:
+        print("present", name)
+statement = re.compile(r"^\\s*(?:from|import)\\s+(" + "|".join(cut) + r")\\b", re.M)
+roots = (sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"))
+for root in roots:
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                with open(path, encoding="utf-8", errors="replace") as file:
+                    for module in statement.findall(file.read()):
+                        print("imported", os.path.relpath(path, root), module)
+"""
+
+
+def test_cut_modules_are_imported_by_nothing(idle):
+    done = run_in(idle, "python", "-c", IMPORTERS, *CUT_MODULES)
+    assert done.returncode == 0, done.stderr
+    # pydoc's help() imports its topics in try blocks and says they are not available
+    assert set(done.stdout.splitlines()) == {"imported pydoc.py pydoc_data"}
+
+
+# Extension modules of the venv that still have a symbol table (.symtab: what strip removes),
+# then one call into each that the Dockerfile stripped.
+STRIPPED = """
+import os, struct, sysconfig
+def sections(path):
+    with open(path, "rb") as file:
+        data = file.read()
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    def header(index):
+        return struct.unpack_from("<IIQQQQ", data, shoff + index * shentsize)
+    names_at = header(shstrndx)[4]
+    return {data[names_at + header(i)[0]:].split(b"\\0", 1)[0].decode() for i in range(shnum)}
+venv = sysconfig.get_path("purelib")
+for folder, _, names in os.walk(venv):
+    for name in names:
+        if name.endswith(".so"):
+            path = os.path.join(folder, name)
+            print("extension", os.path.relpath(path, venv), ".symtab" in sections(path))
+import yaml, hiredis, bcrypt, charset_normalizer.md, tornado.speedups
+from google.protobuf.internal import api_implementation
+from google.protobuf import timestamp_pb2
+assert yaml.load("a: [1, 2]", Loader=yaml.CSafeLoader) == {"a": [1, 2]}
+reader = hiredis.Reader()
+reader.feed(b"*2\\r\\n:1\\r\\n$2\\r\\nok\\r\\n")
+assert reader.gets() == [1, b"ok"]
+assert bcrypt.checkpw(b"secret", bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=4)))
+assert charset_normalizer.from_bytes("déjà vu, encore".encode("cp1252")).best() is not None
+assert tornado.speedups.websocket_mask(b"abcd", b"abcd") == b"\\0\\0\\0\\0"
+assert api_implementation.Type() == "upb"
+stamp = timestamp_pb2.Timestamp(seconds=7)
+assert timestamp_pb2.Timestamp.FromString(stamp.SerializeToString()).seconds == 7
+print("called")
+"""
+
+
+def test_extension_modules_are_stripped_and_work(idle):
+    done = run_in(idle, "python", "-c", STRIPPED)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    extensions = {line.split()[1]: line.split()[2] for line in lines[:-1]}
+    assert "yaml/_yaml.cpython-311-x86_64-linux-gnu.so" in extensions, extensions
+    assert [path for path, symbols in extensions.items() if symbols == "True"] == []
+    assert lines[-1] == "called"
+
+
+def test_dpkg_still_lists_every_package(idle):
+    """What the Dockerfile cuts are files of packages, not packages: dpkg's database (what
+    apt-based scanners read) lists them all, with the files they installed."""
+    done = run_in(idle, "dpkg-query", "--show", "--showformat=${Package} ${Status}\\n")
+    assert done.returncode == 0, done.stderr
+    status = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    for package in ("libc6", "libsqlite3-0", "perl-base", "apt"):
+        assert status.get(package) == "install ok installed", package
+    listed = run_in(idle, "dpkg-query", "--listfiles", "libc6")
+    assert "/usr/lib/x86_64-linux-gnu/gconv/ISO8859-1.so" in listed.stdout.split()
+
+
+# In the image, with glibc's gconv modules cut: which conversions iconv still has (those glibc
+# has built in), then psycopg with client encodings that iconv would need gconv for, text
+# both ways (a parameter the server echoes, with a literal of its own).
+ENCODINGS = """
+import ctypes, sys, psycopg
+libc = ctypes.CDLL(None, use_errno=True)
+libc.iconv_open.restype = ctypes.c_void_p
+for charset in ("ASCII", "WCHAR_T", "LATIN1", "SHIFT_JIS"):
+    print("iconv", charset, libc.iconv_open(b"UTF-8", charset.encode()) not in (None, 2**64 - 1))
+for encoding, text in (("LATIN1", "café"), ("SJIS", "日本語"), ("EUC_JP", "東京")):
+    with psycopg.connect(sys.argv[1], client_encoding=encoding) as connection:
+        (echoed,) = connection.execute("SELECT %s::text || convert_from(%s, 'UTF8')", (text, text.encode())).fetchone()
+        print("postgres", encoding, connection.info.encoding, echoed == text + text)
+"""
+
+
+def test_postgres_client_encodings_without_gconv(image, postgres_dsn):
+    done = podman(
+        "run", "--rm", *HOST_LIMITS, "--user", "65532:65532", "--read-only", "--network", "host",
+        "--cap-drop=all", "--entrypoint", "python", image.id, "-c", ENCODINGS, postgres_dsn,
+    )  # fmt: skip
+    assert done.splitlines() == [
+        "iconv ASCII True",  # built into glibc: what the C.UTF-8 locale converts
+        "iconv WCHAR_T True",
+        "iconv LATIN1 False",  # the gconv modules are gone
+        "iconv SHIFT_JIS False",
+        "postgres LATIN1 iso8859-1 True",
+        "postgres SJIS shift_jis True",
+        "postgres EUC_JP euc_jp True",
+    ]
 
 
 def test_size_is_bounded(image):
