@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -25,7 +24,7 @@ HOLDER = textwrap.dedent(f"""
     import time, redis
     from tests import claims
     from tests.private_redis import free_port
-    claims.CLAIM_TTL_MS = 2000
+    claims.CLAIM_TTL_MS = 5000
     with claims.redis_database({REDIS_HOST!r}, {REDIS_PORT}) as db:
         redis.Redis(host={REDIS_HOST!r}, port={REDIS_PORT}, db=db).set("left:behind", 1)
         print(db, free_port(), flush=True)
@@ -42,19 +41,29 @@ def test_a_killed_tests_database_and_port_are_taken_over() -> None:
     db, port = (int(word) for word in holder.stdout.readline().split())
     client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
     try:
-        time.sleep(2.5)  # past the first 2 s claim: only its refresh keeps it now
+        # Refreshed while its test lives: the claim's deadline moves on (the refresh is the
+        # marker; a sleep past the first deadline is what a loaded host may not refresh in).
+        first = _claim_deadline(client)
+        wait_for(lambda: _claim_deadline(client) > first, timeout=60)
         assert not claims.try_claim(client, "someone else")  # held while its test lives
         assert not claims.claim_port(port)
         holder.kill()
         holder.wait()
-        # Its claim runs out within its 2 s; the next claimer gets the database, flushed.
-        wait_for(lambda: claims.try_claim(client, "someone else"), timeout=10)
+        # Its claim runs out within its 5 s; the next claimer gets the database, flushed.
+        wait_for(lambda: claims.try_claim(client, "someone else"), timeout=60)
         assert client.keys("*") == [claims.CLAIM_KEY.encode()]
         assert claims.claim_port(port)  # its process is gone
     finally:
         holder.kill()
         client.delete(claims.CLAIM_KEY)
         client.close()
+
+
+def _claim_deadline(client: redis.Redis) -> int:
+    """The server time (ms) a database's claim runs to ("<holder>|<deadline>")."""
+    held = client.get(claims.CLAIM_KEY)
+    assert isinstance(held, bytes)
+    return int(held.rsplit(b"|", 1)[1])
 
 
 def test_a_database_holding_keys_nobody_claimed_is_left_alone() -> None:

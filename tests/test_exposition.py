@@ -28,6 +28,7 @@ from exporter.store import OVERFLOW, Family, NumberFamily
 from exporter.telemetry import SharedRender, Telemetry
 from exporter.telemetry_config import LimitsConfig
 from tests.conftest import scrape, scrape_when, wait_for
+from tests.threads import waits_at
 from tests.tools import run
 
 DEPTH = BY_NAME["queue_depth"]
@@ -265,7 +266,8 @@ def test_concurrent_scrapes_share_the_render_in_progress():
     waiting = [threading.Thread(target=lambda: bodies.append(shared())) for _ in range(3)]
     for thread in waiting:
         thread.start()
-    time.sleep(0.3)  # lets them reach the lock; a late one would render again, and fail below
+    # Each has arrived (a late one would render again, and fail below): it waits for the lock.
+    wait_for(lambda: all(waits_at(t, SharedRender.__call__, "with self._lock:") for t in waiting))
     release.set()
     for thread in (first, *waiting):
         thread.join(timeout=30)
