@@ -297,7 +297,7 @@ def literal(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=1024)
-def _parts(pattern: str) -> tuple[str, ...]:
+def pattern_parts(pattern: str) -> tuple[str, ...]:
     """Literal text and placeholder names, alternating (literal first, literal last), with
     each doubled brace made one. Cached: fill() runs per item read, on a few patterns."""
     parts: list[str] = []
@@ -314,13 +314,14 @@ def _parts(pattern: str) -> tuple[str, ...]:
 
 
 def placeholders(pattern: str) -> list[str]:
-    return list(_parts(pattern)[1::2])
+    return list(pattern_parts(pattern)[1::2])
 
 
 def scan_glob(pattern: str) -> str:
     """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
     return "".join(
-        "*" if index % 2 else _glob_literal(part) for index, part in enumerate(_parts(pattern))
+        "*" if index % 2 else _glob_literal(part)
+        for index, part in enumerate(pattern_parts(pattern))
     )
 
 
@@ -337,7 +338,7 @@ def shared_glob(patterns: list[str]) -> str:
 
 def literal_prefix(pattern: str) -> str:
     """The text every key of the pattern starts with: what comes before its first placeholder."""
-    return _parts(pattern)[0]
+    return pattern_parts(pattern)[0]
 
 
 def _glob_literal(text: str) -> str:
@@ -349,7 +350,7 @@ def key_regex(pattern: str) -> re.Pattern[str]:
     """A regex that matches a key of the pattern and captures each placeholder by name."""
     body = "".join(
         f"(?P<{part}>.+)" if index % 2 else re.escape(part)
-        for index, part in enumerate(_parts(pattern))
+        for index, part in enumerate(pattern_parts(pattern))
     )
     return re.compile(f"^{body}$", re.DOTALL)
 
@@ -357,5 +358,5 @@ def key_regex(pattern: str) -> re.Pattern[str]:
 def fill(pattern: str, values: dict[str, str]) -> str:
     """Substitute placeholders; used for enumerated keys and hash_key patterns."""
     return "".join(
-        values[part] if index % 2 else part for index, part in enumerate(_parts(pattern))
+        values[part] if index % 2 else part for index, part in enumerate(pattern_parts(pattern))
     )

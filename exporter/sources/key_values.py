@@ -15,11 +15,10 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator
 
-from exporter.sources.key_groups import KeyGroup, fill
+from exporter.sources.key_groups import KeyGroup, fill, pattern_parts
 from exporter.sources.key_types import KeyMatch, labels_for
 
 _GLOB = re.compile(r"[*?\[]")
-_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 @functools.lru_cache(maxsize=256)
@@ -27,18 +26,11 @@ def member_regex(pattern: str) -> re.Pattern[str]:
     """A regex for a set member format: {value} captures one or more characters, each {_name}
     wildcard any text, empty included (kombu's binding `<routing key>SEP<pattern>SEP<queue>`
     has an empty pattern for a direct exchange)."""
-    body, at = "", 0
-    for match in _TOKEN.finditer(pattern):
-        body += re.escape(pattern[at : match.start()])
-        at = match.end()
-        name = match.group(1)
-        if name is None:
-            body += re.escape(match.group(0)[0])
-        elif name == "value":
-            body += "(?P<value>.+)"
-        else:
-            body += ".*?"
-    return re.compile(f"^{body}{re.escape(pattern[at:])}$", re.DOTALL)
+    body = "".join(
+        ("(?P<value>.+)" if part == "value" else ".*?") if index % 2 else re.escape(part)
+        for index, part in enumerate(pattern_parts(pattern))
+    )
+    return re.compile(f"^{body}$", re.DOTALL)
 
 
 def member_values(members: Iterable[bytes | str], member: str) -> set[str]:
