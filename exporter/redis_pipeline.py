@@ -120,7 +120,7 @@ class SentCommands:
         self._sock: socket.socket | None = None
         try:
             self._connection = self._pool.get_connection()
-            packed = b"".join(hiredis.pack_command(args) for args in commands)
+            packed = b"".join(map(hiredis.pack_command, commands))
             self._connection.send_packed_command([packed])
             self._sock = getattr(self._connection, "_sock", None)
             if self._sock is None:
@@ -149,14 +149,15 @@ class SentCommands:
         sock = self._sock
         if sock is None:
             return True
-        replies, reader, count = self._replies, self._reader, self._count
+        replies, gets = self._replies, self._reader.gets
+        append = replies.append  # a round's every reply passes here: no lookup per reply
         try:
-            reader.feed(_received(sock))
-            while len(replies) < count:
-                reply = reader.gets()
+            self._reader.feed(_received(sock))
+            for _ in range(self._count - len(replies)):
+                reply = gets()
                 if reply is False:
                     return False
-                replies.append(reply)
+                append(reply)
         except redis.RedisError as error:
             self._fail(error)
             return True

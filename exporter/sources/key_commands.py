@@ -9,10 +9,12 @@ RESP3) and the item's time, and name what hostile data raised. Sending them is t
 
 from __future__ import annotations
 
+import itertools
 import json
+import operator
 from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 import redis
 
@@ -81,8 +83,12 @@ _NOT_LOCAL = "ERR Script attempted to access a non local key"
 
 if any(spec.labels not in (QUEUE_LABELS, SYSTEM_QUEUE) for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH)):
     raise RuntimeError("key_commands: a sampled family has labels for_metric() cannot build")
-# Cycle.handle_plain combines samples inline: depths add up, ages and limits keep the largest.
-if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max"):
+# Cycle.handle_plain combines samples inline: depths and due counts add up, ages and limits
+# keep the largest; a due count is a queue's (system, queue).
+DUE_COUNTS = [BY_NAME[name] for name in get_args(DueCount.model_fields["metric"].annotation)]
+if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max") or any(
+    (spec.combine, spec.labels) != ("sum", SYSTEM_QUEUE) for spec in DUE_COUNTS
+):
     raise RuntimeError("key_commands: Cycle.handle_plain combines a sampled family the wrong way")
 # Below any age or limit: what a series not yet in a table compares as, when keeping the largest.
 _LEAST = float("-inf")
@@ -388,23 +394,49 @@ class Cycle:
         it: RQ's, BullMQ's and Bull's job ids)."""
         oldest = tally.group.oldest
         assert oldest is not None
-        values = {**captured, "item": item.decode()}
-        if oldest.time_in == "hash":
-            key = fill(oldest.hash_key or "", values)
-            read = script_read("HGET", fill(oldest.field or "", values))
-        else:
-            key, read = fill(oldest.string_key or "", values), script_read("GET")
-        return (ITEM_READ, key.encode(), read), self._hash_time(oldest, labels), tally
+        key, read = kept_where(oldest, captured, item)
+        return (ITEM_READ, key, read), self._hash_time(oldest, labels), tally
 
     def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
         def on_field(reply: Any) -> None:
-            if reply is None:
-                raise ItemError("time_missing")
-            if oldest.json_field is not None:
-                reply = _json_path(reply, oldest.json_field)
-            self._age(labels, parse_time(reply, oldest.format, oldest.divisor))
+            self._age(labels, kept_time(oldest, reply))
 
         return on_field
+
+    def _kept_times(self, tally: GroupTally, reads: list[tuple[bytes, Args, Labels]]) -> Command:
+        """One command reading the times a plain group's head items name (one bounded_reads),
+        and its handler: each time an age, each read failing alone as in handle. With a
+        command and a handler per read, a bull cycle at 10k queues cost 1.84-1.93x its
+        floor's CPU (bench/preset_sampling.py), this way 1.66-1.73x (with handle_plain's due
+        counts in their table, and SentCommands' reply loop without a lookup per reply)."""
+        oldest = tally.group.oldest
+        assert oldest is not None
+        args = bounded_reads(
+            [key for key, _, _ in reads], [read for _, read, _ in reads], self.max_item_bytes
+        )
+
+        def on_times(replies: Any) -> list[Command]:
+            again: list[Command] = []
+            age_table, now = self.samples.table(OLDEST_AGE), self.now
+            for (key, _, labels), reply in zip(reads, replies, strict=True):
+                if type(reply) is int:  # its size: over the limit, in Redis
+                    self._too_large(tally, key, reply)
+                    continue
+                if isinstance(reply, redis.ResponseError):
+                    again += self._failed_read(tally, key, reply)
+                    continue
+                try:
+                    age = now - kept_time(oldest, reply)
+                except Exception as error:  # hostile data may raise anything
+                    _unreadable(tally, key, error)
+                    continue
+                if not age > 0.0:  # a time ahead of this clock is no wait
+                    age = 0.0
+                if not age_table.get(labels, _LEAST) >= age:
+                    age_table[labels] = age
+            return again
+
+        return args, on_times, tally
 
     def _stream_head(self, labels: Labels) -> OnReply:
         def on_entries(reply: Any) -> None:
@@ -447,13 +479,18 @@ class Cycle:
         keys = [key for _, key, _ in reads]
         read_args = [read for _, _, read in reads]
         large_heads = self.large_heads
-        for group, key, _ in plain:
-            direct.append((group.depth_command, key))
-            if group.due_spec is not None:
-                direct.append(("ZCOUNT", key, *group.due_window))
+        for group, run in runs(plain):
+            run_keys = [key for _, key, _ in run]
+            if group.due_spec is None:
+                direct += [(group.depth_command, key) for key in run_keys]
+            else:
+                count_due = ("ZCOUNT", *group.due_window)
+                for key in run_keys:
+                    direct += ((group.depth_command, key), (count_due[0], key, *count_due[1:]))
             if group.read is not None:
-                keys.append(key)
-                read_args.append(group.probe_read if key in large_heads else group.read)
+                keys += run_keys
+                read, probe = group.read, group.probe_read
+                read_args += [probe if key in large_heads else read for key in run_keys]
         if keys:
             limit, any_slot = self.max_item_bytes, self.nodes is not None
             direct.append(bounded_reads(keys, read_args, limit, any_slot))
@@ -520,7 +557,9 @@ class Cycle:
             except Exception as error:  # hostile data may raise anything
                 _unreadable(tally, key_of(args), error)
                 continue
-            if follow_up is not None:
+            if isinstance(follow_up, list):  # a batch's (_kept_times)
+                yield from follow_up
+            elif follow_up is not None:
                 yield follow_up
 
     def wrong_type(self, tally: GroupTally, key: bytes) -> Iterator[Command]:
@@ -553,68 +592,86 @@ class Cycle:
         and limits keep the largest: checked where this module is loaded), without a call per
         sample: this loop runs once per key."""
         again: list[Command] = []
-        direct_left, heads_left = iter(direct), iter(heads)
-        group: PlainGroup | None = None
-        for key_group, key, match in keys:
-            labels = match[1]
-            if key_group is not group:  # a round's keys are mostly of one group: its locals
-                group = key_group
-                tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
-                built, due, has_head = group.built, group.due_spec, group.read is not None
-                samples, now, series = group.cycle.samples, group.cycle.now, tally.series
-                depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
-                max_table = samples.table(MAX_DEPTH)
-                depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
-            depth = next(direct_left)
-            due_count: Any = next(direct_left) if due is not None else None
-            head = next(heads_left) if has_head else None
-            if max_depth is not None:
-                queue = labels[:2]  # (system, queue)
-                if not max_of(queue, _LEAST) >= max_depth:
-                    max_table[queue] = max_depth
-            if isinstance(depth, redis.ResponseError):
-                if self.nodes is not None:  # the key's other reads failed alike
-                    again += group.cycle.commands_for_key(tally, key, match[0], labels)
-                    continue
-                if built and response_reason(depth) == "wrong_type":
-                    tally.present(key)  # a key of another type exists
-                again += self._failed_read(tally, key, depth)
-            else:
-                depth_table[labels] = depth_of(labels, 0.0) + float(depth)
-                series[labels] = None
-                if built and depth:  # a built key exists when its depth is above 0
-                    tally.present(key)
+        # On one server, the reads of the times head items name: per group, one command
+        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]] = {}
+        samples = self.samples
+        depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
+        max_table = samples.table(MAX_DEPTH)
+        depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
+        now, at, heads_at = self.now, 0, 0
+        for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
+            tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
+            built, due, kept_in, series = group.built, group.due_spec, group.kept_in, tally.series
+            due_table = samples.table(due) if due is not None else max_table
+            step = 1 if due is None else 2
+            depths = direct[at : at + step * len(run) : step]
+            dues: Iterable[Any] = itertools.repeat(None)
             if due is not None:
-                if isinstance(due_count, redis.ResponseError):
+                dues = direct[at + 1 : at + 2 * len(run) : 2]
+            at += step * len(run)
+            run_heads: Iterable[Any] = itertools.repeat(None)
+            if group.read is not None:
+                run_heads = heads[heads_at : heads_at + len(run)]
+                heads_at += len(run)
+            # (repeat() stands for the reads a group does not make: checked below, not by zip)
+            for (_, key, match), depth, due_count, head in zip(
+                run, depths, dues, run_heads, strict=False
+            ):
+                labels = match[1]
+                if max_depth is not None:
+                    queue = labels[:2]  # (system, queue)
+                    if not max_of(queue, _LEAST) >= max_depth:
+                        max_table[queue] = max_depth
+                if type(depth) is int:
+                    depth_table[labels] = depth_of(labels, 0.0) + depth
+                    series[labels] = None
+                    if built and depth:  # a built key exists when its depth is above 0
+                        tally.present(key)
+                else:  # an error
+                    if self.nodes is not None:  # the key's other reads failed alike
+                        again += self.commands_for_key(tally, key, match[0], labels)
+                        continue
+                    if built and response_reason(depth) == "wrong_type":
+                        tally.present(key)  # a key of another type exists
+                    again += self._failed_read(tally, key, depth)
+                if type(due_count) is int:
+                    queue = labels[:2]
+                    due_table[queue] = due_table.get(queue, 0.0) + due_count
+                elif due is not None:
                     again += self._failed_read(tally, key, due_count)
-                else:
-                    samples.add_labelled(due, labels.for_metric(due), float(due_count))
-            if not has_head:
-                continue
-            if type(head) is int:  # its size: over the limit, in Redis
-                self._too_large(tally, key, head)
-                continue
-            if isinstance(head, redis.ResponseError):
-                again += self._failed_read(tally, key, head)
-                continue
-            try:
-                if read_time is None:  # the time is kept where the item points
-                    item = head_item(head)
-                    if item is not None:
-                        again.append(self.kept_time_read(tally, match[0], labels, item[0]))
+                if head is None:  # none read, or an empty queue
                     continue
-                head_at = read_time(head)
-            except Exception as error:  # hostile data may raise anything
-                _unreadable(tally, key, error)
-                continue
-            if head_at is None:  # the queue is empty
-                continue
-            age = now - head_at
-            if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
-                age = 0.0
-            if not age_of(labels, _LEAST) >= age:
-                age_table[labels] = age
-        return again
+                if type(head) is int:  # its size: over the limit, in Redis
+                    self._too_large(tally, key, head)
+                    continue
+                if isinstance(head, redis.ResponseError):
+                    again += self._failed_read(tally, key, head)
+                    continue
+                try:
+                    if kept_in is not None:  # the time is kept where the item points
+                        item = head_item(head)
+                        if item is None:
+                            continue
+                        if self.nodes is not None:  # a read each, which follows ASK (handle)
+                            again.append(self.kept_time_read(tally, match[0], labels, item[0]))
+                            continue
+                        where = kept_where(kept_in, match[0], item[0])
+                        kept.setdefault(group, []).append((*where, labels))
+                        continue
+                    head_at = None if read_time is None else read_time(head)
+                except Exception as error:  # hostile data may raise anything
+                    _unreadable(tally, key, error)
+                    continue
+                if head_at is None:  # the queue is empty
+                    continue
+                age = now - head_at
+                if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
+                    age = 0.0
+                if not age_of(labels, _LEAST) >= age:
+                    age_table[labels] = age
+        if (at, heads_at) != (len(direct), len(heads)):
+            raise RuntimeError(f"{len(direct)} + {len(heads)} replies for {at} + {heads_at} reads")
+        return again + [self._kept_times(group.tally, reads) for group, reads in kept.items()]
 
     def _failed_read(
         self, tally: GroupTally, key: bytes, error: redis.ResponseError
@@ -646,14 +703,17 @@ class PlainGroup:
     """A key group read in bulk: per key one whole-key depth command, a zset's due count, and
     for a list or zset the read of its head or tail item, whose time is in the item or its
     score, or in the hash field or string key the item names (Bull's, BullMQ's, RQ's job ids:
-    read next, a follow-up each). No bands, split, score window or stream: those take the
-    general path of a Command per read, a reply handler each (Cycle). The plain keys of a
-    round travel as a run of depth (and due count) commands and a run of item reads, their
-    replies consumed in one loop (Cycle.handle_plain) instead of a tuple, two or three
+    read next; on one server a group's in one command per round, Cycle._kept_times; on a
+    cluster a read each, which follows ASK). No bands, split, score window or stream: those
+    take the general path of a Command per read, a reply handler each (Cycle). The plain keys
+    of a round travel as a run of depth (and due count) commands and a run of item reads,
+    their replies consumed in one loop (Cycle.handle_plain) instead of a tuple, two or three
     closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
-    bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way
-    (docs/benchmarks.md). Its keys' series, failures and reports are those the general path
-    gives (tests/test_key_sampling_rounds.py)."""
+    bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
+    bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
+    took the general way, 3.3-3.6x its floor's CPU then, BULL_FIGURE now (docs/benchmarks.md).
+    Its keys' series, failures and reports are those the general path gives
+    (tests/test_key_sampling_rounds.py)."""
 
     __slots__ = (
         "built",
@@ -663,6 +723,7 @@ class PlainGroup:
         "due_spec",
         "due_window",
         "head_time",
+        "kept_in",
         "max_depth",
         "probe_read",
         "read",
@@ -684,8 +745,12 @@ class PlainGroup:
         self.probe_read: Args | None = None
         # The time a head read gives; None when the item names where its time is kept
         self.head_time: Callable[[Any], float | None] | None = None
+        # Where the time is when the item names where it is kept (a hash, a string key)
+        self.kept_in: OldestItem | None = None
         if oldest is not None:
-            if oldest.time_in not in ("hash", "string"):
+            if oldest.time_in in ("hash", "string"):
+                self.kept_in = oldest
+            else:
                 self.head_time = head_time(oldest)
             self.read = END_READS[group.type, oldest.end]
             # a head found too large last cycle is probed before it is copied (probe_first)
@@ -714,7 +779,7 @@ class Presence:
     def __init__(self, tally: GroupTally, key: bytes, command: str, then: OnReply | None) -> None:
         self.tally, self.key, self.command, self.then = tally, key, command, then
 
-    def __call__(self, reply: Any) -> Command | None:
+    def __call__(self, reply: Any) -> Command | list[Command] | None:
         if self.command == "XINFO" or reply:
             self.tally.present(self.key)
         elif self.command == "XLEN":
@@ -859,6 +924,31 @@ def head_time(oldest: OldestItem) -> Callable[[Any], float | None]:
     return json_item
 
 
+def runs(keys: list[PlainKey]) -> Iterator[tuple[PlainGroup, list[PlainKey]]]:
+    """A round's plain keys in runs of one group (a page of keys is one group's)."""
+    for group, run in itertools.groupby(keys, key=operator.itemgetter(0)):
+        yield group, list(run)
+
+
+def kept_where(oldest: OldestItem, captured: dict[str, str], item: bytes) -> tuple[bytes, Args]:
+    """The key, and its read, of the time a head item names (its hash's field, or a string
+    key's JSON): RQ's, BullMQ's and Bull's job ids."""
+    values = {**captured, "item": item.decode()}
+    if oldest.time_in == "hash":
+        key = fill(oldest.hash_key or "", values)
+        return key.encode(), script_read("HGET", fill(oldest.field or "", values))
+    return fill(oldest.string_key or "", values).encode(), script_read("GET")
+
+
+def kept_time(oldest: OldestItem, reply: Any) -> float:
+    """The time a hash field or string key keeps: the reply of its read (kept_where)."""
+    if reply is None:
+        raise ItemError("time_missing")
+    if oldest.json_field is not None:
+        reply = _json_path(reply, oldest.json_field)
+    return parse_time(reply, oldest.format, oldest.divisor)
+
+
 def _stream_id_time(entry_id: bytes) -> float:
     return int(entry_id.split(b"-", 1)[0]) / 1000.0
 
@@ -882,7 +972,7 @@ def _unreadable(tally: GroupTally, key: bytes, error: Exception) -> None:
 def _one_read(on_reply: OnReply) -> OnReply:
     """The handler of a bounded_reads of one read, from that read's handler."""
 
-    def on_replies(replies: Any) -> Command | None:
+    def on_replies(replies: Any) -> Command | list[Command] | None:
         reply = replies[0]
         if type(reply) is int:  # its size: over max_item_bytes, left in Redis
             raise ItemError("item_too_large")

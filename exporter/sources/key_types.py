@@ -178,7 +178,7 @@ class GroupTally:
         )
 
 
-OnReply = Callable[[Any], "Command | None"]
+OnReply = Callable[[Any], "Command | list[Command] | None"]  # a list: a batch's
 # A command to pipeline, what its reply means (possibly a follow-up command) and the key group
 # it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
 # at 100k keys.
