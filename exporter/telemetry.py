@@ -144,7 +144,12 @@ class Telemetry:
         lease its sampled series were served under is still held. The HTTP server asks right
         before it writes the body: a process stopped (SIGSTOP, a long GC or swap) between the
         render and the write must not send, on resuming, series of a lease that passed to
-        another replica meanwhile. False for a body this Telemetry did not render lately."""
+        another replica meanwhile. False for a body this Telemetry did not render lately.
+
+        A stop between this check and the write cannot be caught (no check is atomic with the
+        write it guards against a stop): that one body is sent on resuming as it was checked.
+        Its series are those of a lease held at the check, and Prometheus stamps them with the
+        scrape's start, before the check, so before another replica could take the lease."""
         with self._fence_lock:
             fences = self._body_fences.get(id(body))
         return fences is not None and all(fence() for fence in fences)

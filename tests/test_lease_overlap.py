@@ -6,7 +6,8 @@ records when every scrape was sent and answered and whether it carried `queue_de
 scrapes, one of each replica, that both carried it and whose send-to-answer spans intersect
 are an overlap: both replicas served at once. The leader is then, 20 times each:
 - partitioned from the lease (its proxy cut) until the other serves, then healed;
-- SIGSTOPped until the other serves, then SIGCONTed.
+- SIGSTOPped (once the kernel has stopped it, its scraper sends again) until the other serves,
+  then SIGCONTed.
 No overlap may occur, and a replica that serves must say `queue_exporter_leader 1`.
 """
 
@@ -180,6 +181,25 @@ def _stops_serving(replica: Replica, since: float) -> None:
     wait_for(quiet, timeout=30, interval=0.02)
 
 
+def _wait_stopped(pid: int) -> None:
+    """Wait until the kernel has stopped every thread of `pid`. A SIGSTOP takes effect when a
+    thread of the process next runs, not when kill() returns: until then (milliseconds on a
+    loaded host) the process goes on serving, and a scrape sent meanwhile may be checked
+    against the lease before the stop and written after SIGCONT, a scrape in flight across
+    the stop (its body holds what the lease allowed when checked: Telemetry.still_served)."""
+
+    def stopped() -> bool:
+        states = []
+        for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+            try:
+                states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that just ended
+                continue
+        return bool(states) and all(state in ("T", "t") for state in states)
+
+    wait_for(stopped, timeout=30, interval=0.001)
+
+
 def _overlaps(pair: tuple[Replica, Replica]) -> list[tuple[Scrape, Scrape]]:
     first, second = ([s for s in replica.scrapes if s.serving] for replica in pair)
     return [(a, b) for a in first for b in second if a.sent <= b.answered and b.sent <= a.answered]
@@ -219,6 +239,7 @@ def test_a_stopped_leader_serves_nothing_after_it_resumes(
         leader, follower = _leader_and_follower(replicas)
         with leader.between_scrapes:  # no scrape of it in flight: none answered across the stop
             leader.process.send_signal(signal.SIGSTOP)
+            _wait_stopped(leader.process.pid)
         stopped = time.monotonic()
         _takes_over(follower, stopped)
         leader.process.send_signal(signal.SIGCONT)
