@@ -23,14 +23,10 @@ def parse_time(
     raw: str | bytes | float | int, fmt: TimeFormat = "auto", divisor: float = 1.0
 ) -> float:
     """Return epoch seconds for a stored time, or raise TimeParseError naming what was wrong."""
-    if isinstance(raw, bytes):
-        raw = raw.decode("utf-8", "replace")
-    if fmt == "iso":
-        return _parse_iso(str(raw))
-    number = _as_number(raw)
+    number = None if fmt == "iso" else _as_number(raw)  # float() reads bytes as it reads text
     if number is None:
-        if fmt == "auto" and isinstance(raw, str):
-            return _parse_iso(raw)
+        if fmt == "iso" or (fmt == "auto" and isinstance(raw, (str, bytes))):
+            return _parse_iso(_text(raw))
         raise TimeParseError(f"not a number: {_shown(raw)}")
     number /= divisor
     if not math.isfinite(number):  # a huge number over a small divisor
@@ -40,12 +36,16 @@ def parse_time(
     return number
 
 
-def _shown(raw: str | float | int) -> str:
+def _shown(raw: str | bytes | float | int) -> str:
     """A stored value for an error message; a huge integer is not turned into digits."""
-    return repr(raw[:64]) if isinstance(raw, str) else type(raw).__name__
+    return repr(_text(raw)[:64]) if isinstance(raw, (str, bytes)) else type(raw).__name__
 
 
-def _as_number(raw: str | float | int) -> float | None:
+def _text(raw: str | bytes | float | int) -> str:
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _as_number(raw: str | bytes | float | int) -> float | None:
     if isinstance(raw, bool):
         return None
     try:

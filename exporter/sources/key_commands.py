@@ -935,8 +935,10 @@ def kept_where(oldest: OldestItem, captured: dict[str, str], item: bytes) -> tup
     key's JSON): RQ's, BullMQ's and Bull's job ids."""
     values = {**captured, "item": item.decode()}
     if oldest.time_in == "hash":
-        key = fill(oldest.hash_key or "", values)
-        return key.encode(), script_read("HGET", fill(oldest.field or "", values))
+        key, field = fill(oldest.hash_key or "", values), oldest.field or ""
+        if "{" in field:  # else a field of every hash alike (Bull's timestamp): no fill each
+            field = fill(field, values)
+        return key.encode(), script_read("HGET", field)
     return fill(oldest.string_key or "", values).encode(), script_read("GET")
 
 
