@@ -25,6 +25,7 @@ import ssl
 import tempfile
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -461,19 +462,24 @@ class BasicAuthenticator:
     A wrong password for a cost-4 user would be refused in 2 ms and one for a cost-12 user in
     240 ms, and an unknown user in yet another time: response times would tell which users
     exist. So an unknown user is checked against a decoy hash at the highest cost configured,
-    and every refusal is answered no sooner than `failure_floor` (1.5 times what a check at
-    that cost took here), whoever the user.
+    and every refusal is answered no sooner than `failure_floor` (1.5 times the longest of the
+    last RECENT_CHECKS checks at that cost here), whoever the user. Recent checks, not the
+    first one alone: a check measured on a quiet host would set a floor that checks exceed
+    once the host is busier, and the time of a refusal would name the costly users again.
     """
 
     CACHE_SECONDS = 60.0
     CACHE_SIZE = 256
     FLOOR_MARGIN = 1.5
+    RECENT_CHECKS = 16
 
     def __init__(self) -> None:
         self._key = secrets.token_bytes(32)
         self._verified: dict[bytes, float] = {}
         self._lock = threading.Lock()
-        self._decoys: dict[int, tuple[bytes, float]] = {}  # cost -> (hash, seconds to make it)
+        self._decoys: dict[int, bytes] = {}  # cost -> a hash of a random password
+        # cost -> seconds the last RECENT_CHECKS checks at that cost took (the decoy's making too)
+        self._checks: dict[int, deque[float]] = {}
 
     def remembered(self, users: dict[str, SecretStr], credentials: tuple[str, bytes]) -> bool:
         """True when these credentials were verified within CACHE_SECONDS (no bcrypt)."""
@@ -486,9 +492,9 @@ class BasicAuthenticator:
         user, password = credentials
         hashed = users.get(user)
         if hashed is None:
-            _bcrypt_matches(password, self._decoy(users)[0])
+            self._timed_check(users, password, self._decoy(users))
             return "unknown_user"
-        if not _bcrypt_matches(password, hashed.get_secret_value().encode()):
+        if not self._timed_check(users, password, hashed.get_secret_value().encode()):
             return "wrong_password"
         now = time.monotonic()
         with self._lock:
@@ -501,18 +507,33 @@ class BasicAuthenticator:
 
     def failure_floor(self, users: dict[str, SecretStr]) -> float:
         """Seconds a refused check takes at least (blocks to measure bcrypt the first time)."""
-        return self._decoy(users)[1] * self.FLOOR_MARGIN
+        self._decoy(users)
+        with self._lock:
+            return max(self._checks[_highest_cost(users)]) * self.FLOOR_MARGIN
 
-    def _decoy(self, users: dict[str, SecretStr]) -> tuple[bytes, float]:
-        cost = max((_cost(hashed) for hashed in users.values()), default=10)
+    def _timed_check(self, users: dict[str, SecretStr], password: bytes, hashed: bytes) -> bool:
+        """bcrypt's answer; a check at the highest cost configured is remembered for the floor."""
+        started = time.perf_counter()
+        matches = _bcrypt_matches(password, hashed)
+        cost = _highest_cost(users)
+        if _hash_cost(hashed) == cost:
+            self._observe(cost, time.perf_counter() - started)
+        return matches
+
+    def _observe(self, cost: int, seconds: float) -> None:
+        with self._lock:
+            self._checks.setdefault(cost, deque(maxlen=self.RECENT_CHECKS)).append(seconds)
+
+    def _decoy(self, users: dict[str, SecretStr]) -> bytes:
+        cost = _highest_cost(users)
         with self._lock:
             decoy = self._decoys.get(cost)
         if decoy is None:
             started = time.perf_counter()
             hashed = bcrypt.hashpw(secrets.token_urlsafe(16).encode(), bcrypt.gensalt(cost))
-            decoy = (hashed, time.perf_counter() - started)  # hashing costs what a check does
+            self._observe(cost, time.perf_counter() - started)  # hashing costs what a check does
             with self._lock:
-                decoy = self._decoys.setdefault(cost, decoy)
+                decoy = self._decoys.setdefault(cost, hashed)
         return decoy
 
     def _cache_key(self, users: dict[str, SecretStr], credentials: tuple[str, bytes]) -> bytes:
@@ -523,8 +544,14 @@ class BasicAuthenticator:
         return hmac.new(self._key, b"\0".join(parts), "sha256").digest()
 
 
-def _cost(hashed: SecretStr) -> int:
-    match = _HASH_COST.match(hashed.get_secret_value())
+def _highest_cost(users: dict[str, SecretStr]) -> int:
+    return max(
+        (_hash_cost(hashed.get_secret_value().encode()) for hashed in users.values()), default=10
+    )
+
+
+def _hash_cost(hashed: bytes) -> int:
+    match = _HASH_COST.match(hashed.decode("ascii", "replace"))
     return int(match.group(1)) if match else 10
 
 
