@@ -19,7 +19,15 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.bullmq import BullmqReader
 from exporter.sources.native.config import BullmqReaderConfig
 from exporter.sources.native.framework import Signals
-from tests.conftest import REDIS_HOST, REDIS_PORT, Series, scrape_series, value, wait_for
+from tests.conftest import (
+    REDIS_HOST,
+    REDIS_PORT,
+    Series,
+    assert_runtimes_bucketed,
+    scrape_series,
+    value,
+    wait_for,
+)
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 
 STREAM = "native:bullmq"
@@ -124,7 +132,8 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
     # Each runtime in the bucket BullMQ's own processedOn and finishedOn put it in (how long a
     # 0.7 s job takes on a loaded host is the host's business), the removed ones' too.
     for job_type in ("slow", "fast", "tidy", "brief"):  # each attempt completed
-        _assert_runtimes_bucketed(series, job_type, _runtimes(completed, job_type))
+        runtimes = _runtimes(completed, job_type)
+        assert_runtimes_bucketed(series, runtimes, CLOCKS_APART, job_type=job_type)
     assert all(seconds >= 0.7 for seconds in _runtimes(completed, "slow"))
     assert _total(series, "queue_jobs_completed_total", queue="tidy", job_type="tidy") == 2
     # gone before the reader got to them, most of them: times from their own entries
@@ -148,21 +157,6 @@ def _runtimes(completed: list[dict[str, Any]], job_type: str) -> list[float]:
         for job in completed
         if job["name"] == job_type
     ]
-
-
-def _assert_runtimes_bucketed(series: Series, job_type: str, runtimes: list[float]) -> None:
-    """The execution histogram of `job_type` counts, in every bucket, the runtimes at most its
-    bound (within CLOCKS_APART of it, either way)."""
-    counted = {
-        float(dict(labels)["le"]): number
-        for (name, labels), number in series.items()
-        if name == "queue_job_execution_seconds_bucket" and ("job_type", job_type) in labels
-    }
-    assert runtimes and counted, (job_type, runtimes, counted)
-    for bound, number in counted.items():
-        least = sum(seconds <= bound - CLOCKS_APART for seconds in runtimes)
-        most = sum(seconds <= bound + CLOCKS_APART for seconds in runtimes)
-        assert least <= number <= most, (job_type, bound, number, sorted(runtimes))
 
 
 def test_a_restarted_exporter_goes_on_where_it_stopped(bullmq, redis_url, serve_process):

@@ -162,7 +162,7 @@ def _read_since(app: Any, moment: float) -> None:
                      source="native:saq")  # fmt: skip
         return last is not None and last > moment
 
-    wait_for(read, timeout=30)
+    wait_for(read, timeout=120)
 
 
 def _leader(*apps: Any) -> Any:

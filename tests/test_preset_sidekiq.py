@@ -127,7 +127,7 @@ def test_a_queues_param_narrows_every_group_and_reports_what_it_leaves_out(
         {"queue": "busy", "args": [600_000]},
     )
     worker = sidekiq.worker(["busy", "extra"], scheduler=False)
-    truth = wait_for(lambda: (t := sidekiq.truth())["busy"].get("busy") and t, timeout=30)
+    truth = wait_for(lambda: (t := sidekiq.truth())["busy"].get("busy") and t, timeout=120)
     selected = {"default", "extra"}
     preset = {"name": "sidekiq", "params": {"queues": sorted(selected)}}
     app = run_exporter({"presets": [preset], "sources": {"redis": {"url": redis_url}}})

@@ -93,10 +93,26 @@ def truth(connection: Redis, names: list[str]) -> dict:
     return {
         "version": rq.__version__,
         "queues": counts,
+        "runtimes": _runtimes(connection, names),
         "due": due,
         "oldest_enqueued_at": oldest,
         "all_queues": sorted(queue.name for queue in Queue.all(connection=connection)),
     }
+
+
+def _runtimes(connection: Redis, names: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Per queue and function, the seconds each finished job ran, by its own started_at and
+    ended_at (RQ's Job)."""
+    from rq.job import Job
+
+    runtimes: dict[str, dict[str, list[float]]] = {}
+    for name in names:
+        ids = FinishedJobRegistry(name, connection=connection).get_job_ids()
+        for job in Job.fetch_many(ids, connection=connection):
+            if job is not None and job.started_at and job.ended_at:
+                seconds = (job.ended_at - job.started_at).total_seconds()
+                runtimes.setdefault(name, {}).setdefault(job.func_name, []).append(seconds)
+    return runtimes
 
 
 def main() -> None:
