@@ -711,7 +711,8 @@ class PlainGroup:
     closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
     bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
     bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
-    took the general way, 3.3-3.6x its floor's CPU then, BULL_FIGURE now (docs/benchmarks.md).
+    took the general way, 3.0-3.4x its floor's CPU then, 1.5-1.8x now (with its keys built
+    once, key_values.BuiltKeys; docs/benchmarks.md).
     Its keys' series, failures and reports are those the general path gives
     (tests/test_key_sampling_rounds.py)."""
 
