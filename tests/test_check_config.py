@@ -279,7 +279,9 @@ def test_check_config_names_the_type_a_wrong_key_holds_and_counts_keys_that_exis
 def test_a_refusing_postgres_answers_in_one_line_within_its_connect_timeout(tmp_path):
     """A database that does not exist: one FAILED line, no pool retrying per collector."""
     wrong = make_conninfo(POSTGRES_ADMIN_DSN, dbname="no_such_database_here")
-    connect_timeout = 20.0
+    # Far more than a check-config process takes to start and fail on a loaded host (seconds):
+    # a pool retrying would take this long per collector.
+    connect_timeout = 60.0
     config = {
         "presets": ["attune"],
         "sources": {"postgres": {"dsn": wrong, "connect_timeout": connect_timeout}},

@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from exporter import cli
 from exporter import config as config_module
 from tests.conftest import value
+from tests.timing import process_cost
 
 EXPORTER = [sys.executable, "-m", "exporter"]
 
@@ -154,10 +155,11 @@ def test_serve_samples_presets_and_stops_on_sigterm(redis_client, redis_url, ser
     assert value(series, "queue_max_depth", system="orchestrata", queue="billing") == 10000
     assert value(series, "queue_leases_expired", system="runnerq", queue="default") == 1
     assert value(series, "queue_exporter_source_up", source="redis") == 1
+    load = process_cost()  # what this machine's load adds to a process's stop, now
     started = time.monotonic()
     exporter.process.send_signal(signal.SIGTERM)
-    assert exporter.process.wait(timeout=15) == 0
-    assert time.monotonic() - started < 15
+    assert exporter.process.wait(timeout=120) == 0
+    assert time.monotonic() - started < 5 + load  # docs/operations.md "Shutdown"
     _, stderr = exporter.process.communicate()
     assert '"msg": "received SIGTERM, shutting down"' in stderr
 
