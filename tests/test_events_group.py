@@ -53,6 +53,12 @@ def _counted(*apps) -> tuple[float, dict[str, float]]:
     return consumed, by_type
 
 
+def _wait_all_acked(client) -> None:
+    """Nothing more arrives: every entry is acknowledged (a consumer acks a batch with its next
+    read), so none is left pending for a consumer to be delivered or claim again."""
+    wait_for(lambda: client.xpending(STREAM, "queue-exporter")["pending"] == 0)
+
+
 def test_two_consumers_count_every_event_exactly_once(redis_client, redis_url, run_exporter):
     first = run_exporter(_config(redis_url, "sidecar-a"))
     second = run_exporter(_config(redis_url, "sidecar-b"))
@@ -60,7 +66,7 @@ def test_two_consumers_count_every_event_exactly_once(redis_client, redis_url, r
         _write(redis_client, 500, offset=n * 500)
         time.sleep(0.05)
     wait_for(lambda: _counted(first, second)[0] == 2000)
-    time.sleep(0.3)  # nothing more arrives: no event counted twice
+    _wait_all_acked(redis_client)
     consumed, by_type = _counted(first, second)
     assert consumed == 2000
     assert by_type == dict.fromkeys(TYPES, 400.0)
@@ -87,7 +93,7 @@ def test_survivor_claims_what_a_killed_consumer_left_pending(redis_client, redis
     wait_for(lambda: _counted(survivor)[0] == 100)
     _write(redis_client, 50, offset=100)
     wait_for(lambda: _counted(survivor)[0] == 150)
-    time.sleep(0.5)
+    _wait_all_acked(redis_client)
     consumed, by_type = _counted(survivor)
     assert consumed == 150 and by_type == dict.fromkeys(TYPES, 30.0)
     survivor.shutdown()
