@@ -54,7 +54,9 @@ def _cycle(client: redis.Redis, sampler: RedisKeySampler) -> tuple[dict, int]:
 
 
 def _passes(client: redis.Redis) -> int:
-    """The SCAN calls of one full pass over the keyspace (MATCH filters after the visit)."""
+    """The SCAN calls of one full pass over the keyspace (MATCH filters after the visit). It
+    varies by a call or two from one moment to the next: while Redis rehashes its keyspace in
+    the background a SCAN visits both tables."""
     client.config_resetstat()
     cursor, calls = 0, 0
     while True:
@@ -62,6 +64,12 @@ def _passes(client: redis.Redis) -> int:
         calls += 1
         if not cursor:
             return calls
+
+
+def _one_pass(scans: int, passes: int) -> bool:
+    """One pass over the keyspace, not one a group (at least 2 * passes - 2 for two groups),
+    with room for the calls a background rehash adds."""
+    return scans < 1.5 * passes
 
 
 def _load(client: redis.Redis, queues: int, unrelated: int, unclaimed: int) -> None:
@@ -86,7 +94,7 @@ def test_groups_share_one_scan_and_give_what_each_scanned_apart_gives(server):
     apart = [_sampler(server, {**QUEUES, **AGED}), _sampler(server, DEAD)]
     try:
         series, scans = _cycle(server, shared)
-        assert scans <= _passes(server)  # one pass for both groups
+        assert _one_pass(scans, _passes(server))  # one pass for both groups
 
         alone = [_cycle(server, sampler) for sampler in apart]
         assert sum(calls for _, calls in alone) >= 2 * _passes(server) - 2  # a pass each
@@ -102,7 +110,7 @@ def test_groups_share_one_scan_and_give_what_each_scanned_apart_gives(server):
 
         again, scans = _cycle(server, shared)  # from the keys remembered: the same again
         assert again["queue_depth"] == series["queue_depth"]
-        assert scans <= _passes(server)
+        assert _one_pass(scans, _passes(server))
         reports = {report.pattern: report for report in shared.telemetry.health.key_groups()}
         assert reports[QUEUES["pattern"]].keys_matched == 300
         assert reports[DEAD["pattern"]].keys_matched == 1
@@ -120,7 +128,7 @@ def test_a_shared_scan_returning_mostly_keys_no_group_takes_gives_way_to_scans_a
     try:
         with caplog.at_level(logging.INFO, logger="exporter.sources.key_scans"):
             shared, scans = _cycle(server, sampler)
-        assert scans <= passes
+        assert _one_pass(scans, passes)
         assert "'app:*' returned 2000 key(s) no key group takes, against 21 taken" in caplog.text
 
         cycles = [_cycle(server, sampler) for _ in range(RETRY_AFTER)]
@@ -131,9 +139,9 @@ def test_a_shared_scan_returning_mostly_keys_no_group_takes_gives_way_to_scans_a
 
         server.delete(*[f"app:job:{index}" for index in range(2000)])  # the keyspace changed
         series, scans = _cycle(server, sampler)  # sharing is tried again, and now pays
-        assert scans <= _passes(server)
+        assert _one_pass(scans, _passes(server))
         assert series["queue_depth"] == shared["queue_depth"]
         _, scans = _cycle(server, sampler)
-        assert scans <= _passes(server)
+        assert _one_pass(scans, _passes(server))
     finally:
         sampler.close()
