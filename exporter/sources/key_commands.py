@@ -94,6 +94,10 @@ if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max
 _LEAST = float("-inf")
 
 
+# Per key group (by id), where the time each (key, head item) names is kept, and its read
+Places = dict[int, dict[tuple[bytes, bytes], tuple[bytes, Args]]]
+
+
 class Cycle:
     """Everything that lives for one sample cycle: turns each key into commands, handles their
     replies into `samples`, and keeps what the cycle met on the way (heads too large, groups
@@ -107,12 +111,16 @@ class Cycle:
         large_heads: set[bytes],
         max_item_bytes: int,
         nodes: ClusterNodes | None,
+        places: Places,
     ) -> None:
         self.now = now
         self.tallies = tallies  # one per key group, in the sampler's order
         self.samples = SampleSet()
         self.large_heads = large_heads  # found too large last cycle: probed first (probe_first)
         self.large_heads_now: set[bytes] = set()  # found too large this cycle
+        # last cycle's places (see Places) and this one's: a queue's next job is mostly the same
+        self.places_before = places
+        self.places: Places = {}
         self.max_item_bytes = max_item_bytes
         self.nodes = nodes  # a Redis Cluster's, or None on one server
         # The groups that lost a cluster node's keys: their series are withdrawn, never served
@@ -602,6 +610,7 @@ class Cycle:
         for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
             tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
             built, due, kept_in, series = group.built, group.due_spec, group.kept_in, tally.series
+            known_places, places = group.places_before, group.places
             due_table = samples.table(due) if due is not None else max_table
             step = 1 if due is None else 2
             depths = direct[at : at + step * len(run) : step]
@@ -655,7 +664,10 @@ class Cycle:
                         if self.nodes is not None:  # a read each, which follows ASK (handle)
                             again.append(self.kept_time_read(tally, match[0], labels, item[0]))
                             continue
-                        where = kept_where(kept_in, match[0], item[0])
+                        where = known_places.get((key, item[0]))
+                        if where is None:
+                            where = kept_where(kept_in, match[0], item[0])
+                        places[key, item[0]] = where
                         kept.setdefault(group, []).append((*where, labels))
                         continue
                     head_at = None if read_time is None else read_time(head)
@@ -711,8 +723,8 @@ class PlainGroup:
     closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
     bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
     bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
-    took the general way, 3.0-3.4x its floor's CPU then, 1.5-1.8x now (with its keys built
-    once, key_values.BuiltKeys; docs/benchmarks.md).
+    took the general way, 3.0-3.4x its floor's CPU then, 1.3-1.5x now (with its keys built
+    once, key_values.BuiltKeys, and its job hashes' places kept; docs/benchmarks.md).
     Its keys' series, failures and reports are those the general path gives
     (tests/test_key_sampling_rounds.py)."""
 
@@ -726,6 +738,8 @@ class PlainGroup:
         "head_time",
         "kept_in",
         "max_depth",
+        "places",
+        "places_before",
         "probe_read",
         "read",
         "tally",
@@ -757,6 +771,12 @@ class PlainGroup:
             # a head found too large last cycle is probed before it is copied (probe_first)
             self.probe_read = probe_first(self.read) if oldest.end == "head" else self.read
         self.cost = 1 + (self.read is not None) + (self.due_spec is not None)
+        # where the times its head items name are kept, as last cycle found them and as this
+        # one does: kept_where built each, about 10% of a bull cycle's CPU at 10k queues
+        # (bench/preset_sampling.py: 1.56-1.61x the floor's CPU before, 1.28-1.53x with this
+        # and the sampler's scanned values kept, docs/benchmarks.md)
+        self.places_before = cycle.places_before.get(id(group), {})
+        self.places = cycle.places.setdefault(id(group), {})
 
     @staticmethod
     def suits(group: KeyGroup) -> bool:
