@@ -13,6 +13,7 @@ import itertools
 import json
 import operator
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, get_args
 
@@ -94,33 +95,43 @@ if (DEPTH.combine, OLDEST_AGE.combine, MAX_DEPTH.combine) != ("sum", "max", "max
 _LEAST = float("-inf")
 
 
-# Per key group (by id), where the time each (key, head item) names is kept, and its read
-Places = dict[int, dict[tuple[bytes, bytes], tuple[bytes, Args]]]
+@dataclass
+class Learned:
+    """What a cycle found that the next one reuses: the same queues, mostly with the same next
+    job, come back every cycle, and finding it again cost more than reading them (each field's
+    figure where it is used). A cycle reads the last one's and fills its own; what it did not
+    meet is forgotten. Per key group or SCAN by id, as each field says."""
+
+    # heads over max_item_bytes: probed first, not copied inside Redis every cycle (probe_first)
+    large_heads: set[bytes] = field(default_factory=set)
+    # per SCAN (by its groups): which groups took each key, and what it gave them
+    routes: dict[tuple[int, ...], dict[bytes, Route]] = field(default_factory=dict)
+    # per enumerated group: the key each combination of values builds, what it gives (key_values)
+    built: dict[int, dict[tuple[str, ...], tuple[bytes, KeyMatch]]] = field(default_factory=dict)
+    # per pattern scanned for values: the value each key found names (RedisKeySampler._scanned)
+    named: dict[str, dict[bytes, str]] = field(default_factory=dict)
+    # per plain group: where the time each (key, head item) names is kept, and its read
+    places: dict[int, dict[tuple[bytes, bytes], tuple[bytes, Args]]] = field(default_factory=dict)
 
 
 class Cycle:
     """Everything that lives for one sample cycle: turns each key into commands, handles their
-    replies into `samples`, and keeps what the cycle met on the way (heads too large, groups
-    that lost a cluster node, values and routes found). The rounds (key_rounds.Transport)
+    replies into `samples`, and keeps what the cycle met on the way (groups that lost a
+    cluster node, values found; what the next cycle reuses: `learned`). The rounds (key_rounds.Transport)
     send what it gives them and hand the replies back to it."""
 
     def __init__(
         self,
         now: float,
         tallies: list[GroupTally],
-        large_heads: set[bytes],
         max_item_bytes: int,
         nodes: ClusterNodes | None,
-        places: Places,
+        before: Learned,
     ) -> None:
         self.now = now
         self.tallies = tallies  # one per key group, in the sampler's order
         self.samples = SampleSet()
-        self.large_heads = large_heads  # found too large last cycle: probed first (probe_first)
-        self.large_heads_now: set[bytes] = set()  # found too large this cycle
-        # last cycle's places (see Places) and this one's: a queue's next job is mostly the same
-        self.places_before = places
-        self.places: Places = {}
+        self.before, self.learned = before, Learned()  # what the last cycle found, and this one
         self.max_item_bytes = max_item_bytes
         self.nodes = nodes  # a Redis Cluster's, or None on one server
         # The groups that lost a cluster node's keys: their series are withdrawn, never served
@@ -131,8 +142,6 @@ class Cycle:
         # found without some node
         self._found: dict[str, list[str]] = {}
         self._partial: set[str] = set()
-        # Per SCAN (by its groups), which groups took each key it found, and what it gave them
-        self.routes: dict[tuple[int, ...], dict[bytes, Route]] = {}
         # (group, key) whose WRONGTYPE reply asked its TYPE this cycle: asked once for its reads
         self._typed: set[tuple[int, bytes]] = set()
 
@@ -149,10 +158,6 @@ class Cycle:
             if len(self.lost_groups) > lost:
                 self._partial.add(name)
         return self._found[name], name in self._partial
-
-    def routes_found(self, groups: tuple[int, ...], routes: dict[bytes, Route]) -> None:
-        """The routes of a SCAN's keys this cycle (filled as its pages come)."""
-        self.routes[groups] = routes
 
     def commands_for_key(
         self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
@@ -195,7 +200,7 @@ class Cycle:
             yield (DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
                 read = END_READS[group.type, group.oldest.end]
-                if group.oldest.end == "head" and key in self.large_heads:
+                if group.oldest.end == "head" and key in self.before.large_heads:
                     read = probe_first(read)
                 yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
@@ -486,7 +491,7 @@ class Cycle:
         reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
         keys = [key for _, key, _ in reads]
         read_args = [read for _, _, read in reads]
-        large_heads = self.large_heads
+        large_heads = self.before.large_heads
         for group, run in runs(plain):
             run_keys = [key for _, key, _ in run]
             if group.due_spec is None:
@@ -585,7 +590,7 @@ class Cycle:
 
     def _too_large(self, tally: GroupTally, key: bytes, size: int) -> None:
         """An item over max_item_bytes, measured in Redis: its head is probed next cycle."""
-        self.large_heads_now.add(key)
+        self.learned.large_heads.add(key)
         tally.failed(key, "item_too_large", f"{size} bytes")
 
     def handle_plain(
@@ -724,7 +729,7 @@ class PlainGroup:
     bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
     bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
     took the general way, 3.0-3.4x its floor's CPU then, 1.3-1.5x now (with its keys built
-    once, key_values.BuiltKeys, and its job hashes' places kept; docs/benchmarks.md).
+    once and its job hashes' places kept, key_commands.Learned; docs/benchmarks.md).
     Its keys' series, failures and reports are those the general path gives
     (tests/test_key_sampling_rounds.py)."""
 
@@ -775,8 +780,8 @@ class PlainGroup:
         # one does: kept_where built each, about 10% of a bull cycle's CPU at 10k queues
         # (bench/preset_sampling.py: 1.56-1.61x the floor's CPU before, 1.28-1.53x with this
         # and the sampler's scanned values kept, docs/benchmarks.md)
-        self.places_before = cycle.places_before.get(id(group), {})
-        self.places = cycle.places.setdefault(id(group), {})
+        self.places_before = cycle.before.places.get(id(group), {})
+        self.places = cycle.learned.places.setdefault(id(group), {})
 
     @staticmethod
     def suits(group: KeyGroup) -> bool:

@@ -88,33 +88,26 @@ class Selector:
         return kept
 
 
-class BuiltKeys:
-    """The keys a group builds from its placeholders' values, and what each gives, kept from
-    one cycle to the next: the same queues come back every cycle, and building each key and
-    its labels again (fill, labels_for, its values' dict) cost a bull preset at 10k queues
-    (six groups, 60k keys) about a third of its cycle's CPU beside the reads
-    (bench/preset_sampling.py, docs/benchmarks.md). A value gone is forgotten the next cycle.
-    """
-
-    def __init__(self, group: KeyGroup) -> None:
-        self.group = group
-        self._last: dict[tuple[str, ...], tuple[bytes, KeyMatch]] = {}
-
-    def pages(
-        self, choices: dict[str, list[str]], size: int
-    ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
-        """Each combination of the placeholders' values (`choices`) as its key and what it
-        gives, `size` at a time."""
-        names, last = list(choices), self._last
-        kept: dict[tuple[str, ...], tuple[bytes, KeyMatch]] = {}
-        self._last = kept
-        combinations = itertools.product(*choices.values())
-        while page := list(itertools.islice(combinations, size)):
-            for values in page:
-                if values not in last:
-                    found = dict(zip(names, values, strict=True))
-                    key = fill(self.group.pattern, found).encode()
-                    last[values] = key, KeyMatch(found, labels_for(self.group, found))
-            built = [last[values] for values in page]
-            kept.update(zip(page, built, strict=True))
-            yield built
+def built_pages(
+    group: KeyGroup,
+    choices: dict[str, list[str]],
+    size: int,
+    last: dict[tuple[str, ...], tuple[bytes, KeyMatch]],
+    kept: dict[tuple[str, ...], tuple[bytes, KeyMatch]],
+) -> Iterator[list[tuple[bytes, KeyMatch]]]:
+    """Each combination of the group's placeholders' values (`choices`) as its key and what it
+    gives, `size` at a time; each found in `last` (the last cycle's) when there, and kept in
+    `kept` for the next: building each key and its labels again (fill, labels_for, its values'
+    dict) cost a bull preset at 10k queues (six groups, 60k keys) about a third of its cycle's
+    CPU beside the reads (bench/preset_sampling.py, docs/benchmarks.md)."""
+    names = list(choices)
+    combinations = itertools.product(*choices.values())
+    while page := list(itertools.islice(combinations, size)):
+        for values in page:
+            if values not in last:
+                found = dict(zip(names, values, strict=True))
+                key = fill(group.pattern, found).encode()
+                last[values] = key, KeyMatch(found, labels_for(group, found))
+        built = [last[values] for values in page]
+        kept.update(zip(page, built, strict=True))
+        yield built

@@ -36,7 +36,7 @@ from exporter.redis_connection import (
 from exporter.samples import SampleSet
 from exporter.sources.key_commands import (
     Cycle,
-    Places,
+    Learned,
     PlainGroup,
     response_reason,
 )
@@ -56,7 +56,7 @@ from exporter.sources.key_types import (
     labels_for,
     text,
 )
-from exporter.sources.key_values import BuiltKeys, member_values, select
+from exporter.sources.key_values import built_pages, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -111,23 +111,11 @@ class RedisKeySampler:
             group.pattern: literal_prefix(group.pattern).encode() for group in config.key_groups
         }
         self._warnings = LogLimiter(log)
-        # Keys whose head was too large last cycle: their head is probed first (probe_first),
-        # so a stuck huge item is not copied inside Redis every cycle.
-        self._large_heads: set[bytes] = set()
-        self._places: Places = {}  # where the times head items name are kept (key_commands)
         self._reported_once = False
         self._nodes: ClusterNodes | None = None  # a Redis Cluster's (redis+cluster:// URLs)
         # The SCANs of each cycle: one shared by the scanned groups while that pays, or one each
         self._scan_plan = ScanPlan(self.name, config.key_groups, config.scan_count)
-        # Per SCAN (by its groups), which groups took each key it found last cycle, and what
-        # the key gave them: the same keys come back every cycle, and matching each against
-        # the patterns' regexes again cost more than reading it.
-        self._known: dict[tuple[int, ...], dict[bytes, Route]] = {}
-        # The keys each enumerated group built last cycle, and what they gave (alike)
-        self._built = {id(group): BuiltKeys(group) for group in config.key_groups}
-        # Per pattern scanned for values, what each key it found last cycle named (alike: a
-        # regex per key was about 10% of a bull cycle at 10k queues, PlainGroup's figure)
-        self._named: dict[str, dict[bytes, str]] = {}
+        self._learned = Learned()  # what the last cycle found that the next one reuses
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -140,14 +128,7 @@ class RedisKeySampler:
             GroupTally(group, self.name, self.telemetry, self._warnings)
             for group in self.config.key_groups
         ]
-        cycle = Cycle(
-            time.time(),
-            tallies,
-            self._large_heads,
-            self.config.max_item_bytes,
-            self._nodes,
-            self._places,
-        )
+        cycle = Cycle(time.time(), tallies, self.config.max_item_bytes, self._nodes, self._learned)
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # about a round of commands at a time, however large the keyspace.
         rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
@@ -155,9 +136,7 @@ class RedisKeySampler:
             self._sample_groups(cycle, rounds)
         finally:  # a cycle that failed leaves no reply unread on a connection
             rounds.abandon()
-        self._large_heads = cycle.large_heads_now
-        self._places = cycle.places
-        self._known = cycle.routes
+        self._learned = cycle.learned
         cycle.withdraw_lost_groups()
         self._report(tallies)
         if self.source_label is not None:
@@ -261,9 +240,11 @@ class RedisKeySampler:
     ) -> Iterator[tuple[GroupTally, list[tuple[bytes, KeyMatch]]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
+        # (the keys found last cycle are matched again from what they gave: cheaper than a
+        # regex per key and pattern)
         routes: dict[bytes, Route] = {}
-        cycle.routes_found(scan.groups, routes)
-        last_cycle = self._known.get(scan.groups, {})
+        cycle.learned.routes[scan.groups] = routes
+        last_cycle = cycle.before.routes.get(scan.groups, {})
         unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
         for keys in self._scan(cycle, scan.glob, tallies, rounds):
@@ -325,7 +306,10 @@ class RedisKeySampler:
             if name in choices:  # else split_by's label: selected item by item (key_commands)
                 choices[name], left_out = select(choices[name], selection)
                 tally.left_out(name, left_out)
-        yield from self._built[id(group)].pages(choices, self.config.scan_count)
+        last, kept = cycle.before.built.get(id(group), {}), cycle.learned.built
+        yield from built_pages(
+            group, choices, self.config.scan_count, last, kept.setdefault(id(group), {})
+        )
 
     def _values_from_set(
         self, cycle: Cycle, members: SetMembers, tally: GroupTally, rounds: Transport
@@ -357,7 +341,9 @@ class RedisKeySampler:
 
         def find() -> list[str]:
             rounds.flush()  # what is queued is read first: a node lost from here is the SCAN's
-            regex, last, named = key_regex(pattern), self._named.get(name, {}), {}
+            # a key found last cycle names what it did (a regex per key was about 10% of a
+            # bull cycle at 10k queues, PlainGroup's figure)
+            regex, last, named = key_regex(pattern), cycle.before.named.get(name, {}), {}
             for page in self._scan(cycle, scan_glob(pattern), [tally], rounds):
                 for key in page:
                     value = last.get(key)
@@ -367,7 +353,7 @@ class RedisKeySampler:
                             continue
                         value = match.group(part)
                     named[key] = value
-            self._named[name] = named
+            cycle.learned.named[name] = named
             return sorted(set(named.values()))
 
         name = f"{part}\n{pattern}"
