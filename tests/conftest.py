@@ -127,6 +127,13 @@ def stop_process(process: subprocess.Popen[bytes], signum: int, timeout: float =
             process.wait()
 
 
+# The sample interval (and each read's deadline) of tests whose native reader follows real
+# workers: beside busy loops a Celery or RQ read took more than 1 s now and then, and a read cut
+# off loses what only that read could see (Celery's events while it resubscribes; workers age
+# out of queue_workers after 2.5 intervals without a read).
+REAL_WORKER_INTERVAL = 2.0
+
+
 def wait_for(condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.1) -> Any:
     """Poll until condition() is truthy; its last value, or AssertionError at the deadline.
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    REAL_WORKER_INTERVAL,
     Series,
     assert_runtimes_bucketed,
     scrape_series,
@@ -96,10 +97,8 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter, tmp_path)
         params["sep"] = sep
     if steps is not None:
         params["priority_steps"] = [str(step) for step in steps if step]
-    # Reads of 1 s: a read cut off at its deadline loses the subscription and the events sent
-    # meanwhile (a task's start: its active depth then waits for the next one), and beside busy
-    # loops a read took more than 0.5 s now and then.
-    config = {"presets": [{"name": "celery", "params": params}], "sample_interval": 1.0}
+    presets = [{"name": "celery", "params": params}]
+    config = {"presets": presets, "sample_interval": REAL_WORKER_INTERVAL}
     app = run_exporter(config, redis_url=redis_url)
     # subscribed to the events before any worker or task exists
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
@@ -216,8 +215,9 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
     held for its countdown: active, pending and scheduled each count a task once, as the
     worker reports."""
     env = {**_env(redis_url, None, None), "QE_CELERY_ACKS_LATE": "1"}
+    presets = [{"name": "celery", "params": {"queues": ["late"]}}]
     app = run_exporter(
-        {"presets": [{"name": "celery", "params": {"queues": ["late"]}}]}, redis_url=redis_url
+        {"presets": presets, "sample_interval": REAL_WORKER_INTERVAL}, redis_url=redis_url
     )
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
     worker = _worker(env, "late", 1)
@@ -282,7 +282,8 @@ def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exp
     try:
         _driver(env, "publish", json.dumps([{"task": "sleep_for", "seconds": 30}]))
         wait_for(lambda: _driver(env, "truth", "celery")["active"].get("celery") == 1, timeout=120)  # type: ignore[index]
-        app = run_exporter({"presets": ["celery"]}, redis_url=redis_url)
+        config = {"presets": ["celery"], "sample_interval": REAL_WORKER_INTERVAL}
+        app = run_exporter(config, redis_url=redis_url)
 
         def active() -> float | None:
             series = scrape_series(app)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    REAL_WORKER_INTERVAL,
     Series,
     assert_runtimes_bucketed,
     scrape_series,
@@ -106,7 +107,9 @@ STATE_OF_REGISTRY = {
 
 
 def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
-    app = run_exporter(redis_url=redis_url, preset=["rq"])
+    app = run_exporter(
+        {"sample_interval": REAL_WORKER_INTERVAL}, redis_url=redis_url, preset=["rq"]
+    )
     # the native reader's first read is its baseline: jobs are produced after it
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:rq"))
     _driver(rq_python, redis_url, "enqueue", json.dumps(PLAN))
@@ -204,7 +207,10 @@ def test_a_queues_param_narrows_the_workers_too(rq_python, redis_url, run_export
     """queues: [mail]: a worker serving mail and video (its rq:worker hash lists both) is a
     worker of mail alone, as the depths are; stopped, it leaves mail's workers."""
     preset = {"name": "rq", "params": {"queues": ["mail"]}}
-    app = run_exporter({"presets": [preset], "sources": {"redis": {"url": redis_url}}})
+    sources = {"redis": {"url": redis_url}}
+    app = run_exporter(
+        {"presets": [preset], "sources": sources, "sample_interval": REAL_WORKER_INTERVAL}
+    )
     worker = _worker(rq_python, redis_url, "mail", "video", burst=False)
 
     def workers() -> dict[str, float]:
