@@ -107,9 +107,8 @@ STATE_OF_REGISTRY = {
 
 
 def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
-    app = run_exporter(
-        {"sample_interval": REAL_WORKER_INTERVAL}, redis_url=redis_url, preset=["rq"]
-    )
+    # The default interval: a job that fails after 1 s is seen started by a read during its run.
+    app = run_exporter(redis_url=redis_url, preset=["rq"])
     # the native reader's first read is its baseline: jobs are produced after it
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:rq"))
     _driver(rq_python, redis_url, "enqueue", json.dumps(PLAN))
@@ -180,8 +179,13 @@ def test_rq_with_real_workers(rq_python, redis_url, run_exporter):
         }
         assert queues == set(truth["all_queues"])
 
-        # a worker that stays: idle on its queue; stopped, it leaves queue_workers
-        assert value(series, "queue_workers", system="rq", queue="idle", state="idle") == 1
+        # a worker that stays: idle on its queue (at a read that succeeded: beside busy loops
+        # reads cut off at their deadline let it age out meanwhile); stopped, it leaves
+        def idle_worker() -> bool:
+            series = scrape_series(app)
+            return value(series, "queue_workers", system="rq", queue="idle", state="idle") == 1
+
+        wait_for(idle_worker, timeout=120)
         _stop(idle)
         wait_for(
             lambda: (
