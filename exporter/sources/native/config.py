@@ -203,7 +203,7 @@ class SaqReaderConfig(ReaderConfig):
         description="execution and wait times from each finished job's record (a PTTL per "
         "job key and read, a GET per newly finished job)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore", "pttl", "zscore")
+    ACL_COMMANDS = ("scan", "zrangebyscore", "pttl", "zscore", "time")
 
     def acl_read_keys(self) -> list[str]:
         jobs = ["saq:job:*", "saq:*:incomplete"] if self.runtimes else []

@@ -10,8 +10,12 @@ record again with SETEX for the job's `ttl` (600 s by default), SET for ttl 0 (k
 or deletes it (ttl -1: no record to read). There is no set of finished jobs.
 
 So every read lists the job keys (the reader's one SCAN), asks the remaining life (PTTL) of
-each, and asks `incomplete` (ZSCORE) about those with none: a finished record is one with a
-ttl, or one without that is no longer incomplete. Only the finished records not seen before
+each between two readings of Redis' clock (TIME), and asks `incomplete` (ZSCORE) about those
+with none: a finished record is one with a ttl, or one without that is no longer incomplete.
+A record's expiry is known to within the time Redis took over those PTTLs (Redis' own clock:
+how late this process ran, or how long its SCAN took, does not move it), so a record written
+again a few milliseconds or more after its last finish is told from the same record read
+again. Only the finished records not seen before
 (a key not remembered, or one whose expiry moved: written again) are read (GET), at most
 MAX_READS per read, the rest at the next. A record is observed once per `completed`: one
 remembered with the same or an earlier `completed` is not observed again, so a job updated
@@ -44,15 +48,28 @@ JOB_PREFIX = "saq:job:"
 MAX_READS = 10_000
 # A job's JSON: its kwargs and result, usually small; larger is refused, not parsed.
 MAX_JOB_BYTES = 1 << 20
-# An expiry (read time + PTTL) that moved by more than this was written again.
-SAME_EXPIRY_MS = 1_000
+# PTTL's rounding: an expiry read twice may differ by this much without a write between.
+PTTL_ROUNDING_MS = 1
 FINISHED = ("complete", "failed", "aborted")
 
 
 @dataclass(slots=True)
 class _Seen:
-    expiry_ms: float | None  # when its record expires; None: kept for ever
+    expiry: Expiry | None  # when its record expires; None: kept for ever
     completed_ms: float  # its completion time (or the baseline's time) as last read
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """When a record expires by Redis' clock, in ms: at `at_ms`, or up to `slack_ms` later
+    (the time Redis took over the read's PTTLs)."""
+
+    at_ms: float
+    slack_ms: float
+
+    def moved(self, other: Expiry) -> bool:
+        """The record was written again between the two readings."""
+        return abs(self.at_ms - other.at_ms) > self.slack_ms + other.slack_ms + PTTL_ROUNDING_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +83,7 @@ class JobRecord:
     """A finished job's record as read: its JSON, or the error reply reading it gave."""
 
     job: JobKey
-    expiry_ms: float | None
+    expiry: Expiry | None
     raw: Any
 
 
@@ -79,11 +96,11 @@ class FinishedJobs:
         self._baseline_taken = False
 
     def read(self, client: redis.Redis, keys: list[JobKey], now_ms: float) -> list[JobRecord]:
-        """The records finished since the last read (none on the first read: the baseline).
-        Backend errors raise."""
+        """The records finished since the last read (none on the first read: the baseline,
+        taken as finished at `now_ms`). Backend errors raise."""
         present = {job.key for job in keys}
         self._seen = {key: seen for key, seen in self._seen.items() if key in present}
-        expiries = self._expiries(client, keys, now_ms)
+        expiries = self._expiries(client, keys)
         wanted = [job for job in keys if job.key in expiries and self._changed(job, expiries)]
         if not self._baseline_taken:
             for job in wanted:
@@ -99,24 +116,27 @@ class FinishedJobs:
             JobRecord(job, expiries[job.key], raw) for job, raw in zip(wanted, replies, strict=True)
         ]
 
-    def _expiries(
-        self, client: redis.Redis, keys: list[JobKey], now_ms: float
-    ) -> dict[str, float | None]:
+    def _expiries(self, client: redis.Redis, keys: list[JobKey]) -> dict[str, Expiry | None]:
         """Each finished record's expiry (None: kept for ever); a key incomplete again (a
         key enqueued again) is forgotten, to be read once it finished."""
+        if not keys:
+            return {}
         pipe = client.pipeline(transaction=False)
+        pipe.time()
         for job in keys:
             pipe.pttl(job.key)
-        lives = pipe.execute(raise_on_error=False) if keys else []
+        pipe.time()
+        first, *lives, last = pipe.execute(raise_on_error=False)
+        began_ms, ended_ms = _clock_ms(first), _clock_ms(last)
         endless = [job for job, life in zip(keys, lives, strict=True) if life == -1]
         pipe = client.pipeline(transaction=False)
         for job in endless:
             pipe.zscore(f"saq:{job.queue}:incomplete", job.key)
         scores = pipe.execute(raise_on_error=False) if endless else []
-        expiries: dict[str, float | None] = {}
+        expiries: dict[str, Expiry | None] = {}
         for job, life in zip(keys, lives, strict=True):
             if isinstance(life, int) and life >= 0:
-                expiries[job.key] = now_ms + life
+                expiries[job.key] = Expiry(began_ms + life, ended_ms - began_ms)
         for job, score in zip(endless, scores, strict=True):
             if score is None:
                 expiries[job.key] = None
@@ -124,14 +144,14 @@ class FinishedJobs:
                 self._seen.pop(job.key, None)
         return expiries
 
-    def _changed(self, job: JobKey, expiries: dict[str, float | None]) -> bool:
+    def _changed(self, job: JobKey, expiries: dict[str, Expiry | None]) -> bool:
         """A finished record not seen as it is now: new, or written again since."""
         seen, expiry = self._seen.get(job.key), expiries[job.key]
         if seen is None:
             return True
-        if seen.expiry_ms is None or expiry is None:
-            return seen.expiry_ms is not expiry
-        return abs(seen.expiry_ms - expiry) > SAME_EXPIRY_MS
+        if seen.expiry is None or expiry is None:
+            return seen.expiry is not expiry
+        return seen.expiry.moved(expiry)
 
     def observe(self, signals: Signals, record: JobRecord) -> None:
         """One finished record's times into the histograms, once per `completed`. A record
@@ -140,7 +160,7 @@ class FinishedJobs:
         key, queue = record.job.key, record.job.queue
         seen = self._seen.get(key)
         before = seen.completed_ms if seen else -math.inf
-        self._seen[key] = _Seen(record.expiry_ms, before)
+        self._seen[key] = _Seen(record.expiry, before)
         job = _job(record.raw)
         if job is None:  # gone, or not finished yet (aborting): read again
             self._seen.pop(key)
@@ -155,6 +175,14 @@ class FinishedJobs:
             raise numbers.InvalidValue("bad_value", "function or queue is no name of this job")
         for metric, value in _times(job, completed, latest):
             signals.tally.observe(metric, (self.system, queue, function, ""), value)
+
+
+def _clock_ms(reply: Any) -> float:
+    """Redis' TIME (seconds, microseconds) in ms; an error reply raises."""
+    if isinstance(reply, Exception):
+        raise reply
+    seconds, microseconds = reply
+    return int(seconds) * 1000 + int(microseconds) / 1000
 
 
 def _job(raw: Any) -> dict[str, Any] | None:
