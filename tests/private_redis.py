@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -16,14 +17,33 @@ from tests.claims import claim_port
 
 def free_port() -> int:
     """A port nothing listens on now, claimed for this process (tests/claims.py): no other test
-    process is handed it while this one lives."""
-    for _ in range(100):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        if claim_port(port):
+    process is handed it while this one lives. Drawn below the ephemeral range: a port of that
+    range, free while its server is stopped, can become the local port of any outgoing
+    connection, and the server started again on it (a test restarting its Redis) then fails to
+    bind (seen in CI). Drawn by a generator of its own: a test seeding `random` cannot repeat it."""
+    draw = random.SystemRandom()
+    for _ in range(1000):
+        port = draw.randrange(10_000, ephemeral_low())
+        if is_free(port) and claim_port(port):
             return port
     raise RuntimeError("no free port left to claim")
+
+
+def ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def is_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 class PrivateRedis:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -12,8 +11,9 @@ from pathlib import Path
 import redis
 import redis.cluster
 
+from tests.claims import claim_port
 from tests.conftest import wait_for
-from tests.private_redis import PrivateRedis, free_port
+from tests.private_redis import PrivateRedis, ephemeral_low, free_port, is_free
 
 SERVICE = "queues"
 
@@ -196,36 +196,21 @@ def cluster_ports(count: int) -> list[int]:
     """Ports for `count` cluster nodes, each with its cluster bus port (port + 10000) free too,
     all of them distinct and below the ephemeral range. A bus port in that range (as one over
     30000 was) could be taken, between this choice and its node's start, as the local port of
-    any process's outgoing connection, or handed out by free_port(); the node then failed to
-    start. Drawn by a generator of their own: a test seeding `random` cannot repeat them."""
-    below = max(_ephemeral_low() - 10_000, 10_001)
+    any process's outgoing connection; the node then failed to start. Both are claimed, so
+    free_port(), which draws from the same range, does not hand them out. Drawn by a generator of their own: a test seeding `random` cannot repeat them."""
+    below = max(ephemeral_low() - 10_000, 10_001)
     draw = random.SystemRandom()
     chosen: list[int] = []
     for _ in range(1000):
         port = draw.randrange(10_000, below)
         pair = {port, port + 10_000}
         taken = {*chosen, *(number + 10_000 for number in chosen)}
-        if not pair & taken and all(_free(number) for number in pair):
+        free = not pair & taken and all(is_free(number) for number in pair)
+        if free and claim_port(port) and claim_port(port + 10_000):
             chosen.append(port)
             if len(chosen) == count:
                 return chosen
     raise RuntimeError("no free port pairs for the cluster's nodes")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 class ClusterSetup:
