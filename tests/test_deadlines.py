@@ -264,9 +264,17 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     )
     redis_proxy.freeze()
     postgres_proxy.freeze()
-    # Every client is blocked: the lease's renewal, the consumer's read, the key sampler's scan
-    # and a collector's query wait on the frozen servers (a sleep may end before they do).
-    wait_for(lambda: _all_blocked(redis_proxy.awaiting(), postgres_proxy.held()), timeout=60)
+    # Every client has blocked: the lease's renewal, the consumer's read, the key sampler's scan
+    # and a collector's query waited on the frozen servers (a sleep may end before they do).
+    # Each is noted once seen: one cut off at its deadline backs off before it waits again, so
+    # on a loaded host all of them at one moment may never be seen.
+    seen: set[str] = set()
+
+    def every_client_blocked() -> bool:
+        seen.update(redis_proxy.awaiting())
+        return _all_blocked(seen, postgres_proxy.held())
+
+    wait_for(every_client_blocked, timeout=60)
     load = process_cost()  # what this machine's load adds to a process's stop, now
     stopped_in, stderr = serve.sigterm()
     assert stopped_in < 5 + load, (stopped_in, load, stderr[-3000:])
