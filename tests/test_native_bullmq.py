@@ -145,9 +145,10 @@ def test_counts_and_runtimes_equal_what_the_workers_did(bullmq, redis_url, run_e
 
 
 # The reader times a job removed when it completed by its events' stream ids (Redis's clock), a
-# few ms from the times BullMQ's Node process wrote: a runtime this close to a bucket's bound
-# may fall on either side of it.
-CLOCKS_APART = 0.05
+# few ms from the times BullMQ's Node process wrote, more on a loaded host (CI: a 63 ms job by
+# BullMQ's times in the reader's 10 ms bucket): a runtime this close to a bucket's bound may
+# fall on either side of it.
+CLOCKS_APART = 0.2
 
 
 def _runtimes(completed: list[dict[str, Any]], job_type: str) -> list[float]:
