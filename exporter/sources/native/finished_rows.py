@@ -8,6 +8,15 @@ leader election a replica that leads again after another one led gets a new read
 (framework.Terms), so no job is counted twice; jobs that finished while no exporter ran (a
 restart) are not counted.
 
+The position is the `cursor` column, and where `cursor` alone does not tell two rows apart (a
+completion time many jobs share: one transaction finishing a batch) the `cursor_<name>` columns
+after it, which the query receives as `{after_<name>}`: it pages by the whole tuple (keyset
+pagination, e.g. `(completed_on, name, id) > (...)`), so a page that ends within a run of equal
+times resumes inside it, not past it. The next read starts after the last row of the page as the
+query ordered it (SQL's order, e.g. a text column's collation, not Python's); `cursor` never
+moves back. A baseline without `cursor_<name>` columns leaves them NULL, which the query must
+read as "every row at `cursor` counted" (a row comparison with NULL is not true).
+
 A row it cannot read (an unknown outcome, a NULL queue, a negative duration) costs that row
 alone (framework.Signals.record), named with the preset's table and the column at fault.
 """
@@ -44,18 +53,19 @@ class FinishedRowsReader:
         self.config = config
         self._connector = connector
         self._timeout = timeout
-        self._cursor: Any = None  # the last position counted; None until the baseline
+        self._ties = config.tie_columns()  # cursor_<name> columns, in the query's order
+        # The last position counted: {after: cursor, after_<name>: cursor_<name>}; None until
+        # the baseline.
+        self._after: dict[str, Any] | None = None
         self._thread: int | None = None
 
     def read(self, signals: Signals) -> None:
         self._thread = threading.get_ident()
-        if self._cursor is None:
-            rows, _, _ = self._connector.fetch(self.config.baseline, self._timeout, 1)
-            self._cursor = rows[0][0] if rows and rows[0][0] is not None else 0
+        if self._after is None:
+            self._after = self._baseline()
             return
-        query = sql.SQL(self.config.query).format(
-            after=sql.Literal(self._cursor), limit=sql.Literal(self.config.max_rows)
-        )
+        after = {name: sql.Literal(value) for name, value in self._after.items()}
+        query = sql.SQL(self.config.query).format(**after, limit=sql.Literal(self.config.max_rows))
         rows, columns, _ = self._connector.fetch(
             query.as_string(None), self._timeout, self.config.max_rows
         )
@@ -64,12 +74,30 @@ class FinishedRowsReader:
             position = row[index["cursor"]]
             with signals.record(f"{self.config.table} row {position}"):
                 self._count(signals, row, index)
-            if position is not None and position > self._cursor:
-                self._cursor = position
+            if position is not None and position >= self._after["after"]:
+                self._after = self._position(row, index)
+
+    def _baseline(self) -> dict[str, Any]:
+        rows, columns, _ = self._connector.fetch(self.config.baseline, self._timeout, 1)
+        if not rows or rows[0][0] is None:  # no finished row yet
+            return {"after": 0, **{f"after_{tie}": None for tie in self._ties}}
+        index = {name: position for position, (name, _) in enumerate(columns)}
+        index["cursor"] = 0  # the baseline's first column, whatever its name
+        return self._position(rows[0], index)
+
+    def _position(self, row: Sequence[Any], index: dict[str, int]) -> dict[str, Any]:
+        def at(name: str) -> Any:
+            return row[index[name]] if name in index else None
+
+        return {
+            "after": at("cursor"),
+            **{f"after_{tie}": at(f"cursor_{tie}") for tie in self._ties},
+        }
 
     def _columns(self, columns: Sequence[tuple[str, int]]) -> dict[str, int]:
         index = {name: position for position, (name, _) in enumerate(columns)}
-        missing = [name for name in REQUIRED if name not in index]
+        required = (*REQUIRED, *(f"cursor_{tie}" for tie in self._ties))
+        missing = [name for name in required if name not in index]
         if missing:
             raise QueryShapeError(
                 f"{self.name} ({self.config.table}): the query returns no column "

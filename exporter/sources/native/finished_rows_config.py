@@ -7,12 +7,16 @@ past a position, oldest first. Light: loaded by the configuration without psycop
 
 from __future__ import annotations
 
+import re
+
 from pydantic import Field, field_validator
 
 from exporter.models import StrictModel
 
 # What a finished row says happened, as the query's `outcome` column spells it.
 OUTCOMES = ("completed", "failed", "retried")
+# {after_<name>} in the query: the last row's column cursor_<name>, a tie-breaker of `cursor`.
+_TIE = re.compile(r"\{after_(\w+)\}")
 
 
 class FinishedRowsConfig(StrictModel):
@@ -31,7 +35,10 @@ class FinishedRowsConfig(StrictModel):
     query: str = Field(
         description="the rows finished after {after} (the last position counted), at most "
         "{limit}, ordered by cursor; columns cursor, queue, job_type, outcome (completed, "
-        "failed, retried) and, may be NULL, execution_seconds, wait_seconds, error_type"
+        "failed, retried) and, may be NULL, execution_seconds, wait_seconds, error_type. Where "
+        "rows can share a cursor, each {after_<name>} is the last row's column cursor_<name> "
+        "(NULL after a baseline without it: every row at {after} counted), and the query pages "
+        "by (cursor, cursor_<name>...) in that order"
     )
     interval: float | None = Field(
         None, gt=0, description="seconds between reads (default: the postgres sample_interval)"
@@ -50,3 +57,7 @@ class FinishedRowsConfig(StrictModel):
         if missing:
             raise ValueError(f"the query must use {' and '.join(missing)}")
         return query
+
+    def tie_columns(self) -> tuple[str, ...]:
+        """The <name>s of the query's {after_<name>} placeholders, in order of first use."""
+        return tuple(dict.fromkeys(_TIE.findall(self.query)))
