@@ -138,10 +138,9 @@ class Cycle:
         # partly summed
         self.lost_groups: set[int] = set()
         self.node_answered = False  # some cluster node answered: the source is up
-        # What once() found (BullMQ's groups share one SCAN of meta keys), and what of it was
-        # found without some node
-        self._found: dict[str, list[str]] = {}
-        self._partial: set[str] = set()
+        # What once() found (BullMQ's groups share one SCAN of meta keys), and whether some
+        # node's part of it is missing
+        self._found: dict[str, tuple[list[str], bool]] = {}
         # (group, key) whose WRONGTYPE reply asked its TYPE this cycle: asked once for its reads
         self._typed: set[tuple[int, bytes]] = set()
 
@@ -154,10 +153,9 @@ class Cycle:
         its SCAN), and whether some cluster node's part of it is missing."""
         if name not in self._found:
             lost = len(self.lost_groups)
-            self._found[name] = find()
-            if len(self.lost_groups) > lost:
-                self._partial.add(name)
-        return self._found[name], name in self._partial
+            found = find()
+            self._found[name] = found, len(self.lost_groups) > lost
+        return self._found[name]
 
     def commands_for_key(
         self, tally: GroupTally, key: bytes, captured: dict[str, str], labels: Labels
@@ -189,13 +187,20 @@ class Cycle:
             self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
         if group.type == "stream":
             yield from self._stream(tally, key, labels)
-        elif group.priority_bands is not None:
-            yield from self._bands(tally, key, labels, captured)
         elif group.split_by is not None:
             yield from self._split(tally, key, labels)
             return
-        elif group.scores is not None:
-            yield from self._window(tally, key, labels, captured)
+        elif group.priority_bands is not None or group.scores is not None:
+            for part, low, high in self._score_ranges(group, labels):
+                yield ("ZCOUNT", key, low, high), self._depth(tally, part), tally
+                if group.oldest is not None:  # the first item of the range (a window's: head)
+                    first = (
+                        ("ZREVRANGEBYSCORE", high, low)
+                        if group.oldest.end == "tail"
+                        else ("ZRANGEBYSCORE", low, high)
+                    )
+                    read = script_read(*first, "LIMIT", 0, 1, "WITHSCORES")
+                    yield (ITEM_READ, key, read), self._head_time(tally, part, captured), tally
         else:
             yield (DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
             if group.oldest is not None and group.type in ("list", "zset"):
@@ -207,37 +212,17 @@ class Cycle:
             count_due = ("ZCOUNT", key, "-inf", f"({scores_now(self.now, group.due)!r}")
             yield count_due, self._record(BY_NAME[group.due.metric], labels), tally
 
-    def _bands(
-        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
-    ) -> Iterator[Command]:
-        """A zset whose score encodes the priority: depth and head item per band."""
-        group = tally.group
-        bands = group.priority_bands
-        assert bands is not None
-        for band, priority in sorted(bands.names.items()):
-            low, high = f"{band * bands.width!r}", f"({(band + 1) * bands.width!r}"
-            band_labels = labels._replace(priority=priority)
-            yield ("ZCOUNT", key, low, high), self._depth(tally, band_labels), tally
-            if group.oldest is None:
-                continue
-            command, start, end = (
-                ("ZREVRANGEBYSCORE", high, low)
-                if group.oldest.end == "tail"
-                else ("ZRANGEBYSCORE", low, high)
-            )
-            yield (
-                (ITEM_READ, key, script_read(command, start, end, "LIMIT", 0, 1, "WITHSCORES")),
-                self._head_time(tally, band_labels, captured),
-                tally,
-            )
-
-    def _window(
-        self, tally: GroupTally, key: bytes, labels: Labels, captured: dict[str, str]
-    ) -> Iterator[Command]:
-        """A zset whose score is the time each item may run: depth and head of the items due
-        by now, or of those still ahead."""
-        group = tally.group
-        window = group.scores
+    def _score_ranges(self, group: KeyGroup, labels: Labels) -> list[tuple[Labels, str, str]]:
+        """The score ranges a zset is read in, each (labels, low, high): one per priority band
+        (the score encodes the priority), or the window of the items due by now or of those
+        still ahead (the score is the time each may run)."""
+        bands, window = group.priority_bands, group.scores
+        if bands is not None:
+            width = bands.width
+            return [
+                (labels._replace(priority=name), f"{band * width!r}", f"({(band + 1) * width!r}")
+                for band, name in sorted(bands.names.items())
+            ]
         assert window is not None
         limit = scores_now(self.now, window)
         low, high = {
@@ -245,10 +230,7 @@ class Cycle:
             "ahead": (f"({limit!r}", "+inf"),
             "positive": ("(0", "+inf"),
         }[window.window]
-        yield ("ZCOUNT", key, low, high), self._depth(tally, labels), tally
-        if group.oldest is not None:
-            first = script_read("ZRANGEBYSCORE", low, high, "LIMIT", 0, 1, "WITHSCORES")
-            yield (ITEM_READ, key, first), self._head_time(tally, labels, captured), tally
+        return [(labels, low, high)]
 
     def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
         """Depth (and head age, due count) per label value read from each item. The key's
@@ -256,10 +238,11 @@ class Cycle:
         group = tally.group
         split = group.split_by
         assert split is not None
-        depth = [0]
+        depth = 0
 
         def on_depth(reply: Any) -> None:
-            depth[0] = int(reply)
+            nonlocal depth
+            depth = int(reply)
 
         yield (DEPTH_COMMAND[group.type], key), on_depth, tally
         last = split.max_items - 1
@@ -268,20 +251,10 @@ class Cycle:
             "zset": script_read("ZRANGE", 0, last, "WITHSCORES"),
             "hash": script_read("HVALS"),
         }[group.type]
-        items = (ITEM_READ, key, bound_each(read))
-        yield items, self._split_items(tally, key, labels, depth), tally
-
-    def _split_items(
-        self, tally: GroupTally, key: bytes, labels: Labels, depth: list[int]
-    ) -> OnReply:
-        group = tally.group
-        split = group.split_by
-        assert split is not None
         due = BY_NAME[group.due.metric] if group.due is not None else None
         due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
-        selection = group.select.get(split.label, ["*"])
-        keeps = Selector(selection)
+        keeps = Selector(group.select.get(split.label, ["*"]))
 
         def on_items(reply: Any) -> None:
             items = _listed_items(reply, scored=group.type == "zset")
@@ -307,7 +280,7 @@ class Cycle:
                     )
                 if keep_last or value not in heads:
                     heads[value] = (item, score)
-            unread = depth[0] - len(items)
+            unread = depth - len(items)
             if unread > 0:
                 self._depth(tally, labels._replace(**{split.label: UNREAD}))(unread)
                 tally.failed(key, "items_unread", f"{unread} beyond max_items")
@@ -322,30 +295,22 @@ class Cycle:
                     self.samples.add_labelled(due, named.for_metric(due), 0.0)
             new = sorted(value for value in keeps.left_out if value not in tally.unselected)
             tally.left_out(split.label, new)
-            if group.oldest is not None:
-                self._split_ages(tally, key, labels, heads)
+            oldest = group.oldest
+            if oldest is None:
+                return
+            for value, (item, score) in heads.items():  # each head's age, failing alone
+                if isinstance(item, int):  # too large to read (counted): a score tells its time
+                    if oldest.time_in != "score":
+                        continue
+                    item = b""
+                try:
+                    self._age(
+                        labels._replace(**{split.label: value}), item_time(oldest, item, score)
+                    )
+                except Exception as error:  # hostile data may raise anything
+                    tally.failed(key, exception_reason(error))
 
-        return on_items
-
-    def _split_ages(
-        self,
-        tally: GroupTally,
-        key: bytes,
-        labels: Labels,
-        heads: dict[str, tuple[bytes | int, float | None]],
-    ) -> None:
-        """The age of each label value's head item; one that cannot be read fails alone."""
-        oldest, split = tally.group.oldest, tally.group.split_by
-        assert oldest is not None and split is not None
-        for value, (item, score) in heads.items():
-            if isinstance(item, int):  # too large to read (counted): only a score tells its time
-                if oldest.time_in != "score":
-                    continue
-                item = b""
-            try:
-                self._age(labels._replace(**{split.label: value}), item_time(oldest, item, score))
-            except Exception as error:  # hostile data may raise anything
-                tally.failed(key, exception_reason(error))
+        yield (ITEM_READ, key, bound_each(read)), on_items, tally
 
     def _stream(self, tally: GroupTally, key: bytes, labels: Labels) -> Iterator[Command]:
         group = tally.group
@@ -558,7 +523,7 @@ class Cycle:
                 if self.nodes is not None and self.nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
                     self.lose_group(tally, key_of(args), str(reply)[:80], reason)
-                elif (args[2] if args[0] is ASKED else args)[0] == "TYPE":  # not read: unnamed
+                elif args[0] == "TYPE":  # not read: unnamed
                     tally.failed(key_of(args), "wrong_type")
                 elif reason == "wrong_type":
                     yield from self.wrong_type(tally, key_of(args))
