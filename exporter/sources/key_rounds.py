@@ -11,13 +11,9 @@ other commands go to their slot's node (an ASK reply's, to the node it names, af
 A node that fails loses the groups of the keys it was to read; if no node answered this
 cycle, the source is down.
 
-This loop replaced a SCAN a page ahead on a connection of its own, a round kept in flight
-while the last one's replies were handled, a third connection for follow-ups and, on a
-cluster, a Rounds per node and per ASK target plus a scanner each: measured before and after
-in interleaved runs (docs/benchmarks.md, "One transport shape"), the CPU of a 100,000-key
-cycle against the floor's was 1.28x and 1.52x after, 1.46x and 1.50x before (10,000 keys:
-1.20x-1.21x after, 1.16x-1.26x before), and a 3-primary cluster's cycle took 1.02x-1.20x the
-CPU of one server's after, 1.00x-1.09x before: the machinery bought no measured speed.
+The SCAN a page ahead, the round kept in flight and the per-node machinery this loop replaced
+bought no measured speed (docs/benchmarks.md, "One transport shape": 100,000 keys, 1.28x-1.52x
+the floor's CPU after, 1.46x-1.50x before).
 
 What the replies mean is the cycle's (key_commands.Cycle): this module only batches, sends,
 reads and sorts replies out, and hands them back.
@@ -174,7 +170,7 @@ class Transport:
             self.into.queue(commands)
             return
         self._route(commands)
-        self._send_full()
+        self.flush(full_only=True)
 
     def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
         """Keys of one plain group, placed as add() places commands."""
@@ -189,7 +185,7 @@ class Transport:
                 else:
                     node.queue_plain([plain_key], group.cost)
         if self.into is None:
-            self._send_full()
+            self.flush(full_only=True)
 
     def _route(self, commands: Iterable[Command]) -> None:
         """Each command on its key's node, or (after an ASK reply) on the node it names."""
@@ -230,13 +226,10 @@ class Transport:
                 node.start_scan(glob, count)
         yield from self._run(full_only=False)
 
-    def flush(self) -> None:
-        """Send everything queued, and whatever its replies ask for, until all is handled."""
-        for _ in self._run(full_only=False):
-            pass
-
-    def _send_full(self) -> None:
-        for _ in self._run(full_only=True):
+    def flush(self, full_only: bool = False) -> None:
+        """Send everything queued (with `full_only`, full rounds only), and whatever its
+        replies ask for, until all is handled."""
+        for _ in self._run(full_only):
             pass
 
     def _run(self, full_only: bool) -> Iterator[ScanPage]:

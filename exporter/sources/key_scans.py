@@ -1,13 +1,11 @@
 """Which SCANs a key sampler's cycle runs: one shared by its scanned key groups, or one each.
 
-Why share: a full SCAN makes Redis visit every key of the database, whatever MATCH says: on
-the test machine 0.78 µs a key on Redis 7.0 (which copies each key before MATCH filters it
-out) and 0.46-0.48 µs on 7.2 and 7.4, where returning a key costs Redis only 0.14-0.27 µs
-more (bench/scan_cost.py, docs/benchmarks.md). Groups scanned apart pay for that pass once
-each: Orchestrata's queue and dead-letter groups among 100k other keys cost Redis 7.0 182 ms a
-cycle apart and 92 ms in one shared pass (7.2 and 7.4: 108-111 ms and 55 ms). A shared SCAN's
-MATCH is the groups' common literal prefix ("orchestrata:*"; "*" when they have none), and
-the sampler matches each key it returns against every group's pattern.
+Why share: a full SCAN makes Redis visit every key of the database, whatever MATCH says, so
+groups scanned apart pay for that pass once each: Orchestrata's queue and dead-letter groups
+among 100k other keys cost Redis 7.0 182 ms a cycle apart and 92 ms in one shared pass (7.2
+and 7.4: 108-111 ms and 55 ms; per key, bench/scan_cost.py and docs/benchmarks.md). A shared
+SCAN's MATCH is the groups' common literal prefix ("orchestrata:*"; "*" when they have none),
+and the sampler matches each key it returns against every group's pattern.
 
 The price is the keys under that prefix that no group takes (an app's job hashes beside its
 queues, Runner-Q's activity hashes under "*"): each is sent and passed over for nothing. So

@@ -28,18 +28,9 @@ import redis
 from exporter.catalog import SOURCE_LABEL
 from exporter.logs import LogLimiter
 from exporter.redis_cluster import ClusterNodes
-from exporter.redis_connection import (
-    follow_failover,
-    redis_error_reason,
-    sever,
-)
+from exporter.redis_connection import follow_failover, redis_error_reason, sever
 from exporter.samples import SampleSet
-from exporter.sources.key_commands import (
-    Cycle,
-    Learned,
-    PlainGroup,
-    response_reason,
-)
+from exporter.sources.key_commands import Cycle, Learned, PlainGroup, response_reason
 from exporter.sources.key_groups import (
     SetMembers,
     key_regex,
@@ -49,13 +40,7 @@ from exporter.sources.key_groups import (
 )
 from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
-from exporter.sources.key_types import (
-    GroupTally,
-    KeyMatch,
-    Route,
-    labels_for,
-    text,
-)
+from exporter.sources.key_types import GroupTally, KeyMatch, Route, labels_for, text
 from exporter.sources.key_values import built_pages, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
