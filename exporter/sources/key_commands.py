@@ -373,13 +373,11 @@ class Cycle:
         oldest = tally.group.oldest
         assert oldest is not None
         key, read = kept_where(oldest, captured, item)
-        return (ITEM_READ, key, read), self._hash_time(oldest, labels), tally
 
-    def _hash_time(self, oldest: OldestItem, labels: Labels) -> OnReply:
-        def on_field(reply: Any) -> None:
+        def on_time(reply: Any) -> None:
             self._age(labels, kept_time(oldest, reply))
 
-        return on_field
+        return (ITEM_READ, key, read), on_time, tally
 
     def _kept_times(self, tally: GroupTally, reads: list[tuple[bytes, Args, Labels]]) -> Command:
         """One command reading the times a plain group's head items name (one bounded_reads),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import Literal, get_args
 
 from pydantic import Field, model_validator
@@ -317,12 +318,15 @@ def placeholders(pattern: str) -> list[str]:
     return list(pattern_parts(pattern)[1::2])
 
 
+def rebuilt(pattern: str, text: Callable[[str], str], placeholder: Callable[[str], str]) -> str:
+    """The pattern with its literal parts made `text`, its placeholders `placeholder` (by name)."""
+    parts = enumerate(pattern_parts(pattern))
+    return "".join(placeholder(part) if index % 2 else text(part) for index, part in parts)
+
+
 def scan_glob(pattern: str) -> str:
     """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
-    return "".join(
-        "*" if index % 2 else _glob_literal(part)
-        for index, part in enumerate(pattern_parts(pattern))
-    )
+    return rebuilt(pattern, _glob_literal, lambda _: "*")
 
 
 def shared_glob(patterns: list[str]) -> str:
@@ -348,10 +352,7 @@ def _glob_literal(text: str) -> str:
 
 def key_regex(pattern: str) -> re.Pattern[str]:
     """A regex that matches a key of the pattern and captures each placeholder by name."""
-    body = "".join(
-        f"(?P<{part}>.+)" if index % 2 else re.escape(part)
-        for index, part in enumerate(pattern_parts(pattern))
-    )
+    body = rebuilt(pattern, re.escape, lambda name: f"(?P<{name}>.+)")
     return re.compile(f"^{body}$", re.DOTALL)
 
 
@@ -364,7 +365,4 @@ def fill(pattern: str, values: dict[str, str]) -> str:
 def _template(pattern: str) -> str:
     """The pattern as a str.format template (its text literal, its placeholders fields): a
     hash key is filled per head item read, and format_map does it several times faster."""
-    return "".join(
-        f"{{{part}}}" if index % 2 else literal(part)
-        for index, part in enumerate(pattern_parts(pattern))
-    )
+    return rebuilt(pattern, literal, lambda name: f"{{{name}}}")

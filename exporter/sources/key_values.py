@@ -15,7 +15,7 @@ import itertools
 import re
 from collections.abc import Iterable, Iterator
 
-from exporter.sources.key_groups import KeyGroup, fill, pattern_parts
+from exporter.sources.key_groups import KeyGroup, fill, rebuilt
 from exporter.sources.key_types import KeyMatch, labels_for
 
 _GLOB = re.compile(r"[*?\[]")
@@ -26,10 +26,7 @@ def member_regex(pattern: str) -> re.Pattern[str]:
     """A regex for a set member format: {value} captures one or more characters, each {_name}
     wildcard any text, empty included (kombu's binding `<routing key>SEP<pattern>SEP<queue>`
     has an empty pattern for a direct exchange)."""
-    body = "".join(
-        ("(?P<value>.+)" if part == "value" else ".*?") if index % 2 else re.escape(part)
-        for index, part in enumerate(pattern_parts(pattern))
-    )
+    body = rebuilt(pattern, re.escape, lambda name: "(?P<value>.+)" if name == "value" else ".*?")
     return re.compile(f"^{body}$", re.DOTALL)
 
 
