@@ -6,6 +6,11 @@ fanout exchange. On kombu's Redis transport that is a PUBLISH on `/<db>.celeryev
 key>` of a kombu message (a JSON envelope, the event JSON in its base64 body). The reader
 subscribes to that pattern: a read, where Celery's own EventReceiver would declare a queue and
 write its binding into the broker. Events published while it is not subscribed are not seen.
+The subscription has a connection of its own, which a read cut off at its deadline keeps (the
+watchdog severs the other one): what is published meanwhile waits there for the next read. A
+subscription lost with its connection (Redis restarted, its output buffer limit) is made again
+by redis-py; each such gap is counted in queue_exporter_events_lost_total (one per gap: how many
+events it held, Redis does not tell) and named in the log.
 Producers that set `task_send_sent_event` add task-sent, which carries the task's queue;
 without it a task's queue is `default_queue`.
 
@@ -35,6 +40,8 @@ import re
 import time
 from base64 import b64decode
 from collections import Counter, OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +57,7 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
 from exporter.sources.key_values import member_values, names, selects
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import MAX_WORKERS, RedisReader, Signals
+from exporter.sources.native.framework import BACKEND_ERRORS, MAX_WORKERS, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -99,7 +106,11 @@ class CeleryReader(RedisReader):
         self.name = "native:celery"
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
+        # The subscription's own client: the watchdog severs the other one (interrupt).
+        self._events_client: redis.Redis | None = None
         self._subscription: redis.client.PubSub | None = None
+        self._confirmed = False  # a subscription was confirmed: any later confirmation is a gap
+        self._interrupted = False  # by the watchdog or a shutdown: the drain stops
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
         self._beyond_limit = 0  # heartbeats of new workers beyond MAX_WORKERS in this read
@@ -114,12 +125,16 @@ class CeleryReader(RedisReader):
         self._declared_at = -math.inf
 
     def read(self, signals: Signals) -> None:
+        """Redis's keys first, the events last: a read that fails (cut off at its deadline, a
+        lost connection) has taken no event yet, so none is dropped with it; they wait on the
+        subscription, which a failed read keeps."""
+        self._interrupted = False
         try:
-            self._drain(self.drain_budget, signals)
             unacked = self._unacked(signals)
             self._refresh_declared(signals)
+            self._drain(signals)
         except Exception:
-            self.close()
+            super().close()  # the subscription stays: its connection is not this one
             raise
         idle = time.monotonic() - self._last_event
         if self.config.report_no_events and idle > self.config.events_timeout:
@@ -130,34 +145,69 @@ class CeleryReader(RedisReader):
             )
         self._report(signals, unacked)
 
+    def interrupt(self) -> None:
+        """The read in progress fails now if it waits on Redis's keys; a drain stops at its
+        next message instead, keeping its subscription and what it buffered."""
+        self._interrupted = True
+        super().interrupt()
+
     def close(self) -> None:
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
-            # Events published while unsubscribed are lost: what ran then is unknown.
-            for task in self._tasks.values():
-                task.started_at = None
+        if self._events_client is not None:
+            self._events_client.close()
+            self._events_client = None
         super().close()
 
     # -- reading --------------------------------------------------------------------------------
 
-    def _drain(self, budget: float, signals: Signals) -> None:
+    def _drain(self, signals: Signals) -> None:
+        """Events waiting on the subscription, until none waits, the drain's budget is spent,
+        the read's deadline passes or the watchdog interrupts it: the rest waits for the next
+        read. A message taken is applied whole (no deadline check within it: _own_fault)."""
         subscription = self._subscribed()
-        deadline = time.monotonic() + budget
-        while time.monotonic() < deadline:
-            message = subscription.get_message(ignore_subscribe_messages=True, timeout=0.05)
+        until, drained = time.monotonic() + self.drain_budget, 0
+        while not (time.monotonic() > until or self._interrupted or signals.deadline.passed()):
+            try:
+                message = subscription.get_message(timeout=0.05)
+            except BACKEND_ERRORS:
+                if not drained:
+                    raise  # nothing to keep: the read fails as its backend does
+                return  # what was drained counts; redis-py subscribes again at the next call
             if message is None:
                 return  # nothing more waiting
-            unread = True
-            with signals.record(message["channel"]):  # a poison message costs itself only
+            if message["type"] == "psubscribe":
+                self._on_confirmed(signals)
+                continue
+            drained += 1
+            with _own_fault(signals, message["channel"]):  # a poison message costs itself only
+                unread = True
                 self._on_message(message["data"], signals)
                 unread = False
             signals.tally.consumed += unread  # a refused message counts as one event
 
+    def _on_confirmed(self, signals: Signals) -> None:
+        """Redis confirmed a subscription: the first, or one redis-py made again after losing
+        its connection (or a new one after the first was dropped), a gap in the events."""
+        if not self._confirmed:
+            self._confirmed = True
+            return
+        signals.tally.lost += 1  # how many events the gap held, Redis does not tell
+        _limited.warning(
+            (id(self), "gap"),  # per reader: each names its first gap at once
+            "celery: the events subscription was lost and made again: events published in "
+            "between were not seen (one gap counted in queue_exporter_events_lost_total) "
+            "[resubscribed]",
+        )
+        for task in self._tasks.values():
+            task.started_at = None  # what ran in the gap is unknown
+
     def _subscribed(self) -> redis.client.PubSub:
         if self._subscription is None:
-            # The subscription's connection is one of the client's pool: interrupt() severs it.
-            subscription = self._connect().pubsub()  # type: ignore[no-untyped-call]
+            if self._events_client is None:
+                self._events_client = self.connection.connect()
+            subscription = self._events_client.pubsub()  # type: ignore[no-untyped-call]
             subscription.psubscribe(self.config.channel_pattern(self.connection))
             self._subscription = subscription
             self._last_event = time.monotonic()
@@ -177,7 +227,7 @@ class CeleryReader(RedisReader):
         self._last_event = time.monotonic()
         signals.tally.consumed += len(batch)
         for event in batch:
-            with signals.record("celery event"):  # one odd event costs itself only
+            with _own_fault(signals, "celery event"):  # one odd event costs itself only
                 if not isinstance(event, dict):
                     raise InvalidValue("bad_value", "an event that is no JSON object")
                 self._apply(event, signals)
@@ -382,6 +432,16 @@ class CeleryReader(RedisReader):
         for (queue, task_id, state), count in unacked.items():
             if task_id not in running_ids and selects(selection, queue):
                 signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)
+
+
+@contextmanager
+def _own_fault(signals: Signals, key: str | bytes) -> Iterator[None]:
+    """signals.record without its deadline check: a message taken off the subscription is gone
+    from it, so it is applied whole; the drain checks the deadline between messages."""
+    try:
+        yield
+    except Exception as error:
+        signals.unreadable(key, error)
 
 
 def _delivery(raw: bytes, now: float) -> tuple[str, str, str]:

@@ -1,0 +1,198 @@
+"""Celery's events across reads that fail: a read cut off at its deadline (by the watchdog
+while it waits on a hung Redis, or on CPU) keeps its subscription, so every event Celery
+publishes meanwhile is counted by the next read; a subscription lost with its connection is a
+gap, counted in queue_exporter_events_lost_total and named in the log. Real Redis, events sent
+by Celery's own EventDispatcher."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+
+import pytest
+from celery import Celery
+
+from exporter.events.config import EventsSourceConfig
+from exporter.events.metrics import EventMetrics
+from exporter.health import HealthBoard
+from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.base import DeadlineExceeded, sample_within_deadline
+from exporter.sources.native.celery import CeleryReader
+from exporter.sources.native.config import CeleryReaderConfig
+from exporter.sources.native.framework import NativeSource, ReadDeadline, ReaderError, Signals
+from exporter.telemetry import Telemetry
+from tests.conftest import REDIS_HOST, REDIS_PORT, parse_exposition, total, value, wait_for
+from tests.tcp_proxy import TcpProxy
+
+EVENTS = 20  # task-succeeded events per batch
+INTERVAL = 2.0  # the reads' interval, and so their deadline
+
+
+def _publish(redis_url: str, count: int) -> None:
+    """`count` task-succeeded events, as a worker sends them (straight to Redis)."""
+    celery = Celery(broker=redis_url)
+    with celery.connection_for_write() as connection:
+        dispatcher = celery.events.Dispatcher(connection, hostname="w@test")
+        for _ in range(count):
+            dispatcher.send("task-succeeded", uuid=str(uuid.uuid4()), runtime=0.01)
+        dispatcher.close()
+
+
+def _heard(redis_url: str, read: Callable[[], float]) -> None:
+    """Read until the reader hears a heartbeat (`read` gives the events it consumed so far):
+    it is subscribed, events published from now on are heard. Heartbeats count no task."""
+
+    def heard() -> bool:
+        celery = Celery(broker=redis_url)
+        with celery.connection_for_write() as connection:
+            dispatcher = celery.events.Dispatcher(connection, hostname="w@test")
+            dispatcher.send("worker-heartbeat", active=0, freq=2.0)
+            dispatcher.close()
+        return read() > 0
+
+    wait_for(heard, timeout=30)
+
+
+class _Feed:
+    """A Celery reader run as the exporter runs it: under its deadline's watchdog."""
+
+    def __init__(self, url: str) -> None:
+        connection = RedisConnectionConfig(url=url)
+        self.telemetry = Telemetry(HealthBoard())
+        metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
+        reader = CeleryReaderConfig()
+        self.source = NativeSource(
+            lambda: CeleryReader(reader, connection, INTERVAL), INTERVAL, metrics
+        )
+
+    def read(self) -> None:
+        sample_within_deadline(self.source)
+
+    def counted(self) -> tuple[float, float]:
+        """(tasks completed, events lost) as the exporter serves them."""
+        series = parse_exposition(self.telemetry.render(False).decode())
+        completed = total(series, "queue_jobs_completed_total", system="celery")
+        lost = value(series, "queue_exporter_events_lost_total", stream="native:celery")
+        return completed, lost or 0.0
+
+    def consumed(self) -> float:
+        """Events read so far (a read first; one cut off on a loaded host is tried again)."""
+        try:
+            self.read()
+        except DeadlineExceeded:
+            return 0.0
+        series = parse_exposition(self.telemetry.render(False).decode())
+        return value(series, "queue_exporter_events_total", stream="native:celery") or 0.0
+
+    def read_until(self, completed: float) -> tuple[float, float]:
+        """Read (a failed read is tried again) until `completed` tasks are counted."""
+
+        def enough() -> tuple[float, float] | None:
+            try:
+                self.read()
+            except Exception:
+                return None
+            counted = self.counted()
+            return counted if counted[0] >= completed else None
+
+        return wait_for(enough, timeout=30)
+
+    def close(self) -> None:
+        self.source.close()
+        self.telemetry.shutdown()
+
+
+def test_a_read_cut_off_by_the_watchdog_keeps_its_subscription(redis_url):
+    """The reader reads through a proxy that freezes (a hung Redis): its read is cut off by the
+    watchdog; what Celery publishes during that read and after it is counted by the next read,
+    none lost. (It was lost: the cut-off read dropped the subscription, made again at the next
+    read.)"""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    database = redis_url.rsplit("/", 1)[1]
+    feed = _Feed(f"redis://127.0.0.1:{proxy.port}/{database}")
+    try:
+        _heard(redis_url, feed.consumed)
+        before, _ = feed.counted()
+        proxy.freeze()
+        _publish(redis_url, EVENTS)  # during the read cut off below
+        with pytest.raises(DeadlineExceeded):
+            feed.read()
+        _publish(redis_url, EVENTS)  # between the cut-off read and the next
+        proxy.thaw()
+        completed, lost = feed.read_until(before + 2 * EVENTS)
+        assert (completed - before, lost) == (2 * EVENTS, 0)
+    finally:
+        feed.close()
+        proxy.cut()
+
+
+def test_a_read_past_its_cpu_deadline_keeps_its_subscription(redis_url):
+    """A read that has spent its deadline stops and fails as `timeout`; the events waiting then,
+    and those published before the next read, are counted by the next read."""
+    reader = CeleryReader(CeleryReaderConfig(), RedisConnectionConfig(url=redis_url), INTERVAL)
+    completed = consumed = 0.0
+
+    def read() -> float:
+        """Tasks completed in one read."""
+        nonlocal consumed
+        signals = Signals()
+        reader.read(signals)
+        assert signals.tally.lost == 0
+        consumed += signals.tally.consumed
+        counts = signals.tally.counts.items()
+        return sum(n for (name, _), n in counts if name == "queue_jobs_completed_total")
+
+    def read_consumed() -> float:
+        read()
+        return consumed
+
+    try:
+        _heard(redis_url, read_consumed)
+        _publish(redis_url, EVENTS)  # waiting when the read below is stopped
+        with pytest.raises(ReaderError) as stopped:
+            reader.read(Signals(deadline=ReadDeadline(wall=0.0, cpu=0.0)))
+        assert stopped.value.reason == "timeout"
+        _publish(redis_url, EVENTS)  # between the stopped read and the next
+
+        def all_counted() -> bool:
+            nonlocal completed
+            completed += read()
+            return completed >= 2 * EVENTS
+
+        wait_for(all_counted, timeout=30)
+        assert completed == 2 * EVENTS
+    finally:
+        reader.close()
+
+
+def test_a_lost_subscription_is_a_gap_counted_and_named(redis_url, caplog):
+    """The subscription's connection breaks (the proxy cuts every connection): events published
+    then are not seen; the subscription is made again, the gap is counted once in
+    queue_exporter_events_lost_total and named in the log, and what comes after is counted."""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    database = redis_url.rsplit("/", 1)[1]
+    feed = _Feed(f"redis://127.0.0.1:{proxy.port}/{database}")
+    try:
+        _heard(redis_url, feed.consumed)
+        before, _ = feed.counted()
+        proxy.cut()
+        _publish(redis_url, EVENTS)  # no one subscribed: lost
+        proxy.start()
+
+        def gap_counted() -> bool:
+            try:
+                feed.read()
+            except Exception:
+                return False  # the connections broken by the cut: the next read connects again
+            return feed.counted()[1] > 0
+
+        with caplog.at_level(logging.WARNING):
+            wait_for(gap_counted, timeout=30)
+        assert "[resubscribed]" in caplog.text
+        _publish(redis_url, EVENTS)  # subscribed again: heard
+        completed, lost = feed.read_until(before + EVENTS)
+        assert (completed - before, lost) == (EVENTS, 1)
+    finally:
+        feed.close()
+        proxy.cut()
