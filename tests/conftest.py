@@ -128,9 +128,9 @@ def stop_process(process: subprocess.Popen[bytes], signum: int, timeout: float =
 
 
 # The sample interval (and each read's deadline) of tests whose native reader follows real
-# workers: beside busy loops a Celery or RQ read took more than 1 s now and then, and a read cut
-# off loses what only that read could see (Celery's events while it resubscribes; workers age
-# out of queue_workers after 2.5 intervals without a read).
+# workers: beside busy loops an RQ read took more than 1 s now and then, and a read cut off
+# loses what only that read could see (workers age out of queue_workers after 2.5 intervals
+# without a read). Celery's reads keep their events across a cut-off (test_native_celery.py).
 REAL_WORKER_INTERVAL = 2.0
 
 
