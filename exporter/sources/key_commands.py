@@ -757,11 +757,9 @@ class PlainGroup:
 
 
 class Presence:
-    """The reply handler of a built key's read that tells whether the key exists (see
-    _TELLS_PRESENCE), then hands the reply on. A list, zset, set or hash exists when its depth
-    is above 0; a stream's XLEN of 0 is followed by EXISTS, since a stream may exist empty; a
-    reply of XINFO GROUPS means the stream exists. A WRONGTYPE reply (another type) means the
-    key exists too: Cycle.handle tells the tally."""
+    """The reply handler of a built key's read that tells whether the key exists (as
+    _TELLS_PRESENCE says; a stream's XLEN of 0 asks EXISTS), then hands the reply on. A
+    WRONGTYPE reply means a key of another type exists: Cycle.handle tells the tally."""
 
     __slots__ = ("command", "key", "tally", "then")
 

@@ -44,10 +44,9 @@ def member_values(members: Iterable[bytes | str], member: str) -> set[str]:
 def select(found: Iterable[str], selection: list[str]) -> tuple[list[str], list[str]]:
     """(kept, left out): names in `selection` are kept whether found or not, globs keep the
     found values they match; the found values nothing selects are left out."""
-    kept, left_out = set(names(selection)), []
-    for value in found:
-        (kept.add(value) if selects(selection, value) else left_out.append(value))
-    return sorted(kept), sorted(left_out)
+    keeps = Selector(selection)
+    kept = {value for value in found if keeps(value)}.union(keeps.names)
+    return sorted(kept), sorted(keeps.left_out)
 
 
 def names(selection: list[str]) -> list[str]:
