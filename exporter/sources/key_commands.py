@@ -37,7 +37,7 @@ from exporter.sources.key_types import (
     Route,
     key_of,
 )
-from exporter.sources.key_values import Selector
+from exporter.sources.key_values import BuiltKeys, Selector
 
 DEPTH = BY_NAME["queue_depth"]
 OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
@@ -106,8 +106,8 @@ class Learned:
     large_heads: set[bytes] = field(default_factory=set)
     # per SCAN (by its groups): which groups took each key, and what it gave them
     routes: dict[tuple[int, ...], dict[bytes, Route]] = field(default_factory=dict)
-    # per enumerated group: the key each combination of values builds, what it gives (key_values)
-    built: dict[int, dict[tuple[str, ...], tuple[bytes, KeyMatch]]] = field(default_factory=dict)
+    # per enumerated group: the keys its values build, what each gives (key_values.BuiltKeys)
+    built: dict[int, BuiltKeys] = field(default_factory=dict)
     # per pattern scanned for values: the value each key found names (RedisKeySampler._scanned)
     named: dict[str, dict[bytes, str]] = field(default_factory=dict)
     # per plain group: where the time each (key, head item) names is kept, and its read

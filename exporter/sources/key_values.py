@@ -13,7 +13,8 @@ import fnmatch
 import functools
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from exporter.sources.key_groups import KeyGroup, fill, rebuilt
 from exporter.sources.key_types import KeyMatch, labels_for
@@ -84,26 +85,35 @@ class Selector:
         return kept
 
 
-def built_pages(
-    group: KeyGroup,
-    choices: dict[str, list[str]],
-    size: int,
-    last: dict[tuple[str, ...], tuple[bytes, KeyMatch]],
-    kept: dict[tuple[str, ...], tuple[bytes, KeyMatch]],
-) -> Iterator[list[tuple[bytes, KeyMatch]]]:
+@dataclass
+class BuiltKeys:
+    """An enumerated group's keys as one cycle built them from its values (`choices`), in
+    pages, and by combination of values. The next cycle reuses them whole when the values are
+    the same (the usual case), else combination by combination: building each key and its
+    labels again (fill, labels_for, its values' dict) cost a bull preset at 10k queues (six
+    groups, 60k keys) about a third of its cycle's CPU beside the reads, and looking each
+    combination up again about 7% more (bench/preset_sampling.py, docs/benchmarks.md)."""
+
+    choices: dict[str, list[str]]
+    pages: list[list[tuple[bytes, KeyMatch]]]
+    by_values: dict[tuple[str, ...], tuple[bytes, KeyMatch]]
+
+
+def built_keys(
+    group: KeyGroup, choices: dict[str, list[str]], size: int, last: BuiltKeys | None
+) -> BuiltKeys:
     """Each combination of the group's placeholders' values (`choices`) as its key and what it
-    gives, `size` at a time; each found in `last` (the last cycle's) when there, and kept in
-    `kept` for the next: building each key and its labels again (fill, labels_for, its values'
-    dict) cost a bull preset at 10k queues (six groups, 60k keys) about a third of its cycle's
-    CPU beside the reads (bench/preset_sampling.py, docs/benchmarks.md)."""
-    names = list(choices)
-    combinations = itertools.product(*choices.values())
-    while page := list(itertools.islice(combinations, size)):
-        for values in page:
-            if values not in last:
-                found = dict(zip(names, values, strict=True))
-                key = fill(group.pattern, found).encode()
-                last[values] = key, KeyMatch(found, labels_for(group, found))
-        built = [last[values] for values in page]
-        kept.update(zip(page, built, strict=True))
-        yield built
+    gives, `size` a page; from `last` (the last cycle's) where it has them."""
+    if last is not None and last.choices == choices:
+        return last
+    known = last.by_values if last is not None else {}
+    names, by_values, built = list(choices), {}, []
+    for values in itertools.product(*choices.values()):
+        one = known.get(values)
+        if one is None:
+            found = dict(zip(names, values, strict=True))
+            one = fill(group.pattern, found).encode(), KeyMatch(found, labels_for(group, found))
+        by_values[values] = one
+        built.append(one)
+    pages = [built[start : start + size] for start in range(0, len(built), size)]
+    return BuiltKeys(choices, pages, by_values)

@@ -41,7 +41,7 @@ from exporter.sources.key_groups import (
 from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.key_types import GroupTally, KeyMatch, Route, labels_for, text
-from exporter.sources.key_values import built_pages, member_values, select
+from exporter.sources.key_values import built_keys, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -280,10 +280,11 @@ class RedisKeySampler:
                 return
             choices[name] = sorted(from_set.union(choices.get(name, [])))
         for name, keys in group.values_from_keys.items():
-            found = set(choices.get(name, []))
-            for pattern in [keys] if isinstance(keys, str) else keys:
-                found.update(self._scanned(cycle, pattern, tally, rounds, "value"))
-            choices[name] = sorted(found)
+            patterns = [keys] if isinstance(keys, str) else keys
+            found = [self._scanned(cycle, pattern, tally, rounds, "value") for pattern in patterns]
+            if name in choices or len(found) > 1:
+                found = [sorted(set(choices.get(name, [])).union(*found))]
+            choices[name] = found[0]  # sorted, each once, as _scanned gives them
         for name, regex in group.values_exclude.items():
             excluded = re.compile(regex)
             choices[name] = [value for value in choices[name] if not excluded.fullmatch(value)]
@@ -291,10 +292,11 @@ class RedisKeySampler:
             if name in choices:  # else split_by's label: selected item by item (key_commands)
                 choices[name], left_out = select(choices[name], selection)
                 tally.left_out(name, left_out)
-        last, kept = cycle.before.built.get(id(group), {}), cycle.learned.built
-        yield from built_pages(
-            group, choices, self.config.scan_count, last, kept.setdefault(id(group), {})
+        built = built_keys(
+            group, choices, self.config.scan_count, cycle.before.built.get(id(group))
         )
+        cycle.learned.built[id(group)] = built
+        yield from built.pages
 
     def _values_from_set(
         self, cycle: Cycle, members: SetMembers, tally: GroupTally, rounds: Transport
