@@ -566,92 +566,128 @@ class Cycle:
 
         Samples go straight into the tables, combined as their specs say (depths add up, ages
         and limits keep the largest: checked where this module is loaded), without a call per
-        sample: this loop runs once per key."""
+        sample: these loops run once per key. A run of one group's keys is read in a loop per
+        kind of reply (depths, due counts, heads), each loop only over the replies it reads."""
         again: list[Command] = []
-        # On one server, the reads of the times head items name: per group, one command
-        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]] = {}
-        samples = self.samples
-        depth_table, age_table = samples.table(DEPTH), samples.table(OLDEST_AGE)
-        max_table = samples.table(MAX_DEPTH)
-        depth_of, age_of, max_of = depth_table.get, age_table.get, max_table.get
-        now, at, heads_at = self.now, 0, 0
+        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]] = {}  # per group, one read
+        at = heads_at = 0
         for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
-            tally, read_time, max_depth = group.tally, group.head_time, group.max_depth
-            built, due, kept_in, series = group.built, group.due_spec, group.kept_in, tally.series
-            known_places, places = group.places_before, group.places
-            due_table = samples.table(due) if due is not None else max_table
-            step = 1 if due is None else 2
-            depths = direct[at : at + step * len(run) : step]
-            dues: Iterable[Any] = itertools.repeat(None)
-            if due is not None:
+            step = 1 if group.due_spec is None else 2
+            skipped: set[bytes] = set()  # keys read again the general way, all their reads
+            again += self._plain_depths(
+                group, run, direct[at : at + step * len(run) : step], skipped
+            )
+            if group.due_spec is not None:
                 dues = direct[at + 1 : at + 2 * len(run) : 2]
+                again += self._plain_dues(group, run, dues, skipped)
             at += step * len(run)
-            run_heads: Iterable[Any] = itertools.repeat(None)
             if group.read is not None:
                 run_heads = heads[heads_at : heads_at + len(run)]
                 heads_at += len(run)
-            # (repeat() stands for the reads a group does not make: checked below, not by zip)
-            for (_, key, match), depth, due_count, head in zip(
-                run, depths, dues, run_heads, strict=False
-            ):
-                labels = match[1]
-                if max_depth is not None:
-                    queue = labels[:2]  # (system, queue)
-                    if not max_of(queue, _LEAST) >= max_depth:
-                        max_table[queue] = max_depth
-                if type(depth) is int:
-                    depth_table[labels] = depth_of(labels, 0.0) + depth
-                    series[labels] = None
-                    if built and depth:  # a built key exists when its depth is above 0
-                        tally.present(key)
-                else:  # an error
-                    if self.nodes is not None:  # the key's other reads failed alike
-                        again += self.commands_for_key(tally, key, match[0], labels)
-                        continue
-                    if built and response_reason(depth) == "wrong_type":
-                        tally.present(key)  # a key of another type exists
-                    again += self._failed_read(tally, key, depth)
-                if type(due_count) is int:
-                    queue = labels[:2]
-                    due_table[queue] = due_table.get(queue, 0.0) + due_count
-                elif due is not None:
-                    again += self._failed_read(tally, key, due_count)
-                if head is None:  # none read, or an empty queue
-                    continue
-                if type(head) is int:  # its size: over the limit, in Redis
-                    self._too_large(tally, key, head)
-                    continue
-                if isinstance(head, redis.ResponseError):
-                    again += self._failed_read(tally, key, head)
-                    continue
-                try:
-                    if kept_in is not None:  # the time is kept where the item points
-                        item = head_item(head)
-                        if item is None:
-                            continue
-                        if self.nodes is not None:  # a read each, which follows ASK (handle)
-                            again.append(self.kept_time_read(tally, match[0], labels, item[0]))
-                            continue
-                        where = known_places.get((key, item[0]))
-                        if where is None:
-                            where = kept_where(kept_in, match[0], item[0])
-                        places[key, item[0]] = where
-                        kept.setdefault(group, []).append((*where, labels))
-                        continue
-                    head_at = None if read_time is None else read_time(head)
-                except Exception as error:  # hostile data may raise anything
-                    _unreadable(tally, key, error)
-                    continue
-                if head_at is None:  # the queue is empty
-                    continue
-                age = now - head_at
-                if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
-                    age = 0.0
-                if not age_of(labels, _LEAST) >= age:
-                    age_table[labels] = age
+                again += self._plain_heads(group, run, run_heads, skipped, kept)
         if (at, heads_at) != (len(direct), len(heads)):
             raise RuntimeError(f"{len(direct)} + {len(heads)} replies for {at} + {heads_at} reads")
         return again + [self._kept_times(group.tally, reads) for group, reads in kept.items()]
+
+    def _plain_depths(
+        self, group: PlainGroup, run: list[PlainKey], depths: list[Any], skipped: set[bytes]
+    ) -> list[Command]:
+        """A run's depths into their table (and the queues' limits); a built key whose depth
+        is above 0 exists. On a cluster a failed one is read again the general way (added to
+        `skipped`: its other replies failed alike)."""
+        tally, built, series = group.tally, group.built, group.tally.series
+        again: list[Command] = []
+        depth_table = self.samples.table(DEPTH)
+        depth_of = depth_table.get
+        if group.max_depth is not None:
+            self._max_depths(group.max_depth, run)
+        for (_, key, match), depth in zip(run, depths, strict=True):
+            labels = match[1]
+            if type(depth) is int:
+                depth_table[labels] = depth_of(labels, 0.0) + depth
+                series[labels] = None
+                if built and depth:  # a built key exists when its depth is above 0
+                    tally.present(key)
+            elif self.nodes is not None:
+                again += self.commands_for_key(tally, key, match[0], labels)
+                skipped.add(key)
+            else:
+                if built and response_reason(depth) == "wrong_type":
+                    tally.present(key)  # a key of another type exists
+                again += self._failed_read(tally, key, depth)
+        return again
+
+    def _max_depths(self, max_depth: float, run: list[PlainKey]) -> None:
+        max_table = self.samples.table(MAX_DEPTH)
+        for _, _, match in run:
+            queue = match[1][:2]  # (system, queue)
+            if not max_table.get(queue, _LEAST) >= max_depth:
+                max_table[queue] = max_depth
+
+    def _plain_dues(
+        self, group: PlainGroup, run: list[PlainKey], dues: list[Any], skipped: set[bytes]
+    ) -> list[Command]:
+        assert group.due_spec is not None
+        due_table = self.samples.table(group.due_spec)
+        again: list[Command] = []
+        for (_, key, match), due_count in zip(run, dues, strict=True):
+            if type(due_count) is int:
+                queue = match[1][:2]
+                due_table[queue] = due_table.get(queue, 0.0) + due_count
+            elif key not in skipped:
+                again += self._failed_read(group.tally, key, due_count)
+        return again
+
+    def _plain_heads(
+        self,
+        group: PlainGroup,
+        run: list[PlainKey],
+        heads: list[Any],
+        skipped: set[bytes],
+        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]],
+    ) -> list[Command]:
+        """A run's head reads: each an age, or (its time kept where the item points) the read
+        of that time, added to `kept` on one server."""
+        tally, read_time, kept_in = group.tally, group.head_time, group.kept_in
+        again: list[Command] = []
+        known_places, places = group.places_before, group.places
+        age_table, now = self.samples.table(OLDEST_AGE), self.now
+        for (_, key, match), head in zip(run, heads, strict=True):
+            if head is None or key in skipped:  # none read, or an empty queue
+                continue
+            if type(head) is int:  # its size: over the limit, in Redis
+                self._too_large(tally, key, head)
+                continue
+            if isinstance(head, redis.ResponseError):
+                again += self._failed_read(tally, key, head)
+                continue
+            labels = match[1]
+            try:
+                if kept_in is not None:  # the time is kept where the item points
+                    item = head_item(head)
+                    if item is None:
+                        continue
+                    if self.nodes is not None:  # a read each, which follows ASK (handle)
+                        again.append(self.kept_time_read(tally, match[0], labels, item[0]))
+                        continue
+                    where = known_places.get((key, item[0]))
+                    if where is None:
+                        where = kept_where(kept_in, match[0], item[0])
+                    places[key, item[0]] = where
+                    kept.setdefault(group, []).append((*where, labels))
+                    continue
+                head_at = None if read_time is None else read_time(head)
+            except Exception as error:  # hostile data may raise anything
+                _unreadable(tally, key, error)
+                continue
+            if head_at is None:  # the queue is empty
+                continue
+            age = now - head_at
+            if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
+                age = 0.0
+            if not age_table.get(labels, _LEAST) >= age:
+                age_table[labels] = age
+        return again
 
     def _failed_read(
         self, tally: GroupTally, key: bytes, error: redis.ResponseError
