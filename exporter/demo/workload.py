@@ -116,11 +116,17 @@ class Workload:
         if self.attune is not None:
             steps.append(self.attune.tick)
         next_tick = time.monotonic()
+        previous = next_tick - TICK  # the first tick's arrivals: one TICK's
         while not stop.is_set():
             now = time.time()
+            # Arrivals over the time since the last tick, not a fixed TICK: workers finish by
+            # the clock, so on a host too busy to tick every TICK a fixed step cut the arrival
+            # rate alone and the under-provisioned backlogs drained (their keys went)
+            started = time.monotonic()
+            dt, previous = started - previous, started
             for step in steps:
                 try:
-                    step(now, TICK)
+                    step(now, dt)
                 except (redis.RedisError, psycopg.Error) as error:
                     # A server restarting or a network blip: this tick's writes of that
                     # system are lost, the simulation goes on.
@@ -128,7 +134,7 @@ class Workload:
                     if self.errors == 1 or self.errors % 100 == 0:
                         log.warning("workload: %s (%d errors so far)", error, self.errors)
             self.ticks += 1
-            next_tick += TICK
+            next_tick = max(next_tick + TICK, time.monotonic())  # late: no catching up
             stop.wait(max(0.0, next_tick - time.monotonic()))
 
     def join(self) -> None:
