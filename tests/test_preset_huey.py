@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from tests.conftest import Series, stop_process, wait_for, wait_until_served_as_
 ROOT = Path(__file__).resolve().parent.parent
 # Huey 3.x in the project's venv (the dev extra), 2.x in a venv of its own (scripts/setup.sh)
 HUEY_PYTHONS = {"huey3": Path(sys.executable), "huey2": ROOT / ".venv/tools/huey2/bin/python"}
-DUE_IN = 8  # seconds: long enough for the consumer to be stopped before it is due
+DUE_IN = 8  # seconds at least; more on a host slower to run the consumer (the test measures)
 
 
 class Huey:
@@ -111,22 +112,28 @@ def test_every_state_as_huey_counts_it(huey_python, redis_url, run_exporter):
     # schedule, and its scheduler moves it back when due. With one worker: two complete, one
     # fails, one is retried in an hour, two wait in the schedule (an hour, and a few seconds)
     work = Huey(huey_python, redis_url, "work")
+    began = time.monotonic()
     work.enqueue(
         {"task": "succeed"},
         {"task": "succeed"},
         {"task": "fail"},
         {"task": "fail_then_retry"},
         {"task": "succeed", "delay": 3600},
-        {"task": "succeed", "delay": DUE_IN},
     )
     consumer = work.consumer()
     try:
-        wait_for(lambda: work.truth()["scheduled"] == 3, timeout=60, interval=0.2)
+        wait_for(lambda: work.truth()["scheduled"] == 2, timeout=120, interval=0.2)
+        # The short delay must reach the schedule and the consumer stop before it is due (else
+        # the consumer runs it): sent only now the consumer is running, with a delay of three
+        # times what starting it and scheduling the first two took on this host, now
+        due_in = max(DUE_IN, 3 * (time.monotonic() - began))
+        work.enqueue({"task": "succeed", "delay": due_in})
+        wait_for(lambda: work.truth()["scheduled"] == 3, timeout=120, interval=0.2)
     finally:
         stop_process(consumer, signal.SIGINT)
     # the consumer gone, three more wait in the queue and the short delay comes due
     work.enqueue(*({"task": "succeed"} for _ in range(3)))
-    work_truth = wait_for(lambda: (t := work.truth())["due"] == 1 and t, timeout=DUE_IN + 30)
+    work_truth = wait_for(lambda: (t := work.truth())["due"] == 1 and t, timeout=due_in + 60)
     assert (work_truth["pending"], work_truth["scheduled"]) == (3, 3)
     # no consumer ever: even the delayed task is pending
     idle = Huey(huey_python, redis_url, "huey")
