@@ -301,11 +301,14 @@ def exporter_alerts(c: RulesConfig) -> list[AlertRule]:
             f"{{{{ $value | humanize }}}} entries of {STREAM} were gone before the "
             f"exporter read them in the last {c.events_lost_window}; event counters undercount.",
             "The stream's MAXLEN trimmed entries the exporter had not consumed (it lagged or "
-            "was down), or Redis lost them (restarted without its data, or from an older copy).",
+            "was down), or Redis lost them (restarted without its data, or from an older copy). "
+            'For `stream="native:celery"`: the Celery reader\'s event subscription was lost '
+            "(its connection dropped) and redone; the events published meanwhile are gone.",
             "Exporter dashboard: *Lost events* and *Stream lag*; the exporter's log names the "
-            "cause (`trimmed`, `data_lost`, `deleted_pending`).",
+            "cause (`trimmed`, `data_lost`, `deleted_pending`, `resubscribed`).",
             "`trimmed`: raise the stream's MAXLEN or make the exporter keep up (see "
-            "QueueExporterEventsLagging). `data_lost`: look at Redis's persistence and restarts.",
+            "QueueExporterEventsLagging). `data_lost`: look at Redis's persistence and restarts. "
+            "`resubscribed`: look at the network and Redis restarts between the exporter and Redis.",
         ),
         AlertRule(
             "QueueExporterInvalidEvents",

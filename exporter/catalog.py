@@ -361,7 +361,11 @@ EVENTS: tuple[MetricSpec, ...] = (
         "queue_exporter_events_lost_total",
         "counter",
         ("stream",),
-        "Stream entries the consumer group can no longer read: trimmed, or lost by Redis, unread.",
+        (
+            "Stream entries the consumer group can no longer read (trimmed, or lost by Redis, "
+            'unread); for stream="native:celery", times the event subscription was lost and '
+            "redone (events published meanwhile are gone)."
+        ),
         per_redis=True,
     ),
     _self(
