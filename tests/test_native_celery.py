@@ -274,13 +274,15 @@ def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, ru
     assert value(series, "queue_depth", system="celery", queue="celery", state="active") == 0
 
 
-def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exporter):
+def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exporter, tmp_path):
     """A rolling update: the task started before the reader subscribed, so no task-started
     reaches it; the worker's heartbeat (`active`) says it runs."""
     env = _env(redis_url, None, None)
     worker = _worker(env, "celery", 1)
+    release = tmp_path / "release"  # the task runs until then (a fixed 30 s ran out under load)
     try:
-        _driver(env, "publish", json.dumps([{"task": "sleep_for", "seconds": 30}]))
+        task = {"task": "held", "seconds": 600, "release": str(release)}
+        _driver(env, "publish", json.dumps([task]))
         wait_for(lambda: _driver(env, "truth", "celery")["active"].get("celery") == 1, timeout=120)  # type: ignore[index]
         config = {"presets": ["celery"], "sample_interval": INTERVAL}
         app = run_exporter(config, redis_url=redis_url)
@@ -293,9 +295,11 @@ def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exp
         truth = _driver(env, "truth", "celery")
         assert isinstance(truth, dict) and truth["active"].get("celery") == 1 == active()
         # it ends unseen-started: no longer active, as the worker says
+        release.touch()
         wait_for(
-            lambda: _driver(env, "truth", "celery")["active"].get("celery") is None, timeout=40
+            lambda: _driver(env, "truth", "celery")["active"].get("celery") is None, timeout=120
         )  # type: ignore[index]
-        wait_for(lambda: active() == 0, timeout=10)
+        wait_for(lambda: active() == 0, timeout=60)
     finally:
+        release.touch()
         _stop(worker)

@@ -38,6 +38,16 @@ def sleep_for(seconds: float) -> float:
     return seconds
 
 
+@app.task(name="tests.held")
+def held(seconds: float, release: str) -> float:
+    """Runs until the file `release` exists, `seconds` at most: the test ends it once it has
+    seen it run, however long a loaded host took to get there."""
+    deadline = time.monotonic() + seconds
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return seconds
+
+
 @app.task(name="tests.fail_after")
 def fail_after(seconds: float) -> None:
     time.sleep(seconds)

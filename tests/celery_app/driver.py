@@ -3,8 +3,9 @@
     python -m tests.celery_app.driver publish PLAN_JSON
     python -m tests.celery_app.driver truth QUEUE...
 
-A plan is a list of {"task": "sleep_for"|"fail_after"|"retry_once", "seconds", optional
-"queue", "priority", "soft_time_limit", "countdown"}. `truth` prints, per queue, the message
+A plan is a list of {"task": "sleep_for"|"fail_after"|"retry_once"|"held", "seconds", optional
+"queue", "priority", "soft_time_limit", "countdown"; for "held", "release": the file that ends
+it}. `truth` prints, per queue, the message
 count kombu reports (`queue_declare(passive=True)`, all priority lists), and the tasks the
 workers say they run, hold prefetched and hold until their ETA (`inspect().active()`,
 `.reserved()`, `.scheduled()`), by queue.
@@ -29,7 +30,8 @@ def publish(plan: list[dict]) -> list[str]:
         options = {
             k: step[k] for k in ("queue", "priority", "soft_time_limit", "countdown") if k in step
         }
-        ids.append(task.apply_async((step["seconds"],), **options).id)
+        arguments = (step["seconds"], *([step["release"]] if "release" in step else []))
+        ids.append(task.apply_async(arguments, **options).id)
     return ids
 
 
