@@ -723,11 +723,11 @@ class PlainGroup:
     cluster a read each, which follows ASK). No bands, split, score window or stream: those
     take the general path of a Command per read, a reply handler each (Cycle). The plain keys
     of a round travel as a run of depth (and due count) commands and a run of item reads,
-    their replies consumed in one loop (Cycle.handle_plain) instead of a tuple, two or three
+    their replies consumed in loops (Cycle.handle_plain) instead of a tuple, two or three
     closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
     bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
     bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
-    took the general way, 3.0-3.4x its floor's CPU then, 1.3-1.5x now (with its keys built
+    took the general way, 3.0-3.4x its floor's CPU then, 1.2-1.4x now (with its keys built
     once and its job hashes' places kept, key_commands.Learned; docs/benchmarks.md).
     Its keys' series, failures and reports are those the general path gives
     (tests/test_key_sampling_rounds.py)."""
