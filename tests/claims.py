@@ -60,6 +60,20 @@ return 1
 """
 )
 
+# A test emptying its own database mid-test (a Hypothesis example each): in one step with its
+# claim put back, so no other test process finds the database empty and unclaimed meanwhile
+# (it would claim it, and each test would then flush the other's keys).
+_FLUSH_KEEPING_CLAIM = """
+local held = redis.call('GET', KEYS[1])
+redis.call('FLUSHDB')
+if held then redis.call('SET', KEYS[1], held) end
+"""
+
+
+def flush_keeping_claim(client: redis.Redis) -> None:
+    """FLUSHDB of the test's own claimed database, the claim kept (never a bare FLUSHDB)."""
+    client.eval(_FLUSH_KEEPING_CLAIM, 1, CLAIM_KEY)
+
 
 def _alive(pid: int) -> bool:
     try:

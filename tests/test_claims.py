@@ -96,3 +96,16 @@ def test_free_ports_are_never_handed_out_twice_while_their_process_lives() -> No
     ports = [free_port() for _ in range(50)]
     assert len(set(ports)) == 50
     assert not any(claims.claim_port(port) for port in ports)  # this process holds them
+
+
+def test_a_test_emptying_its_own_database_keeps_it() -> None:
+    """A test that empties its database mid-test (a Hypothesis example each) still holds it: a
+    bare FLUSHDB took the claim too, and another test process could claim the empty database,
+    each then flushing the other's keys (load run 1: keys gone under tests on the same db)."""
+    with claims.redis_database(REDIS_HOST, REDIS_PORT) as db:
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=db)
+        client.set("mine", 1)
+        claims.flush_keeping_claim(client)
+        assert client.keys("*") == [claims.CLAIM_KEY.encode()]
+        assert not claims.try_claim(client, "another test")
+        client.close()

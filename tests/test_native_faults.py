@@ -41,6 +41,7 @@ from exporter.sources.native.framework import NativeSource, Reader, Signals
 from exporter.sources.native.rq import RqReader
 from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.telemetry import Telemetry
+from tests import claims
 from tests.conftest import Series, parse_exposition, scrape_series, total, value, wait_for
 from tests.private_redis import PrivateRedis
 
@@ -309,7 +310,7 @@ def test_rq_keys_of_any_type_cost_themselves_only(redis_client, redis_url, kinds
     never fails, each key of a wrong type is counted once as wrong_type, the healthy queue's
     completion counts, and once the keys are repaired the broken queue's changes count once
     (its state from before, not its whole registry)."""
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
 
     def write_rq_layout() -> None:
         for key, (kind, member) in _RQ_KEYS.items():

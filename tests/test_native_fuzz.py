@@ -44,6 +44,7 @@ from exporter.sources.native.rq import RqReader
 from exporter.sources.native.saq import SaqReader
 from exporter.sources.native.sidekiq import SidekiqReader
 from exporter.telemetry import Telemetry
+from tests import claims
 from tests.conftest import Series, parse_exposition, total
 from tests.test_native_trust import _deep, _dispatcher, _envelope
 
@@ -208,7 +209,7 @@ _rq_worker = st.fixed_dictionaries({}, optional={"state": _texts, "queues": _tex
 def test_rq_counts_every_good_job_whatever_else_is_recorded(
     redis_client, redis_url, jobs, workers, good
 ):
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
     redis_client.sadd("rq:queues", "rq:queue:default")
     redis_client.sadd("rq:workers", "rq:worker:good")
     redis_client.hset("rq:worker:good", mapping={"state": "busy", "queues": "default"})
@@ -261,7 +262,7 @@ _process = st.fixed_dictionaries({}, optional={"info": _process_info, "busy": _t
 def test_sidekiq_counts_every_good_job_whatever_else_is_recorded(
     redis_client, redis_url, processes, stat, done
 ):
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
     redis_client.sadd("processes", "good:1")
     info = {"concurrency": 4, "queues": ["default"], "hostname": "good"}
     redis_client.hset("good:1", mapping={"info": json.dumps(info), "busy": "1"})
@@ -316,7 +317,7 @@ _bull_job = _one_bad(
 def test_bullmq_counts_every_good_job_whatever_else_is_recorded(
     redis_client, redis_url, entries, jobs, good
 ):
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
     redis_client.hset("bull:q:meta", "opts.maxLenEvents", 10000)
     feed = _Feed(lambda: BullmqReader(BullmqReaderConfig(), RedisConnectionConfig(url=redis_url)))
     try:
@@ -373,7 +374,7 @@ _bull3_job = st.one_of(
 def test_bull_counts_every_good_job_whatever_else_is_recorded(
     redis_client, redis_url, jobs, scores, good
 ):
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
     redis_client.set("bull:q:id", 0)
     redis_client.set("bull:other:id", 0)
     redis_client.set("bull:other:failed", "not a zset")
@@ -434,7 +435,7 @@ _saq_record = st.one_of(
 def test_saq_observes_every_good_job_whatever_else_is_recorded(
     redis_client, redis_url, records, good
 ):
-    redis_client.flushdb()
+    claims.flush_keeping_claim(redis_client)
     redis_client.zadd("saq:q:incomplete", {"saq:job:q:waiting": 0})
     redis_client.set("saq:job:q:waiting", "not read: it is not finished")
     redis_client.set("saq:other:incomplete", "a queue's zset of another type")
