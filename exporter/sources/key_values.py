@@ -91,8 +91,9 @@ class BuiltKeys:
     pages, and by combination of values. The next cycle reuses them whole when the values are
     the same (the usual case), else combination by combination: building each key and its
     labels again (fill, labels_for, its values' dict) cost a bull preset at 10k queues (six
-    groups, 60k keys) about a third of its cycle's CPU beside the reads, and looking each
-    combination up again about 7% more (bench/preset_sampling.py, docs/benchmarks.md)."""
+    groups, 60k keys) about a third of its cycle's CPU beside the reads; reusing the pages
+    whole (with the values taken as found) took this process's CPU from 2.1x to 1.7x the
+    floor's (bench/preset_sampling.py, docs/benchmarks.md)."""
 
     choices: dict[str, list[str]]
     pages: list[list[tuple[bytes, KeyMatch]]]
