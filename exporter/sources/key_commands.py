@@ -12,9 +12,10 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from typing import Any, get_args
 
 import redis
@@ -379,38 +380,19 @@ class Cycle:
 
         return (ITEM_READ, key, read), on_time, tally
 
-    def _kept_times(self, tally: GroupTally, reads: list[tuple[bytes, Args, Labels]]) -> Command:
+    def _kept_times(self, tally: GroupTally, reads: list[tuple[Args, bytes, KeyMatch]]) -> Command:
         """One command reading the times a plain group's head items name (one bounded_reads),
-        and its handler: each time an age, each read failing alone as in handle. With a
-        command and a handler per read, a bull cycle at 10k queues cost 1.84-1.93x its
-        floor's CPU (bench/preset_sampling.py), this way 1.66-1.73x (with handle_plain's due
-        counts in their table, and SentCommands' reply loop without a lookup per reply)."""
+        and its handler: each time an age, each read failing alone as in handle. A command and
+        a handler per read cost a bull cycle at 10k queues 1.68-1.93x its floor's CPU, this
+        way 1.66-1.74x with the loop changes beside it (docs/benchmarks.md)."""
         oldest = tally.group.oldest
         assert oldest is not None
-        args = bounded_reads(
-            [key for key, _, _ in reads], [read for _, read, _ in reads], self.max_item_bytes
-        )
+        keys = [key for _, key, _ in reads]
+        args = bounded_reads(keys, [read for read, _, _ in reads], self.max_item_bytes)
+        time_of = partial(kept_time, oldest)
 
         def on_times(replies: Any) -> list[Command]:
-            again: list[Command] = []
-            age_table, now = self.samples.table(OLDEST_AGE), self.now
-            for (key, _, labels), reply in zip(reads, replies, strict=True):
-                if type(reply) is int:  # its size: over the limit, in Redis
-                    self._too_large(tally, key, reply)
-                    continue
-                if isinstance(reply, redis.ResponseError):
-                    again += self._failed_read(tally, key, reply)
-                    continue
-                try:
-                    age = now - kept_time(oldest, reply)
-                except Exception as error:  # hostile data may raise anything
-                    _unreadable(tally, key, error)
-                    continue
-                if not age > 0.0:  # a time ahead of this clock is no wait
-                    age = 0.0
-                if not age_table.get(labels, _LEAST) >= age:
-                    age_table[labels] = age
-            return again
+            return self._ages(tally, reads, replies, time_of)
 
         return args, on_times, tally
 
@@ -569,7 +551,9 @@ class Cycle:
         sample: these loops run once per key. A run of one group's keys is read in a loop per
         kind of reply (depths, due counts, heads), each loop only over the replies it reads."""
         again: list[Command] = []
-        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]] = {}  # per group, one read
+        kept: dict[PlainGroup, list[tuple[Args, bytes, KeyMatch]]] = {}  # per group, one read
+        for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH):  # each family plain groups sample is in
+            self.samples.table(spec)  # the samples, empty if no key gave one of it
         at = heads_at = 0
         for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
             step = 1 if group.due_spec is None else 2
@@ -644,55 +628,80 @@ class Cycle:
         run: list[PlainKey],
         heads: list[Any],
         skipped: set[bytes],
-        kept: dict[PlainGroup, list[tuple[bytes, Args, Labels]]],
+        kept: dict[PlainGroup, list[tuple[Args, bytes, KeyMatch]]],
     ) -> list[Command]:
         """A run's head reads: each an age, or (its time kept where the item points) the read
         of that time, added to `kept` on one server."""
-        tally, read_time, kept_in = group.tally, group.head_time, group.kept_in
+        if group.head_time is not None:
+            return self._ages(group.tally, run, heads, group.head_time, skipped)
+        tally, kept_in = group.tally, group.kept_in
+        assert kept_in is not None
         again: list[Command] = []
         known_places, places = group.places_before, group.places
-        age_table, now = self.samples.table(OLDEST_AGE), self.now
         for (_, key, match), head in zip(run, heads, strict=True):
-            if head is None or key in skipped:  # none read, or an empty queue
+            if head is None or key in skipped:  # an empty queue, or read again
                 continue
-            if type(head) is int:  # its size: over the limit, in Redis
-                self._too_large(tally, key, head)
-                continue
-            if isinstance(head, redis.ResponseError):
+            if type(head) is int or isinstance(head, redis.ResponseError):
                 again += self._failed_read(tally, key, head)
                 continue
-            labels = match[1]
             try:
-                if kept_in is not None:  # the time is kept where the item points
-                    item = head_item(head)
-                    if item is None:
-                        continue
-                    if self.nodes is not None:  # a read each, which follows ASK (handle)
-                        again.append(self.kept_time_read(tally, match[0], labels, item[0]))
-                        continue
-                    where = known_places.get((key, item[0]))
-                    if where is None:
-                        where = kept_where(kept_in, match[0], item[0])
-                    places[key, item[0]] = where
-                    kept.setdefault(group, []).append((*where, labels))
+                item = head_item(head)
+                if item is None:
                     continue
-                head_at = None if read_time is None else read_time(head)
+                if self.nodes is not None:  # a read each, which follows ASK (handle)
+                    again.append(self.kept_time_read(tally, match[0], match[1], item[0]))
+                    continue
+                where = known_places.get((key, item[0]))
+                if where is None:
+                    where = kept_where(kept_in, match[0], item[0])
             except Exception as error:  # hostile data may raise anything
                 _unreadable(tally, key, error)
                 continue
-            if head_at is None:  # the queue is empty
+            places[key, item[0]] = where
+            kept.setdefault(group, []).append((where[1], where[0], match))
+        return again
+
+    def _ages(
+        self,
+        tally: GroupTally,
+        reads: Sequence[tuple[object, bytes, KeyMatch]],
+        replies: list[Any],
+        time_of: Callable[[Any], float | None],
+        skipped: Container[bytes] = (),
+    ) -> list[Command]:
+        """Bounded reads' replies, each the time of an item (`time_of`; None: an empty queue)
+        as an age into its table, each read failing alone as in handle."""
+        again: list[Command] = []
+        age_table, now = self.samples.table(OLDEST_AGE), self.now
+        for (_, key, match), reply in zip(reads, replies, strict=True):
+            if key in skipped:  # read again the general way
                 continue
-            age = now - head_at
+            if type(reply) is int or isinstance(reply, redis.ResponseError):
+                again += self._failed_read(tally, key, reply)
+                continue
+            try:
+                at = time_of(reply)
+            except Exception as error:  # hostile data may raise anything
+                _unreadable(tally, key, error)
+                continue
+            if at is None:  # the queue is empty
+                continue
+            age = now - at
             if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
                 age = 0.0
+            labels = match[1]
             if not age_table.get(labels, _LEAST) >= age:
                 age_table[labels] = age
         return again
 
     def _failed_read(
-        self, tally: GroupTally, key: bytes, error: redis.ResponseError
+        self, tally: GroupTally, key: bytes, error: int | redis.ResponseError
     ) -> Iterable[Command]:
-        """A plain key's read Redis refused: counted, and a WRONGTYPE's TYPE read."""
+        """A plain key's read that gave no value: an item over max_item_bytes (its size), or
+        a read Redis refused (counted, and a WRONGTYPE's TYPE read)."""
+        if isinstance(error, int):
+            self._too_large(tally, key, error)
+            return ()
         reason = response_reason(error)
         if reason == "wrong_type":
             return self.wrong_type(tally, key)
@@ -716,20 +725,15 @@ class Cycle:
 
 
 class PlainGroup:
-    """A key group read in bulk: per key one whole-key depth command, a zset's due count, and
-    for a list or zset the read of its head or tail item, whose time is in the item or its
-    score, or in the hash field or string key the item names (Bull's, BullMQ's, RQ's job ids:
-    read next; on one server a group's in one command per round, Cycle._kept_times; on a
-    cluster a read each, which follows ASK). No bands, split, score window or stream: those
-    take the general path of a Command per read, a reply handler each (Cycle). The plain keys
-    of a round travel as a run of depth (and due count) commands and a run of item reads,
-    their replies consumed in loops (Cycle.handle_plain) instead of a tuple, two or three
-    closures and a handler call per key: a 100k-key orchestrata cycle cost 2.4x the CPU of
-    bench/key_sampling.py's floor (this process and Redis) the general way, 1.4x this way; the
-    bull preset at 10k queues (bench/preset_sampling.py), whose due counts and hash-kept ages
-    took the general way, 3.0-3.4x its floor's CPU then, 1.2-1.4x now (with its keys built
-    once and its job hashes' places kept, key_commands.Learned; docs/benchmarks.md).
-    Its keys' series, failures and reports are those the general path gives
+    """A key group read in bulk: per key a whole-key depth command, a zset's due count, and for
+    a list or zset the read of its head or tail item, whose time is in the item or its score,
+    or in the hash field or string key the item names (read next: on one server a group's in
+    one command per round, Cycle._kept_times; on a cluster a read each, which follows ASK).
+    Bands, split, score windows and streams take the general path (Cycle). A round's plain keys
+    travel as a run of depth (and due count) commands and a run of item reads, their replies
+    consumed in loops (Cycle.handle_plain), not a tuple and closures per key: a bull cycle at
+    10k queues cost 3.0-3.4x its floor's CPU the general way, 1.2-1.4x this way
+    (docs/benchmarks.md). Series, failures and reports are the general path's
     (tests/test_key_sampling_rounds.py)."""
 
     __slots__ = (
@@ -776,9 +780,7 @@ class PlainGroup:
             self.probe_read = probe_first(self.read) if oldest.end == "head" else self.read
         self.cost = 1 + (self.read is not None) + (self.due_spec is not None)
         # where the times its head items name are kept, as last cycle found them and as this
-        # one does: kept_where built each, about 10% of a bull cycle's CPU at 10k queues
-        # (bench/preset_sampling.py: 1.56-1.61x the floor's CPU before, 1.28-1.53x with this
-        # and the sampler's scanned values kept, docs/benchmarks.md)
+        # one does: kept_where cost about 10% of a bull cycle's CPU (docs/benchmarks.md)
         self.places_before = cycle.before.places.get(id(group), {})
         self.places = cycle.learned.places.setdefault(id(group), {})
 

@@ -88,12 +88,9 @@ class Selector:
 @dataclass
 class BuiltKeys:
     """An enumerated group's keys as one cycle built them from its values (`choices`), in
-    pages, and by combination of values. The next cycle reuses them whole when the values are
-    the same (the usual case), else combination by combination: building each key and its
-    labels again (fill, labels_for, its values' dict) cost a bull preset at 10k queues (six
-    groups, 60k keys) about a third of its cycle's CPU beside the reads; reusing the pages
-    whole (with the values taken as found) took this process's CPU from 2.1x to 1.7x the
-    floor's (bench/preset_sampling.py, docs/benchmarks.md)."""
+    pages, and by combination of values: the next cycle reuses them whole when the values are
+    the same, else combination by combination (bull at 10k queues, process CPU against the
+    floor's: built once 2.54x -> 1.99x, reused whole 2.09x -> 1.67x; docs/benchmarks.md)."""
 
     choices: dict[str, list[str]]
     pages: list[list[tuple[bytes, KeyMatch]]]
