@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+from exporter.demo import sim_orchestrata
+from exporter.demo.command import exporter_config
 from exporter.demo.workload import TICK, Workload
 
 
@@ -38,3 +40,12 @@ def test_a_late_tick_brings_the_arrivals_of_the_time_it_was_late(
         work.stop_events()
     later = steps[1:]  # the first covers one TICK; each later one at least the sleep before it
     assert sum(later) >= 3 * TICK * len(later), steps
+
+
+def test_the_exporter_reads_the_demos_event_stream_from_its_first_entry() -> None:
+    """The workload writes before the exporter starts (seconds before on a loaded host): read
+    from the stream's first entry, the invalid event staged once at 3 s is counted whenever the
+    exporter's group is made (at $, load run 1 never served queue_exporter_events_invalid_total)."""
+    raw = exporter_config("redis://127.0.0.1:6379/0", "dbname=x", "127.0.0.1:0", 1.0, "info")
+    streams = {s["key"]: s for s in raw["sources"]["events"]["streams"]}
+    assert streams[sim_orchestrata.EVENTS_STREAM]["start"] == "0"

@@ -217,7 +217,12 @@ def exporter_config(
             "redis": {"url": redis_url},
             "postgres": {"dsn": postgres_dsn},
             "events": {
-                "streams": [{"key": sim_orchestrata.EVENTS_STREAM, "system": "orchestrata"}],
+                # From its first entry: the workload writes before the exporter starts (on a
+                # busy host, seconds before), and a fault staged once (the invalid event) would
+                # be missed by a group created at $
+                "streams": [
+                    {"key": sim_orchestrata.EVENTS_STREAM, "system": "orchestrata", "start": "0"}
+                ],
                 "stats_interval": sample_interval,
                 "worker_timeout": 10,
             },
