@@ -28,8 +28,8 @@ from typing import Any
 import redis
 
 from exporter.redis_cluster import ClusterNodes
-from exporter.redis_pipeline import Args, SentCommands
-from exporter.sources.key_commands import Cycle, PlainGroup, PlainKey
+from exporter.redis_pipeline import Args, SentCommands, bounded_reads
+from exporter.sources.key_commands import Cycle, PlainGroup, PlainKey, runs
 from exporter.sources.key_types import ASKED, ITEM_READ, Command, key_of
 
 # What a node's SCAN gives the sampler: the keys of one page, or the error the node failed with.
@@ -39,7 +39,7 @@ ScanPage = tuple[str, "list[bytes] | redis.RedisError"]
 class SentRound:
     """One round trip, sent: its SCAN (if any) first, then the commands an ASK reply sent to
     this node (each after ASKING, which holds for the one command after it), then the
-    commands and plain keys (Cycle.round_commands)."""
+    commands and plain keys (_round_args)."""
 
     __slots__ = ("asked", "commands", "plain", "reads", "scan", "sent")
 
@@ -52,7 +52,7 @@ class SentRound:
     ) -> None:
         self.commands, self.asked, self.plain = batch
         self.scan = scan
-        direct, self.reads = cycle.round_commands(self.commands, self.plain)
+        direct, self.reads = _round_args(cycle, self.commands, self.plain)
         head = [] if scan is None else [scan]
         head += [part for args, _, _ in self.asked for part in (("ASKING",), args[2])]
         self.sent = SentCommands(client, head + direct)
@@ -75,6 +75,32 @@ class SentRound:
         asked = [(args[2], on_reply, tally) for args, on_reply, tally in self.asked]
         follow_ups = list(cycle.handle(self.commands + asked, ordered + asked_replies))
         return scanned, follow_ups + cycle.handle_plain(self.plain, list(direct), list(reads))
+
+
+def _round_args(
+    cycle: Cycle, commands: list[Command], plain: list[PlainKey]
+) -> tuple[list[Args], int]:
+    """What a round sends (its bounded_reads last), and how many item reads that holds."""
+    direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
+    reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
+    keys = [key for _, key, _ in reads]
+    read_args = [read for _, _, read in reads]
+    large_heads = cycle.before.large_heads
+    for group, run in runs(plain):
+        run_keys = [key for _, key, _ in run]
+        if group.due_spec is None:
+            direct += [(group.depth_command, key) for key in run_keys]
+        else:
+            for key in run_keys:
+                direct += ((group.depth_command, key), ("ZCOUNT", key, *group.due_window))
+        if group.read is not None:
+            keys += run_keys
+            read, probe = group.read, group.probe_read
+            read_args += [probe if key in large_heads else read for key in run_keys]
+    if keys:
+        limit, any_slot = cycle.max_item_bytes, cycle.nodes is not None
+        direct.append(bounded_reads(keys, read_args, limit, any_slot))
+    return direct, len(keys)
 
 
 class NodeWork:
