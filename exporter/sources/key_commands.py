@@ -428,32 +428,6 @@ class Cycle:
 
     # -- the rounds' replies (key_rounds.Transport) -------------------------------------------
 
-    def round_commands(
-        self, commands: list[Command], plain: list[PlainKey]
-    ) -> tuple[list[Args], int]:
-        """What a round sends (its bounded_reads last), and how many item reads that holds."""
-        direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
-        reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-        keys = [key for _, key, _ in reads]
-        read_args = [read for _, _, read in reads]
-        large_heads = self.before.large_heads
-        for group, run in runs(plain):
-            run_keys = [key for _, key, _ in run]
-            if group.due_spec is None:
-                direct += [(group.depth_command, key) for key in run_keys]
-            else:
-                count_due = ("ZCOUNT", *group.due_window)
-                for key in run_keys:
-                    direct += ((group.depth_command, key), (count_due[0], key, *count_due[1:]))
-            if group.read is not None:
-                keys += run_keys
-                read, probe = group.read, group.probe_read
-                read_args += [probe if key in large_heads else read for key in run_keys]
-        if keys:
-            limit, any_slot = self.max_item_bytes, self.nodes is not None
-            direct.append(bounded_reads(keys, read_args, limit, any_slot))
-        return direct, len(keys)
-
     def _redirect(
         self, nodes: ClusterNodes, command: Command, reply: redis.ResponseError
     ) -> Command | None:
@@ -853,25 +827,24 @@ def _json_field(item: bytes, field: str) -> str | None:
     """A field of the item's JSON as a label value; None when there is none to read (not JSON,
     nested past the recursion limit, no such string field): the item counts as __unread__."""
     try:
-        document = json.loads(item)
-    except (ValueError, RecursionError):
+        value = _json_value(item, (field,))
+    except (ItemError, RecursionError):
         return None
-    value = document.get(field) if isinstance(document, dict) else None
     return value if isinstance(value, str) and value else None
 
 
-def _json_path(value: bytes, path: str) -> Any:
-    """The time at `path` (dotted: nested objects) of a JSON document (Dramatiq's messages,
-    Bee-Queue's jobs in a hash keyed by id)."""
+def _json_value(document: str | bytes, path: Iterable[str | None]) -> Any:
+    """The value at `path` (the names of nested objects) of a JSON document: a queue item's
+    time, or a kept one (Dramatiq's messages, Bee-Queue's jobs in a hash keyed by id)."""
     try:
-        document = json.loads(value)
+        value = json.loads(document)
     except ValueError as error:
         raise ItemError("item_not_json") from error
-    for name in path.split("."):
-        document = document.get(name) if isinstance(document, dict) else None
-    if document is None or isinstance(document, (dict, list)):
+    for name in path:
+        value = value.get(name) if isinstance(value, dict) else None
+    if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
         raise ItemError("time_missing")
-    return document
+    return value
 
 
 def _as_map(reply: Any) -> dict[bytes, Any]:
@@ -893,14 +866,7 @@ def item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
         _, separator, text = text.partition(oldest.json_after)
         if not separator:
             raise ItemError("item_not_json")
-    try:
-        document = json.loads(text)
-    except ValueError as error:
-        raise ItemError("item_not_json") from error
-    value = document.get(oldest.field) if isinstance(document, dict) else None
-    if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
-        raise ItemError("time_missing")
-    return parse_time(value, oldest.format, oldest.divisor)
+    return parse_time(_json_value(text, (oldest.field,)), oldest.format, oldest.divisor)
 
 
 # A JSON document parsed without json.loads's layers (its checks for bytes and for whitespace
@@ -972,7 +938,7 @@ def kept_time(oldest: OldestItem, reply: Any) -> float:
     if reply is None:
         raise ItemError("time_missing")
     if oldest.json_field is not None:
-        reply = _json_path(reply, oldest.json_field)
+        reply = _json_value(reply, oldest.json_field.split("."))
     return parse_time(reply, oldest.format, oldest.divisor)
 
 
