@@ -243,8 +243,10 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
             },
             "events": {"streams": [{"key": "app:events", "system": "app"}]},
         },
-        # The lease lives in the frozen Redis too: its renewal and release must not hold the exit.
-        "leader_election": {"enabled": True, "lease_ttl": 10, "renew_interval": 1},
+        # The lease lives in the frozen Redis too: its renewal and release must not hold the
+        # exit. It outlasts the wait below: a lapsed lease stops the sources, and with them the
+        # requests the test waits to see blocked (load run: not all were seen within 10 s)
+        "leader_election": {"enabled": True, "lease_ttl": 120, "renew_interval": 1},
     }
     config_file = tmp_path / "queue-exporter.yaml"
     config_file.write_text(yaml.safe_dump(config))
@@ -274,7 +276,13 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
         seen.update(redis_proxy.awaiting())
         return _all_blocked(seen, postgres_proxy.held())
 
-    wait_for(every_client_blocked, timeout=60)
+    try:
+        wait_for(every_client_blocked, timeout=60)
+    except AssertionError as error:  # which client never blocked, for the next red run
+        held = postgres_proxy.held()
+        raise AssertionError(
+            f"{error}: Redis commands seen {sorted(seen)}, PG held {held}"
+        ) from None
     load = process_cost()  # what this machine's load adds to a process's stop, now
     stopped_in, stderr = serve.sigterm()
     assert stopped_in < 5 + load, (stopped_in, load, stderr[-3000:])
