@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import operator
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
@@ -191,7 +191,7 @@ class Cycle:
         elif group.split_by is not None:
             yield from self._split(tally, key, labels)
             return
-        elif group.priority_bands is not None or group.scores is not None:
+        else:  # priority bands or a score window: the other groups are PlainGroup's
             for part, low, high in self._score_ranges(group, labels):
                 yield ("ZCOUNT", key, low, high), self._depth(tally, part), tally
                 if group.oldest is not None:  # the first item of the range (a window's: head)
@@ -202,13 +202,6 @@ class Cycle:
                     )
                     read = script_read(*first, "LIMIT", 0, 1, "WITHSCORES")
                     yield (ITEM_READ, key, read), self._head_time(tally, part, captured), tally
-        else:
-            yield (DEPTH_COMMAND[group.type], key), self._depth(tally, labels), tally
-            if group.oldest is not None and group.type in ("list", "zset"):
-                read = END_READS[group.type, group.oldest.end]
-                if group.oldest.end == "head" and key in self.before.large_heads:
-                    read = probe_first(read)
-                yield (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
         if group.due is not None:
             count_due = ("ZCOUNT", key, "-inf", f"({scores_now(self.now, group.due)!r}")
             yield count_due, self._record(BY_NAME[group.due.metric], labels), tally
@@ -360,20 +353,17 @@ class Cycle:
                 return None  # empty: no age
             item, score = head
             if oldest.time_in in ("hash", "string"):
-                return self.kept_time_read(tally, captured, labels, item)
+                return self.kept_time_read(tally, labels, *kept_where(oldest, captured, item))
             self._age(labels, item_time(oldest, item, score))
             return None
 
         return on_head
 
-    def kept_time_read(
-        self, tally: GroupTally, captured: dict[str, str], labels: Labels, item: bytes
-    ) -> Command:
+    def kept_time_read(self, tally: GroupTally, labels: Labels, key: bytes, read: Args) -> Command:
         """The read of the time a head item's hash field or string key keeps (the item names
-        it: RQ's, BullMQ's and Bull's job ids)."""
+        it, kept_where: RQ's, BullMQ's and Bull's job ids)."""
         oldest = tally.group.oldest
         assert oldest is not None
-        key, read = kept_where(oldest, captured, item)
 
         def on_time(reply: Any) -> None:
             self._age(labels, kept_time(oldest, reply))
@@ -391,8 +381,11 @@ class Cycle:
         args = bounded_reads(keys, [read for read, _, _ in reads], self.max_item_bytes)
         time_of = partial(kept_time, oldest)
 
+        def read_again(read: tuple[Args, bytes, KeyMatch]) -> Command:
+            return self.kept_time_read(tally, read[2].labels, read[1], read[0])
+
         def on_times(replies: Any) -> list[Command]:
-            return self._ages(tally, reads, replies, time_of)
+            return self._ages(tally, reads, replies, time_of, read_again)
 
         return args, on_times, tally
 
@@ -516,9 +509,9 @@ class Cycle:
         self, keys: list[PlainKey], direct: list[Any], heads: list[Any]
     ) -> list[Command]:
         """The replies of plain groups' keys (see PlainGroup): each key's depth and due count
-        (`direct`), then its head's age or the read of the time its hash keeps, failing alone
-        as in handle. On a cluster a key whose depth read failed is read again the general
-        way (returned), which follows ASK and withdraws on MOVED.
+        (`direct`), then its head's age or the read of the time its hash keeps. A read that
+        gave no value is handed to handle as the one command it is (_plain_read), which names
+        its failure or on a cluster follows its ASK or MOVED.
 
         Samples go straight into the tables, combined as their specs say (depths add up, ages
         and limits keep the largest: checked where this module is loaded), without a call per
@@ -531,48 +524,57 @@ class Cycle:
         at = heads_at = 0
         for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
             step = 1 if group.due_spec is None else 2
-            skipped: set[bytes] = set()  # keys read again the general way, all their reads
-            again += self._plain_depths(
-                group, run, direct[at : at + step * len(run) : step], skipped
-            )
+            again += self._plain_depths(group, run, direct[at : at + step * len(run) : step])
             if group.due_spec is not None:
-                dues = direct[at + 1 : at + 2 * len(run) : 2]
-                again += self._plain_dues(group, run, dues, skipped)
+                again += self._plain_dues(group, run, direct[at + 1 : at + 2 * len(run) : 2])
             at += step * len(run)
             if group.read is not None:
                 run_heads = heads[heads_at : heads_at + len(run)]
                 heads_at += len(run)
-                again += self._plain_heads(group, run, run_heads, skipped, kept)
+                again += self._plain_heads(group, run, run_heads, kept)
         if (at, heads_at) != (len(direct), len(heads)):
             raise RuntimeError(f"{len(direct)} + {len(heads)} replies for {at} + {heads_at} reads")
         return again + [self._kept_times(group.tally, reads) for group, reads in kept.items()]
 
+    def _plain_read(self, kind: str, plain_key: PlainKey) -> Command:
+        """One read of a plain key ("depth", "due" or "head") as a command of its own with its
+        handler, for a reply that gave no value: handle names the failure, or follows it."""
+        group, key, (captured, labels) = plain_key
+        tally = group.tally
+        if kind == "depth":
+            on_depth = self._depth(tally, labels)
+            command = group.depth_command
+            return (
+                (command, key),
+                Presence(tally, key, command, on_depth) if group.built else on_depth,
+                tally,
+            )
+        if kind == "due":
+            assert group.due_spec is not None
+            return ("ZCOUNT", key, *group.due_window), self._record(group.due_spec, labels), tally
+        read = group.probe_read if key in self.before.large_heads else group.read
+        return (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
+
     def _plain_depths(
-        self, group: PlainGroup, run: list[PlainKey], depths: list[Any], skipped: set[bytes]
+        self, group: PlainGroup, run: list[PlainKey], depths: list[Any]
     ) -> list[Command]:
         """A run's depths into their table (and the queues' limits); a built key whose depth
-        is above 0 exists. On a cluster a failed one is read again the general way (added to
-        `skipped`: its other replies failed alike)."""
+        is above 0 exists."""
         tally, built, series = group.tally, group.built, group.tally.series
         again: list[Command] = []
         depth_table = self.samples.table(DEPTH)
         depth_of = depth_table.get
         if group.max_depth is not None:
             self._max_depths(group.max_depth, run)
-        for (_, key, match), depth in zip(run, depths, strict=True):
-            labels = match[1]
+        for plain_key, depth in zip(run, depths, strict=True):
+            labels = plain_key[2][1]
             if type(depth) is int:
                 depth_table[labels] = depth_of(labels, 0.0) + depth
                 series[labels] = None
                 if built and depth:  # a built key exists when its depth is above 0
-                    tally.present(key)
-            elif self.nodes is not None:
-                again += self.commands_for_key(tally, key, match[0], labels)
-                skipped.add(key)
+                    tally.present(plain_key[1])
             else:
-                if built and response_reason(depth) == "wrong_type":
-                    tally.present(key)  # a key of another type exists
-                again += self._failed_read(tally, key, depth)
+                again += self.handle([self._plain_read("depth", plain_key)], [depth])
         return again
 
     def _max_depths(self, max_depth: float, run: list[PlainKey]) -> None:
@@ -582,18 +584,16 @@ class Cycle:
             if not max_table.get(queue, _LEAST) >= max_depth:
                 max_table[queue] = max_depth
 
-    def _plain_dues(
-        self, group: PlainGroup, run: list[PlainKey], dues: list[Any], skipped: set[bytes]
-    ) -> list[Command]:
+    def _plain_dues(self, group: PlainGroup, run: list[PlainKey], dues: list[Any]) -> list[Command]:
         assert group.due_spec is not None
         due_table = self.samples.table(group.due_spec)
         again: list[Command] = []
-        for (_, key, match), due_count in zip(run, dues, strict=True):
+        for plain_key, due_count in zip(run, dues, strict=True):
             if type(due_count) is int:
-                queue = match[1][:2]
+                queue = plain_key[2][1][:2]
                 due_table[queue] = due_table.get(queue, 0.0) + due_count
-            elif key not in skipped:
-                again += self._failed_read(group.tally, key, due_count)
+            else:
+                again += self.handle([self._plain_read("due", plain_key)], [due_count])
         return again
 
     def _plain_heads(
@@ -601,29 +601,28 @@ class Cycle:
         group: PlainGroup,
         run: list[PlainKey],
         heads: list[Any],
-        skipped: set[bytes],
         kept: dict[PlainGroup, list[tuple[Args, bytes, KeyMatch]]],
     ) -> list[Command]:
         """A run's head reads: each an age, or (its time kept where the item points) the read
-        of that time, added to `kept` on one server."""
+        of that time: added to `kept` on one server, a read each on a cluster (which follows
+        ASK: handle)."""
+        read_again = partial(self._plain_read, "head")
         if group.head_time is not None:
-            return self._ages(group.tally, run, heads, group.head_time, skipped)
+            return self._ages(group.tally, run, heads, group.head_time, read_again)
         tally, kept_in = group.tally, group.kept_in
         assert kept_in is not None
         again: list[Command] = []
         known_places, places = group.places_before, group.places
-        for (_, key, match), head in zip(run, heads, strict=True):
-            if head is None or key in skipped:  # an empty queue, or read again
+        for plain_key, head in zip(run, heads, strict=True):
+            if head is None:  # an empty queue
                 continue
+            key, match = plain_key[1], plain_key[2]
             if type(head) is int or isinstance(head, redis.ResponseError):
-                again += self._failed_read(tally, key, head)
+                again += self.handle([read_again(plain_key)], [head])
                 continue
             try:
                 item = head_item(head)
                 if item is None:
-                    continue
-                if self.nodes is not None:  # a read each, which follows ASK (handle)
-                    again.append(self.kept_time_read(tally, match[0], match[1], item[0]))
                     continue
                 where = known_places.get((key, item[0]))
                 if where is None:
@@ -632,55 +631,43 @@ class Cycle:
                 _unreadable(tally, key, error)
                 continue
             places[key, item[0]] = where
-            kept.setdefault(group, []).append((where[1], where[0], match))
+            if self.nodes is None:
+                kept.setdefault(group, []).append((where[1], where[0], match))
+            else:
+                again.append(self.kept_time_read(tally, match[1], *where))
         return again
 
     def _ages(
         self,
         tally: GroupTally,
-        reads: Sequence[tuple[object, bytes, KeyMatch]],
+        reads: Sequence[tuple[Any, bytes, KeyMatch]],
         replies: list[Any],
         time_of: Callable[[Any], float | None],
-        skipped: Container[bytes] = (),
+        read_again: Callable[[Any], Command],
     ) -> list[Command]:
         """Bounded reads' replies, each the time of an item (`time_of`; None: an empty queue)
-        as an age into its table, each read failing alone as in handle."""
+        as an age into its table; a read that gave no value goes to handle on its own
+        (`read_again`), hostile data is counted on its key."""
         again: list[Command] = []
         age_table, now = self.samples.table(OLDEST_AGE), self.now
-        for (_, key, match), reply in zip(reads, replies, strict=True):
-            if key in skipped:  # read again the general way
-                continue
+        for read, reply in zip(reads, replies, strict=True):
             if type(reply) is int or isinstance(reply, redis.ResponseError):
-                again += self._failed_read(tally, key, reply)
+                again += self.handle([read_again(read)], [reply])
                 continue
             try:
                 at = time_of(reply)
             except Exception as error:  # hostile data may raise anything
-                _unreadable(tally, key, error)
+                _unreadable(tally, read[1], error)
                 continue
             if at is None:  # the queue is empty
                 continue
             age = now - at
             if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
                 age = 0.0
-            labels = match[1]
+            labels = read[2][1]
             if not age_table.get(labels, _LEAST) >= age:
                 age_table[labels] = age
         return again
-
-    def _failed_read(
-        self, tally: GroupTally, key: bytes, error: int | redis.ResponseError
-    ) -> Iterable[Command]:
-        """A plain key's read that gave no value: an item over max_item_bytes (its size), or
-        a read Redis refused (counted, and a WRONGTYPE's TYPE read)."""
-        if isinstance(error, int):
-            self._too_large(tally, key, error)
-            return ()
-        reason = response_reason(error)
-        if reason == "wrong_type":
-            return self.wrong_type(tally, key)
-        tally.failed(key, reason)
-        return ()
 
     def lose_group(
         self, tally: GroupTally, key: bytes, detail: str, reason: str = "node_down"
