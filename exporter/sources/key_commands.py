@@ -567,12 +567,12 @@ class Cycle:
         if group.max_depth is not None:
             self._max_depths(group.max_depth, run)
         for plain_key, depth in zip(run, depths, strict=True):
-            labels = plain_key[2][1]
+            _, key, (_, labels) = plain_key
             if type(depth) is int:
                 depth_table[labels] = depth_of(labels, 0.0) + depth
                 series[labels] = None
                 if built and depth:  # a built key exists when its depth is above 0
-                    tally.present(plain_key[1])
+                    tally.present(key)
             else:
                 again += self.handle([self._plain_read("depth", plain_key)], [depth])
         return again
@@ -612,11 +612,11 @@ class Cycle:
         tally, kept_in = group.tally, group.kept_in
         assert kept_in is not None
         again: list[Command] = []
-        known_places, places = group.places_before, group.places
+        known_places, places, on_cluster = group.places_before, group.places, self.nodes is not None
         for plain_key, head in zip(run, heads, strict=True):
             if head is None:  # an empty queue
                 continue
-            key, match = plain_key[1], plain_key[2]
+            _, key, match = plain_key
             if type(head) is int or isinstance(head, redis.ResponseError):
                 again += self.handle([read_again(plain_key)], [head])
                 continue
@@ -631,10 +631,10 @@ class Cycle:
                 _unreadable(tally, key, error)
                 continue
             places[key, item[0]] = where
-            if self.nodes is None:
-                kept.setdefault(group, []).append((where[1], where[0], match))
-            else:
+            if on_cluster:
                 again.append(self.kept_time_read(tally, match[1], *where))
+            else:
+                kept.setdefault(group, []).append((where[1], where[0], match))
         return again
 
     def _ages(
@@ -651,20 +651,20 @@ class Cycle:
         again: list[Command] = []
         age_table, now = self.samples.table(OLDEST_AGE), self.now
         for read, reply in zip(reads, replies, strict=True):
+            _, key, (_, labels) = read
             if type(reply) is int or isinstance(reply, redis.ResponseError):
                 again += self.handle([read_again(read)], [reply])
                 continue
             try:
                 at = time_of(reply)
             except Exception as error:  # hostile data may raise anything
-                _unreadable(tally, read[1], error)
+                _unreadable(tally, key, error)
                 continue
             if at is None:  # the queue is empty
                 continue
             age = now - at
             if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
                 age = 0.0
-            labels = read[2][1]
             if not age_table.get(labels, _LEAST) >= age:
                 age_table[labels] = age
         return again
