@@ -523,11 +523,8 @@ class Cycle:
             self.samples.table(spec)  # the samples, empty if no key gave one of it
         at = heads_at = 0
         for group, run in runs(keys):  # a round's keys are mostly of one group: its locals
-            step = 1 if group.due_spec is None else 2
-            again += self._plain_depths(group, run, direct[at : at + step * len(run) : step])
-            if group.due_spec is not None:
-                again += self._plain_dues(group, run, direct[at + 1 : at + 2 * len(run) : 2])
-            at += step * len(run)
+            again += self._plain_counts(group, run, direct, at)
+            at += (1 if group.due_spec is None else 2) * len(run)
             if group.read is not None:
                 run_heads = heads[heads_at : heads_at + len(run)]
                 heads_at += len(run)
@@ -555,19 +552,20 @@ class Cycle:
         read = group.probe_read if key in self.before.large_heads else group.read
         return (ITEM_READ, key, read), self._head_time(tally, labels, captured), tally
 
-    def _plain_depths(
-        self, group: PlainGroup, run: list[PlainKey], depths: list[Any]
+    def _plain_counts(
+        self, group: PlainGroup, run: list[PlainKey], direct: list[Any], at: int
     ) -> list[Command]:
-        """A run's depths into their table (and the queues' limits); a built key whose depth
+        """A run's depths (from `direct` at `at`, each followed by its key's due count if the
+        group counts them) into their tables, and the queues' limits; a built key whose depth
         is above 0 exists."""
         tally, built, series = group.tally, group.built, group.tally.series
         again: list[Command] = []
-        depth_table = self.samples.table(DEPTH)
-        depth_of = depth_table.get
-        if group.max_depth is not None:
-            self._max_depths(group.max_depth, run)
-        for plain_key, depth in zip(run, depths, strict=True):
-            _, key, (_, labels) = plain_key
+        depth_table, max_table = self.samples.table(DEPTH), self.samples.table(MAX_DEPTH)
+        depth_of, max_depth = depth_table.get, group.max_depth
+        step = 1 if group.due_spec is None else 2
+        for plain_key, depth in zip(run, direct[at : at + step * len(run) : step], strict=True):
+            _, key, match = plain_key
+            labels = match[1]
             if type(depth) is int:
                 depth_table[labels] = depth_of(labels, 0.0) + depth
                 series[labels] = None
@@ -575,25 +573,17 @@ class Cycle:
                     tally.present(key)
             else:
                 again += self.handle([self._plain_read("depth", plain_key)], [depth])
-        return again
-
-    def _max_depths(self, max_depth: float, run: list[PlainKey]) -> None:
-        max_table = self.samples.table(MAX_DEPTH)
-        for _, _, match in run:
-            queue = match[1][:2]  # (system, queue)
-            if not max_table.get(queue, _LEAST) >= max_depth:
-                max_table[queue] = max_depth
-
-    def _plain_dues(self, group: PlainGroup, run: list[PlainKey], dues: list[Any]) -> list[Command]:
-        assert group.due_spec is not None
-        due_table = self.samples.table(group.due_spec)
-        again: list[Command] = []
-        for plain_key, due_count in zip(run, dues, strict=True):
-            if type(due_count) is int:
-                queue = plain_key[2][1][:2]
-                due_table[queue] = due_table.get(queue, 0.0) + due_count
-            else:
-                again += self.handle([self._plain_read("due", plain_key)], [due_count])
+            if max_depth is not None and not max_table.get(labels[:2], _LEAST) >= max_depth:
+                max_table[labels[:2]] = max_depth  # per (system, queue)
+        if group.due_spec is not None:
+            due_table = self.samples.table(group.due_spec)
+            dues = direct[at + 1 : at + 2 * len(run) : 2]
+            for plain_key, due_count in zip(run, dues, strict=True):
+                if type(due_count) is int:
+                    queue = plain_key[2][1][:2]  # (system, queue)
+                    due_table[queue] = due_table.get(queue, 0.0) + due_count
+                else:
+                    again += self.handle([self._plain_read("due", plain_key)], [due_count])
         return again
 
     def _plain_heads(
@@ -651,7 +641,7 @@ class Cycle:
         again: list[Command] = []
         age_table, now = self.samples.table(OLDEST_AGE), self.now
         for read, reply in zip(reads, replies, strict=True):
-            _, key, (_, labels) = read
+            _, key, match = read
             if type(reply) is int or isinstance(reply, redis.ResponseError):
                 again += self.handle([read_again(read)], [reply])
                 continue
@@ -662,6 +652,7 @@ class Cycle:
                 continue
             if at is None:  # the queue is empty
                 continue
+            labels = match[1]
             age = now - at
             if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
                 age = 0.0
