@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test suite against the real Redis, PostgreSQL and Prometheus tools. Arguments go to pytest:
-#   scripts/test.sh                          # all of it, 4 workers (pytest-xdist, docs/testing.md)
+#   scripts/test.sh                          # all of it, 6 workers (pytest-xdist, docs/testing.md)
 #   scripts/test.sh -k foo | tests/test_x.py # a part: serially, so it starts in seconds
 #   QE_TEST_WORKERS=2 scripts/test.sh ...    # or -n N: that many workers whatever is asked
 set -euo pipefail
@@ -11,7 +11,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
 # Workers pay off for the whole suite; for a part, starting them (each collects every test)
 # costs more than they save.
-workers=4
+workers=6
 for argument in "$@"; do
   case $argument in -k | -m | tests/* | ./tests/*) workers=0 ;; esac
 done

@@ -1,7 +1,7 @@
 """How the suite runs (a pytest plugin, loaded by conftest.py): which tests share a worker
 under pytest-xdist, CI's refusal of skipped tests, and the Hypothesis profiles.
 
-scripts/test.sh runs `pytest -n 4 --dist loadgroup`: a test runs on any worker unless it has an
+scripts/test.sh runs `pytest -n 6 --dist loadgroup`: a test runs on any worker unless it has an
 `xdist_group` mark, and all tests of one group run on the same worker, one after another.
 Groups are given here, so a new test file needs no mark of its own (docs/testing.md):
 - a module whose tests share a module- or class-scoped fixture (a Redis Cluster, a web server)
