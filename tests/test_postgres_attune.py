@@ -21,7 +21,7 @@ def attune(postgres_dsn):
     database.close()
 
 
-def _series_when(app, check, timeout=15.0):
+def _series_when(app, check, timeout=60.0):
     """Scrape until check(series) holds (sampling runs on its own interval): that scrape."""
 
     def attempt():
@@ -200,10 +200,9 @@ def _drive_changes(attune, postgres_dsn, run_exporter):
     )
     assert not [key for key in series if ("queue", "ci.deploy") in key[1]]
     attune.delete_action(build)
-    series = _series_when(
-        app, lambda s: _attune(s, "queue_depth", queue="ci.build", state="pending") is None
-    )
-    assert not [key for key in series if ("system", "attune") in key[1]]
+    # Both collectors again: wait until each has sampled since the delete (its queue_stats row
+    # and its executions both gone); a series left behind fails the wait.
+    _series_when(app, lambda s: not [key for key in s if ("system", "attune") in key[1]])
     for source in SOURCES:
         assert value(series, "queue_exporter_source_up", source=source) == 1
 
