@@ -93,6 +93,9 @@ def _demo_config(redis_url: str, postgres_dsn: str, consumer: str) -> dict[str, 
             group["max_depth"] = MAX_DEPTH
     # Replicas sharing the consumer group have distinct names, as pods do.
     raw["sources"]["events"].update(consumer=consumer, stats_interval=1.0)
+    # The interval (0.2 s) is also the key sampler's cycle deadline unless one is given: on a
+    # loaded host most cycles missed it, their series withdrawn, so rules on them had no data
+    raw["sources"]["redis"]["cycle_timeout"] = 5.0
     return raw
 
 
