@@ -5,11 +5,13 @@
   instead of spinning on EMFILE, says so once, and serves again once descriptors free up.
 - 8 clients polling /status.json in a loop beside 50k series slow /metrics by at most 1.5x
   (median scrape time with and without them, measured in this test).
-- SIGHUP is ignored with a log line; `Accept-Encoding: gzip;q=0` gets no gzip.
+- SIGHUP is ignored with a log line; SIGTERM ends serve whichever thread it reaches;
+  `Accept-Encoding: gzip;q=0` gets no gzip.
 """
 
 from __future__ import annotations
 
+import ctypes
 import http.client
 import os
 import resource
@@ -174,6 +176,26 @@ def test_sighup_during_start_up_ends_nothing(serve, redis_db, redis_client):
 
     wait_for(hung_up_until_logged, timeout=60, interval=0.005)
     exporter.wait_serving()
+
+
+def test_sigterm_handed_to_any_thread_ends_serve(serve, redis_db, redis_client):
+    """A process-directed signal may run its handler on any thread; Python acts on it only in
+    the main thread, when that thread next runs. SIGTERM sent to each of serve's other threads
+    (tgkill) ends it as SIGTERM to the process does (a main thread parked in one untimed wait
+    never saw it)."""
+    redis_client.rpush("jobs:emails", "a")
+    exporter = serve(_sources(redis_db))
+    exporter.wait_serving()
+    pid = exporter.process.pid
+    threads = [int(tid) for tid in os.listdir(f"/proc/{pid}/task") if int(tid) != pid]
+    assert threads  # the samplers' and the HTTP server's
+    tgkill = ctypes.CDLL(None, use_errno=True).tgkill
+    assert tgkill(pid, threads[-1], signal.SIGTERM) == 0, os.strerror(ctypes.get_errno())
+    try:
+        assert exporter.process.wait(timeout=30) == 0
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"serve went on after SIGTERM: {exporter.log()[-2000:]}") from None
+    assert "received SIGTERM, shutting down" in exporter.log()
 
 
 @pytest.mark.parametrize(
