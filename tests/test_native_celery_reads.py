@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 from celery import Celery
@@ -103,28 +103,36 @@ class _Feed:
         self.telemetry.shutdown()
 
 
-def test_a_read_cut_off_by_the_watchdog_keeps_its_subscription(redis_url):
-    """The reader reads through a proxy that freezes (a hung Redis): its read is cut off by the
-    watchdog; what Celery publishes during that read and after it is counted by the next read,
-    none lost. (It was lost: the cut-off read dropped the subscription, made again at the next
-    read.)"""
+@pytest.fixture
+def proxied(redis_url: str) -> Iterator[tuple[TcpProxy, _Feed]]:
+    """A feed reading the test's database through a proxy of its own (frozen or cut by the
+    test), subscribed: what Celery publishes from now on is heard."""
     proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
     database = redis_url.rsplit("/", 1)[1]
     feed = _Feed(f"redis://127.0.0.1:{proxy.port}/{database}")
     try:
         _heard(redis_url, feed.consumed)
-        before, _ = feed.counted()
-        proxy.freeze()
-        _publish(redis_url, EVENTS)  # during the read cut off below
-        with pytest.raises(DeadlineExceeded):
-            feed.read()
-        _publish(redis_url, EVENTS)  # between the cut-off read and the next
-        proxy.thaw()
-        completed, lost = feed.read_until(before + 2 * EVENTS)
-        assert (completed - before, lost) == (2 * EVENTS, 0)
+        yield proxy, feed
     finally:
         feed.close()
         proxy.cut()
+
+
+def test_a_read_cut_off_by_the_watchdog_keeps_its_subscription(redis_url, proxied):
+    """The reader reads through a proxy that freezes (a hung Redis): its read is cut off by the
+    watchdog; what Celery publishes during that read and after it is counted by the next read,
+    none lost. (It was lost: the cut-off read dropped the subscription, made again at the next
+    read.)"""
+    proxy, feed = proxied
+    before, _ = feed.counted()
+    proxy.freeze()
+    _publish(redis_url, EVENTS)  # during the read cut off below
+    with pytest.raises(DeadlineExceeded):
+        feed.read()
+    _publish(redis_url, EVENTS)  # between the cut-off read and the next
+    proxy.thaw()
+    completed, lost = feed.read_until(before + 2 * EVENTS)
+    assert (completed - before, lost) == (2 * EVENTS, 0)
 
 
 def test_a_read_past_its_cpu_deadline_keeps_its_subscription(redis_url):
@@ -166,33 +174,26 @@ def test_a_read_past_its_cpu_deadline_keeps_its_subscription(redis_url):
         reader.close()
 
 
-def test_a_lost_subscription_is_a_gap_counted_and_named(redis_url, caplog):
+def test_a_lost_subscription_is_a_gap_counted_and_named(redis_url, proxied, caplog):
     """The subscription's connection breaks (the proxy cuts every connection): events published
     then are not seen; the subscription is made again, the gap is counted once in
     queue_exporter_events_lost_total and named in the log, and what comes after is counted."""
-    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
-    database = redis_url.rsplit("/", 1)[1]
-    feed = _Feed(f"redis://127.0.0.1:{proxy.port}/{database}")
-    try:
-        _heard(redis_url, feed.consumed)
-        before, _ = feed.counted()
-        proxy.cut()
-        _publish(redis_url, EVENTS)  # no one subscribed: lost
-        proxy.start()
+    proxy, feed = proxied
+    before, _ = feed.counted()
+    proxy.cut()
+    _publish(redis_url, EVENTS)  # no one subscribed: lost
+    proxy.start()
 
-        def gap_counted() -> bool:
-            try:
-                feed.read()
-            except Exception:
-                return False  # the connections broken by the cut: the next read connects again
-            return feed.counted()[1] > 0
+    def gap_counted() -> bool:
+        try:
+            feed.read()
+        except Exception:
+            return False  # the connections broken by the cut: the next read connects again
+        return feed.counted()[1] > 0
 
-        with caplog.at_level(logging.WARNING):
-            wait_for(gap_counted, timeout=30)
-        assert "[resubscribed]" in caplog.text
-        _publish(redis_url, EVENTS)  # subscribed again: heard
-        completed, lost = feed.read_until(before + EVENTS)
-        assert (completed - before, lost) == (EVENTS, 1)
-    finally:
-        feed.close()
-        proxy.cut()
+    with caplog.at_level(logging.WARNING):
+        wait_for(gap_counted, timeout=30)
+    assert "[resubscribed]" in caplog.text
+    _publish(redis_url, EVENTS)  # subscribed again: heard
+    completed, lost = feed.read_until(before + EVENTS)
+    assert (completed - before, lost) == (EVENTS, 1)
