@@ -180,7 +180,7 @@ def test_sighup_during_start_up_ends_nothing(serve, redis_db, redis_client):
 
 def test_sigterm_handed_to_any_thread_ends_serve(serve, redis_db, redis_client):
     """A process-directed signal may run its handler on any thread; Python acts on it only in
-    the main thread, when that thread next runs. SIGTERM sent to each of serve's other threads
+    the main thread, when that thread next runs. SIGTERM sent to one of serve's other threads
     (tgkill) ends it as SIGTERM to the process does (a main thread parked in one untimed wait
     never saw it)."""
     redis_client.rpush("jobs:emails", "a")
