@@ -7,13 +7,13 @@ import logging
 import signal
 import threading
 import time
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from exporter import inventory
 from exporter.config import Config
 from exporter.health import HealthBoard
 from exporter.http_server import MetricsServer
+from exporter.signals import SignalInbox
 from exporter.status_page import StatusPage
 from exporter.telemetry import Telemetry
 
@@ -36,8 +36,6 @@ CONSUMER_GRACE = 1.0
 LEASE_RELEASE_TIMEOUT = 0.5
 # Seconds the last OTLP push may take at exit, when OTLP is enabled (abandoned after that).
 OTLP_SHUTDOWN_TIMEOUT = 0.5
-# Seconds between the main thread's looks for a signal received (run_until_signalled).
-SIGNAL_CHECK_INTERVAL = 0.05
 
 
 class App:
@@ -192,30 +190,15 @@ class App:
             consumer.interrupt()
 
     def run_until_signalled(self) -> None:
-        # The handlers only note the signal; the main thread acts on it. A handler runs in the
-        # main thread wherever it happens to be, also inside stopping.wait() while that holds
-        # the event's lock (stopping.set() from there would wait on itself forever), and a
-        # signal the kernel hands to another thread reaches the main thread only when it next
-        # runs Python code: hence a short sleep in a loop, not one untimed wait.
-        received: list[int] = []
-
-        def on_signal(signum: int, _: FrameType | None) -> None:
-            received.append(signum)
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, on_signal)  # its default action would end the process
+        # SIGHUP too: its default action would end the process.
+        inbox = SignalInbox(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
         self.start()
-        while True:
-            while not received:
-                time.sleep(SIGNAL_CHECK_INTERVAL)
-            signum = received.pop(0)
-            if signum != signal.SIGHUP:
-                break
+        while (received := inbox.wait()) == signal.SIGHUP:
             log.warning(
                 "received SIGHUP: ignored, nothing is reloaded (the configuration is read at "
                 "start: restart to change it; the web config file is reloaded by itself when it "
                 "changes, keeping the last good one)"
             )
-        log.info("received %s, shutting down", signal.Signals(signum).name)
+        assert received is not None  # waited without a timeout
+        log.info("received %s, shutting down", received.name)
         self.shutdown()

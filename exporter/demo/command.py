@@ -14,7 +14,6 @@ import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
-from types import FrameType
 from typing import Any
 
 import click
@@ -29,6 +28,7 @@ from exporter.demo.embedded import EmbeddedError, EmbeddedServers
 from exporter.demo.status import StatusLine
 from exporter.demo.workload import Workload, WorkloadError
 from exporter.logs import configure as configure_logging
+from exporter.signals import SignalInbox
 
 # The exporter's port, on loopback only: the demo serves /metrics without authentication.
 DEMO_LISTEN_ADDRESS = "127.0.0.1:" + config_module.DEFAULT_LISTEN_ADDRESS.rpartition(":")[2]
@@ -86,16 +86,10 @@ def demo(**options: Any) -> None:
     exporter reading it. Starts embedded Redis and PostgreSQL unless given."""
     settings = DemoSettings(**options)
     configure_logging(settings.log_level, "text")
-    stop = threading.Event()
-
-    def on_signal(_signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = SignalInbox(signal.SIGTERM, signal.SIGINT)  # either one stops the demo
     try:
         with ExitStack() as cleanup:
-            _run(cleanup, stop, settings)
+            _run(cleanup, signals, settings)
     except (EmbeddedError, WorkloadError, config_module.ConfigError) as error:
         raise click.ClickException(str(error)) from None
     click.echo("demo stopped; everything it started is gone")
@@ -115,7 +109,7 @@ class DemoSettings:
     log_level: str
 
 
-def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> None:
+def _run(cleanup: ExitStack, signals: SignalInbox, settings: DemoSettings) -> None:
     redis_url, postgres_dsn = settings.redis_url, settings.postgres_dsn
     servers: EmbeddedServers | None = None
     if redis_url is None or postgres_dsn is None:
@@ -135,7 +129,7 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
         _check_postgres(postgres_dsn)
     if servers is not None:
         _say(f"their files: {servers.workdir} (removed on exit)")
-    if stop.is_set():
+    if signals.wait(0) is not None:
         return
 
     workload = Workload(redis_url, postgres_dsn, settings.rate, settings.seed)
@@ -163,8 +157,7 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
     workload.start(workload_running)
     cleanup.callback(workload.join)
     cleanup.callback(workload_running.set)
-    _wait_until_fed(workload, config, stop)
-    if stop.is_set():
+    if not _wait_until_fed(workload, config, signals):
         return
     try:
         app = App(config)
@@ -178,18 +171,17 @@ def _run(cleanup: ExitStack, stop: threading.Event, settings: DemoSettings) -> N
     cleanup.callback(workload.join)
     cleanup.callback(workload_running.set)
     _banner(config, app.server.port, settings.rate, settings.seed)
-    _status_loop(stop, settings.duration, StatusLine(app.telemetry.render), workload)
+    _status_loop(signals, settings.duration, StatusLine(app.telemetry.render), workload)
 
 
 # How long the exporter waits for the workload to write every key and stream it reads.
 FEED_TIMEOUT = 30.0
 
 
-def _wait_until_fed(
-    workload: Workload, config: config_module.Config, stop: threading.Event
-) -> None:
+def _wait_until_fed(workload: Workload, config: config_module.Config, signals: SignalInbox) -> bool:
     """Until each key group of the configuration has a key and each stream exists (at most
-    FEED_TIMEOUT: past it the exporter starts and its own warnings name what is missing)."""
+    FEED_TIMEOUT: past it the exporter starts and its own warnings name what is missing);
+    False when a signal stopped the demo meanwhile."""
     from exporter.sources.key_groups import scan_glob
 
     redis_config = config.sources.default_redis()
@@ -199,10 +191,11 @@ def _wait_until_fed(
     wanted += [(stream.key, scan_glob(stream.key)) for stream in events.streams] if events else []
     deadline = time.monotonic() + FEED_TIMEOUT
     while (missing := workload.missing(wanted)) and time.monotonic() < deadline:
-        if stop.wait(0.2):
-            return
+        if signals.wait(0.2) is not None:
+            return False
     if missing:
         _say(f"the workload has not written {', '.join(missing)} yet: the exporter will say so")
+    return True
 
 
 def exporter_config(
@@ -277,14 +270,14 @@ def _wrapped(text: str) -> str:
 
 
 def _status_loop(
-    stop: threading.Event, duration: float, status: StatusLine, workload: Workload
+    signals: SignalInbox, duration: float, status: StatusLine, workload: Workload
 ) -> None:
     started = time.monotonic()
     live = sys.stdout.isatty()
     interval = 1.0 if live else 10.0
     while True:
         remaining = duration - (time.monotonic() - started) if duration else interval
-        if stop.wait(max(0.0, min(interval, remaining))):
+        if signals.wait(max(0.0, min(interval, remaining))) is not None:
             break
         elapsed = time.monotonic() - started
         line = status.render(elapsed, workload.depth())
