@@ -373,29 +373,44 @@ def test_a_wrong_password_takes_as_long_whoever_the_user(guarded, monkeypatch):
     monkeypatch.setattr(FailureLimiter, "BURST", 1000)  # this attacker may guess at will
     start, counted = guarded
     server = start()
-    # "cheap again" is the reference: the same user measured twice, so the spread between its
-    # two medians is what the machine's load alone makes of identical work, now.
+    # Up to three measurements: on a loaded host one slow check raises the failure floor for
+    # the next ones, and a burst of the other tests' can land on one user's turns (beside two
+    # busy loops: 1.21x where the reference spread was 1.00x, once in 8 runs of the suite). A
+    # user whose refusals take longer (no floor: 2 ms against 240 ms) does in every one.
+    spreads = []
+    for _ in range(3):
+        users, noise = wrong_password_medians(server.port)
+        spreads.append(f"{max(users) / min(users):.2f}x (the same user's {noise:.2f}x)")
+        if max(users) <= 1.2 * noise * min(users):
+            break
+    else:
+        raise AssertionError(f"refusals took longer for some users: {', '.join(spreads)}")
+    assert set(counted) == {"unknown_user", "wrong_password"}
+    assert counted.count("unknown_user") == 7 * len(spreads)
+
+
+def wrong_password_medians(port: int) -> tuple[list[float], float]:
+    """The median seconds of 7 wrong-password logins of nobody, a cheap and a costly user, and
+    the spread between two medians of the cheap one's, which is what the machine's load alone
+    makes of identical work, now."""
     times: dict[str, list[float]] = {"nobody": [], "cheap": [], "costly": [], "cheap again": []}
     order = list(times)
     for round_number in range(7):  # interleaved, each user first in turn: a change of machine
         turn = round_number % len(order)  # load hits every user alike
         for user in order[turn:] + order[:turn]:
-            status, elapsed = timed_login(server.port, user.removesuffix(" again"), b"wrong")
+            status, elapsed = timed_login(port, user.removesuffix(" again"), b"wrong")
             assert status == 401
             times[user].append(elapsed)
     medians = {user: statistics.median(seconds) for user, seconds in times.items()}
     noise = max(medians["cheap"], medians["cheap again"]) / min(
         medians["cheap"], medians["cheap again"]
     )
-    users = [medians[user] for user in ("nobody", "cheap", "costly")]
     print(
         "\nwrong-password medians: "
         + ", ".join(f"{u} {m * 1000:.0f} ms" for u, m in medians.items())
         + f"; the same user's spread {noise:.2f}x"
     )
-    assert max(users) <= 1.2 * noise * min(users)
-    assert set(counted) == {"unknown_user", "wrong_password"}
-    assert counted.count("unknown_user") == 7
+    return [medians[user] for user in ("nobody", "cheap", "costly")], noise
 
 
 def guess_from_many_addresses(
