@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
@@ -148,6 +148,23 @@ def wait_for(condition: Callable[[], Any], timeout: float = 60.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s (last: {result!r})")
         time.sleep(interval)
+
+
+_T = TypeVar("_T")
+
+
+def measured_within(
+    measure: Callable[[], _T], within: Callable[[_T], bool], tries: int = 3
+) -> list[_T]:
+    """Up to `tries` measurements of a timing property, until one is `within` its bound: those
+    taken (AssertionError naming them all when none is). On a loaded host a burst of the other
+    tests' can land on one measurement; a real regression shows in every one."""
+    taken: list[_T] = []
+    for _ in range(tries):
+        taken.append(measure())
+        if within(taken[-1]):
+            return taken
+    raise AssertionError(f"not within the bound in {tries} measurements: {taken}")
 
 
 @pytest.fixture

@@ -202,7 +202,7 @@ def _drive_changes(attune, postgres_dsn, run_exporter):
     attune.delete_action(build)
     # Both collectors again: wait until each has sampled since the delete (its queue_stats row
     # and its executions both gone); a series left behind fails the wait.
-    _series_when(app, lambda s: not [key for key in s if ("system", "attune") in key[1]])
+    series = _series_when(app, lambda s: not [key for key in s if ("system", "attune") in key[1]])
     for source in SOURCES:
         assert value(series, "queue_exporter_source_up", source=source) == 1
 
