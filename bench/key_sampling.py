@@ -73,7 +73,7 @@ SHARED_GLOB = "orchestrata:*"
 PRESET_KEYS = re.compile(rb"orchestrata:queue:.+:p.+|orchestrata:dlq:.+", re.DOTALL)
 MAX_ITEM_BYTES = 256 * 1024  # the exporter's default max_item_bytes
 SCAN_COUNT = 1000  # the exporter's default scan_count
-# A head's JSON parsed as the exporter parses it (key_commands.head_time): without json.loads's
+# A head's JSON parsed as the exporter parses it (key_items.head_time): without json.loads's
 # checks for bytes and surrounding whitespace, the leanest call of the json module.
 parse_document = json.JSONDecoder().raw_decode
 

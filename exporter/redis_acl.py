@@ -190,7 +190,7 @@ def _key_groups(config: Config) -> list[KeyGroup]:
 
 def _reads_built_stream(group: KeyGroup) -> bool:
     """A group whose keys are streams built from known values and read by XLEN (no consumer
-    group): an XLEN of 0 is followed by EXISTS (key_commands.Presence)."""
+    group): an XLEN of 0 is followed by EXISTS (key_commands.Cycle._counts)."""
     return group.enumerated and group.type == "stream" and not group.stream_group
 
 

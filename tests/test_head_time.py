@@ -1,4 +1,4 @@
-"""key_commands.head_time, the bulk path's reader of a head's time, reads a list's JSON item
+"""key_items.head_time, the bulk path's reader of a head's time, reads a list's JSON item
 the short way when it can: whatever the item, it gives what head_item and item_time give, the
 same time or an error of the same reason (hostile items from tests/test_item_fuzz.py)."""
 
@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.sources.key_commands import exception_reason, head_time, item_time
 from exporter.sources.key_groups import OldestItem
+from exporter.sources.key_items import exception_reason, head_time, item_time
 from tests.test_item_fuzz import divisors, formats, items, times
 
 ORCHESTRATA = json.dumps({"packet": {"n": 1}, "queued_at": "2026-11-29T18:00:00+00:00"}).encode()

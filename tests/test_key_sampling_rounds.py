@@ -1,6 +1,7 @@
-"""Plain key groups are read in bulk rounds (key_commands.PlainGroup), the others a command and a
-reply handler per read: both ways give the same series, errors and reports for the same keys,
-whatever the round size."""
+"""A key group's keys are read in bulk, in parts (key_commands.GroupReads): a whole key's depth
+and head read, or a score window's ZCOUNT and ZRANGEBYSCORE. Both give the same series, errors
+and reports for the same keys when the window holds every member, whatever the round size
+(a round may end inside a run of keys, or hold one key's commands alone)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from exporter.telemetry import Telemetry
 
 ZSET = {"system": "jobs", "pattern": "delayed:{_shard}:{queue}", "type": "zset"}
 OLDEST = {"time_in": "score", "format": "epoch_s"}
-# A score window sends the same keys down the general path (every score here is above 0, so
-# the window holds every member); without it the group is plain.
+# A score window reads the same keys in a part of its own (every score here is above 0, so
+# the window holds every member); without it the group reads whole keys.
 GENERAL = {**ZSET, "state": "retry", "oldest": OLDEST, "max_depth": 7}
 GENERAL["scores"] = {"window": "positive"}
 PLAIN = {**ZSET, "state": "scheduled", "oldest": OLDEST, "max_depth": 7}
@@ -50,7 +51,7 @@ def _by_state(table: dict, state: str) -> dict:
 
 
 @pytest.mark.parametrize("pipeline_size", [1, 3, 1000])
-def test_plain_and_general_paths_agree(redis_client, redis_url, pipeline_size):
+def test_whole_keys_and_a_window_holding_them_agree(redis_client, redis_url, pipeline_size):
     now = time.time()
     _load(redis_client, now)
     series, reports = _sample(redis_url, pipeline_size)

@@ -29,105 +29,94 @@ import redis
 
 from exporter.redis_cluster import ClusterNodes
 from exporter.redis_pipeline import Args, SentCommands, bounded_reads
-from exporter.sources.key_commands import Cycle, PlainGroup, PlainKey, runs
-from exporter.sources.key_types import ASKED, ITEM_READ, Command, key_of
+from exporter.sources.key_commands import Cycle, GroupReads, Run
+from exporter.sources.key_types import ASKED, ITEM_READ, Command, FoundKey, key_of
 
 # What a node's SCAN gives the sampler: the keys of one page, or the error the node failed with.
 ScanPage = tuple[str, "list[bytes] | redis.RedisError"]
 
 
 class SentRound:
-    """One round trip, sent: its SCAN (if any) first, then the commands an ASK reply sent to
-    this node (each after ASKING, which holds for the one command after it), then the
-    commands and plain keys (_round_args)."""
+    """One round trip, sent: its SCAN (if any) first, then its commands (one an ASK reply sent
+    to this node after ASKING, which holds for the one command after it), the commands of its
+    keys read in bulk, and last one bounded_reads of every item read among them."""
 
-    __slots__ = ("asked", "commands", "plain", "reads", "scan", "sent")
+    __slots__ = ("commands", "reads", "runs", "scan", "sent")
 
     def __init__(
         self,
         cycle: Cycle,
         client: redis.Redis,
         scan: Args | None,
-        batch: tuple[list[Command], list[Command], list[PlainKey]],
+        commands: list[Command],
+        runs: list[Run],
     ) -> None:
-        self.commands, self.asked, self.plain = batch
-        self.scan = scan
-        direct, self.reads = _round_args(cycle, self.commands, self.plain)
-        head = [] if scan is None else [scan]
-        head += [part for args, _, _ in self.asked for part in (("ASKING",), args[2])]
-        self.sent = SentCommands(client, head + direct)
+        self.scan, self.commands, self.runs = scan, commands, runs
+        args: list[Args] = [] if scan is None else [scan]
+        read_keys: list[bytes] = []
+        reads: list[Args] = []
+        for head, _, _ in commands:
+            if head[0] is ITEM_READ:
+                read_keys.append(head[1])
+                reads.append(head[2])
+            else:
+                args += (("ASKING",), head[2]) if head[0] is ASKED else (head,)
+        for group, run in runs:
+            direct, run_keys, run_reads = group.commands(
+                [key for key, _ in run], cycle.before.large_heads
+            )
+            args += direct
+            read_keys += run_keys
+            reads += run_reads
+        if read_keys:
+            limit, any_slot = cycle.max_item_bytes, cycle.nodes is not None
+            args.append(bounded_reads(read_keys, reads, limit, any_slot))
+        self.reads = len(read_keys)
+        self.sent = SentCommands(client, args)
 
     def handle(self, cycle: Cycle) -> tuple[Any, list[Command]]:
         """Read the replies (raising if the round trip or its SCAN failed) and hand them to
         the cycle: the SCAN's reply, and the follow-up commands the replies ask for."""
         replies = self.sent.replies()
-        start = 0 if self.scan is None else 1
-        scanned = replies[0] if start else None
-        if isinstance(scanned, redis.RedisError):  # SCAN refused
-            raise scanned
-        end = start + 2 * len(self.asked)
-        asked_replies, replies = replies[start + 1 : end : 2], replies[end:]
         reads = _each(replies.pop(), self.reads) if self.reads else iter(())
         direct = iter(replies)
-        ordered = [
-            next(reads) if args[0] is ITEM_READ else next(direct) for args, _, _ in self.commands
-        ]
-        asked = [(args[2], on_reply, tally) for args, on_reply, tally in self.asked]
-        follow_ups = list(cycle.handle(self.commands + asked, ordered + asked_replies))
-        return scanned, follow_ups + cycle.handle_plain(self.plain, list(direct), list(reads))
-
-
-def _round_args(
-    cycle: Cycle, commands: list[Command], plain: list[PlainKey]
-) -> tuple[list[Args], int]:
-    """What a round sends (its bounded_reads last), and how many item reads that holds."""
-    direct = [args for args, _, _ in commands if args[0] is not ITEM_READ]
-    reads = [args for args, _, _ in commands if args[0] is ITEM_READ]
-    keys = [key for _, key, _ in reads]
-    read_args = [read for _, _, read in reads]
-    large_heads = cycle.before.large_heads
-    for group, run in runs(plain):
-        run_keys = [key for _, key, _ in run]
-        if group.due_spec is None:
-            direct += [(group.depth_command, key) for key in run_keys]
-        else:
-            for key in run_keys:
-                direct += ((group.depth_command, key), ("ZCOUNT", key, *group.due_window))
-        if group.read is not None:
-            keys += run_keys
-            read, probe = group.read, group.probe_read
-            read_args += [probe if key in large_heads else read for key in run_keys]
-    if keys:
-        limit, any_slot = cycle.max_item_bytes, cycle.nodes is not None
-        direct.append(bounded_reads(keys, read_args, limit, any_slot))
-    return direct, len(keys)
+        scanned = next(direct) if self.scan is not None else None
+        if isinstance(scanned, redis.RedisError):  # SCAN refused
+            raise scanned
+        commands, ordered = [], []
+        for args, on_reply, tally in self.commands:
+            if args[0] is ASKED:
+                next(direct)  # ASKING's
+                args = args[2]  # a failure is the command's own (not asked again and again)
+            commands.append((args, on_reply, tally))
+            ordered.append(next(reads) if args[0] is ITEM_READ else next(direct))
+        follow_ups = list(cycle.handle(commands, ordered))
+        return scanned, follow_ups + cycle.handle_runs(self.runs, list(direct), list(reads))
 
 
 class NodeWork:
-    """One server's (or cluster node's) commands waiting to be sent, its next SCAN, and its
-    round in flight."""
+    """One server's (or cluster node's) commands and keys waiting to be sent, its next SCAN,
+    and its round in flight."""
 
-    __slots__ = ("asked", "client", "in_flight", "name", "pending", "plain", "plain_cost", "scan")
+    __slots__ = ("client", "in_flight", "name", "pending", "runs", "runs_cost", "scan")
 
     def __init__(self, name: str, client: redis.Redis) -> None:
         self.name, self.client = name, client
         self.pending: list[Command] = []
-        self.asked: list[Command] = []  # after an ASK reply: each sent after ASKING
-        self.plain: list[PlainKey] = []
-        self.plain_cost = 0  # the commands the plain keys take: one or two each
+        self.runs: list[Run] = []  # keys read in bulk
+        self.runs_cost = 0  # the commands those keys take
         self.scan: Args | None = None  # the next SCAN to send
         self.in_flight: SentRound | None = None
 
     def queued(self) -> int:
-        return len(self.pending) + len(self.asked) + self.plain_cost
+        return len(self.pending) + self.runs_cost
 
-    def queue(self, commands: Iterable[Command], asked: bool = False) -> None:
-        (self.asked if asked else self.pending).extend(commands)
+    def queue(self, commands: Iterable[Command]) -> None:
+        self.pending.extend(commands)
 
-    def queue_plain(self, keys: list[PlainKey], cost: int) -> None:
-        """Plain keys of one group, `cost` commands each."""
-        self.plain += keys
-        self.plain_cost += cost * len(keys)
+    def queue_run(self, group: GroupReads, keys: list[FoundKey]) -> None:
+        self.runs.append((group, keys))
+        self.runs_cost += group.cost * len(keys)
 
     def start_scan(self, glob: str, count: int) -> None:
         self.scan = ("SCAN", b"0", "MATCH", glob, "COUNT", count)
@@ -137,9 +126,9 @@ class NodeWork:
         after this round is less than a round."""
         if not (self.queued() or self.scan):
             return
-        batch = self.take(size)
+        commands, runs = self.take(size)
         scan, self.scan = (self.scan, None) if self.queued() < size else (None, self.scan)
-        self.in_flight = SentRound(cycle, self.client, scan, batch)
+        self.in_flight = SentRound(cycle, self.client, scan, commands, runs)
 
     def received(self) -> SentRound:
         """The round in flight, now to be read."""
@@ -157,21 +146,25 @@ class NodeWork:
             self.in_flight.sent.abandon()
             self.in_flight = None
 
-    def take(self, size: int) -> tuple[list[Command], list[Command], list[PlainKey]]:
-        """The next round's commands, asked commands and plain keys: at most `size` commands
-        (at least one key in an empty round)."""
+    def take(self, size: int) -> tuple[list[Command], list[Run]]:
+        """The next round's commands and keys: at most `size` commands (at least one key in
+        an empty round)."""
         commands, self.pending = self.pending[:size], self.pending[size:]
-        room = size - len(commands)
-        asked, self.asked = self.asked[:room], self.asked[room:]
-        room -= len(asked)
-        taken = cost = 0
-        for group, _, _ in self.plain:
-            if cost + group.cost > room and (taken or room < size):
+        room, runs = size - len(commands), list[Run]()
+        while self.runs:
+            group, keys = self.runs[0]
+            fits = min(len(keys), room // group.cost)
+            if fits < 1 and (runs or commands):
                 break
-            taken, cost = taken + 1, cost + group.cost
-        plain, self.plain = self.plain[:taken], self.plain[taken:]
-        self.plain_cost -= cost
-        return commands, asked, plain
+            fits = max(fits, 1)
+            runs.append((group, keys[:fits]))
+            room -= group.cost * fits
+            self.runs_cost -= group.cost * fits
+            if fits < len(keys):
+                self.runs[0] = (group, keys[fits:])
+                break
+            del self.runs[0]
+        return commands, runs
 
 
 class Transport:
@@ -198,18 +191,21 @@ class Transport:
         self._route(commands)
         self.flush(full_only=True)
 
-    def add_plain(self, group: PlainGroup, keys: list[PlainKey]) -> None:
-        """Keys of one plain group, placed as add() places commands."""
+    def add_run(self, group: GroupReads, keys: list[FoundKey]) -> None:
+        """Keys of one group read in bulk, placed as add() places commands."""
         if self.into is not None or self.nodes is None:
-            (self.into or self.work[""]).queue_plain(keys, group.cost)
+            (self.into or self.work[""]).queue_run(group, keys)
         else:
-            for plain_key in keys:
-                name, client = self.nodes.node_of(plain_key[1])
+            by_node: dict[str, list[FoundKey]] = {}
+            for found in keys:
+                name, client = self.nodes.node_of(found[0])
                 node = self._node(name, client)
                 if node is None:
-                    self.cycle.node_lost(name, [], [plain_key], self.lost[name])
+                    self.cycle.node_lost(name, [], [(group, [found])], self.lost[name])
                 else:
-                    node.queue_plain([plain_key], group.cost)
+                    by_node.setdefault(name, []).append(found)
+            for name, node_keys in by_node.items():
+                self.work[name].queue_run(group, node_keys)
         if self.into is None:
             self.flush(full_only=True)
 
@@ -220,13 +216,12 @@ class Transport:
             return
         for command in commands:
             args = command[0]
-            asked = args[0] is ASKED
-            name, client = args[1] if asked else self.nodes.node_of(key_of(args))
+            name, client = args[1] if args[0] is ASKED else self.nodes.node_of(key_of(args))
             node = self._node(name, client)
             if node is None:
                 self.cycle.node_lost(name, [command], [], self.lost[name])
             else:
-                node.queue([command], asked)
+                node.queue([command])
 
     def _node(self, name: str, client: redis.Redis) -> NodeWork | None:
         """The node's work (None once it failed this cycle)."""
@@ -302,8 +297,7 @@ class Transport:
         self.nodes.noticed(error)
         self.lost[node.name] = error
         del self.work[node.name]
-        commands = node.pending + node.asked + sent.commands + sent.asked
-        self.cycle.node_lost(node.name, commands, sent.plain + node.plain, error)
+        self.cycle.node_lost(node.name, node.pending + sent.commands, sent.runs + node.runs, error)
 
     def abandon(self) -> None:
         """The cycle failed: no round in flight is read (their connections are dropped)."""

@@ -61,22 +61,26 @@ if Labels._fields != QUEUE_LABELS:
 
 
 class KeyMatch(NamedTuple):
-    """What a key gives: its placeholders' values and its series' labels."""
+    """What a key gives: its placeholders' values, its series' labels, and its queue (system,
+    queue: the labels of its due count and limit, made once, not per key and cycle)."""
 
     captured: dict[str, str]
     labels: Labels
+    queue: tuple[str, str]
 
 
+# A key a group found (scanned, or built from values), and what it gives.
+FoundKey = tuple[bytes, KeyMatch]
 # The key groups (positions among a SCAN's groups) that take a key, and what it gives each.
-Route = tuple[tuple[int, KeyMatch], ...]
+Route = tuple[tuple[int, FoundKey], ...]
 
 
-def labels_for(group: KeyGroup, captured: dict[str, str]) -> Labels:
-    return Labels(
-        group.system,
-        captured.get("queue") or group.labels.get("queue", ""),
-        captured.get("priority") or group.labels.get("priority", ""),
-        group.state,
+def key_match(group: KeyGroup, captured: dict[str, str]) -> KeyMatch:
+    """What a key of the group gives, from its placeholders' values."""
+    queue = captured.get("queue") or group.labels.get("queue", "")
+    priority = captured.get("priority") or group.labels.get("priority", "")
+    return KeyMatch(
+        captured, Labels(group.system, queue, priority, group.state), (group.system, queue)
     )
 
 
@@ -99,13 +103,13 @@ class GroupTally:
         self.unselected: list[str] = []  # values found in Redis that `select` left out
         self._failed: set[tuple[bytes, str]] = set()
 
-    def matched(self, page: list[tuple[bytes, KeyMatch]]) -> None:
+    def matched(self, page: list[FoundKey]) -> None:
         """Count a page of keys the group matched; the first ones are its examples."""
         if self.keys < EXAMPLES:
             self.example_keys += [key for key, _ in page[: EXAMPLES - self.keys]]
         self.keys += len(page)
 
-    def built(self, page: list[tuple[bytes, KeyMatch]]) -> None:
+    def built(self, page: list[FoundKey]) -> None:
         """Count a page of keys built from known values: which exist, their reads tell."""
         self.named += len(page)
 
@@ -180,8 +184,9 @@ class GroupTally:
 
 OnReply = Callable[[Any], "Command | list[Command] | None"]  # a list: a batch's
 # A command to pipeline, what its reply means (possibly a follow-up command) and the key group
-# it reads for. A plain tuple: a cycle builds one or two per key, so construction cost matters
-# at 100k keys.
+# it reads for: a follow-up, or a read of split_by's and consumer groups' keys (the others are
+# read in bulk: key_commands.GroupReads). A plain tuple: on a cluster a head item's time is
+# read one command per key.
 Command = tuple[tuple[Any, ...], OnReply, GroupTally]
 
 # Marks a command sent again to the node an ASK reply named: (ASKED, (node name, client), args).

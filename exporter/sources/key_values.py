@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from exporter.sources.key_groups import KeyGroup, fill, rebuilt
-from exporter.sources.key_types import KeyMatch, labels_for
+from exporter.sources.key_types import FoundKey, key_match
 
 _GLOB = re.compile(r"[*?\[]")
 
@@ -93,8 +93,8 @@ class BuiltKeys:
     floor's: built once 2.54x -> 1.99x, reused whole 2.09x -> 1.67x; docs/benchmarks.md)."""
 
     choices: dict[str, list[str]]
-    pages: list[list[tuple[bytes, KeyMatch]]]
-    by_values: dict[tuple[str, ...], tuple[bytes, KeyMatch]]
+    pages: list[list[FoundKey]]
+    by_values: dict[tuple[str, ...], FoundKey]
 
 
 def built_keys(
@@ -110,7 +110,7 @@ def built_keys(
         one = known.get(values)
         if one is None:
             found = dict(zip(names, values, strict=True))
-            one = fill(group.pattern, found).encode(), KeyMatch(found, labels_for(group, found))
+            one = fill(group.pattern, found).encode(), key_match(group, found)
         by_values[values] = one
         built.append(one)
     pages = [built[start : start + size] for start in range(0, len(built), size)]

@@ -30,7 +30,7 @@ from exporter.logs import LogLimiter
 from exporter.redis_cluster import ClusterNodes
 from exporter.redis_connection import follow_failover, redis_error_reason, sever
 from exporter.samples import SampleSet
-from exporter.sources.key_commands import Cycle, Learned, PlainGroup, response_reason
+from exporter.sources.key_commands import Cycle, GroupReads, Learned
 from exporter.sources.key_groups import (
     SetMembers,
     key_regex,
@@ -38,9 +38,10 @@ from exporter.sources.key_groups import (
     placeholders,
     scan_glob,
 )
+from exporter.sources.key_items import response_reason
 from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
-from exporter.sources.key_types import GroupTally, KeyMatch, Route, labels_for, text
+from exporter.sources.key_types import FoundKey, GroupTally, Route, key_match, text
 from exporter.sources.key_values import built_keys, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
@@ -131,15 +132,15 @@ class RedisKeySampler:
     def _sample_groups(self, cycle: Cycle, rounds: Transport) -> None:
         """Find and read every key group's keys."""
         tallies = cycle.tallies
-        plains = {id(t): PlainGroup(t, cycle) for t in tallies if PlainGroup.suits(t.group)}
+        bulk = {id(t): GroupReads(t, cycle) for t in tallies if GroupReads.suits(t.group)}
 
-        def read(tally: GroupTally, page: list[tuple[bytes, KeyMatch]]) -> None:
-            plain = plains.get(id(tally))
-            if plain is not None:
-                rounds.add_plain(plain, [(plain, key, match) for key, match in page])
+        def read(tally: GroupTally, page: list[FoundKey]) -> None:
+            reads = bulk.get(id(tally))
+            if reads is not None:
+                rounds.add_run(reads, page)
                 return
             # a page's commands added at once: routed and sent in full rounds once a page
-            commands = (cycle.commands_for_key(tally, key, *match) for key, match in page)
+            commands = (cycle.commands_for_key(tally, *found) for found in page)
             rounds.add(itertools.chain.from_iterable(commands))
 
         for scan in self._scan_plan.scans():
@@ -222,7 +223,7 @@ class RedisKeySampler:
 
     def _scanned_pages(
         self, cycle: Cycle, scan: KeyScan, tallies: list[GroupTally], rounds: Transport
-    ) -> Iterator[tuple[GroupTally, list[tuple[bytes, KeyMatch]]]]:
+    ) -> Iterator[tuple[GroupTally, list[FoundKey]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
         # (the keys found last cycle are matched again from what they gave: cheaper than a
@@ -233,7 +234,7 @@ class RedisKeySampler:
         unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
         for keys in self._scan(cycle, scan.glob, tallies, rounds):
-            pages: list[list[tuple[bytes, KeyMatch]]] = [[] for _ in tallies]
+            pages: list[list[FoundKey]] = [[] for _ in tallies]
             for key in keys:
                 if key in routes:
                     continue
@@ -244,8 +245,8 @@ class RedisKeySampler:
                         unclaimed += 1
                         continue
                 routes[key] = route
-                for index, match in route:
-                    pages[index].append((key, match))
+                for index, found in route:
+                    pages[index].append(found)
             for tally, page in zip(tallies, pages, strict=True):
                 if page:
                     yield tally, page
@@ -264,12 +265,12 @@ class RedisKeySampler:
             found = self._regexes[pattern].match(text)
             if found:
                 captured: dict[str, str] = found.groupdict()
-                route.append((index, KeyMatch(captured, labels_for(tally.group, captured))))
+                route.append((index, (key, key_match(tally.group, captured))))
         return tuple(route)
 
     def _enumerated_pages(
         self, cycle: Cycle, tally: GroupTally, rounds: Transport
-    ) -> Iterator[list[tuple[bytes, KeyMatch]]]:
+    ) -> Iterator[list[FoundKey]]:
         """The keys built from the group's values and what each gives, a page at a time: a
         queue that is empty (its key gone) still reads 0."""
         group = tally.group
@@ -329,7 +330,7 @@ class RedisKeySampler:
         def find() -> list[str]:
             rounds.flush()  # what is queued is read first: a node lost from here is the SCAN's
             # a key found last cycle names what it did (a regex per key was about 10% of a
-            # bull cycle at 10k queues, PlainGroup's figure)
+            # bull cycle at 10k queues: docs/benchmarks.md)
             regex, last, named = key_regex(pattern), cycle.before.named.get(name, {}), {}
             for page in self._scan(cycle, scan_glob(pattern), [tally], rounds):
                 for key in page:
