@@ -124,9 +124,9 @@ class SentinelSetup:
             **self.client_options,
         )
 
-    def master_port(self) -> int:
-        """The master's port as the Sentinels see it now."""
-        with self.sentinel_client() as client:
+    def master_port(self, sentinel: int = 0) -> int:
+        """The master's port as a Sentinel (the first) sees it now."""
+        with self.sentinel_client(sentinel) as client:
             _, port = client.sentinel_get_master_addr_by_name(SERVICE)
         return int(port)
 
@@ -148,10 +148,13 @@ class SentinelSetup:
 
     def failover(self, pause_writes_ms: int = 20000) -> int:
         """A failover that loses no acknowledged write: writes to the master are paused and the
-        replica caught up (as Redis's own FAILOVER does), then SENTINEL FAILOVER; once the
-        Sentinels name the replica as master, the old master's clients are cut off (the writes
-        it held never run; retried, they go to the new master) and it is unpaused for the
-        Sentinels to make it a replica. Returns the new master's port."""
+        replica caught up (as Redis's own FAILOVER does), then SENTINEL FAILOVER; once every
+        Sentinel names the replica as master, the old master is made its replica and its
+        clients are cut off (the writes it held never run; retried, they go to the new master),
+        then it is unpaused. Made a replica before it takes writes again: a client that asked
+        a Sentinel not yet told and reached it is refused (READONLY) and tries again, where a
+        write acknowledged there would be lost once the Sentinels made it a replica. Returns
+        the new master's port."""
         old = self.master_port()
         with self.master.client() as master:
             master.execute_command("CLIENT", "PAUSE", pause_writes_ms, "WRITE")
@@ -159,6 +162,10 @@ class SentinelSetup:
             with self.sentinel_client() as client:
                 client.execute_command("SENTINEL", "FAILOVER", SERVICE)
             wait_for(lambda: self.master_port() != old, timeout=30)
+            new = self.master_port()
+            sentinels = range(len(self.sentinel_ports))
+            wait_for(lambda: all(self.master_port(index) == new for index in sentinels), timeout=30)
+            master.execute_command("REPLICAOF", "127.0.0.1", new)  # not a write: not paused
             master.execute_command("CLIENT", "KILL", "TYPE", "normal")
             master.execute_command("CLIENT", "UNPAUSE")
         return self.master_port()
