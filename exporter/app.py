@@ -199,6 +199,5 @@ class App:
                 "start: restart to change it; the web config file is reloaded by itself when it "
                 "changes, keeping the last good one)"
             )
-        assert received is not None  # waited without a timeout
         log.info("received %s, shutting down", received.name)
         self.shutdown()

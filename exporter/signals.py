@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import time
 from types import FrameType
+from typing import overload
 
 # Seconds between the main thread's looks for a signal received: how late a stop may begin.
 LOOK = 0.05
@@ -28,6 +29,11 @@ class SignalInbox:
 
     def _note(self, signum: int, _: FrameType | None) -> None:
         self._received.append(signum)  # no lock: see the module's docstring
+
+    @overload
+    def wait(self) -> signal.Signals: ...
+    @overload
+    def wait(self, timeout: float) -> signal.Signals | None: ...
 
     def wait(self, timeout: float | None = None) -> signal.Signals | None:
         """The first signal received and not taken yet (taken now), waiting at most `timeout`

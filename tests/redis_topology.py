@@ -168,7 +168,7 @@ class SentinelSetup:
             master.execute_command("REPLICAOF", "127.0.0.1", new)  # not a write: not paused
             master.execute_command("CLIENT", "KILL", "TYPE", "normal")
             master.execute_command("CLIENT", "UNPAUSE")
-        return self.master_port()
+        return new
 
     def stop(self) -> None:
         for process in self.sentinels:

@@ -287,7 +287,7 @@ class Cycle:
         """The reads of a key of a group not read in bulk (GroupReads.suits)."""
         group, labels = tally.group, match.labels
         if group.max_depth is not None:
-            self.samples.add_labelled(MAX_DEPTH, labels.for_metric(MAX_DEPTH), group.max_depth)
+            self.samples.add_labelled(MAX_DEPTH, match.queue, group.max_depth)
         if group.split_by is not None:
             return self._split(tally, key, labels)
         return [(("XINFO", "GROUPS", key), self._stream_group(tally, key, labels), tally)]
