@@ -31,10 +31,6 @@ class ClusterNodes:
         self.cluster = cluster
         self.read_from_replicas = read_from_replicas
         self._stale_map = False
-        # The node of each slot met since the slot map was last read: routing a key costs one
-        # lookup. Kept for the one map it was made from (a map read again is a new dict).
-        self._routes: dict[int, tuple[str, redis.Redis]] = {}
-        self._routes_from: object = None
 
     def refresh_if_moved(self) -> None:
         """Read the slot map again if the last cycle met a sign that it changed."""
@@ -69,18 +65,12 @@ class ClusterNodes:
     def node_of(self, key: bytes) -> tuple[str, redis.Redis]:
         """The node that serves the key's slot: its primary, or with read_from_replicas its
         first replica where it has one (the same one SCAN reads)."""
-        slot_map = self.cluster.nodes_manager.slots_cache
-        if slot_map is not self._routes_from:
-            self._routes, self._routes_from = {}, slot_map
         slot = key_slot(key)
-        route = self._routes.get(slot)
-        if route is None:
-            nodes = slot_map.get(slot)
-            if not nodes:
-                raise redis.ConnectionError(f"no node serves slot {slot}")
-            node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
-            route = self._routes[slot] = (node.name, self._client(node))
-        return route
+        nodes = self.cluster.nodes_manager.slots_cache.get(slot)
+        if not nodes:
+            raise redis.ConnectionError(f"no node serves slot {slot}")
+        node = nodes[1] if self.read_from_replicas and len(nodes) > 1 else nodes[0]
+        return node.name, self._client(node)
 
     def moved_to_its_node(self, reply: Exception, key: bytes) -> bool:
         """A MOVED reply ("MOVED <slot> <host>:<port>") naming the node the slot map gives the
