@@ -421,9 +421,9 @@ class Cycle:
 
     def _kept_times(self, tally: GroupTally, reads: list[tuple[bytes, KeyMatch, Args]]) -> Command:
         """One command reading the times a group's head items name (one bounded_reads), and
-        its handler: each time an age, each read failing alone as in handle. A command and a
-        handler per read cost a bull cycle at 10k queues 1.68-1.93x its floor's CPU, this way
-        1.66-1.74x with the loop changes beside it (docs/benchmarks.md)."""
+        its handler: each time an age, each read failing alone as in handle. A bull cycle at
+        10k queues cost 1.19-1.28x its floor's CPU this way, 1.26-1.38x with a command and a
+        handler per read (docs/benchmarks.md)."""
         oldest = tally.group.oldest
         assert oldest is not None
         keys = [key for key, _, _ in reads]

@@ -226,8 +226,9 @@ class RedisKeySampler:
     ) -> Iterator[tuple[GroupTally, list[FoundKey]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
         # this cycle's keys, which also tells a key seen already: SCAN may return one twice
-        # (the keys found last cycle are matched again from what they gave: cheaper than a
-        # regex per key and pattern)
+        # (a key found last cycle gives what it gave then, no regex and no new labels: at 100k
+        # keys a cycle cost 1.2-1.4x the floor's CPU this way, 2.2-2.5x matched anew;
+        # docs/benchmarks.md)
         routes: dict[bytes, Route] = {}
         cycle.learned.routes[scan.groups] = routes
         last_cycle = cycle.before.routes.get(scan.groups, {})
