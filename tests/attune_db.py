@@ -1,7 +1,7 @@
-"""Attune's tables and writes, for the tests, from the documents beside the clone (never from
-exporter/demo/): `queue_stats` is the CREATE TABLE of seed 000 (its migration
+"""Attune's tables and writes, for the tests, from the seed documents' facts (tests/seeds.py; never
+from exporter/demo/): `queue_stats` is the CREATE TABLE of seed 000 (its migration
 20250127000001_queue_stats.sql) executed as the seed prints it; `pack`, `action` and
-`execution` are the columns, constraints and enum shared/reference/queue-layouts.md section 3
+`execution` are the columns, constraints and enum the reference's queue-layouts.md section 3
 states (read from Attune's migrations). Rows are written as the seed says the executor writes
 them: one queue_stats row per action, upserted (INSERT ... ON CONFLICT DO UPDATE) with
 last_updated NOW() on every queue change, deleted when the queue empties.

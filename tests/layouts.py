@@ -1,8 +1,7 @@
 """Queue layouts written as the real systems write them, for the tests to read back.
 
-Runner-Q's are written from the layouts reference beside the clone
-(shared/reference/queue-layouts.md section 2, read from runner_q_redis/src/backend/queue.rs;
-tests/seeds.py extracts its facts), never from exporter/demo/: the exporter's readers and the
+Runner-Q's are written from the layouts reference (queue-layouts.md section 2, read from
+runner_q_redis/src/backend/queue.rs; its facts kept in tests/seed_facts.json), never from exporter/demo/: the exporter's readers and the
 demo's writers must each agree with the documents, not with each other. RQ's from its docs.
 """
 
