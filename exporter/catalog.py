@@ -374,7 +374,8 @@ EVENTS: tuple[MetricSpec, ...] = (
         ("stream",),
         "1 while a native reader hears nothing from its system though its backend answers "
         "(Celery: no event for events_timeout: workers idle without -E, stopped or scaled to "
-        "zero); it stays up and ready and leaves out only the series it cannot vouch for "
+        "zero), or may not read what one figure needs (Bull, BullMQ: CLIENT LIST refused, no "
+        "worker count); it stays up and ready and leaves out only the series it cannot vouch for "
         "(running tasks, workers). 0 while it hears.",
         per_redis=True,
     ),

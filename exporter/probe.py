@@ -10,7 +10,10 @@ What would run but not as meant is a warning, named on a line of its own for the
 (`OK with N warnings`): a key group that matched nothing, a key of another Redis type than
 its group's (the type found named), a database with no keys at all, queues found in Redis but
 not configured (a group's `select` left them out), a native reader whose system has left no
-record where it reads, and keys a group could not read.
+record where it reads, and keys a group could not read. Each command a native reader will
+send is tried in a harmless form (redis_acl.COMMAND_TRIALS) under the configured user: one
+refused is named with what the ACL (or the server) needs, a failure, or a warning when it costs
+one figure only (BullMQ's and Bull's CLIENT LIST: their worker count).
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from exporter.health import HealthBoard, KeyGroupReport
 from exporter.inventory import events_redis
 from exporter.logs import scrub
 from exporter.printable import printable
+from exporter.redis_acl import COMMAND_TRIALS, key_of, refusal_needs
 from exporter.redis_connection import RedisConnectionConfig, redis_error_reason
 from exporter.samples import LabelValues, SampleSet
 from exporter.sources import postgres
 from exporter.sources.base import DeadlineExceeded, sample_within_deadline
 from exporter.sources.key_groups import KeyGroup
 from exporter.sources.key_types import REASON_WORDS
+from exporter.sources.native.config import ReaderConfig
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisKeySampler, redis_samplers
 from exporter.telemetry import Telemetry
@@ -339,6 +344,7 @@ def _native_readers(config: Config, echo: Echo, unreachable: set[str]) -> Findin
             echo(f"native {name} at {target}: FAILED ({reason})")
             findings.add(Findings(failures=[f"redis at {target}"], unreachable={target}))
             continue
+        findings.add(_reader_commands(name, reader, connection, echo))
         if found is None:
             echo(f"native {name} at {target}: a record found is not checked (a cluster)")
         elif found:
@@ -351,6 +357,71 @@ def _native_readers(config: Config, echo: Echo, unreachable: set[str]) -> Findin
                 "this database (the wrong database number?) or its records are elsewhere"
             )
     return findings
+
+
+def _reader_commands(
+    name: str, reader: ReaderConfig, connection: RedisConnectionConfig, echo: Echo
+) -> Findings:
+    """Each command the reader will send, tried under the configured user; the refused ones
+    named with what they need: a failure, or a warning for one that costs one figure only."""
+    findings = Findings()
+    if connection.is_cluster:
+        return findings
+    target = connection.masked_url()
+    globs = [glob for glob in reader.acl_read_keys() if key_of(glob) is not None]
+    glob = globs[0] if globs else "*"
+    channel = next(iter(reader.acl_channels(connection)), "")
+    trials = [(command, glob) for command in reader.commands_sent()]
+    trials += [(command, value_glob) for command, value_glob in reader.acl_value_reads()]
+    client = connection.connect()
+    try:
+        for command, key_glob in trials:
+            error = _refusal(client, command, key_of(key_glob) or "", channel, reader)
+            if error is None:
+                continue
+            needs = refusal_needs(command, error, key_glob, channel)
+            figure = reader.ONE_FIGURE.get(command)
+            cost = f"{figure} is not served" if figure else "every read fails"
+            line = f"{command.upper().replace('|', ' ')} refused ({_first_line(error)}): {needs}"
+            echo(f"native {name} at {target}: {line}; {cost}")
+            said = f"native reader {name} at {target}: {line}; {cost}"
+            (findings.warnings if figure else findings.failures).append(said)
+    finally:
+        client.close()
+    return findings
+
+
+def _refusal(
+    client: redis.Redis, command: str, key: str, channel: str, reader: ReaderConfig
+) -> redis.ResponseError | None:
+    """The error refusing one command (NOPERM, an unknown command), None when it runs (an
+    error about the key, as WRONGTYPE or a missing stream, is no refusal)."""
+    try:
+        if command in ("multi", "exec"):  # around another of the reader's reads
+            other = next(c for c in reader.commands_sent() if c in COMMAND_TRIALS)
+            pipe = client.pipeline(transaction=True)
+            pipe.execute_command(*_filled(COMMAND_TRIALS[other], key))  # type: ignore[no-untyped-call]
+            pipe.execute(raise_on_error=False)
+        elif command == "psubscribe":
+            pubsub = client.pubsub()  # type: ignore[no-untyped-call]
+            try:
+                pubsub.psubscribe(channel)
+                pubsub.get_message(timeout=1.0)  # the refusal comes as the reply
+            finally:
+                pubsub.close()
+        elif command in COMMAND_TRIALS:
+            client.execute_command(*_filled(COMMAND_TRIALS[command], key))  # type: ignore[no-untyped-call]
+    except redis.exceptions.NoPermissionError as error:
+        return error
+    except redis.ResponseError as error:
+        text = str(error).lower()
+        refused = text.startswith("unknown command") or "unknown subcommand" in text
+        return error if refused or "noperm" in text else None
+    return None
+
+
+def _filled(words: tuple[str, ...], key: str) -> list[str]:
+    return [key if word == "{key}" else word for word in words]
 
 
 def _any_key(connection: RedisConnectionConfig, globs: list[str]) -> str | None:

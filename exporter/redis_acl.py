@@ -232,3 +232,58 @@ def _quoted(word: str) -> str:
         f"\\{c}" if c in '"\\' else c if c.isprintable() else f"\\x{ord(c):02x}" for c in word
     )
     return f'"{escaped}"'
+
+
+# A harmless form of each command a native reader sends (ReaderConfig.ACL_COMMANDS and its
+# value reads), which `check-config --connect` sends under the sidecar's own user to find what
+# its ACL refuses: reads of at most one entry of a key the reader reads (which need not exist),
+# CLIENT LIST of the Pub/Sub connections alone. {key}: such a key. MULTI and EXEC are tried
+# around another of the reader's commands, PSUBSCRIBE on a connection of its own (probe.py).
+COMMAND_TRIALS: dict[str, tuple[str, ...]] = {
+    "scan": ("SCAN", "0", "MATCH", "{key}", "COUNT", "1"),
+    "smembers": ("SMEMBERS", "{key}"),
+    "zrange": ("ZRANGE", "{key}", "0", "0"),
+    "zrangebyscore": ("ZRANGEBYSCORE", "{key}", "+inf", "+inf", "LIMIT", "0", "0"),
+    "zscore": ("ZSCORE", "{key}", "-"),
+    "hmget": ("HMGET", "{key}", "-"),
+    "hget": ("HGET", "{key}", "-"),
+    "hscan": ("HSCAN", "{key}", "0", "COUNT", "1"),
+    "xrevrange": ("XREVRANGE", "{key}", "+", "-", "COUNT", "1"),
+    "xinfo|stream": ("XINFO", "STREAM", "{key}"),
+    "xread": ("XREAD", "COUNT", "1", "STREAMS", "{key}", "$"),
+    "pttl": ("PTTL", "{key}"),
+    "time": ("TIME",),
+    "get": ("GET", "{key}"),
+    "mget": ("MGET", "{key}"),
+    "client|list": ("CLIENT", "LIST", "TYPE", "pubsub"),
+}
+
+
+def key_of(glob: str) -> str | None:
+    """A key the glob matches (its `*` and `?` filled in), None for a glob with a [class]."""
+    key, escaped = [], False
+    for char in glob:
+        if escaped:
+            key.append(char)
+            escaped = False
+        elif char == "\\":
+            escaped = True
+        elif char in "*?":
+            key.append("queue-exporter-check" if char == "*" else "q")
+        elif char == "[":
+            return None
+        else:
+            key.append(char)
+    return "".join(key)
+
+
+def refusal_needs(command: str, error: Exception, key_glob: str, channel: str) -> str:
+    """What the ACL (or the server) needs for a command `error` refused."""
+    text = str(error).lower()  # Redis 7.0: "access a key"; 7.2: "access one of the keys"
+    if "permissions to access" in text and "key" in text:
+        return f"the ACL needs %R~{key_glob}"
+    if "permissions to access" in text and "channel" in text:
+        return f"the ACL needs &{channel}"
+    if text.startswith("unknown command") or "unknown subcommand" in text:
+        return f"the server needs the {command.upper().replace('|', ' ')} command (renamed?)"
+    return f"the ACL needs +{command}"

@@ -44,9 +44,9 @@ from exporter.events.metrics import apply
 from exporter.events.wire import Event
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, literal, scan_glob
-from exporter.sources.native.bullmq_workers import worker_connections
+from exporter.sources.native.bullmq_workers import client_list_refused, worker_connections
 from exporter.sources.native.config import BullReaderConfig
-from exporter.sources.native.framework import RedisReader, Signals
+from exporter.sources.native.framework import MAX_KEYS, MAX_QUEUES, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 FINISHED = ("completed", "failed")
@@ -101,13 +101,9 @@ class BullReader(RedisReader):
     def read(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues = self._queues(client)
+            queues = self._queues(client, signals)
             if self.config.workers:
-                blocking = [c for c in client.client_list() if c.get("cmd") == "brpoplpush"]
-                database = self.connection.database
-                for worker in worker_connections(blocking, self._prefix, queues, database):
-                    busy = int(not worker.waiting)
-                    signals.worker(self.config.system, worker.queue, worker.identity, busy, 1)
+                self._workers(client, queues, signals)
             finished = self._finished(client, queues, signals)
             jobs = self._jobs(client, finished, signals)
         except (redis.ConnectionError, redis.TimeoutError):
@@ -125,16 +121,29 @@ class BullReader(RedisReader):
                 self._emit(signals, queue, target, job)
         signals.tally.consumed += len(finished)
 
-    def _queues(self, client: redis.Redis) -> list[str]:
+    def _workers(self, client: redis.Redis, queues: list[str], signals: Signals) -> None:
+        try:
+            clients = client.client_list()
+        except redis.ResponseError as error:  # NOPERM, or no CLIENT: the worker count alone
+            signals.silent = client_list_refused(error)
+            return
+        blocking = [c for c in clients if c.get("cmd") == "brpoplpush"]
+        database = self.connection.database
+        for worker in worker_connections(blocking, self._prefix, queues, database):
+            busy = int(not worker.waiting)
+            signals.worker(self.config.system, worker.queue, worker.identity, busy, 1)
+
+    def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
         pattern = f"{literal(self._prefix)}:{{value}}:id"
         regex = key_regex(pattern)
         glob = f"{scan_glob(literal(self._prefix))}:*:id"
         found = set()
-        for key in client.scan_iter(match=glob, count=SCAN_COUNT):
+        scan = client.scan_iter(match=glob, count=SCAN_COUNT)
+        for key in signals.names(scan, MAX_KEYS, f"keys {glob}"):
             match = regex.match(key.decode("utf-8", "replace"))
             if match:
                 found.add(match.group("value"))
-        return sorted(found)
+        return signals.at_most(sorted(found), MAX_QUEUES, "queues")
 
     def _finished(
         self, client: redis.Redis, queues: list[str], signals: Signals

@@ -52,9 +52,9 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.redis_pipeline import Args, in_transaction, round_trips, transaction_results
 from exporter.sources.key_groups import key_regex, literal, scan_glob
 from exporter.sources.key_values import select
-from exporter.sources.native.bullmq_workers import worker_connections
+from exporter.sources.native.bullmq_workers import client_list_refused, worker_connections
 from exporter.sources.native.config import BullmqReaderConfig
-from exporter.sources.native.framework import RedisReader, Signals
+from exporter.sources.native.framework import MAX_KEYS, MAX_QUEUES, RedisReader, Signals
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
@@ -146,7 +146,7 @@ class BullmqReader(RedisReader):
             if not self._started:
                 stored = self._stored_positions(client)
                 baseline, positions = stored is None, stored or {}
-            queues = self._queues(client)
+            queues = self._queues(client, signals)
             batches = self._follow(client, queues, positions, baseline, signals)
             self._apply(client, batches, signals)
             if self.config.workers:
@@ -195,15 +195,17 @@ class BullmqReader(RedisReader):
     def _events_key(self, queue: str) -> str:
         return f"{self.config.prefix}:{queue}:events"
 
-    def _queues(self, client: redis.Redis | RedisCluster) -> list[str]:
+    def _queues(self, client: redis.Redis | RedisCluster, signals: Signals) -> list[str]:
         """Every queue has a meta hash (the Queue constructor and every add write it)."""
         pattern = scan_glob(f"{literal(self.config.prefix)}:{{_q}}:meta")
         names = set()
-        for key in client.scan_iter(match=pattern, count=1000):
+        scan = client.scan_iter(match=pattern, count=1000)
+        for key in signals.names(scan, MAX_KEYS, f"keys {pattern}"):
             match = self._meta.match(key.decode("utf-8", "replace"))
             if match:
                 names.add(match.group("value"))
-        return select(names, self.config.queues)[0]  # the preset's queues param narrows them
+        selected = select(names, self.config.queues)[0]  # the preset's queues param narrows them
+        return signals.at_most(selected, MAX_QUEUES, "queues")
 
     def _workers(
         self, client: redis.Redis | RedisCluster, queues: list[str], signals: Signals
@@ -211,11 +213,15 @@ class BullmqReader(RedisReader):
         """Each queue's workers from one CLIENT LIST (bullmq_workers.py); on a cluster, the
         node listing the most of them, as BullMQ does."""
         prefix, system = self.config.prefix, self.config.system
-        if self._nodes is None:
-            assert isinstance(client, redis.Redis)
-            replies = [client.client_list()]
-        else:
-            replies = [node.client_list() for _, node in self._nodes.primaries()]
+        try:
+            if self._nodes is None:
+                assert isinstance(client, redis.Redis)
+                replies = [client.client_list()]
+            else:
+                replies = [node.client_list() for _, node in self._nodes.primaries()]
+        except redis.ResponseError as error:  # NOPERM, or no CLIENT: the worker count alone
+            signals.silent = client_list_refused(error)
+            return
         database = self.connection.database
         lists = [worker_connections(reply, prefix, queues, database) for reply in replies]
         for worker in max(lists, key=len, default=[]):

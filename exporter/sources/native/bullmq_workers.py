@@ -11,6 +11,11 @@ Busy or idle: an idle worker waits for its next job blocked on that connection (
 flags `b`, in BZPOPMIN); a worker whose slots are all taken does not wait. So a worker blocked
 is idle, one not blocked is busy (one slot each: CLIENT LIST does not tell a worker's
 concurrency). A worker between two jobs reads as busy for that instant.
+
+CLIENT LIST refused (an ACL without `+client|list`, a server without CLIENT or with it
+renamed) costs the worker count alone: the reader goes on, says why `queue_workers` is left out
+(Signals.silent: its log, the status page, queue_exporter_native_silent) and serves every
+other series.
 """
 
 from __future__ import annotations
@@ -28,6 +33,15 @@ class WorkerConnection:
     queue: str
     identity: str  # the connection's name and client id: two unnamed workers stay apart
     waiting: bool
+
+
+def client_list_refused(error: Exception) -> str:
+    """Why a reader serves no worker count: CLIENT LIST was refused with `error`."""
+    first_line = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    return (
+        f"CLIENT LIST refused ({first_line}): queue_workers is not served, every other series "
+        "is; the ACL needs +client|list (or the server its CLIENT command)"
+    )
 
 
 def client_name(prefix: str, queue: str) -> str:

@@ -57,7 +57,13 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
 from exporter.sources.key_values import member_values, names, selects
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import BACKEND_ERRORS, MAX_WORKERS, RedisReader, Signals
+from exporter.sources.native.framework import (
+    BACKEND_ERRORS,
+    MAX_KEYS,
+    MAX_WORKERS,
+    RedisReader,
+    Signals,
+)
 
 log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
@@ -256,9 +262,10 @@ class CeleryReader(RedisReader):
         if time.monotonic() - self._declared_at < BINDINGS_REFRESH:
             return
         connection, members = self._connect(), list[bytes | str]()
-        for key in connection.scan_iter(match=BINDINGS, count=1000):
+        scan = connection.scan_iter(match=BINDINGS, count=1000)
+        for key in signals.names(scan, MAX_KEYS, f"keys {BINDINGS}"):
             with signals.record(key):  # not a set: counted, the rest goes on
-                members.extend(connection.smembers(key))
+                members.extend(signals.names(connection.smembers(key), MAX_KEYS, str(key)))
         sep = self.config.sep
         found = member_values(members, f"{{_routing_key}}{sep}{{_pattern}}{sep}{{value}}")
         skipped = re.compile(self.config.not_task_queues or "(?!)")  # (?!): matches nothing

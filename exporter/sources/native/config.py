@@ -34,6 +34,12 @@ class ReaderConfig(StrictModel):
     # The least Redis permissions the reader needs (redis_acl.py): commands, and ACL glob
     # patterns of the keys it reads; writes, where a reader must make any, are its own to say.
     ACL_COMMANDS: ClassVar[tuple[str, ...]] = ()
+    # Commands whose refusal costs one figure only (the reader reads the rest), and which.
+    ONE_FIGURE: ClassVar[dict[str, str]] = {}
+
+    def commands_sent(self) -> tuple[str, ...]:
+        """The commands its reads send, as this configuration has them."""
+        return self.ACL_COMMANDS
 
     def acl_read_keys(self) -> list[str]:
         return []
@@ -156,6 +162,10 @@ class BullmqReaderConfig(ReaderConfig):
     )
 
     ACL_COMMANDS = ("scan", "multi", "exec", "xinfo|stream", "xread", "hmget", "client|list")
+    ONE_FIGURE = {"client|list": "queue_workers"}
+
+    def commands_sent(self) -> tuple[str, ...]:
+        return tuple(c for c in self.ACL_COMMANDS if self.workers or c != "client|list")
 
     def acl_read_keys(self) -> list[str]:
         # meta hashes, events streams, job hashes (a hash-tagged prefix is literal text)
@@ -227,6 +237,10 @@ class BullReaderConfig(ReaderConfig):
     )
 
     ACL_COMMANDS = ("scan", "zrangebyscore", "hmget", "client|list")
+    ONE_FIGURE = {"client|list": "queue_workers"}
+
+    def commands_sent(self) -> tuple[str, ...]:
+        return tuple(c for c in self.ACL_COMMANDS if self.workers or c != "client|list")
 
     def acl_read_keys(self) -> list[str]:
         # id counters, completed and failed sets, job hashes (named by id)

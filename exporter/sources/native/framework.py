@@ -28,7 +28,13 @@ two records and fails with reason `timeout`, rather than run on for as long as t
 healthy read slowed by a loaded host (waiting for a core or the GIL) is not stopped.
 Limits bound what one record may bring (queues of one worker: MAX_QUEUES_PER_WORKER) and
 what a reader remembers (workers: MAX_WORKERS); what is beyond them is counted as
-`over_limit`, once per record and read. With leader
+`over_limit`, once per record and read. Every listing a read takes from its backend (a SCAN, a
+set, a zset's members, the queues it discovers) goes through `Signals.names`: a name longer
+than MAX_NAME_BYTES is refused (`oversized_field`) before anything parses it, so no parsing
+whose cost grows faster than a name (a split by colons) meets a name of 100,000 colons, and a
+listing is taken up to its limit (MAX_KEYS keys of a SCAN, MAX_QUEUES queues, MAX_WORKERS
+workers), the rest refused (`over_limit`), each once per listing and read and named in a
+rate-limited warning; the read's deadline is checked as the listing is taken. With leader
 election it runs, like every sampler, only on the leader (leader.py), so replicas do not count
 the same job twice; a replica that leads again after another replica led gets a new reader,
 whose first read is a baseline (without leader election every replica counts every job). Which
@@ -47,7 +53,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -73,11 +79,21 @@ WORKER_TIMEOUT_INTERVALS = 2.5
 MAX_WORKERS = 10_000
 # Queues one worker record may list (an RQ worker hash, a Sidekiq process): the rest is refused.
 MAX_QUEUES_PER_WORKER = 1_000
+# What one read takes from a listing (Signals.names): a key, member or queue name longer than
+# this is refused unparsed (queue systems' names are short: SAQ's job keys carry a uuid or a
+# caller's key, BullMQ's a job id); keys one SCAN yields; queues one read discovers.
+MAX_NAME_BYTES = 1024
+MAX_KEYS = 100_000
+MAX_QUEUES = 10_000
+# Names taken between two looks at the read's deadline (a look is a clock read).
+_DEADLINE_EVERY = 256
 
 _T = TypeVar("_T")
+_Name = TypeVar("_Name", bound=str | bytes)
 
 log = logging.getLogger(__name__)
 _unreadable_log = LogLimiter(log)
+_limit_log = LogLimiter(log)
 
 # Failures of the backend rather than of one record: no record can be read, the read fails.
 BACKEND_ERRORS: tuple[type[Exception], ...] = (
@@ -121,8 +137,8 @@ class Signals:
     now: float = field(default_factory=time.time)
     source: str = "native"  # the reader's source name, for the log
     deadline: ReadDeadline = field(default_factory=ReadDeadline)  # never passes by default
-    # Why the reader hears nothing from its system (Celery: no event for its timeout), when it
-    # does not: its backend answers, so it stays up and ready, leaves out the series it cannot
+    # Why the reader hears nothing from its system (Celery: no event for its timeout), or may
+    # not read one figure (BullMQ: CLIENT LIST refused, no workers), when so: its backend answers, so it stays up and ready, leaves out the series it cannot
     # vouch for, and says this (log, status page, queue_exporter_native_silent).
     silent: str | None = None
 
@@ -155,20 +171,59 @@ class Signals:
             if selection is None or selects(selection, queue):
                 self.worker(system, queue, worker, active, capacity)
 
-    def at_most(self, items: list[_T], limit: int) -> list[_T]:
+    def at_most(self, items: list[_T], limit: int, what: str = "records") -> list[_T]:
         """The first `limit` items; more are refused as over_limit, once for them all."""
         if len(items) <= limit:
             return items
-        self.tally.refuse("over_limit")
+        self.refuse_beyond("over_limit", what, f"more than {limit}")
         return items[:limit]
+
+    def names(self, listing: Iterable[_Name], limit: int, what: str) -> Iterator[_Name]:
+        """The names of one listing (a SCAN, a set's or a zset's members), as it is taken:
+        one longer than MAX_NAME_BYTES is refused before anything parses it (oversized_field),
+        and no more than `limit` are taken (the rest refused: over_limit, and the listing, a
+        SCAN, is not read further), each once for the listing; `what` names it in the log.
+        The read's deadline is checked as the names are taken (a SCAN of millions of keys is
+        CPU too)."""
+        taken = oversized = 0
+        for name in listing:
+            if (taken + oversized) % _DEADLINE_EVERY == 0:
+                self.check_deadline()
+            if len(name) > MAX_NAME_BYTES:
+                oversized += 1
+                continue
+            if taken == limit:
+                self.refuse_beyond("over_limit", what, f"more than {limit}")
+                break
+            taken += 1
+            yield name
+        if oversized:
+            self.refuse_beyond("oversized_field", what, f"{oversized} over {MAX_NAME_BYTES} bytes")
+
+    def refuse_beyond(self, reason: str, what: str, detail: str) -> None:
+        """Count what a limit refused, once for a listing or record, and name it (rate-limited)."""
+        self.tally.refuse(reason)
+        _limit_log.log(
+            logging.WARNING,
+            (self.source, what, reason),
+            "%s: %s: %s refused (%s)",
+            self.source,
+            what,
+            detail,
+            reason,
+        )
+
+    def check_deadline(self) -> None:
+        """Raise ReaderError `timeout` once the read has spent its deadline on CPU."""
+        if self.deadline.passed():
+            raise ReaderError("timeout", f"{self.source}: read stopped past its deadline")
 
     @contextmanager
     def record(self, key: str | bytes) -> Iterator[None]:
         """One record's fault boundary: whatever reading it raises costs it alone (counted and
         named); a failure of the backend still fails the whole read, and so does a read past
         its deadline (ReaderError `timeout`, raised before the record is read)."""
-        if self.deadline.passed():
-            raise ReaderError("timeout", f"{self.source}: read stopped past its deadline")
+        self.check_deadline()
         try:
             yield
         except Exception as error:

@@ -49,6 +49,8 @@ from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_values import select
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
 from exporter.sources.native.framework import (
+    MAX_KEYS,
+    MAX_QUEUES,
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
     RedisReader,
@@ -130,7 +132,9 @@ class RqReader(RedisReader):
         """The queues rq:queues names; while it cannot be read, those of the previous read."""
         names = list(self._listed)
         with signals.record(self.config.queues_set):
-            members = _members(client, self.config.queues_set)
+            members = signals.names(
+                sorted(_members(client, self.config.queues_set)), MAX_QUEUES, "queues"
+            )
             names = sorted(
                 key.removeprefix("rq:queue:")
                 for key in (member.decode("utf-8", "replace") for member in members)
@@ -168,7 +172,9 @@ class RqReader(RedisReader):
     def _workers(self, client: redis.Redis, signals: Signals) -> None:
         keys: list[bytes] = []
         with signals.record("rq:workers"):
-            keys = signals.at_most(sorted(_members(client, "rq:workers")), MAX_WORKERS)
+            keys = list(
+                signals.names(sorted(_members(client, "rq:workers")), MAX_WORKERS, "workers")
+            )
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hmget(key, ("state", "queues"))
@@ -191,7 +197,9 @@ class RqReader(RedisReader):
         """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""
         limits: list[bytes] = []
         with signals.record("rq:rl-keys"):
-            limits = sorted(_members(client, "rq:rl-keys"))
+            limits = list(
+                signals.names(sorted(_members(client, "rq:rl-keys")), MAX_KEYS, "rl-keys")
+            )
         if not limits:
             return
         keys = [b"rq:rl:" + limit + b":rate_limited" for limit in limits]

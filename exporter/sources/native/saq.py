@@ -30,7 +30,14 @@ from exporter.events.wire import ERROR_TYPES
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex
 from exporter.sources.native.config import SaqReaderConfig
-from exporter.sources.native.framework import CounterDeltas, RedisReader, Signals
+from exporter.sources.native.framework import (
+    MAX_KEYS,
+    MAX_QUEUES,
+    MAX_WORKERS,
+    CounterDeltas,
+    RedisReader,
+    Signals,
+)
 from exporter.sources.native.saq_jobs import JOB_PREFIX, FinishedJobs, JobKey, JobRecord
 
 log = logging.getLogger(__name__)
@@ -68,10 +75,14 @@ class SaqReader(RedisReader):
     def read(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues, job_keys = self._keys(client)
+            queues, job_keys = self._keys(client, signals)
             counts: dict[Hashable, float] = {}
+            room = MAX_WORKERS  # workers read, over every queue
             for queue in queues:
-                counts.update(self._workers(client, queue, signals))
+                read = self._workers(client, queue, room, signals)
+                room -= len(read)
+                for worker in read:
+                    counts.update(worker)
             finished: list[JobRecord] = []
             if self.config.runtimes:
                 finished = self._jobs.read(client, job_keys, signals.now * 1000)
@@ -95,14 +106,16 @@ class SaqReader(RedisReader):
                 del self._last[identity]
         return {identity: value for identity, (value, _) in self._last.items()}
 
-    def _keys(self, client: redis.Redis) -> tuple[list[str], list[JobKey]]:
-        """The listed queues and every queue with live workers' stats; and, with runtimes,
-        every job's key of these queues and of those with unfinished jobs (one SCAN)."""
+    def _keys(self, client: redis.Redis, signals: Signals) -> tuple[list[str], list[JobKey]]:
+        """The listed queues and every queue with live workers' stats, MAX_QUEUES at most;
+        and, with runtimes, every job's key of these queues and of those with unfinished jobs
+        (one SCAN, MAX_KEYS keys at most: Signals.names)."""
         stats, incomplete = key_regex(STATS_KEYS), key_regex(INCOMPLETE_KEYS)
         found, jobs = set(self.config.queues), set(self.config.queues)
         job_names: list[str] = []
         glob = "saq:*" if self.config.runtimes else "saq:*:stats"
-        for raw in client.scan_iter(match=glob, count=SCAN_COUNT):
+        scan = client.scan_iter(match=glob, count=SCAN_COUNT)
+        for raw in signals.names(scan, MAX_KEYS, f"keys {glob}"):
             key = raw.decode("utf-8", "replace")
             if key.startswith(JOB_PREFIX):
                 job_names.append(key)
@@ -110,27 +123,35 @@ class SaqReader(RedisReader):
                 found.add(match.group("value"))
             elif match := incomplete.match(key):
                 jobs.add(match.group("value"))
-        return sorted(found), _job_keys(set(job_names), found | jobs)
+        queues = signals.at_most(sorted(found), MAX_QUEUES, "queues with stats")
+        known = set(queues) | set(signals.at_most(sorted(jobs), MAX_QUEUES, "queues with jobs"))
+        return queues, _job_keys(sorted(set(job_names)), known, signals)
 
-    def _workers(self, client: redis.Redis, queue: str, signals: Signals) -> dict[Hashable, float]:
-        """Each live worker's counts, by (queue, worker key, stat)."""
+    def _workers(
+        self, client: redis.Redis, queue: str, room: int, signals: Signals
+    ) -> list[dict[Hashable, float]]:
+        """Each live worker's counts, by (queue, worker key, stat): `room` workers at most,
+        those whose record expires first (a worker writes it every few seconds, so a live
+        one's expiry is near), the rest refused (over_limit, once for the queue)."""
         stats_key = f"saq:{queue}:stats"
         keys: list[bytes] = []
         with signals.record(stats_key):
             now_ms = int(time.time() * 1000)
-            found: list[bytes] = client.zrangebyscore(stats_key, now_ms, "+inf")  # type: ignore[assignment]
-            keys = found
+            found: list[bytes] = client.zrangebyscore(  # type: ignore[assignment]
+                stats_key, now_ms, "+inf", start=0, num=room + 1
+            )
+            keys = list(signals.names(found, room, f"workers of {stats_key}"))
         if not keys:
-            return {}
-        counts: dict[Hashable, float] = {}
+            return []
+        workers: list[dict[Hashable, float]] = []
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.get(key)  # not MGET: a record of another type must say so (WRONGTYPE)
         for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
             name = key.decode("utf-8", "replace")
             with signals.record(key):  # a bad record costs itself: its last counts stand in
-                counts.update({(queue, name, stat): n for stat, n in _stats(raw).items()})
-        return counts
+                workers.append({(queue, name, stat): n for stat, n in _stats(raw).items()})
+        return workers
 
     def _count(self, queues: list[str], deltas: dict[Hashable, float], signals: Signals) -> None:
         added: dict[tuple[str, str], float] = {}
@@ -165,16 +186,20 @@ def _stats(raw: bytes | str | Exception | None) -> dict[str, float]:
     return {stat: numbers.total(stats[stat]) for stat in COUNTERS if stat in stats}
 
 
-def _job_keys(names: set[str], queues: set[str]) -> list[JobKey]:
+def _job_keys(names: list[str], queues: set[str], signals: Signals) -> list[JobKey]:
     """Each job key (`saq:job:<queue>:<key>`) of a known queue: a queue's name and a job's
     key may both hold colons (SAQ's cron keys are `cron:<function>`), so the longest known
-    queue the key starts with is the job's."""
+    queue the key starts with (followed by a colon) is the job's. Each known length is tried
+    once, so a key costs the number of lengths times its length (names are at most
+    MAX_NAME_BYTES: Signals.names), whatever colons it holds."""
+    lengths = sorted({len(queue) for queue in queues if queue}, reverse=True)
     keys = []
-    for name in sorted(names):
+    for index, name in enumerate(names):
+        if index % 256 == 0:
+            signals.check_deadline()
         rest = name[len(JOB_PREFIX) :]
-        cut = rest.rfind(":")
-        while cut > 0 and rest[:cut] not in queues:
-            cut = rest.rfind(":", 0, cut)
-        if cut > 0:
-            keys.append(JobKey(rest[:cut], name))
+        for length in lengths:
+            if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
+                keys.append(JobKey(rest[:length], name))
+                break
     return keys

@@ -88,7 +88,7 @@ class SidekiqReader(RedisReader):
         identities: list[bytes] = []
         with signals.record(f"{namespace}processes"):
             members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
-            identities = signals.at_most(sorted(members), MAX_WORKERS)
+            identities = list(signals.names(sorted(members), MAX_WORKERS, "processes"))
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(namespace.encode() + identity, ("info", "busy"))
