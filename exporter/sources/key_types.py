@@ -40,6 +40,7 @@ REASON_WORDS = {
     "the group's series are withdrawn this cycle and the slot map is read again",
     "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
     "this cycle",
+    "too_many_keys": "the group has read its share of max_keys: its other keys are not read",
 }
 
 
@@ -134,6 +135,20 @@ class GroupTally:
         self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
         words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
         self.warn(reason, f"key {text(key)[:200]!r}: {words}")
+
+    def over_limit(self, unread: int, limit: int) -> None:
+        """Count (once a cycle) and name the keys the group did not read: the cycle had read
+        its share, `limit` keys, of the source's max_keys."""
+        group = self.group
+        self.errors["too_many_keys"] += unread
+        self.telemetry.count_error(
+            self.source, "too_many_keys", system=group.system, pattern=group.pattern
+        )
+        self.warn(
+            "too_many_keys",
+            f"{unread} key(s) not read: the group read its share of max_keys ({limit} keys; "
+            "raise max_keys together with the memory limit, docs/security.md)",
+        )
 
     def left_out(self, name: str, values: list[str]) -> None:
         """Values of placeholder `name` found in Redis that the group's `select` leaves out:

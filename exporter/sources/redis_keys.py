@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import re
 import time
 from collections.abc import Iterator
@@ -102,6 +103,7 @@ class RedisKeySampler:
         # The SCANs of each cycle: one shared by the scanned groups while that pays, or one each
         self._scan_plan = ScanPlan(self.name, config.key_groups, config.scan_count)
         self._learned = Learned()  # what the last cycle found that the next one reuses
+        self._room = KeyRoom(config.max_keys, len(config.key_groups))  # what a cycle may read
 
     # -- Source protocol -------------------------------------------------------------------
 
@@ -115,6 +117,7 @@ class RedisKeySampler:
             for group in self.config.key_groups
         ]
         cycle = Cycle(time.time(), tallies, self.config.max_item_bytes, self._nodes, self._learned)
+        self._room = KeyRoom(self.config.max_keys, len(self.config.key_groups))
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
         # about a round of commands at a time, however large the keyspace.
         rounds = Transport(cycle, client, self._nodes, self.config.pipeline_size)
@@ -153,6 +156,7 @@ class RedisKeySampler:
                 tally.built(page)  # which exist, their depth reads tell
                 read(tally, page)
         rounds.flush()
+        self._room.report()
 
     def error_reason(self, error: Exception) -> str:
         return redis_error_reason(error)
@@ -245,6 +249,8 @@ class RedisKeySampler:
                     if not route:
                         unclaimed += 1
                         continue
+                if not self._room.take([tallies[index] for index, _ in route]):
+                    continue
                 routes[key] = route
                 for index, found in route:
                     pages[index].append(found)
@@ -294,6 +300,7 @@ class RedisKeySampler:
             if name in choices:  # else split_by's label: selected item by item (key_commands)
                 choices[name], left_out = select(choices[name], selection)
                 tally.left_out(name, left_out)
+        self._room.fit(choices, tally)
         built = built_keys(
             group, choices, self.config.scan_count, cycle.before.built.get(id(group))
         )
@@ -350,3 +357,50 @@ class RedisKeySampler:
         if partial:  # a node's keys are missing: so are the queues they name
             cycle.lose_group(tally, pattern.encode(), "scanned without a node")
         return found
+
+
+class KeyRoom:
+    """The keys one cycle may still read: the source's max_keys, shared evenly by its key
+    groups (so a group naming 100,000 queues leaves the other groups their share, and a
+    queue's keys of every group are read for the same first queues). What a group found beyond
+    its share is not read, and is counted and named once a cycle (reason too_many_keys). The
+    keys built from a group's values are fitted before they are built (the values of its
+    largest placeholder cut, in their order), so a set naming 100,000 queues costs no more
+    memory than the share."""
+
+    def __init__(self, limit: int, groups: int) -> None:
+        self.limit = limit
+        self.share = max(limit // max(groups, 1), 1)
+        self._left: dict[int, int] = {}
+        self._unread: dict[int, tuple[GroupTally, int]] = {}
+
+    def take(self, tallies: list[GroupTally]) -> bool:
+        """Whether one more key of these groups is read; if not, it is counted for them."""
+        if all(self._left.get(id(tally), self.share) > 0 for tally in tallies):
+            for tally in tallies:
+                self._left[id(tally)] = self._left.get(id(tally), self.share) - 1
+            return True
+        self._count(1, tallies)
+        return False
+
+    def fit(self, choices: dict[str, list[str]], tally: GroupTally) -> None:
+        """Cut a group's values (in place) so that the keys built from them fit its share."""
+        left = self._left.get(id(tally), self.share)
+        keys = math.prod(len(values) for values in choices.values())
+        if keys > left:
+            largest = max(choices, key=lambda name: len(choices[name]))
+            others = keys // len(choices[largest])
+            choices[largest] = choices[largest][: left // others]
+            self._count(keys - len(choices[largest]) * others, [tally])
+            keys = len(choices[largest]) * others
+        self._left[id(tally)] = left - keys
+
+    def _count(self, unread: int, tallies: list[GroupTally]) -> None:
+        for tally in tallies:
+            _, before = self._unread.get(id(tally), (tally, 0))
+            self._unread[id(tally)] = (tally, before + unread)
+
+    def report(self) -> None:
+        """Count and name, once for the cycle, each group's keys not read."""
+        for tally, unread in self._unread.values():
+            tally.over_limit(unread, self.share)

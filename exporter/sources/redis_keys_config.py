@@ -34,6 +34,13 @@ class RedisSourceConfig(RedisConnectionConfig):
         "an item of a key split by a label); a larger one never leaves Redis: its queue keeps "
         "the depth, skips the age and counts reason item_too_large (split: under __unread__)",
     )
+    max_keys: int = Field(
+        100_000,
+        ge=1,
+        description="keys one cycle reads, over every key group (scanned, or built from "
+        "discovered queues): the rest are not read, counted once a cycle per group as reason "
+        "too_many_keys and named; about 1 KiB of memory a key (docs/security.md)",
+    )
     cycle_timeout: float | None = Field(
         None,
         gt=0,
