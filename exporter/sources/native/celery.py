@@ -265,7 +265,8 @@ class CeleryReader(RedisReader):
         scan = connection.scan_iter(match=BINDINGS, count=1000)
         for key in signals.names(scan, MAX_KEYS, f"keys {BINDINGS}"):
             with signals.record(key):  # not a set: counted, the rest goes on
-                members.extend(signals.names(connection.smembers(key), MAX_KEYS, str(key)))
+                bindings = connection.smembers(key)
+                members.extend(signals.names(bindings, MAX_KEYS, f"members of {key!r}"))
         sep = self.config.sep
         found = member_values(members, f"{{_routing_key}}{sep}{{_pattern}}{sep}{{value}}")
         skipped = re.compile(self.config.not_task_queues or "(?!)")  # (?!): matches nothing

@@ -194,9 +194,7 @@ def _job_keys(names: list[str], queues: set[str], signals: Signals) -> list[JobK
     MAX_NAME_BYTES: Signals.names), whatever colons it holds."""
     lengths = sorted({len(queue) for queue in queues if queue}, reverse=True)
     keys = []
-    for index, name in enumerate(names):
-        if index % 256 == 0:
-            signals.check_deadline()
+    for name in signals.names(names, MAX_KEYS, "job keys"):  # the read's deadline checked
         rest = name[len(JOB_PREFIX) :]
         for length in lengths:
             if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
