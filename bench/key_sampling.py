@@ -65,6 +65,8 @@ from exporter.sources.redis_keys import RedisKeySampler
 from exporter.telemetry import Telemetry
 from tests.private_redis import PrivateRedis, free_port
 
+# A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
+EVERY_KEY = 10**9
 # The preset's two key groups: queue lists and dead-letter lists (none here, but scanned for).
 PRESET_GLOBS = ("orchestrata:queue:*:p*", "orchestrata:dlq:*")
 # Both found by one SCAN of their common prefix (as the exporter shares it: key_scans.py), each
@@ -306,7 +308,7 @@ def measure(
     """The figures of the floor, the exporter and the peer reading the keys through `url` (the
     server's own, or a delaying proxy's); `client` reaches the server directly."""
     config = config_module.from_dict(
-        {"presets": ["orchestrata"], "sources": {"redis": {"url": url}}}
+        {"presets": ["orchestrata"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
     )
     assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
     telemetry = Telemetry(HealthBoard())

@@ -56,6 +56,10 @@ DEPTHS = (
 Found = dict[str, tuple[dict[str, int], int, list[float]]]
 
 
+# A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
+EVERY_KEY = 10**9
+
+
 def load_queues(client: redis.Redis, queues: int) -> None:
     client.flushdb()
     now_ms = int(time.time() * 1000)
@@ -166,7 +170,9 @@ def main() -> None:
     with private_redis() as url:
         client = redis.Redis.from_url(url)
         load_queues(client, args.queues)
-        config = config_module.from_dict({"presets": ["bull"], "sources": {"redis": {"url": url}}})
+        config = config_module.from_dict(
+            {"presets": ["bull"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
+        )
         assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
         sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
         raw = RawRedis(url)
