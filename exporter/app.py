@@ -62,12 +62,11 @@ class App:
         self.server = MetricsServer(
             host,
             port,
-            self.telemetry.render,
+            self.telemetry.render_fenced,
             self.health,
             config.web_config_file,
             config.http,
             count_auth_failure=self.telemetry.count_auth_failure,
-            still_served=self.telemetry.still_served,
             pages={
                 "/": lambda: ("text/html; charset=utf-8", status.html()),
                 "/status.json": lambda: ("application/json", status.json()),

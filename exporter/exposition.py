@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate, chain, islice, repeat
 from typing import cast
 
@@ -42,6 +43,21 @@ OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset
 OPENMETRICS_EOF = b"# EOF\n"  # the end of an OpenMetrics exposition, after every family
 CHUNK = 2048  # lines joined at a time
 _LABELS = "\x00"  # where a histogram template takes a series' labels (never in a name or bound)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Rendered:
+    """A whole exposition and the right to send it: the fences (Leadership.fence) of every
+    lease its sampled series were served under. The right travels with the body, so any
+    number of renders in flight each keep their own, and nothing is looked up by identity."""
+
+    body: bytes
+    fences: tuple[Callable[[], bool], ...] = ()
+
+    def still_served(self) -> bool:
+        """Whether the body may be sent now: every lease it was rendered under is still held
+        (the same token, not expired). True for a body rendered under no lease."""
+        return all(fence() for fence in self.fences)
 
 
 class LineStarts:

@@ -63,10 +63,9 @@ ACCEPT_BACKOFF = 0.5
 GZIP_LEVEL = 1  # the cheapest level: about 10x smaller already, at a fraction of the render
 UNAUTHORIZED_HEADER = 'Basic realm="queue-exporter", charset="UTF-8"'
 
-# The exposition, uncompressed: OpenMetrics when the argument is True, Prometheus text otherwise.
-Render = Callable[[bool], bytes]
-# Whether a body Render returned may still be sent now (Telemetry.still_served).
-StillServed = Callable[[bytes], bool]
+# The exposition, uncompressed (OpenMetrics when the argument is True, Prometheus text
+# otherwise), with the right to send it (Rendered.still_served, asked right before the write).
+Render = Callable[[bool], exposition.Rendered]
 # Renders of one scrape at most, each made because the last one's lease passed before it was
 # sent: beyond them the scrape is answered 503 rather than with series of a passed lease.
 RENDER_ATTEMPTS = 3
@@ -88,11 +87,10 @@ class MetricsServer:
         settings: HttpConfig | None = None,
         pages: Mapping[str, Page] | None = None,
         count_auth_failure: CountAuthFailure = lambda reason: None,
-        still_served: StillServed = lambda body: True,
     ) -> None:
         """Raises WebConfigError for a web config file that does not load (before binding).
-        `pages` are served by path behind the same TLS and auth as /metrics. `still_served` is
-        asked on the loop, right before a rendered body is written, whether it may still be."""
+        `pages` are served by path behind the same TLS and auth as /metrics. A render's
+        still_served() is asked on the loop, right before its body is written."""
         self.host = host
         self.web: WebConfigWatcher | None = None
         if web_config_file is not None:  # its models, bcrypt and ssl contexts load only then
@@ -101,7 +99,6 @@ class MetricsServer:
             self.web = WebConfigWatcher(web_config_file)
         self.settings = settings or HttpConfig()
         self.render = render
-        self.still_served = still_served
         self.compress = SharedCompression()
         self.pages = dict(pages or {})
         self.health = health
@@ -360,9 +357,9 @@ class _Handler(RequestHandler):
         gzipped = wants_gzip(self.request.headers.get("Accept-Encoding", ""))
         render, compress = self.front.render, self.front.compress
 
-        def rendered() -> tuple[bytes, bytes]:
+        def rendered() -> tuple[exposition.Rendered, bytes]:
             raw = render(openmetrics)
-            return raw, compress(raw) if gzipped else raw
+            return raw, compress(raw.body) if gzipped else raw.body
 
         for _ in range(RENDER_ATTEMPTS):
             try:
@@ -373,7 +370,7 @@ class _Handler(RequestHandler):
                 return
             # Asked here, on the loop, with nothing but the write after it: a body rendered
             # before the process was stopped is not sent once its lease has passed.
-            if self.front.still_served(raw):
+            if raw.still_served():
                 break
         else:
             await self._send(503, b"the leader lease changed during every render\n")
@@ -505,7 +502,7 @@ def _q_value(text: str) -> float:
 class SharedCompression:
     """gzip of a body, shared by the scrapes answered with that same body.
 
-    Concurrent scrapes share one render (Telemetry.render hands each the same bytes object),
+    Concurrent scrapes share one render (Telemetry.render_fenced hands each the same body),
     so they can share its compression as well: fifty scrapes of a large exposition cost one
     gzip, not fifty. The body is let go when no scrape is using it any more.
     """

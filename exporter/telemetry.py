@@ -36,8 +36,6 @@ if TYPE_CHECKING:
 
     from exporter.self_metrics import SelfMetrics
 
-# Renders whose fences are kept for still_served(): more than the scrapes answered at once.
-KEPT_BODY_FENCES = 16
 _M_MMAP_THRESHOLD = -3  # mallopt's parameter number, from glibc's malloc.h
 
 
@@ -72,9 +70,7 @@ class Telemetry:
         )
         self._fences: dict[str, Callable[[], bool]] = {}
         self._fence_lock = threading.Lock()
-        # The fences each recent body was rendered under (by the body's id, the last
-        # KEPT_BODY_FENCES renders), and those the render on this thread has relied on so far.
-        self._body_fences: dict[int, list[Callable[[], bool]]] = {}
+        # The fences the render on this thread has relied on so far (render_fenced).
         self._rendering = threading.local()
         self.store = MetricStore(guard, self.limits.series_idle_timeout, serves=self._serves)
         self._line_starts = exposition.LineStarts()
@@ -139,30 +135,29 @@ class Telemetry:
             relied_on.append(fence)
         return held
 
-    def still_served(self, body: bytes) -> bool:
-        """Whether `body` (a render's, still referenced by the caller) may be sent now: every
-        lease its sampled series were served under is still held. The HTTP server asks right
-        before it writes the body: a process stopped (SIGSTOP, a long GC or swap) between the
-        render and the write must not send, on resuming, series of a lease that passed to
-        another replica meanwhile. False for a body this Telemetry did not render lately.
-
-        A stop between this check and the write cannot be caught (no check is atomic with the
-        write it guards against a stop): that one body is sent on resuming as it was checked.
-        Its series are those of a lease held at the check, and Prometheus stamps them with the
-        scrape's start, before the check, so before another replica could take the lease."""
-        with self._fence_lock:
-            fences = self._body_fences.get(id(body))
-        return fences is not None and all(fence() for fence in fences)
-
     # -- /metrics ----------------------------------------------------------------------------
 
     def render(self, openmetrics: bool) -> bytes:
-        """The whole exposition, uncompressed: Prometheus text, or OpenMetrics when asked for.
+        """The whole exposition's bytes, for a reader that sends nothing on (tests, tools):
+        render_fenced()'s body."""
+        return self.render_fenced(openmetrics).body
 
-        Concurrent scrapes share one render (SharedRender)."""
+    def render_fenced(self, openmetrics: bool) -> exposition.Rendered:
+        """The whole exposition, uncompressed (Prometheus text, or OpenMetrics when asked for),
+        with the fences of the leases its sampled series were served under. The HTTP server
+        asks the result's still_served() right before it writes the body: a process stopped
+        (SIGSTOP, a long GC or swap) between the render and the write must not send, on
+        resuming, series of a lease that passed to another replica meanwhile.
+
+        A stop between that check and the write cannot be caught (no check is atomic with the
+        write it guards against a stop): that one body is sent on resuming as it was checked.
+        Its series are those of a lease held at the check, and Prometheus stamps them with the
+        scrape's start, before the check, so before another replica could take the lease.
+
+        Concurrent scrapes share one render (SharedRender), and with it its fences."""
         return self._renders[openmetrics]()
 
-    def _render(self, openmetrics: bool) -> bytes:
+    def _render(self, openmetrics: bool) -> exposition.Rendered:
         fences: list[Callable[[], bool]] = []
         self._rendering.fences = fences
         try:
@@ -173,11 +168,7 @@ class Telemetry:
             self._rendering.fences = None
         chunks = exposition.render(families, openmetrics, self._line_starts)
         body = b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
-        with self._fence_lock:
-            self._body_fences[id(body)] = fences
-            while len(self._body_fences) > KEPT_BODY_FENCES:
-                del self._body_fences[next(iter(self._body_fences))]
-        return body
+        return exposition.Rendered(body, tuple(fences))
 
     def _own(self, openmetrics: bool) -> list[bytes]:
         if self._self_metrics is not None:
@@ -229,22 +220,22 @@ class SharedRender:
     waited for it has it.
     """
 
-    def __init__(self, render: Callable[[], bytes]) -> None:
+    def __init__(self, render: Callable[[], exposition.Rendered]) -> None:
         self._render = render
         self._lock = threading.Lock()  # held for a whole render
         self._count_lock = threading.Lock()
         self._scrapes = 0  # in progress or waiting
-        self._body = b""
+        self._body: exposition.Rendered | None = None
         self._finished = float("-inf")
 
-    def __call__(self) -> bytes:
+    def __call__(self) -> exposition.Rendered:
         arrived = time.monotonic()
         with self._count_lock:
             self._scrapes += 1
         try:
             with self._lock:
-                if self._finished >= arrived:  # rendered while this scrape waited
-                    return self._body
+                if self._body is not None and self._finished >= arrived:
+                    return self._body  # rendered while this scrape waited
                 body = self._render()
                 self._body, self._finished = body, time.monotonic()
                 return body
@@ -252,7 +243,7 @@ class SharedRender:
             with self._count_lock:
                 self._scrapes -= 1
                 if not self._scrapes:
-                    self._body = b""
+                    self._body = None
 
 
 def return_large_buffers_to_the_system() -> None:

@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from exporter import __version__, exposition
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import EventMetrics, Heartbeat, Tally
+from exporter.exposition import Rendered
 from exporter.health import HealthBoard
 from exporter.samples import SampleSet, Series
 from exporter.store import OVERFLOW, Family, NumberFamily
@@ -253,17 +254,17 @@ def test_concurrent_scrapes_share_the_render_in_progress():
     calls: list[int] = []
     release = threading.Event()
 
-    def slow_render() -> bytes:
+    def slow_render() -> Rendered:
         calls.append(1)
         release.wait(timeout=30)
-        return f"render {len(calls)}".encode()
+        return Rendered(f"render {len(calls)}".encode())
 
     shared = SharedRender(slow_render)
     bodies: list[bytes] = []
-    first = threading.Thread(target=lambda: bodies.append(shared()))
+    first = threading.Thread(target=lambda: bodies.append(shared().body))
     first.start()
     wait_for(lambda: calls)  # the first render is in progress
-    waiting = [threading.Thread(target=lambda: bodies.append(shared())) for _ in range(3)]
+    waiting = [threading.Thread(target=lambda: bodies.append(shared().body)) for _ in range(3)]
     for thread in waiting:
         thread.start()
     # Each has arrived (a late one would render again, and fail below): it waits for the lock.
@@ -273,7 +274,7 @@ def test_concurrent_scrapes_share_the_render_in_progress():
         thread.join(timeout=30)
     assert bodies == [b"render 1"] * 4
     assert len(calls) == 1
-    assert shared() == b"render 2"  # a scrape after the render finished gets a fresh one
+    assert shared().body == b"render 2"  # a scrape after the render finished gets a fresh one
 
 
 def test_real_redis_keys_with_hostile_names_scrape_cleanly(redis_client, redis_url, run_exporter):

@@ -19,6 +19,7 @@ import socket
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import redis
 import yaml
 
 from exporter import http_server
+from exporter.exposition import Rendered
 from exporter.health import HealthBoard
 from exporter.http_access import FailureLimiter
 from exporter.http_config import HttpConfig
@@ -35,9 +37,9 @@ from exporter.http_server import (
     BACKLOG,
     GZIP_LEVEL,
     MAX_PENDING_CHECKS,
+    RENDER_ATTEMPTS,
     SCRAPE_THREADS,
     MetricsServer,
-    Render,
     SharedCompression,
 )
 from exporter.web_config import BasicAuthenticator
@@ -238,11 +240,17 @@ def test_slow_clients_pin_nothing_and_scrapes_stay_fast(
 
 @pytest.fixture
 def front_door():
-    """A MetricsServer in-process with a render of the test's own; stopped after the test."""
+    """A MetricsServer in-process with a render of the test's own (its bodies under no lease);
+    stopped after the test."""
     servers: list[MetricsServer] = []
 
-    def start(render: Render, **settings: Any) -> MetricsServer:
-        server = MetricsServer("127.0.0.1", 0, render, HealthBoard(), None, HttpConfig(**settings))
+    def start(render: Callable[[bool], bytes], **settings: Any) -> MetricsServer:
+        def rendered(openmetrics: bool) -> Rendered:
+            return Rendered(render(openmetrics))
+
+        server = MetricsServer(
+            "127.0.0.1", 0, rendered, HealthBoard(), None, HttpConfig(**settings)
+        )
         server.start()
         servers.append(server)
         return server
@@ -348,7 +356,7 @@ def guarded(tmp_path, hashes):
         server = MetricsServer(
             "127.0.0.1",
             0,
-            lambda _: b"up 1\n",
+            lambda _: Rendered(b"up 1\n"),
             HealthBoard(),
             path,
             count_auth_failure=counted.append,
@@ -633,32 +641,25 @@ def _get_metrics(server: MetricsServer) -> tuple[int, bytes]:
 
 
 def test_a_body_no_longer_served_when_it_is_written_is_rendered_again():
-    """still_served is asked right before the write (a lease that passed while the process was
-    stopped after the render): such a body is never sent, a new render is."""
+    """A render's still_served() is asked right before the write (a lease that passed while the
+    process was stopped after the render): such a body is never sent, a new render is."""
     renders: list[bytes] = []
+    lease_passes_at_every_render = False
 
-    def render(_: bool) -> bytes:
+    def render(_: bool) -> Rendered:
         renders.append(f"render {len(renders)}\n".encode())
-        return renders[-1]
+        passed = lease_passes_at_every_render or len(renders) == 1  # the first one's passed
+        return Rendered(renders[-1], (lambda: not passed,))
 
-    refused: list[bytes] = []
-
-    def still_served(body: bytes) -> bool:
-        if len(refused) < 1:
-            refused.append(body)
-            return False
-        return True
-
-    server = MetricsServer(
-        "127.0.0.1", 0, render, HealthBoard(), None, HttpConfig(), still_served=still_served
-    )
+    server = MetricsServer("127.0.0.1", 0, render, HealthBoard(), None, HttpConfig())
     server.start()
     try:
         status, body = _get_metrics(server)
-        assert (status, body) == (200, renders[1]) and refused == [renders[0]]
-        server.still_served = lambda body: False  # the lease passes at every render
+        assert (status, body) == (200, renders[1])
+        lease_passes_at_every_render = True
         status, body = _get_metrics(server)
         assert status == 503 and b"lease" in body
+        assert len(renders) == 2 + RENDER_ATTEMPTS
         assert not any(rendered in body for rendered in renders)
     finally:
         server.stop()

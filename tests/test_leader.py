@@ -155,20 +155,38 @@ def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):
 def test_a_body_rendered_under_a_lease_is_not_sent_once_the_lease_has_passed(redis_url):
     """A process stopped between a render and its write (SIGSTOP, issue 23 attack 21) must
     not send, on resuming, the body of a lease that lapsed meanwhile (the HTTP server asks
-    still_served right before the write, and renders again)."""
+    the render's still_served right before the write, and renders again)."""
     clock = FakeClock()
     telemetry = Telemetry(HealthBoard())
     leader = _leadership(redis_url, ttl=10, clock=clock)
     assert leader.renew()
     runner = SourceRunner(_Source(), telemetry, threading.Event(), leader)
     assert runner.run_once()
-    body = telemetry.render(False)
-    assert b"\nqueue_depth{" in body and telemetry.still_served(body)
+    rendered = telemetry.render_fenced(False)
+    assert b"\nqueue_depth{" in rendered.body and rendered.still_served()
     clock.now += 10  # stopped past lease_ttl: the lease may be another replica's by now
-    assert not telemetry.still_served(body)
-    again = telemetry.render(False)
-    assert b"\nqueue_depth{" not in again and telemetry.still_served(again)
-    assert not telemetry.still_served(b"not a body it rendered")
+    assert not rendered.still_served()
+    again = telemetry.render_fenced(False)
+    assert b"\nqueue_depth{" not in again.body and again.still_served()
+    assert not rendered.still_served()  # a later render gives the passed one no right
+    telemetry.shutdown()
+
+
+def test_every_body_keeps_its_own_right_to_be_sent_however_many_were_rendered(redis_url):
+    """The right to be sent travels with each body (exposition.Rendered), not in a table of
+    recent renders: 100 bodies rendered under one lease are each sendable while it is held,
+    and none once it has passed (before, only the last 16 were known, by their id())."""
+    clock = FakeClock()
+    telemetry = Telemetry(HealthBoard())
+    leader = _leadership(redis_url, ttl=10, clock=clock)
+    assert leader.renew()
+    runner = SourceRunner(_Source(), telemetry, threading.Event(), leader)
+    assert runner.run_once()
+    rendered = [telemetry.render_fenced(openmetrics=bool(i % 2)) for i in range(100)]
+    assert all(b"\nqueue_depth{" in each.body for each in rendered)
+    assert all(each.still_served() for each in rendered)
+    clock.now += 10  # the lease has passed
+    assert not any(each.still_served() for each in rendered)
     telemetry.shutdown()
 
 

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from exporter import web_config
 from exporter.cli import main
+from exporter.exposition import Rendered
 from exporter.health import HealthBoard
 from exporter.http_access import WebConfigError, parse_basic_auth
 from exporter.http_server import MetricsServer
@@ -40,8 +41,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     return make_pki(tmp_path_factory.mktemp("pki"))
 
 
-def _render_nothing(openmetrics: bool) -> bytes:
-    return b"# EOF\n" if openmetrics else b""
+def _render_nothing(openmetrics: bool) -> Rendered:
+    return Rendered(b"# EOF\n" if openmetrics else b"")
 
 
 @pytest.fixture
