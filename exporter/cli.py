@@ -128,10 +128,9 @@ def serve(config_file: Path | None, **overrides: Any) -> None:
     """Sample the configured sources and serve their metrics."""
     from exporter.app import App
 
+    _refuse_unknown_variables()
     config = _load_or_exit(config_file, overrides)
     configure_logging(config.log_level, config.log_format)
-    for warning in unknown_variables(os.environ):
-        log.warning("%s", warning)
     if inventory.take(config).empty:
         click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)
         sys.exit(1)
@@ -175,8 +174,7 @@ def check_config(
     """Build the configuration as serve would (FILE or --config, environment, flags), print
     what it looks at with secrets masked and end with a verdict: OK, OK with N warnings (each
     named on its own line) or FAILED. Exit 1 on FAILED, and on warnings with --strict."""
-    for warning in unknown_variables(os.environ):
-        click.echo(f"warning: {warning}", err=True)
+    _refuse_unknown_variables()
     config = _load_or_exit(file_argument or config_file, overrides)
     configure_logging("error", "text")  # what the sources would warn about is printed below
     if config.web_config_file is not None:  # its certificates and hashes too, as serve would
@@ -215,15 +213,31 @@ def check_config(
 
 
 def unknown_variables(environment: Mapping[str, str]) -> list[str]:
-    """Warnings about QUEUE_EXPORTER_* variables no option reads (a typo is otherwise silent)."""
+    """The QUEUE_EXPORTER_* variables no option reads, each with the one it most resembles."""
     known = [str(option.envvar) for option in serve.params if isinstance(option, click.Option)]
-    warnings = []
+    unknown = []
     for name in sorted(environment):
         if name.startswith(f"{ENV_PREFIX}_") and name not in known:
-            guess = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {guess[0]}?)" if guess else f" (known: {', '.join(known)})"
-            warnings.append(f"environment variable {name} is not a setting, ignored{hint}")
-    return warnings
+            # compared without the prefix they share, which would make any name look close
+            settings = {setting.removeprefix(ENV_PREFIX): setting for setting in known}
+            guess = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), settings, n=1)
+            hint = (
+                f" (did you mean {settings[guess[0]]}?)"
+                if guess
+                else f" (known: {', '.join(known)})"
+            )
+            unknown.append(f"{name}: not a setting{hint}")
+    return unknown
+
+
+def _refuse_unknown_variables() -> None:
+    """A mistyped variable is refused as an unknown key of the file is: ignored, it would leave
+    its setting at the default (serve sampling redis://127.0.0.1:6379/0 for a misspelt URL)."""
+    unknown = unknown_variables(os.environ)
+    if unknown:
+        lines = "".join(f"\n  {line}" for line in unknown)
+        click.echo(f"error: invalid environment:{lines}", err=True)
+        sys.exit(1)
 
 
 @main.command("redis-acl")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
-from exporter import presets
+from exporter import nesting, presets
 from exporter.events.config import EventsSourceConfig
 from exporter.http_config import HttpConfig
 from exporter.leader_config import LeaderElectionConfig
@@ -228,13 +228,24 @@ def _preset_specs(specs: tuple[str, ...] | list[str]) -> list[str | dict[str, An
             entries.append(presets.parse_spec(spec))
         except presets.PresetError as error:
             raise ConfigError(
-                f"invalid configuration:\n  --preset {spec!r} (presets[{index}]): {error}"
+                f"invalid configuration:\n  --preset {_shown(spec)} (presets[{index}]): {error}"
             ) from None
     return entries
 
 
+def _shown(text: str, length: int = 80) -> str:
+    """`text` quoted for an error message, cut to its first `length` characters."""
+    return repr(text) if len(text) <= length else f"{text[:length]!r}... ({len(text)} characters)"
+
+
 def from_dict(raw: dict[str, Any], where: str = "") -> Config:
     """Expand presets and validate a configuration already read."""
+    deep = nesting.too_deep(raw)
+    if deep is not None:  # before the presets' merge and substitution recurse into it
+        raise ConfigError(
+            f"invalid configuration{where}:\n  {deep}: nested deeper than {nesting.MAX_DEPTH} "
+            "levels"
+        )
     raw = _expand_presets(raw, where)
     try:
         return Config.model_validate(raw)
@@ -299,7 +310,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise ConfigError(f"cannot read config file {path}: {error.strerror}") from None
     try:
-        document = yaml.safe_load(text)
+        document = nesting.load_yaml(text)
+    except nesting.TooDeep as error:
+        raise ConfigError(f"{path}: {error.where}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""

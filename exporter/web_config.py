@@ -40,6 +40,7 @@ from pydantic import (
     model_validator,
 )
 
+from exporter import nesting
 from exporter.http_access import VERIFYING_CLIENT_AUTH, WebConfigError
 from exporter.logs import register_model_secrets
 from exporter.models import StrictModel
@@ -288,14 +289,14 @@ def load(path: Path) -> LoadedWebConfig:
 def parse(text: str, path: Path) -> WebConfig:
     """Validate the file's text; relative file names are taken from the file's directory."""
     try:
-        document = yaml.safe_load(text)
+        document = nesting.load_yaml(text)
+    except nesting.TooDeep as error:
+        raise WebConfigError(f"{path}: {error.where}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
         problem = getattr(error, "problem", None) or type(error).__name__
         raise WebConfigError(f"{path}:{where}: not valid YAML: {problem}") from None
-    except RecursionError:
-        raise WebConfigError(f"{path}: nested too deeply") from None
     if document is None:
         document = {}
     if not isinstance(document, dict):

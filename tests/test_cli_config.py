@@ -224,3 +224,79 @@ def test_preset_params_from_flags_and_environment_are_checked_as_the_file(tmp_pa
             tmp_path, [], file_text=f"presets: [{{name: {name}, params: {{{param}: [{value}]}}}}]\n"
         )
         assert by_file.returncode == 1 and expected in by_file.stderr, by_file.stderr
+
+
+DEEP = "[" * 1000 + "]" * 1000  # 2 KB: a value nested 1,000 deep (issue 40)
+
+
+def _command(command, tmp_path, args, env=None, file_text=None):
+    """`command` (serve or check-config) with no QUEUE_EXPORTER_* variable but `env`'s."""
+    extra = []
+    if file_text is not None:
+        path = tmp_path / "config.yaml"
+        path.write_text(file_text)
+        extra = ["--config", str(path)]
+    environment = {key: val for key, val in os.environ.items() if not key.startswith("QUEUE_EX")}
+    return subprocess.run(
+        [*EXPORTER, command, *extra, *args, "--listen-address", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**environment, **(env or {})},
+    )
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_params_nested_any_depth_are_a_config_error_naming_the_place(tmp_path, command):
+    """Before, params nested 1,000 deep ended both commands in a 1,000-frame RecursionError."""
+    spec = f"celery:queues={DEEP}"
+    # the 33rd level of the value: its 33rd bracket, the 32 before it on line 1
+    for result in (
+        _command(command, tmp_path, ["--preset", spec]),
+        _command(command, tmp_path, [], env={"QUEUE_EXPORTER_PRESET": spec}),
+    ):
+        assert result.returncode == 1
+        assert "(presets[0]): preset celery: param queues: line 1 column 33: nested deeper" in (
+            result.stderr
+        ), result.stderr
+        assert "Traceback" not in result.stderr and len(result.stderr) < 500
+    # In the file, the 33rd level counts its mapping, presets, the entry and params: the
+    # 29th bracket, after the 14 characters of "      queues: " and 28 brackets.
+    by_file = _command(
+        command,
+        tmp_path,
+        [],
+        file_text=f"presets:\n  - name: celery\n    params:\n      queues: {DEEP}\n",
+    )
+    assert by_file.returncode == 1
+    assert f"{tmp_path / 'config.yaml'}: line 4 column 43: nested deeper" in by_file.stderr
+    assert "Traceback" not in by_file.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_value_that_contains_itself_is_a_config_error_naming_the_place(tmp_path, command):
+    """A YAML alias inside its own anchor makes a value of infinite depth."""
+    file_text = "presets:\n  - name: celery\n    params: &params\n      queues: [*params]\n"
+    result = _command(command, tmp_path, [], file_text=file_text)
+    assert result.returncode == 1
+    assert "  presets[0].params.queues[0].queues[0].queues" in result.stderr, result.stderr
+    assert "nested deeper than" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", ["check-config", "serve"])
+def test_a_mistyped_variable_is_refused_as_an_unknown_key_of_the_file_is(tmp_path, command):
+    """Before, QUEUE_EXPORTER_REDIS_ULR was only warned about, and serve went on sampling the
+    default redis://127.0.0.1:6379/0."""
+    env = {"QUEUE_EXPORTER_REDIS_ULR": "redis://10.0.0.9:6379/0", "QUEUE_EXPORTER_TYPO": "1"}
+    by_env = _command(command, tmp_path, ["--preset", "orchestrata"], env=env)
+    assert by_env.returncode == 1
+    assert by_env.stderr.startswith("error: invalid environment:\n")
+    assert (
+        "  QUEUE_EXPORTER_REDIS_ULR: not a setting (did you mean QUEUE_EXPORTER_REDIS_URL?)"
+        in by_env.stderr
+    )
+    assert "  QUEUE_EXPORTER_TYPO: not a setting (known: QUEUE_EXPORTER_CONFIG," in by_env.stderr
+    by_file = _command(command, tmp_path, [], file_text="presets: [orchestrata]\nredis_ulr: x\n")
+    assert by_file.returncode == 1 and "redis_ulr: Extra inputs are not permitted" in (
+        by_file.stderr
+    )

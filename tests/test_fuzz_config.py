@@ -117,3 +117,34 @@ def test_any_file_text_raises_only_config_error(tmp_path: Path, text: str) -> No
     path.write_text(text, encoding="utf-8", errors="surrogatepass")
     with contextlib.suppress(ConfigError):
         config_module.load(path)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    depth=st.integers(min_value=1, max_value=3000),
+    opening=st.sampled_from(["[", "{a: ", "- "]),
+    place=st.sampled_from(["file", "spec", "dict"]),
+)
+def test_values_nested_to_any_depth_raise_only_config_error(
+    tmp_path: Path, depth: int, opening: str, place: str
+) -> None:
+    """Params, settings and specs nested to any depth: a ConfigError naming the place, never
+    a RecursionError (issue 40: 1,000 deep crashed check-config and serve)."""
+    if opening == "- ":  # block style: one level a line, each indented further
+        value = "".join(f"\n{'  ' * level}- " for level in range(depth)) + "x"
+    else:
+        value = opening * depth + "x" + ("]" if opening == "[" else "}") * depth
+    nested: Any = "x"
+    for _ in range(depth):
+        nested = [nested]
+    with contextlib.suppress(ConfigError):
+        if place == "file":
+            path = tmp_path / "config.yaml"
+            path.write_text(f"presets:\n  - name: celery\n    params:\n      queues: {value}\n")
+            config_module.load(path)
+        elif place == "spec" and opening != "- ":
+            config_module.load(None, {"preset": (f"celery:queues={value}",)})
+        else:
+            config_module.from_dict({"presets": [{"name": "celery", "params": {"queues": nested}}]})

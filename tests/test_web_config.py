@@ -293,6 +293,11 @@ UNUSABLE_CHANGES = [
     ("basic_auth_users: [", "not valid YAML"),
     ("\x00\xff garbage: {", "not valid YAML"),
     ("- a list\n", "top level must be a mapping"),
+    pytest.param(  # the 32nd bracket: the 32nd level below the file's mapping
+        "basic_auth_users: " + "[" * 1000 + "]" * 1000,
+        "line 1 column 50: nested deeper than 32 levels",
+        id="nested-1000-deep",
+    ),
     ("basic_auth_users: {}\n", "turning basic auth off needs a restart"),
     ("http_server_config: {headers: {X-Frame-Options: deny}}\n", "turning basic auth off"),
     ("basic_auth_users: {prometheus: plaintext}\n", "not a bcrypt hash"),

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from exporter import nesting
 from exporter.sources.key_groups import literal
 
 _PARAM = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(\|pattern)?\}")
@@ -110,7 +111,9 @@ def _spec_value(preset: str, param: str, text: str, default: Any) -> Any:
     """`text` as a value of the param's type (its default's)."""
     if text[:1] in ("[", "{", '"'):
         try:
-            return yaml.safe_load(text)
+            return nesting.load_yaml(text)
+        except nesting.TooDeep as error:
+            raise PresetError(f"preset {preset}: param {param}: {error.where}") from None
         except yaml.YAMLError as error:
             problem = getattr(error, "problem", None) or "not valid YAML"
             raise PresetError(f"preset {preset}: param {param}: {problem}: {text!r}") from None
