@@ -21,6 +21,7 @@ from typing import Any, NamedTuple, get_args
 
 import redis
 
+from exporter import numbers
 from exporter.catalog import BY_NAME, QUEUE_LABELS, SYSTEM_QUEUE, MetricSpec
 from exporter.redis_cluster import ClusterNodes
 from exporter.redis_connection import redis_error_reason
@@ -30,6 +31,7 @@ from exporter.sources.key_groups import DueCount, KeyGroup, OldestItem
 from exporter.sources.key_items import (
     ItemError,
     as_map,
+    checked_time,
     exception_reason,
     head_item,
     head_time,
@@ -253,6 +255,7 @@ class Cycle:
         before: Learned,
     ) -> None:
         self.now = now
+        self.latest = numbers.horizon(now)  # the latest head time an age is made of
         self.tallies = tallies  # one per key group, in the sampler's order
         self.samples = SampleSet()
         self.before, self.learned = before, Learned()  # what the last cycle found, and this one
@@ -405,8 +408,11 @@ class Cycle:
         tally.series[labels] = None
 
     def _age(self, labels: Labels, item_time: float | None) -> None:
+        """The age of a head item's time; a time before 1970 or ahead of `latest` raises
+        ItemError time_out_of_range (counted on its key by the caller)."""
         if item_time is not None:
-            self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - item_time))
+            at = checked_time(item_time, self.latest)
+            self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - at))
 
     def kept_time_read(self, tally: GroupTally, labels: Labels, key: bytes, read: Args) -> Command:
         """The read of the time a head item's hash field or string key keeps (the item names
@@ -662,13 +668,15 @@ class Cycle:
         as an age into its table; a read that gave no value goes to handle on its own
         (`read_again`), hostile data is counted on its key. Each read is (key, KeyMatch, ...)."""
         again: list[Command] = []
-        age_table, now = self.samples.table(OLDEST_AGE), self.now
+        age_table, now, latest = self.samples.table(OLDEST_AGE), self.now, self.latest
         for read, reply in zip(reads, replies, strict=True):
             if type(reply) is int or isinstance(reply, redis.ResponseError):
                 again += self.handle([read_again(read)], [reply])
                 continue
             try:
                 at = time_of(reply)
+                if at is not None and not 0.0 <= at <= latest:  # valid times taken inline
+                    at = checked_time(at, latest)  # raises: refused, counted on its key
             except Exception as error:  # hostile data may raise anything
                 _unreadable(tally, read[0], error)
                 continue

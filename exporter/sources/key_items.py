@@ -16,6 +16,7 @@ from typing import Any
 
 import redis
 
+from exporter import numbers
 from exporter.redis_pipeline import Args, script_read
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_groups import DueCount, OldestItem, ScoreWindow, fill
@@ -178,6 +179,17 @@ def kept_time(oldest: OldestItem, reply: Any) -> float:
     if oldest.json_field is not None:
         reply = _json_value(reply, oldest.json_field.split("."))
     return parse_time(reply, oldest.format, oldest.divisor)
+
+
+def checked_time(at: float, latest: float) -> float:
+    """A head item's time as numbers.epoch takes every time a sample is made of (the v1 event
+    path's rule): from 1970 to `latest` (now plus the clock skew tolerated). Before or beyond,
+    ItemError time_out_of_range: no age is made of it (a head time of -5 s gave 57 years, an
+    arq score of -1e300 gave 1e297 s)."""
+    try:
+        return numbers.epoch(at, latest)
+    except numbers.InvalidValue as error:
+        raise ItemError("time_out_of_range") from error
 
 
 def stream_head_time(reply: Any) -> float | None:

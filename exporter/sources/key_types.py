@@ -27,6 +27,8 @@ REASON_WORDS = {
     "item_not_json": "the head item is not JSON",
     "time_missing": "the head item carries no time",
     "time_unparsable": "the head item's time does not parse",
+    "time_out_of_range": "the head item's time lies before 1970 or ahead of this clock by more "
+    "than the skew tolerated (300 s): no age is made of it",
     "item_not_utf8": "the head item names a hash but is not UTF-8",
     "item_too_deep": "the head item is nested too deep to read",
     "item_unreadable": "reading the head item failed",
