@@ -74,6 +74,12 @@ def epoch(value: Number, latest: float) -> float:
     raise InvalidValue("future_time" if number > 0 else "bad_value", shown(value))
 
 
+def epoch_ms(value: Number, latest: float) -> float:
+    """A time written in milliseconds since the epoch (Bull's, BullMQ's), in seconds, checked
+    as epoch() checks one (`latest` in seconds)."""
+    return epoch(to_float(value) / 1000.0, latest)
+
+
 def due(value: Number) -> float:
     """A time that lies in the future by design (when a scheduled job is due)."""
     number = to_float(value)

@@ -187,14 +187,14 @@ class BullReader(RedisReader):
         if job_type == "__default__":  # Bull's name for a job added without one
             job_type = ""
         labels = {"system": self.config.system, "queue": queue, "job_type": job_type}
-        ended_at = _ms(ended)
-        started_at = _ms(started)
-        due_at = _ms(created)
+        ended_at = _at(ended, signals.latest)
+        started_at = _at(started, signals.latest)
+        due_at = _at(created, signals.latest)
         if due_at is not None:
             due_at += _ms(delay) or 0.0
         execution = None
         if ended_at is not None and started_at is not None:
-            execution = max(ended_at - started_at, 0.0)
+            execution = ended_at - started_at  # one clock's: a negative is refused (Event.of)
         failures = numbers.count(attempts_made or 0)
         error_type = "" if target == "completed" else _error_type(reason or b"")
         # a final failure is one of the attempts; a stall fails a job without one
@@ -224,10 +224,16 @@ class BullReader(RedisReader):
 
 
 def _ms(raw: bytes | None) -> float | None:
-    """A time or span Bull wrote in ms, in seconds; None when absent."""
+    """A span Bull wrote in ms, in seconds; None when absent."""
     if not raw:
         return None
     return numbers.finite(raw) / 1000.0
+
+
+def _at(raw: bytes | None, latest: float) -> float | None:
+    """A time Bull wrote in ms, in seconds, from 1970 to `latest` (numbers.epoch_ms); None
+    when absent."""
+    return numbers.epoch_ms(raw, latest) if raw else None
 
 
 def _error_type(reason: bytes) -> str:

@@ -395,7 +395,7 @@ class BullmqReader(RedisReader):
             if not any(fields):
                 continue  # removed (removeOnComplete): counted without times
             with signals.record(f"{self.config.prefix}:{key[0]}:{key[1]!r}"):
-                jobs[key] = _job(fields)
+                jobs[key] = _job(fields, signals.latest)
         return jobs
 
     def _emit(
@@ -429,7 +429,8 @@ class BullmqReader(RedisReader):
             event("started", enqueued_at=runnable)
         elif kind in (b"completed", b"failed"):
             finished = job.finished_on or now
-            duration = None if started is None else max(finished - started, 0.0)
+            # a negative execution time is refused (Event.of: negative_duration), not made 0
+            duration = None if started is None else finished - started
             extra: dict[str, Any] = {"duration": duration, "attempt": job.attempts}
             for memory in (self._names, self._starts, self._runnable):
                 memory.pop(seen, None)
@@ -454,6 +455,8 @@ class BullmqReader(RedisReader):
     def _moved(event: Any, job: _Job, started: float | None, now: float, delay: float) -> None:
         """A job put back to delayed or waiting: a retry when its last attempt failed."""
         if job.failed_reason:
+            # two clocks (the entry's time is Redis', processedOn the worker's): a negative
+            # span is skew, taken as the v1 path takes a wait across clocks, as 0
             duration = None if started is None else max(now - started, 0.0)
             event("failed", error_type="retryable", duration=duration)
             event("retried", delay=delay)
@@ -495,21 +498,28 @@ def _entries(reply: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
     return list(streams[0])
 
 
-def _job(fields: list[bytes | None]) -> _Job:
+def _job(fields: list[bytes | None], latest: float) -> _Job:
+    """A job's hash; its times from 1970 to `latest` (numbers.epoch_ms), else InvalidValue."""
     name, timestamp, delay, processed_on, finished_on, attempts, failed_reason = fields
-    created = _ms(timestamp)
+    created = _at(timestamp, latest)
     return _Job(
         job_type=(name or b"").decode("utf-8", "replace"),
         runnable_at=None if created is None else created + (_ms(delay) or 0.0),
-        processed_on=_ms(processed_on),
-        finished_on=_ms(finished_on),
+        processed_on=_at(processed_on, latest),
+        finished_on=_at(finished_on, latest),
         attempts=numbers.count(attempts) if attempts else None,
         failed_reason=bool(failed_reason),
     )
 
 
 def _ms(raw: bytes | None) -> float | None:
+    """A span BullMQ wrote in ms, in seconds; None when absent."""
     return numbers.finite(raw) / 1000.0 if raw else None
+
+
+def _at(raw: bytes | None, latest: float) -> float | None:
+    """A time BullMQ wrote in ms, in seconds (numbers.epoch_ms); None when absent."""
+    return numbers.epoch_ms(raw, latest) if raw else None
 
 
 def _stream_id(raw: bytes | str) -> tuple[int, int]:

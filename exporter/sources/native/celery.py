@@ -381,7 +381,9 @@ class CeleryReader(RedisReader):
 
     @staticmethod
     def _ran(task: _Task, ended: float) -> float | None:
-        if task.started_at is None or task.started_at > ended:
+        """The worker's execution time; a negative one (a start after the end) is refused
+        with the event it is in (Event.of: negative_duration), not left out silently."""
+        if task.started_at is None:
             return None
         return ended - task.started_at
 

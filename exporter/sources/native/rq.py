@@ -41,6 +41,7 @@ from typing import Any
 
 import redis
 
+from exporter import numbers
 from exporter.catalog import BY_NAME
 from exporter.events.metrics import apply
 from exporter.events.wire import Event
@@ -307,7 +308,8 @@ class RqReader(RedisReader):
 
         execution = None
         if job.ended_at is not None and job.started_at is not None:
-            execution = max(job.ended_at - job.started_at, 0.0)
+            # the worker's two times, each from 1970 on: a negative span is refused (Event.of)
+            execution = job.ended_at - numbers.epoch(job.started_at, signals.latest)
         if what == "started":  # the wait is from enqueue to start
             event("started", job.started_at, enqueued_at=job.enqueued_at)
         elif what == "completed":
