@@ -8,17 +8,35 @@ from exporter import config as config_module
 from exporter import redis_acl
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import CounterDeltas
+from exporter.sources.native.framework import CounterDeltas, Signals
+
+
+def _update(deltas: CounterDeltas, counts: dict[str, float], succeeds: bool = True) -> dict:
+    signals = Signals()
+    increments = deltas.update(counts, signals)
+    if succeeds:
+        signals.move_on()  # what RedisReader.read does once the reader's collect returned
+    return increments
 
 
 def test_counts_kept_by_the_system_become_increments():
     deltas = CounterDeltas()
-    assert deltas.update({"w1": 40.0, "w2": 5.0}) == {}  # the baseline: counted before us
-    assert deltas.update({"w1": 43.0, "w2": 5.0}) == {"w1": 3.0}
+    assert _update(deltas, {"w1": 40.0, "w2": 5.0}) == {}  # the baseline: counted before us
+    assert _update(deltas, {"w1": 43.0, "w2": 5.0}) == {"w1": 3.0}
     # w1 restarted (its count went down): what it did since counts from zero; w3 is new
-    assert deltas.update({"w1": 2.0, "w2": 6.0, "w3": 4.0}) == {"w1": 2.0, "w2": 1.0, "w3": 4.0}
-    assert deltas.update({"w3": 4.0}) == {}  # w1 and w2 gone: forgotten
-    assert deltas.update({"w1": 1.0, "w3": 4.0}) == {"w1": 1.0}  # back under the same name
+    assert _update(deltas, {"w1": 2.0, "w2": 6.0, "w3": 4.0}) == {"w1": 2.0, "w2": 1.0, "w3": 4.0}
+    assert _update(deltas, {"w3": 4.0}) == {}  # w1 and w2 gone: forgotten
+    assert _update(deltas, {"w1": 1.0, "w3": 4.0}) == {"w1": 1.0}  # back under the same name
+
+
+def test_counts_of_a_read_that_failed_are_counted_by_the_next():
+    """A read that fails after its update (a later command of the read, its deadline) applies
+    nothing, and its counts do not become the baseline: the next read counts them."""
+    deltas = CounterDeltas()
+    assert _update(deltas, {"w1": 40.0}, succeeds=False) == {}  # no baseline taken either
+    assert _update(deltas, {"w1": 41.0}) == {}  # the baseline
+    assert _update(deltas, {"w1": 45.0}, succeeds=False) == {"w1": 4.0}  # failed: not applied
+    assert _update(deltas, {"w1": 46.0}) == {"w1": 5.0}  # all five since the baseline
 
 
 def test_a_preset_turns_its_reader_on_and_a_param_or_the_operator_turns_it_off():

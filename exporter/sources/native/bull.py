@@ -8,17 +8,26 @@ attempt started, attemptsMade how many attempts failed, timestamp and delay when
 created and for how long it was held back. A failed attempt with attempts left leaves no
 record but the job's attemptsMade (Bull moves the job to delayed or wait).
 
-Every read takes each queue's members scored from LOOKBACK_MS before the highest score seen
-on, and counts the ids not seen in that window before: a completion, or a final failure
-(error type `other` when Bull failed it for stalling, `timeout` for its timeout, else
-`non_retryable`), with the execution time (finishedOn - processedOn), the time since the job
-could first run (timestamp + delay) and the attempts; the attempts that failed before are
-counted then as retryable failures and retries. Members scored further back than LOOKBACK_MS
-behind the newest (a worker's clock that far behind) are not counted. The reader's first read
-is its baseline: what finished before is not counted; a queue that shows later counts its
-finished jobs in full. Jobs removed on completion or
-failure (removeOnComplete: true) leave no record and are not counted; a keep-count smaller
-than what finishes in one interval loses the excess.
+Every read goes on from where the last one got to in each queue's finished sets, in the set's
+own order (score, then member), and counts the ids it had not counted: a completion, or a
+final failure (error type `other` when Bull failed it for stalling, `timeout` for its timeout,
+else `non_retryable`), with the execution time (finishedOn - processedOn), the time since the
+job could first run (timestamp + delay) and the attempts; the attempts that failed before are
+counted then as retryable failures and retries. What a read fetches is what is new, not what
+it counted before (_Window): the members from its cursor on (those at the cursor's own score
+it counted are skipped, not fetched past), at most MAX_NEW new ones, the rest at the next
+read; and since a finish is scored by the worker's clock when the job ended, written a moment
+later (or by a worker whose clock is behind), members scored up to LOOKBACK_MS behind the
+cursor are looked for with one ZCOUNT per CHUNK counted members, and only a range whose count
+changed is fetched again. Members scored further back than LOOKBACK_MS behind the cursor (a
+worker's clock that far behind) are not counted. The reader's first read is its baseline, at
+the newest members: what finished before is not counted; a queue that shows later counts its
+finished jobs in full. The window moves only once the whole read succeeded (framework.Progress):
+a read that fails after fetching the new members, reading the jobs or counting them counts them
+at the next read. Jobs removed on completion or failure (removeOnComplete: true) leave no
+record and are not counted; a keep-count smaller than what finishes before the reader gets to
+it loses the excess: when the set was trimmed past the cursor of a read that left a backlog,
+that is counted (`over_limit`, once per set and read).
 
 Queues are those with an `<prefix>:<queue>:id` counter, as for the preset. Workers come from
 the connections Bull names `<prefix>:<base64 of the queue name>` (CLIENT SETNAME,
@@ -33,7 +42,11 @@ next job, else busy (one slot each: CLIENT LIST does not tell a worker's concurr
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
+from bisect import bisect_left
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,47 +59,126 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex, literal, scan_glob
 from exporter.sources.native.bullmq_workers import client_list_refused, worker_connections
 from exporter.sources.native.config import BullReaderConfig
-from exporter.sources.native.framework import MAX_KEYS, MAX_QUEUES, RedisReader, Signals
+from exporter.sources.native.framework import MAX_KEYS, MAX_QUEUES, Progress, RedisReader, Signals
 
 log = logging.getLogger(__name__)
 FINISHED = ("completed", "failed")
 SCAN_COUNT = 1000
-# How far behind the newest finishedOn a member is still looked for: Bull's scores come from
-# each worker's own clock, and a finish is written after its time was taken.
+# How far behind the cursor a late member is still looked for: Bull's scores come from each
+# worker's own clock, and a finish is written after its time was taken.
 LOOKBACK_MS = 60_000
 # New members taken per finished set and read; the rest at the next read (the window moves
 # only as far as what was taken).
 MAX_NEW = 10_000
+# Counted members a window remembers (the newest), to tell a late member from a counted one.
+MAX_REMEMBERED = 50_000
+# Remembered members per ZCOUNT of the late check: a range whose count changed is fetched again,
+# this many members besides the late ones.
+CHUNK = 1_000
 _JOB_FIELDS = ("name", "timestamp", "delay", "processedOn", "finishedOn", "attemptsMade")
 _STALLED = b"job stalled more than allowable limit"
 _TIMED_OUT = b"Promise timed out after"
 # failedReason is read up to here: a reason is a message, not the job's payload
 _MAX_REASON = 4096
+_Scored = list[tuple[bytes, float]]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Window:
-    """One finished set's members seen scored within LOOKBACK_MS of the highest score."""
+    """What the reader counted of one finished set. `cursor`: every member scored below it
+    (down to `floor`) was taken, and those at it that `members` holds (None: nothing taken
+    yet, the set is read from its start). `members`: the members counted (or taken at the
+    baseline) scored from `floor` on, at most MAX_REMEMBERED of them, the newest; a member
+    scored beyond the latest time a record may name is remembered but never moves the cursor
+    (one far ahead would blind it to every finish). `behind`: the last read took MAX_NEW new
+    members and left the rest."""
 
-    high: float | None = None
-    seen: dict[bytes, float] = field(default_factory=dict)
+    cursor: float | None = None
+    floor: float = -math.inf
+    members: Mapping[bytes, float] = field(default_factory=dict)
+    behind: bool = False
 
-    def take(self, members: list[tuple[bytes, float]], latest_ms: float) -> list[bytes]:
-        """The members not seen before; the window moves on to the newest score that is no
-        later than `latest_ms` (a member scored far ahead would blind it to every finish)."""
-        new = [member for member, _ in members if member not in self.seen]
-        for member, score in members:
-            self.seen[member] = score
+    def at_cursor(self) -> int:
+        """Remembered members the fetch from the cursor returns again (they are skipped)."""
+        if self.cursor is None:
+            return len(self.members)
+        cursor = self.cursor
+        return sum(1 for score in self.members.values() if score >= cursor)
+
+    def ranges(self, since_ms: float) -> list[tuple[float, float, int]]:
+        """(low, high, remembered members in [low, high)) below the cursor, CHUNK members each:
+        the ranges whose count the late check compares. Of a window not behind, those ending
+        after `since_ms` only: a member written now scored further back is not looked for
+        (an idle queue costs no late check)."""
+        if self.cursor is None:
+            return []
+        cursor = self.cursor
+        below = sorted(score for score in self.members.values() if score < cursor)
+        bounds = sorted({self.floor, *below[CHUNK::CHUNK]} | {cursor})
+        return [
+            (low, high, bisect_left(below, high) - bisect_left(below, low))
+            for low, high in itertools.pairwise(bounds)
+            if self.behind or high > since_ms
+        ]
+
+    def moved(
+        self,
+        fetched: _Scored,
+        limit: int,
+        refetched: dict[float, tuple[_Scored, bool]],
+        latest_ms: float,
+    ) -> tuple[_Window, list[bytes], bool]:
+        """The window after a read, the members it counts (in the set's order), and whether
+        late members it left unread fell behind its floor (lost). `fetched`: from the cursor on
+        (`limit` at most); `refetched`: the ranges below it fetched again, by their low end,
+        and whether their fetch was cut at its limit (more late members left for later)."""
+        members = dict(self.members)
+        unread_from = math.inf  # late members above this score were left for the next read
+        for low, high, _ in self.ranges(-math.inf):
+            if low in refetched:  # what the range holds now (trimmed members are forgotten)
+                for member in [m for m, s in members.items() if low <= s < high]:
+                    del members[member]
+                part, cut = refetched[low]
+                if cut and part:  # more at its last score may be unread: that score again
+                    unread_from = min(unread_from, part[-1][1])
+        late = list(itertools.chain(*(part for part, _ in refetched.values())))
+        for member, score in late:
+            if score < unread_from or member in self.members:
+                members[member] = score
+        members.update(fetched)
+        read = (m for m, _ in [*late, *fetched])
+        new = [m for m in dict.fromkeys(read) if m not in self.members and m in members]
+        cursor = self.cursor
+        for _, score in fetched:
             if score <= latest_ms:
-                self.high = score if self.high is None else max(self.high, score)
-        if self.high is not None:
-            floor = self.high - LOOKBACK_MS
-            self.seen = {m: s for m, s in self.seen.items() if s >= floor}
-        return new
+                cursor = score if cursor is None else max(cursor, score)
+        behind = len(fetched) >= limit or unread_from < math.inf
+        window = _window(cursor, members, behind, latest_ms, self.floor)
+        return window, new, window.floor > unread_from
 
-    @property
-    def floor(self) -> float | str:
-        return "-inf" if self.high is None else self.high - LOOKBACK_MS
+
+def _window(
+    cursor: float | None,
+    members: dict[bytes, float],
+    behind: bool,
+    latest_ms: float,
+    known_from: float = -math.inf,
+) -> _Window:
+    """A window keeping the members from LOOKBACK_MS before the cursor on (from `known_from`
+    on, when only those were read), at most MAX_REMEMBERED of them (the newest; a cut never
+    splits members of one score, so the late check's counts stay exact) and MAX_NEW scored
+    ahead of the latest time."""
+    if cursor is None:
+        return _Window(None, -math.inf, members, behind)
+    floor = max(cursor - LOOKBACK_MS, known_from)
+    kept = sorted(((s, m) for m, s in members.items() if floor <= s <= latest_ms), reverse=True)
+    if len(kept) > MAX_REMEMBERED:
+        cut = kept[MAX_REMEMBERED][0]
+        if cut < cursor:  # members at the cursor's own score are all kept
+            floor = math.nextafter(cut, math.inf)
+            kept = [(s, m) for s, m in kept if s > cut]
+    ahead = sorted((s, m) for m, s in members.items() if s > latest_ms)[:MAX_NEW]
+    return _Window(cursor, floor, {m: s for s, m in kept + ahead}, behind)
 
 
 class BullReader(RedisReader):
@@ -95,10 +187,9 @@ class BullReader(RedisReader):
         self.name = "native:bull"
         self.config = config
         self._prefix = config.prefix
-        self._windows: dict[tuple[str, str], _Window] = {}
-        self._baseline_taken = False
+        self._windows: Progress[dict[tuple[str, str], _Window]] = Progress()
 
-    def read(self, signals: Signals) -> None:
+    def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
             queues = self._queues(client, signals)
@@ -109,7 +200,6 @@ class BullReader(RedisReader):
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
-        self._baseline_taken = True
         for queue in queues:  # the series exist from the first read
             labels = (self.config.system, queue, "", "")
             signals.tally.count("queue_jobs_completed_total", labels, 0.0)
@@ -148,28 +238,105 @@ class BullReader(RedisReader):
     def _finished(
         self, client: redis.Redis, queues: list[str], signals: Signals
     ) -> list[tuple[str, str, bytes]]:
-        """(queue, completed|failed, job id) of each job finished since the last read. The
-        first read is the baseline; a set first read later (a new queue) counts in full."""
+        """(queue, completed|failed, job id) of each job finished since the last read; the
+        windows after this read, moved once it succeeded. The first read is the baseline; a
+        set first read later (a new queue) counts in full."""
+        windows = self._windows.at
+        latest_ms, since_ms = signals.latest * 1000, (signals.now * 1000) - LOOKBACK_MS
+        sets = [(queue, target) for queue in queues for target in FINISHED]
+        if windows is None:
+            self._windows.move(signals, self._baseline(client, sets, signals, latest_ms))
+            return []
+        olds = {found: windows.get(found) or _Window() for found in sets}
         pipe = client.pipeline(transaction=False)
-        order = [(queue, target) for queue in queues for target in FINISHED]
-        for queue, target in order:
-            window = self._windows.get((queue, target)) or _Window()
-            pipe.zrangebyscore(
-                f"{self._prefix}:{queue}:{target}", window.floor, "+inf",
-                start=0, num=len(window.seen) + MAX_NEW, withscores=True,
-            )  # fmt: skip
+        for (queue, target), old in olds.items():
+            key = f"{self._prefix}:{queue}:{target}"
+            limit = old.at_cursor() + MAX_NEW
+            low = "-inf" if old.cursor is None else repr(old.cursor)
+            pipe.zrangebyscore(key, low, "+inf", start=0, num=limit, withscores=True)
+            if old.behind:  # its lowest member: trimmed past the cursor before it was read?
+                pipe.zrange(key, 0, 0, withscores=True)
+            for low_end, high, _ in old.ranges(since_ms):  # late members: a changed count
+                pipe.zcount(key, repr(low_end), f"({high!r}")
+        replies = iter(pipe.execute(raise_on_error=False))
+        read: dict[tuple[str, str], tuple[_Scored, list[tuple[float, int]]]] = {}
+        again = client.pipeline(transaction=False)
+        for (queue, target), old in olds.items():
+            key = f"{self._prefix}:{queue}:{target}"
+            ranges = old.ranges(since_ms)
+            fetched, lowest = next(replies), next(replies) if old.behind else []
+            counts = [next(replies) for _ in ranges]
+            with signals.record(key):
+                for reply in (fetched, lowest, *counts):
+                    if isinstance(reply, Exception):
+                        raise reply
+                if lowest and old.cursor is not None and float(lowest[0][1]) > old.cursor:
+                    signals.tally.refuse("over_limit")  # trimmed before its backlog was read
+                changed = []
+                for (low_end, high, remembered), count in zip(ranges, counts, strict=True):
+                    if count != remembered:
+                        num = remembered + MAX_NEW
+                        changed.append((low_end, num))
+                        again.zrangebyscore(
+                            key, repr(low_end), f"({high!r}", 0, num, withscores=True
+                        )
+                read[queue, target] = ([(m, float(s)) for m, s in fetched], changed)
+        refetched = iter(again.execute(raise_on_error=False) if len(again) else [])
+        moved: dict[tuple[str, str], _Window] = {}
         finished: list[tuple[str, str, bytes]] = []
-        for (queue, target), reply in zip(order, pipe.execute(raise_on_error=False), strict=True):
+        for (queue, target), (fetched, changed) in read.items():
+            old = olds[queue, target]
+            again_read = {low_end: (next(refetched), num) for low_end, num in changed}
             with signals.record(f"{self._prefix}:{queue}:{target}"):
-                if isinstance(reply, Exception):
-                    raise reply
-                baseline = (queue, target) not in self._windows and not self._baseline_taken
-                window = self._windows.setdefault((queue, target), _Window())
-                scored = [(member, float(score)) for member, score in reply]
-                new = window.take(scored, signals.latest * 1000)
-                if not baseline:
-                    finished += [(queue, target, job_id) for job_id in new]
+                late = {}
+                for low_end, (reply, num) in again_read.items():
+                    if isinstance(reply, Exception):
+                        raise reply
+                    late[low_end] = ([(m, float(s)) for m, s in reply], len(reply) >= num)
+                limit = old.at_cursor() + MAX_NEW
+                window, new, lost = old.moved(fetched, limit, late, latest_ms)
+                if lost:  # late members left unread fell behind the floor: not counted
+                    signals.tally.refuse("over_limit")
+                moved[queue, target] = window
+                finished += [(queue, target, job_id) for job_id in new]
+        # a set not readable this read keeps its window (none: counted in full once readable)
+        self._windows.move(signals, {**{s: w for s, w in windows.items() if s in olds}, **moved})
         return finished
+
+    def _baseline(
+        self,
+        client: redis.Redis,
+        sets: list[tuple[str, str]],
+        signals: Signals,
+        latest_ms: float,
+    ) -> dict[tuple[str, str], _Window]:
+        """Each set's window at its newest members: the MAX_NEW newest up to the latest time a
+        record may name, and those beyond it (not counted later either)."""
+        pipe = client.pipeline(transaction=False)
+        for queue, target in sets:
+            key = f"{self._prefix}:{queue}:{target}"
+            pipe.zrevrangebyscore(key, repr(latest_ms), "-inf", 0, MAX_NEW, withscores=True)
+            pipe.zrangebyscore(key, f"({latest_ms!r}", "+inf", 0, MAX_NEW, withscores=True)
+        replies = iter(pipe.execute(raise_on_error=False))
+        windows = {}
+        for queue, target in sets:
+            newest, ahead = next(replies), next(replies)
+            with signals.record(f"{self._prefix}:{queue}:{target}"):
+                for reply in (newest, ahead):
+                    if isinstance(reply, Exception):
+                        raise reply
+                members = {m: float(s) for m, s in [*newest, *ahead]}
+                cursor = float(newest[0][1]) if newest else None
+                known_from = -math.inf
+                if len(newest) >= MAX_NEW:  # more at the lowest score read may be unread
+                    cut = float(newest[-1][1])
+                    known_from = math.nextafter(cut, math.inf)
+                    members = {m: s for m, s in members.items() if s > cut}
+                    if cursor == cut:  # all of one score: the cursor passes that score
+                        cursor = known_from
+                # an empty set: its first members are all new (from its start)
+                windows[queue, target] = _window(cursor, members, False, latest_ms, known_from)
+        return windows
 
     def _jobs(
         self, client: redis.Redis, finished: list[tuple[str, str, bytes]], signals: Signals

@@ -136,10 +136,10 @@ class BullmqReader(RedisReader):
             self._nodes = ClusterNodes(self.connection.connect_cluster())
         return self._nodes.cluster
 
-    def read(self, signals: Signals) -> None:
+    def collect(self, signals: Signals) -> None:
         client = self._server()
-        # Positions move on only when the whole read succeeded: a read that fails applies
-        # nothing (framework.py), so the next one reads the same entries again.
+        # Positions move on only when the whole read succeeded (framework.Progress): a read
+        # that fails applies nothing, so the next one reads the same entries again.
         positions = {queue: replace(position) for queue, position in self._positions.items()}
         baseline = False  # the streams' ends are taken, not read: nothing stored to go on from
         try:
@@ -151,8 +151,8 @@ class BullmqReader(RedisReader):
             self._apply(client, batches, signals)
             if self.config.workers:
                 self._workers(client, queues, signals)
-            self._positions = {queue: positions[queue] for queue in queues if queue in positions}
-            self._store_positions(client)
+            moved = {queue: positions[queue] for queue in queues if queue in positions}
+            self._store_positions(client, moved)
         except redis.RedisError as error:
             # Next time a new connection; on a cluster also a new slot map, when this one led
             # astray (MOVED, ASK, CLUSTERDOWN, TRYAGAIN: a slot resharded, a node failed over).
@@ -161,7 +161,11 @@ class BullmqReader(RedisReader):
             ):
                 self.close()
             raise
-        self._started = True
+
+        def moved_on() -> None:
+            self._positions, self._started = moved, True
+
+        signals.on_success(moved_on)
 
     def _stored_positions(self, client: redis.Redis | RedisCluster) -> dict[str, _Position] | None:
         """The positions the last successful read stored: a restarted exporter (or a new
@@ -183,8 +187,10 @@ class BullmqReader(RedisReader):
             )
             return None
 
-    def _store_positions(self, client: redis.Redis | RedisCluster) -> None:
-        document = {q: [p.last_id.decode(), p.added] for q, p in self._positions.items()}
+    def _store_positions(
+        self, client: redis.Redis | RedisCluster, positions: dict[str, _Position]
+    ) -> None:
+        document = {q: [p.last_id.decode(), p.added] for q, p in positions.items()}
         try:
             client.set(self.config.positions_key, json.dumps(document), px=POSITIONS_TTL_MS)
         except redis.ResponseError as error:  # refused (ACL, read-only replica): memory only

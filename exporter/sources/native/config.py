@@ -236,7 +236,15 @@ class BullReaderConfig(ReaderConfig):
         "connections in one CLIENT LIST per read (needs +client|list)",
     )
 
-    ACL_COMMANDS = ("scan", "zrangebyscore", "hmget", "client|list")
+    ACL_COMMANDS = (
+        "scan",
+        "zrangebyscore",
+        "zrevrangebyscore",
+        "zrange",
+        "zcount",
+        "hmget",
+        "client|list",
+    )
     ONE_FIGURE = {"client|list": "queue_workers"}
 
     def commands_sent(self) -> tuple[str, ...]:

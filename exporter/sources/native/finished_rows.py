@@ -34,7 +34,7 @@ from exporter import numbers
 from exporter.events.metrics import EventMetrics
 from exporter.events.wire import ERROR_TYPES
 from exporter.sources.native.finished_rows_config import OUTCOMES, FinishedRowsConfig
-from exporter.sources.native.framework import NativeSource, ReaderError, Signals
+from exporter.sources.native.framework import NativeSource, Progress, ReaderError, Signals
 from exporter.sources.postgres import PostgresConnector, error_reason
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.sql_collectors import QueryShapeError
@@ -55,16 +55,22 @@ class FinishedRowsReader:
         self._timeout = timeout
         self._ties = config.tie_columns()  # cursor_<name> columns, in the query's order
         # The last position counted: {after: cursor, after_<name>: cursor_<name>}; None until
-        # the baseline.
-        self._after: dict[str, Any] | None = None
+        # the baseline. It moves once the whole read succeeded (framework.Progress): a read
+        # stopped between two rows (its deadline) counts them all at the next read.
+        self._after: Progress[dict[str, Any]] = Progress()
         self._thread: int | None = None
 
     def read(self, signals: Signals) -> None:
+        self._collect(signals)
+        signals.move_on()
+
+    def _collect(self, signals: Signals) -> None:
         self._thread = threading.get_ident()
-        if self._after is None:
-            self._after = self._baseline()
+        last = self._after.at
+        if last is None:
+            self._after.move(signals, self._baseline())
             return
-        after = {name: sql.Literal(value) for name, value in self._after.items()}
+        after = {name: sql.Literal(value) for name, value in last.items()}
         query = sql.SQL(self.config.query).format(**after, limit=sql.Literal(self.config.max_rows))
         rows, columns, _ = self._connector.fetch(
             query.as_string(None), self._timeout, self.config.max_rows
@@ -74,8 +80,9 @@ class FinishedRowsReader:
             position = row[index["cursor"]]
             with signals.record(f"{self.config.table} row {position}"):
                 self._count(signals, row, index)
-            if position is not None and position >= self._after["after"]:
-                self._after = self._position(row, index)
+            if position is not None and position >= last["after"]:
+                last = self._position(row, index)
+        self._after.move(signals, last)
 
     def _baseline(self) -> dict[str, Any]:
         rows, columns, _ = self._connector.fetch(self.config.baseline, self._timeout, 1)

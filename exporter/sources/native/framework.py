@@ -42,6 +42,15 @@ replica led in between, the lease's fencing tokens tell (`Terms`), not the time 
 reads: a read late on a loaded host, or a replica whose lease lapsed with none taking it, still
 counts what happened meanwhile.
 
+What a reader remembers between reads (its window over the records, the positions it read
+to, the last counts it saw) moves only once its whole read succeeded: the reader proposes the
+next state with `Progress.move` (or `CounterDeltas.update`), which `RedisReader.read` applies
+after `collect` returned (`Signals.move_on`). A read that fails anywhere (its backend, its
+deadline between two records, after its window would have moved) moves nothing, so the next
+read reads the same records again and nothing is lost; a read that succeeded never fetches
+again what it counted. A first read (no state yet) is a baseline taken at the newest records:
+what finished before it is not counted.
+
 A reader that follows a stream of events (Celery) reads what arrived since its last read,
 within a deadline, in each `read()`; a reader of records (RQ) compares them with what it saw
 in the previous read. Counts a system keeps itself as absolute numbers (per worker, per day)
@@ -56,7 +65,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import redis
 
@@ -90,6 +99,7 @@ _DEADLINE_EVERY = 256
 
 _T = TypeVar("_T")
 _Name = TypeVar("_Name", bound=str | bytes)
+_S = TypeVar("_S")
 
 log = logging.getLogger(__name__)
 _unreadable_log = LogLimiter(log)
@@ -141,6 +151,19 @@ class Signals:
     # not read one figure (BullMQ: CLIENT LIST refused, no workers), when so: its backend answers, so it stays up and ready, leaves out the series it cannot
     # vouch for, and says this (log, status page, queue_exporter_native_silent).
     silent: str | None = None
+    # What the reader's state becomes once this read succeeded (Progress.move, CounterDeltas)
+    moves: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    def on_success(self, move: Callable[[], None]) -> None:
+        """Run `move` (a window moving on, a baseline taken) once the whole read succeeded
+        (`move_on`): a read that fails after it was asked runs none of its moves."""
+        self.moves.append(move)
+
+    def move_on(self) -> None:
+        """The read succeeded: its moves take effect, in the order they were asked."""
+        moves, self.moves = self.moves, []
+        for move in moves:
+            move()
 
     @property
     def latest(self) -> float:
@@ -292,14 +315,48 @@ class Reader(Protocol):
     def close(self) -> None: ...
 
 
+class Progress(Generic[_S]):
+    """Where a reader stands in its system's records (a window, positions, what it saw): `at`,
+    None until a first read took its baseline. A read works from `at` without changing it and
+    proposes where it got to with `move`, which takes effect only once the read succeeded
+    (Signals.move_on): so a read that fails after it asked moves nothing, and the next read
+    reads the same records again. `at` is replaced, never changed in place."""
+
+    def __init__(self) -> None:
+        self.at: _S | None = None
+
+    @property
+    def baseline(self) -> bool:
+        """The read to come takes the baseline: nothing was read yet."""
+        return self.at is None
+
+    def move(self, signals: Signals, to: _S) -> None:
+        def moved() -> None:
+            self.at = to
+
+        signals.on_success(moved)
+
+
 class RedisReader:
     """The Redis client every reader holds: opened at the first read that needs it, severed by
     `interrupt` from another thread (the read in progress fails now), dropped by `close` (the
-    next read connects again, so a read that lost its connection starts clean)."""
+    next read connects again, so a read that lost its connection starts clean).
+
+    `read` runs the reader's `collect` and, once it returned, the moves it asked for
+    (Progress.move, CounterDeltas.update): a reader's state moves only after its whole read."""
 
     def __init__(self, connection: RedisConnectionConfig) -> None:
         self.connection = connection
         self._client: redis.Redis | None = None
+
+    def read(self, signals: Signals) -> None:
+        self.collect(signals)
+        signals.move_on()
+
+    def collect(self, signals: Signals) -> None:
+        """Fill `signals` from the system's records, asking for the state's moves; raise when
+        the backend cannot be read."""
+        raise NotImplementedError
 
     def interrupt(self) -> None:
         sever(self._client)
@@ -426,14 +483,17 @@ class CounterDeltas:
     The first `update` only takes the baseline (what happened before the exporter started is
     not counted); after that an identity's increase is counted, a count that went down (the
     process restarted) counts from zero, a new identity counts in full (it started after the
-    previous read), and identities no longer reported are forgotten.
+    previous read), and identities no longer reported are forgotten. The counts become the
+    baseline of the next update only once the read succeeded (Progress): a read that fails
+    after its update loses none of its increments, the next one counts them.
     """
 
     def __init__(self) -> None:
-        self._last: dict[Hashable, float] | None = None
+        self._last: Progress[dict[Hashable, float]] = Progress()
 
-    def update(self, counts: Mapping[Hashable, float]) -> dict[Hashable, float]:
-        last, self._last = self._last, dict(counts)
+    def update(self, counts: Mapping[Hashable, float], signals: Signals) -> dict[Hashable, float]:
+        last = self._last.at
+        self._last.move(signals, dict(counts))
         if last is None:
             return {}
         deltas: dict[Hashable, float] = {}

@@ -112,7 +112,7 @@ class RqReader(RedisReader):
         self._previous: dict[tuple[str, str], _Registry] | None = None
         self._listed: list[str] = []  # the queues rq:queues named at the previous read
 
-    def read(self, signals: Signals) -> None:
+    def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
             queues = self._queues(client, signals)
@@ -124,8 +124,11 @@ class RqReader(RedisReader):
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
-        self._listed = queues
-        self._previous = current
+
+        def moved() -> None:  # once the whole read succeeded (framework.Progress)
+            self._listed, self._previous = queues, current
+
+        signals.on_success(moved)
 
     # -- reading ------------------------------------------------------------------------------
 

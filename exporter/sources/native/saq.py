@@ -72,7 +72,7 @@ class SaqReader(RedisReader):
         self._last: dict[Hashable, tuple[float, float]] = {}
         self._jobs = FinishedJobs(config.system)
 
-    def read(self, signals: Signals) -> None:
+    def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
             queues, job_keys = self._keys(client, signals)
@@ -85,11 +85,11 @@ class SaqReader(RedisReader):
                     counts.update(worker)
             finished: list[JobRecord] = []
             if self.config.runtimes:
-                finished = self._jobs.read(client, job_keys, signals.now * 1000)
+                finished = self._jobs.read(client, job_keys, signals)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
-        deltas = self._totals.update(self._remembered(counts, signals.now))
+        deltas = self._totals.update(self._remembered(counts, signals.now), signals)
         self._count(queues, deltas, signals)
         for record in finished:
             with signals.record(record.job.key):  # a job of another type or garbled costs itself

@@ -41,7 +41,7 @@ from typing import Any
 import redis
 
 from exporter import numbers
-from exporter.sources.native.framework import Signals
+from exporter.sources.native.framework import Progress, Signals
 
 JOB_PREFIX = "saq:job:"
 # Finished records read (GET) per read; the rest at the next read.
@@ -92,20 +92,25 @@ class FinishedJobs:
 
     def __init__(self, system: str) -> None:
         self.system = system
+        # What the last successful read saw; a read works on a copy (`_seen`), which becomes
+        # it once the read succeeded: a read that fails observed nothing, its records are read
+        # again.
+        self._progress: Progress[dict[str, _Seen]] = Progress()
         self._seen: dict[str, _Seen] = {}
-        self._baseline_taken = False
 
-    def read(self, client: redis.Redis, keys: list[JobKey], now_ms: float) -> list[JobRecord]:
+    def read(self, client: redis.Redis, keys: list[JobKey], signals: Signals) -> list[JobRecord]:
         """The records finished since the last read (none on the first read: the baseline,
-        taken as finished at `now_ms`). Backend errors raise."""
+        taken as finished now). Backend errors raise."""
+        baseline = self._progress.baseline
         present = {job.key for job in keys}
-        self._seen = {key: seen for key, seen in self._seen.items() if key in present}
+        last = self._progress.at or {}
+        self._seen = {key: seen for key, seen in last.items() if key in present}
+        self._progress.move(signals, self._seen)
         expiries = self._expiries(client, keys)
         wanted = [job for job in keys if job.key in expiries and self._changed(job, expiries)]
-        if not self._baseline_taken:
+        if baseline:
             for job in wanted:
-                self._seen[job.key] = _Seen(expiries[job.key], now_ms)
-            self._baseline_taken = True
+                self._seen[job.key] = _Seen(expiries[job.key], signals.now * 1000)
             return []
         wanted = wanted[:MAX_READS]
         pipe = client.pipeline(transaction=False)

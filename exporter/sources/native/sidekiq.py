@@ -52,7 +52,7 @@ class SidekiqReader(RedisReader):
         self.config = config
         self._totals = CounterDeltas()
 
-    def read(self, signals: Signals) -> None:
+    def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
             self._counters(client, signals)
@@ -72,7 +72,7 @@ class SidekiqReader(RedisReader):
         if len(totals) < len(keys):
             return  # the baseline stays the last good read's
         processed, failed = totals.values()
-        deltas = self._totals.update({"processed": processed, "failed": failed})
+        deltas = self._totals.update({"processed": processed, "failed": failed}, signals)
         new_failed = deltas.get("failed", 0.0)
         # processed counts every job run, failed or not
         new_completed = max(deltas.get("processed", 0.0) - new_failed, 0.0)
