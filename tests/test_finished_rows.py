@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import pytest
 from exporter import presets
 from exporter.sources.native.finished_rows import FinishedRowsReader
 from exporter.sources.native.finished_rows_config import FinishedRowsConfig
-from exporter.sources.native.framework import Signals
+from exporter.sources.native.framework import ReadDeadline, ReaderError, Signals
 from exporter.sources.postgres import PostgresConnector
 from exporter.sources.postgres_config import PostgresSourceConfig
 from tests.conftest import wait_for
@@ -174,3 +175,32 @@ def test_a_read_goes_through_job_i16_whatever_the_position(
         plan = "\n".join(line for (line,) in connection.execute(f"EXPLAIN {query}"))
     assert "Seq Scan on j" not in plan, plan
     assert "job_common_i16" in plan and "pkey" not in plan, plan
+
+
+@dataclass(frozen=True, slots=True)
+class _PassesAfter(ReadDeadline):
+    """A read's deadline that passes once `records` rows were counted (a read that spent its
+    budget on CPU partway through a page: Signals.record stops it between two rows)."""
+
+    records: int = 0
+    checks: list[int] = field(default_factory=lambda: [0])
+
+    def passed(self) -> bool:
+        self.checks[0] += 1
+        return self.checks[0] > self.records
+
+
+def test_a_read_stopped_partway_through_a_page_loses_none_of_it(
+    database: PostgresConnector, postgres_dsn: str
+) -> None:
+    """A read stopped at its deadline after 50 of its 100 rows applies nothing, and the position
+    stays where it was: the next reads count all 375 rows once (before, the position moved
+    row by row, so the 50 counted rows of the stopped read were never counted: 325 of 375)."""
+    reader = _reader(database)
+    assert _read(reader, 1) == (Counter(), [0])  # the baseline
+    _write(postgres_dsn, "stopped")
+    with pytest.raises(ReaderError, match="deadline"):
+        reader.read(Signals(source=reader.name, deadline=_PassesAfter(records=50)))
+    counted, sizes = _read(reader, 6)
+    assert counted == _truth(postgres_dsn, "stopped")
+    assert sizes == [MAX_ROWS, MAX_ROWS, MAX_ROWS, TOTAL - 3 * MAX_ROWS, 0, 0], sizes
