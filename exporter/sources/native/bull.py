@@ -14,12 +14,11 @@ final failure (error type `other` when Bull failed it for stalling, `timeout` fo
 else `non_retryable`), with the execution time (finishedOn - processedOn), the time since the
 job could first run (timestamp + delay) and the attempts; the attempts that failed before are
 counted then as retryable failures and retries. What a read fetches is what is new, not what
-it counted before (_Window): the members from its cursor on (those at the cursor's own score
-it counted are skipped, not fetched past), at most MAX_NEW new ones, the rest at the next
-read; and since a finish is scored by the worker's clock when the job ended, written a moment
-later (or by a worker whose clock is behind), members scored up to LOOKBACK_MS behind the
-cursor are looked for with one ZCOUNT per CHUNK counted members, and only a range whose count
-changed is fetched again. Members scored further back than LOOKBACK_MS behind the cursor (a
+it counted before (_Window): the members past its cursor, at most MAX_NEW new ones, the rest at
+the next read; and since a finish is scored by the worker's clock when the job ended, written a
+moment later (or by a worker whose clock is behind), members scored up to LOOKBACK_MS behind
+the cursor (its own score included) are looked for with one ZCOUNT per CHUNK counted members,
+and only a range whose count changed is fetched again. Members scored further back than LOOKBACK_MS behind the cursor (a
 worker's clock that far behind) are not counted. The reader's first read is its baseline, at
 the newest members: what finished before is not counted; a queue that shows later counts its
 finished jobs in full. The window moves only once the whole read succeeded (framework.Progress):
@@ -45,7 +44,7 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,63 +83,79 @@ _Scored = list[tuple[bytes, float]]
 
 
 @dataclass(frozen=True, slots=True)
+class _Range:
+    """Scores from `low` to `high` (`high` itself too when `closed`: the cursor's own), and
+    how many counted members the window remembers in them."""
+
+    low: float
+    high: float
+    closed: bool
+    remembered: int
+
+    def holds(self, score: float) -> bool:
+        return self.low <= score < self.high or (self.closed and score == self.high)
+
+    def args(self) -> tuple[str, str]:
+        """Its bounds as ZCOUNT and ZRANGEBYSCORE take them."""
+        return repr(self.low), repr(self.high) if self.closed else f"({self.high!r}"
+
+
+@dataclass(frozen=True, slots=True)
 class _Window:
-    """What the reader counted of one finished set. `cursor`: every member scored below it
-    (down to `floor`) was taken, and those at it that `members` holds (None: nothing taken
-    yet, the set is read from its start). `members`: the members counted (or taken at the
-    baseline) scored from `floor` on, at most MAX_REMEMBERED of them, the newest; a member
-    scored beyond the latest time a record may name is remembered but never moves the cursor
-    (one far ahead would blind it to every finish). `behind`: the last read took MAX_NEW new
-    members and left the rest."""
+    """What the reader counted of one finished set. `cursor`: every member scored up to it
+    (from `floor` on) was taken (None: nothing taken yet, the set is read from its start).
+    `members`: the members counted (or taken at the baseline) scored from `floor` on, at most
+    MAX_REMEMBERED of them, the newest; a member scored beyond the latest time a record may
+    name is remembered but never moves the cursor (one far ahead would blind it to every
+    finish). `behind`: the last read left new members for the next."""
 
     cursor: float | None = None
     floor: float = -math.inf
     members: Mapping[bytes, float] = field(default_factory=dict)
     behind: bool = False
 
-    def at_cursor(self) -> int:
-        """Remembered members the fetch from the cursor returns again (they are skipped)."""
-        if self.cursor is None:
-            return len(self.members)
-        cursor = self.cursor
-        return sum(1 for score in self.members.values() if score >= cursor)
+    def ahead(self) -> int:
+        """Remembered members the fetch from the cursor returns again (those scored ahead of
+        the latest time, which never move it): they are skipped."""
+        cursor = -math.inf if self.cursor is None else self.cursor
+        return sum(1 for score in self.members.values() if score > cursor)
 
-    def ranges(self, since_ms: float) -> list[tuple[float, float, int]]:
-        """(low, high, remembered members in [low, high)) below the cursor, CHUNK members each:
-        the ranges whose count the late check compares. Of a window not behind, those ending
-        after `since_ms` only: a member written now scored further back is not looked for
-        (an idle queue costs no late check)."""
+    def ranges(self, since_ms: float) -> list[_Range]:
+        """The ranges from the floor to the cursor (included), CHUNK remembered members each,
+        whose count the late check compares. Of a window not behind, those ending after
+        `since_ms` only: a member written now scored further back is not looked for (an idle
+        queue costs no late check)."""
         if self.cursor is None:
             return []
         cursor = self.cursor
-        below = sorted(score for score in self.members.values() if score < cursor)
-        bounds = sorted({self.floor, *below[CHUNK::CHUNK]} | {cursor})
-        return [
-            (low, high, bisect_left(below, high) - bisect_left(below, low))
-            for low, high in itertools.pairwise(bounds)
-            if self.behind or high > since_ms
-        ]
+        below = sorted(score for score in self.members.values() if score <= cursor)
+        bounds = sorted({self.floor, *below[CHUNK::CHUNK]} - {cursor}) or [cursor]
+        ranges = []
+        for low, high in zip(bounds, [*bounds[1:], cursor], strict=True):
+            closed = high == cursor
+            upto = bisect_right(below, high) if closed else bisect_left(below, high)
+            ranges.append(_Range(low, high, closed, upto - bisect_left(below, low)))
+        return [r for r in ranges if self.behind or r.high > since_ms]
 
     def moved(
         self,
         fetched: _Scored,
         limit: int,
-        refetched: dict[float, tuple[_Scored, bool]],
+        refetched: dict[_Range, tuple[_Scored, bool]],
         latest_ms: float,
     ) -> tuple[_Window, list[bytes], bool]:
         """The window after a read, the members it counts (in the set's order), and whether
-        late members it left unread fell behind its floor (lost). `fetched`: from the cursor on
-        (`limit` at most); `refetched`: the ranges below it fetched again, by their low end,
-        and whether their fetch was cut at its limit (more late members left for later)."""
+        late members it left unread fell behind its floor (lost). `fetched`: those past the
+        cursor (`limit` at most); `refetched`: the ranges up to it fetched again, and whether
+        their fetch was cut at its limit (more left for the next read)."""
         members = dict(self.members)
-        unread_from = math.inf  # late members above this score were left for the next read
-        for low, high, _ in self.ranges(-math.inf):
-            if low in refetched:  # what the range holds now (trimmed members are forgotten)
-                for member in [m for m, s in members.items() if low <= s < high]:
-                    del members[member]
-                part, cut = refetched[low]
-                if cut and part:  # more at its last score may be unread: that score again
-                    unread_from = min(unread_from, part[-1][1])
+        unread_from = math.inf  # late members from this score on were left for the next read
+        for scores, (part, cut) in refetched.items():
+            # what the range holds now: trimmed members are forgotten
+            for member in [m for m, s in members.items() if scores.holds(s)]:
+                del members[member]
+            if cut and part:  # more at its last score may be unread: that score again
+                unread_from = min(unread_from, part[-1][1])
         late = list(itertools.chain(*(part for part, _ in refetched.values())))
         for member, score in late:
             if score < unread_from or member in self.members:
@@ -248,22 +263,23 @@ class BullReader(RedisReader):
             self._windows.move(signals, self._baseline(client, sets, signals, latest_ms))
             return []
         olds = {found: windows.get(found) or _Window() for found in sets}
+        checked = {found: old.ranges(since_ms) for found, old in olds.items()}
         pipe = client.pipeline(transaction=False)
         for (queue, target), old in olds.items():
             key = f"{self._prefix}:{queue}:{target}"
-            limit = old.at_cursor() + MAX_NEW
-            low = "-inf" if old.cursor is None else repr(old.cursor)
-            pipe.zrangebyscore(key, low, "+inf", start=0, num=limit, withscores=True)
+            past = "-inf" if old.cursor is None else f"({old.cursor!r}"
+            limit = old.ahead() + MAX_NEW
+            pipe.zrangebyscore(key, past, "+inf", start=0, num=limit, withscores=True)
             if old.behind:  # its lowest member: trimmed past the cursor before it was read?
                 pipe.zrange(key, 0, 0, withscores=True)
-            for low_end, high, _ in old.ranges(since_ms):  # late members: a changed count
-                pipe.zcount(key, repr(low_end), f"({high!r}")
+            for scores in checked[queue, target]:  # late members: a count that changed
+                pipe.zcount(key, *scores.args())
         replies = iter(pipe.execute(raise_on_error=False))
-        read: dict[tuple[str, str], tuple[_Scored, list[tuple[float, int]]]] = {}
+        read: dict[tuple[str, str], tuple[_Scored, list[tuple[_Range, int]]]] = {}
         again = client.pipeline(transaction=False)
         for (queue, target), old in olds.items():
             key = f"{self._prefix}:{queue}:{target}"
-            ranges = old.ranges(since_ms)
+            ranges = checked[queue, target]
             fetched, lowest = next(replies), next(replies) if old.behind else []
             counts = [next(replies) for _ in ranges]
             with signals.record(key):
@@ -273,27 +289,25 @@ class BullReader(RedisReader):
                 if lowest and old.cursor is not None and float(lowest[0][1]) > old.cursor:
                     signals.tally.refuse("over_limit")  # trimmed before its backlog was read
                 changed = []
-                for (low_end, high, remembered), count in zip(ranges, counts, strict=True):
-                    if count != remembered:
-                        num = remembered + MAX_NEW
-                        changed.append((low_end, num))
-                        again.zrangebyscore(
-                            key, repr(low_end), f"({high!r}", 0, num, withscores=True
-                        )
+                for scores, count in zip(ranges, counts, strict=True):
+                    if count != scores.remembered:
+                        num = scores.remembered + MAX_NEW
+                        changed.append((scores, num))
+                        again.zrangebyscore(key, *scores.args(), 0, num, withscores=True)
                 read[queue, target] = ([(m, float(s)) for m, s in fetched], changed)
         refetched = iter(again.execute(raise_on_error=False) if len(again) else [])
         moved: dict[tuple[str, str], _Window] = {}
         finished: list[tuple[str, str, bytes]] = []
         for (queue, target), (fetched, changed) in read.items():
             old = olds[queue, target]
-            again_read = {low_end: (next(refetched), num) for low_end, num in changed}
+            again_read = {scores: (next(refetched), num) for scores, num in changed}
             with signals.record(f"{self._prefix}:{queue}:{target}"):
                 late = {}
-                for low_end, (reply, num) in again_read.items():
+                for scores, (reply, num) in again_read.items():
                     if isinstance(reply, Exception):
                         raise reply
-                    late[low_end] = ([(m, float(s)) for m, s in reply], len(reply) >= num)
-                limit = old.at_cursor() + MAX_NEW
+                    late[scores] = ([(m, float(s)) for m, s in reply], len(reply) >= num)
+                limit = old.ahead() + MAX_NEW
                 window, new, lost = old.moved(fetched, limit, late, latest_ms)
                 if lost:  # late members left unread fell behind the floor: not counted
                     signals.tally.refuse("over_limit")
