@@ -13,20 +13,25 @@ what Bull says, never what the reader counted.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.native import bull as bull_module
 from exporter.sources.native.bull import MAX_NEW, BullReader
 from exporter.sources.native.config import BullReaderConfig
 from exporter.sources.native.framework import NativeSource, ReadDeadline, ReaderError, Signals
 from exporter.telemetry import Telemetry
+from tests import claims
 from tests.conftest import parse_exposition, total
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BULL_MAJORS, Bull
@@ -285,3 +290,108 @@ def test_a_backlog_trimmed_before_it_was_read_is_counted_as_over_limit(tmp_path)
         reader.close()
         bull.stop_all()
         server.stop()
+
+
+def test_late_finishes_are_counted_once_and_a_late_flood_in_parts(tmp_path):
+    """Finishes written after the reader's cursor passed their score (a worker whose clock is
+    10 s behind; a finish written a moment after its time was taken): the late check's ZCOUNT
+    finds them, and they are counted once. 30,000 of them at once are counted over several
+    reads, at most MAX_NEW late ones and a run of one score a read, all of them once."""
+    server = PrivateRedis(tmp_path).start()
+    bull = Bull(4, 0, port=server.port)
+    admin = server.client()
+    reader = BullReader(BullReaderConfig(workers=False), RedisConnectionConfig(url=server.url))
+    try:
+        _complete(bull, 1)
+        _read(reader)  # the baseline, its cursor at the real job's finishedOn
+        _complete(bull, 2)  # the cursor moves to the newest of these
+        assert _counted(_read(reader)) == 2
+        cursor_ms = float(admin.zrange(COMPLETED, -1, -1, withscores=True)[0][1])
+        _fill(admin, 3, int(cursor_ms) - 10_000, 1)  # 10 s behind the cursor
+        assert [_counted(_read(reader)) for _ in range(2)] == [3, 0]
+        # 30,000 more, 30 a ms over the second before the cursor (ids after the three above)
+        admin.eval(
+            _FILL,
+            2,
+            COMPLETED,
+            f"bull:{QUEUE}:",
+            int(cursor_ms) - 1_000 - 100,
+            3,
+            KEPT + 2,
+            30,
+            RUN_MS,
+        )
+        counted, _, refused = _drain(reader, admin, 10)
+        assert sum(counted) == KEPT and refused == {}, counted
+        assert len(counted) > 2 and max(counted) <= MAX_NEW + 30, counted
+    finally:
+        reader.close()
+        bull.stop_all()
+        server.stop()
+
+
+# Each step: finishes written between two reads, each (ms behind the newest finish written so
+# far, how many at that one score); a negative offset is a finish ahead of all before.
+_STEP = st.lists(
+    st.tuples(st.integers(min_value=-3, max_value=50_000), st.integers(1, 12)),
+    max_size=6,
+)
+
+
+def _by_job(signals: Signals) -> Counter[str]:
+    """Completions counted per job type (each written job has its own name)."""
+    found: Counter[str] = Counter()
+    for (metric, labels), count in signals.tally.counts.items():
+        if metric == "queue_jobs_completed_total" and count:
+            found[labels[2]] += int(count)
+    return found
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(steps=st.lists(_STEP, min_size=1, max_size=8))
+def test_any_order_of_finishes_is_counted_once(redis_client, redis_url, monkeypatch, steps):
+    """Finishes in any order within the late check's reach (up to 50 s behind the newest, runs
+    of one score, ahead of all before), read with small limits (7 new a read, ranges of 3
+    members) so that reads are cut anywhere: once the reads caught up, every finish was counted
+    exactly once (each job has its own name, so a job counted twice and another missed do not
+    cancel out)."""
+    monkeypatch.setattr(bull_module, "MAX_NEW", 7)
+    monkeypatch.setattr(bull_module, "CHUNK", 3)
+    claims.flush_keeping_claim(redis_client)
+    redis_client.set(f"bull:{QUEUE}:id", 1)  # the queue, as Bull's first add makes it
+    reader = BullReader(BullReaderConfig(workers=False), RedisConnectionConfig(url=redis_url))
+    newest = int(time.time() * 1000) - 5_000  # all within the 60 s a late finish is looked for
+    written: list[str] = []
+    counted: Counter[str] = Counter()
+
+    def read() -> int:
+        signals = Signals()
+        reader.read(signals)
+        assert signals.tally.invalid == {}, signals.tally.invalid
+        found = _by_job(signals)
+        counted.update(found)
+        return sum(found.values())
+
+    try:
+        read()  # the baseline, of an empty set
+        for step in steps:
+            for behind, count in step:
+                score = newest - behind
+                newest = max(newest, score)
+                for job_id in [f"j{len(written) + i}" for i in range(count)]:
+                    redis_client.zadd(COMPLETED, {job_id: score})
+                    redis_client.hset(f"bull:{QUEUE}:{job_id}", "name", job_id)
+                    written.append(job_id)
+            read()
+        for _ in range(len(written)):
+            if sum(counted.values()) >= len(written):
+                break
+            read()
+        assert [read(), read()] == [0, 0]
+        assert counted == Counter(written)
+    finally:
+        reader.close()

@@ -18,8 +18,9 @@ it counted before (_Window): the members past its cursor, at most MAX_NEW new on
 the next read; and since a finish is scored by the worker's clock when the job ended, written a
 moment later (or by a worker whose clock is behind), members scored up to LOOKBACK_MS behind
 the cursor (its own score included) are looked for with one ZCOUNT per CHUNK counted members,
-and only a range whose count changed is fetched again. Members scored further back than LOOKBACK_MS behind the cursor (a
-worker's clock that far behind) are not counted. The reader's first read is its baseline, at
+and only a range whose count changed is fetched again (while the reader keeps up, the ranges
+of the last LOOKBACK_MS only: an idle queue costs no ZCOUNT). Members scored further back than
+that (a worker's clock that far behind) are not counted. The reader's first read is its baseline, at
 the newest members: what finished before is not counted; a queue that shows later counts its
 finished jobs in full. The window moves only once the whole read succeeded (framework.Progress):
 a read that fails after fetching the new members, reading the jobs or counting them counts them
@@ -149,17 +150,18 @@ class _Window:
         cursor (`limit` at most); `refetched`: the ranges up to it fetched again, and whether
         their fetch was cut at its limit (more left for the next read)."""
         members = dict(self.members)
-        unread_from = math.inf  # late members from this score on were left for the next read
+        unread_from = math.inf  # late members from this score on may be left for later reads
         for scores, (part, cut) in refetched.items():
-            # what the range holds now: trimmed members are forgotten
-            for member in [m for m, s in members.items() if scores.holds(s)]:
+            # A fetch cut at its limit read its range up to its last score, where more may be
+            # unread (they count at a later read: the range's count still differs).
+            reread_to = part[-1][1] if cut and part else math.inf
+            unread_from = min(unread_from, reread_to)
+            # what the range holds now, as far as it was read: trimmed members are forgotten
+            gone = [m for m, s in members.items() if scores.holds(s) and s < reread_to]
+            for member in gone:
                 del members[member]
-            if cut and part:  # more at its last score may be unread: that score again
-                unread_from = min(unread_from, part[-1][1])
         late = list(itertools.chain(*(part for part, _ in refetched.values())))
-        for member, score in late:
-            if score < unread_from or member in self.members:
-                members[member] = score
+        members.update(late)
         members.update(fetched)
         read = (m for m, _ in [*late, *fetched])
         new = [m for m in dict.fromkeys(read) if m not in self.members and m in members]
