@@ -47,7 +47,7 @@ import logging
 import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import redis
@@ -100,6 +100,11 @@ class _Range:
         """Its bounds as ZCOUNT and ZRANGEBYSCORE take them."""
         return repr(self.low), repr(self.high) if self.closed else f"({self.high!r}"
 
+    def count_in(self, scores: list[float]) -> int:
+        """How many of `scores` (sorted) it holds."""
+        upto = bisect_right(scores, self.high) if self.closed else bisect_left(scores, self.high)
+        return max(upto - bisect_left(scores, self.low), 0)
+
 
 @dataclass(frozen=True, slots=True)
 class _Window:
@@ -114,6 +119,24 @@ class _Window:
     floor: float = -math.inf
     members: Mapping[bytes, float] = field(default_factory=dict)
     behind: bool = False
+
+    def gone_below(self, lowest: list[tuple[bytes, float]]) -> list[float]:
+        """The scores (sorted) of remembered members ordered before the set's lowest member
+        now (none: the set is empty): trimmed since (Bull's removeOnComplete: <count> removes
+        the lowest), so the late check does not take their absence for a late member's
+        presence."""
+        if not lowest:
+            return sorted(self.members.values())
+        first = (float(lowest[0][1]), lowest[0][0])
+        return sorted(s for m, s in self.members.items() if (s, m) < first)
+
+    def without(self, lowest: list[tuple[bytes, float]]) -> _Window:
+        """This window without the members trimmed since (gone_below)."""
+        if not lowest:
+            return replace(self, members={})
+        first = (float(lowest[0][1]), lowest[0][0])
+        kept = {m: s for m, s in self.members.items() if (s, m) >= first}
+        return replace(self, members=kept)
 
     def ahead(self) -> int:
         """Remembered members the fetch from the cursor returns again (those scored ahead of
@@ -266,34 +289,43 @@ class BullReader(RedisReader):
             return []
         olds = {found: windows.get(found) or _Window() for found in sets}
         checked = {found: old.ranges(since_ms) for found, old in olds.items()}
+        limits = {found: old.ahead() + MAX_NEW for found, old in olds.items()}
         pipe = client.pipeline(transaction=False)
         for (queue, target), old in olds.items():
             key = f"{self._prefix}:{queue}:{target}"
             past = "-inf" if old.cursor is None else f"({old.cursor!r}"
-            limit = old.ahead() + MAX_NEW
+            limit = limits[queue, target]
             pipe.zrangebyscore(key, past, "+inf", start=0, num=limit, withscores=True)
-            if old.behind:  # its lowest member: trimmed past the cursor before it was read?
-                pipe.zrange(key, 0, 0, withscores=True)
             for scores in checked[queue, target]:  # late members: a count that changed
                 pipe.zcount(key, *scores.args())
+            if old.behind or checked[queue, target]:
+                # Its lowest member, after the counts (a trim in between costs a fetch, not a
+                # miss): what was trimmed since, and whether past the cursor of a backlog.
+                pipe.zrange(key, 0, 0, withscores=True)
         replies = iter(pipe.execute(raise_on_error=False))
         read: dict[tuple[str, str], tuple[_Scored, list[tuple[_Range, int]]]] = {}
         again = client.pipeline(transaction=False)
         for (queue, target), old in olds.items():
             key = f"{self._prefix}:{queue}:{target}"
             ranges = checked[queue, target]
-            fetched, lowest = next(replies), next(replies) if old.behind else []
+            fetched = next(replies)
             counts = [next(replies) for _ in ranges]
+            lowest = next(replies) if old.behind or ranges else None
             with signals.record(key):
                 for reply in (fetched, lowest, *counts):
                     if isinstance(reply, Exception):
                         raise reply
-                if lowest and old.cursor is not None and float(lowest[0][1]) > old.cursor:
-                    signals.tally.refuse("over_limit")  # trimmed before its backlog was read
+                cursor = math.inf if old.cursor is None else old.cursor
+                if old.behind and lowest and float(lowest[0][1]) > cursor:
+                    # trimmed past the cursor before its backlog was read
+                    signals.tally.refuse("over_limit")
+                gone = [] if lowest is None else old.gone_below(lowest)
+                if lowest is not None:
+                    olds[queue, target] = old.without(lowest)
                 changed = []
                 for scores, count in zip(ranges, counts, strict=True):
-                    if count != scores.remembered:
-                        num = scores.remembered + MAX_NEW
+                    if count != scores.remembered - scores.count_in(gone):
+                        num = scores.remembered + MAX_NEW  # the remembered and MAX_NEW more
                         changed.append((scores, num))
                         again.zrangebyscore(key, *scores.args(), 0, num, withscores=True)
                 read[queue, target] = ([(m, float(s)) for m, s in fetched], changed)
@@ -309,7 +341,7 @@ class BullReader(RedisReader):
                     if isinstance(reply, Exception):
                         raise reply
                     late[scores] = ([(m, float(s)) for m, s in reply], len(reply) >= num)
-                limit = old.ahead() + MAX_NEW
+                limit = limits[queue, target]
                 window, new, lost = old.moved(fetched, limit, late, latest_ms)
                 if lost:  # late members left unread fell behind the floor: not counted
                     signals.tally.refuse("over_limit")
