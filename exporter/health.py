@@ -29,6 +29,9 @@ class SourceStatus:
     # Why a native reader hears nothing from its system while its backend answers (workers
     # idle, scaled to zero, started without events): up and ready, some series left out.
     silent: str | None = None
+    # What a native reader hears but cannot tell (Celery: tasks whose queue it could not
+    # learn), while it serves every series it can: a warning, never a fault.
+    caveat: str | None = None
     lease_down: bool = False  # down because the leader lease cannot be held (leader.py)
 
 
@@ -115,6 +118,13 @@ class HealthBoard:
             status = self._sources.get(source)  # a source the runner declared, never a new one
             if status is not None:
                 status.silent = why
+
+    def caveat(self, source: str, why: str | None) -> None:
+        """What a reader hears but cannot tell (None: nothing); readiness is not touched."""
+        with self._lock:
+            status = self._sources.get(source)
+            if status is not None:
+                status.caveat = why
 
     def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
         """Replace what `source` reported about its key groups with its latest cycle's."""

@@ -13,11 +13,16 @@ not configured (a group's `select` left them out), a native reader whose system 
 record where it reads, and keys a group could not read. Each command a native reader will
 send is tried in a harmless form (redis_acl.COMMAND_TRIALS) under the configured user: one
 refused is named with what the ACL (or the server) needs, a failure, or a warning when it costs
-one figure only (BullMQ's and Bull's CLIENT LIST: their worker count).
+one figure only (BullMQ's and Bull's CLIENT LIST: their worker count). The Celery reader is run for
+CELERY_WATCH seconds (two worker heartbeats): the workers its inspection found, with their
+queues and slots, and a warning for workers that process tasks without sending task events
+(-E missing), for tasks whose queue it could not learn, and for a worker of several queues
+whose routes cannot be read (what would tell its tasks' queue).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,7 +44,7 @@ from exporter.sources import postgres
 from exporter.sources.base import DeadlineExceeded, sample_within_deadline
 from exporter.sources.key_groups import KeyGroup
 from exporter.sources.key_types import REASON_WORDS
-from exporter.sources.native.config import ReaderConfig
+from exporter.sources.native.config import CeleryReaderConfig, ReaderConfig
 from exporter.sources.postgres_config import PostgresSourceConfig
 from exporter.sources.redis_keys import RedisKeySampler, redis_samplers
 from exporter.telemetry import Telemetry
@@ -49,6 +54,9 @@ SHOWN_SERIES = 5
 # SCAN calls a native reader's record check makes at most (COUNT 1000 each): a database too
 # large to find a record in that many is not called empty.
 RECORD_SCANS = 100
+# Seconds the Celery reader is watched: two worker heartbeats (every 2 s) tell a worker that
+# processes tasks without sending task events.
+CELERY_WATCH = 5.0
 
 
 @dataclass
@@ -345,6 +353,8 @@ def _native_readers(config: Config, echo: Echo, unreachable: set[str]) -> Findin
             findings.add(Findings(failures=[f"redis at {target}"], unreachable={target}))
             continue
         findings.add(_reader_commands(name, reader, connection, echo))
+        if isinstance(reader, CeleryReaderConfig):
+            findings.add(_celery_watched(reader, connection, echo, target))
         if found is None:
             echo(f"native {name} at {target}: a record found is not checked (a cluster)")
         elif found:
@@ -422,6 +432,49 @@ def _refusal(
 
 def _filled(words: tuple[str, ...], key: str) -> list[str]:
     return [key if word == "{key}" else word for word in words]
+
+
+def _celery_watched(
+    settings: CeleryReaderConfig, connection: RedisConnectionConfig, echo: Echo, target: str
+) -> Findings:
+    """The Celery reader, read as serve reads it for CELERY_WATCH seconds: what it found of
+    the workers, and what it says it cannot tell."""
+    from exporter.sources.native.celery import CeleryReader
+    from exporter.sources.native.framework import ReadDeadline, ReaderError, Signals
+
+    findings = Findings()
+    reader = CeleryReader(settings, connection, CELERY_WATCH / 2)
+    said: dict[str, None] = {}
+    try:
+        until = time.monotonic() + CELERY_WATCH
+        while True:
+            signals = Signals(source="native:celery", deadline=ReadDeadline.starting_now(5.0))
+            reader.read(signals)
+            said.update(dict.fromkeys(w for w in (signals.silent, signals.caveat) if w))
+            if time.monotonic() >= until:
+                break
+            time.sleep(0.5)
+    except (redis.RedisError, ReaderError) as error:
+        echo(f"native celery at {target}: FAILED ({_first_line(error)})")
+        return Findings(failures=[f"redis at {target}"])
+    finally:
+        reader.close()
+    workers = reader.workers_inspected()
+    for hostname, (queues, slots, routed) in sorted(workers.items()):
+        served = ", ".join(printable(q) for q in queues or []) or "?"
+        echo(f"  celery worker {printable(hostname)}: queues {served}; slots {slots}")
+        if queues and len(queues) > 1 and not routed:
+            findings.warnings.append(
+                f"celery worker {printable(hostname)} consumes several queues and its "
+                "task_routes cannot be read (a function or a class): its tasks' queue is told "
+                "only by task-sent events (task_send_sent_event = True on producers) or one "
+                "queue per worker; else they count under "
+                f'queue="{printable(settings.unknown_queue)}"'
+            )
+    if settings.inspect and not workers:
+        echo(f"  celery: no worker answered Celery's inspection within {CELERY_WATCH:g} s")
+    findings.warnings += [f"native celery at {target}: {text}" for text in said]
+    return findings
 
 
 def _any_key(connection: RedisConnectionConfig, globs: list[str]) -> str | None:

@@ -181,6 +181,8 @@ def acl_rules(config: Config) -> list[str]:
     rules += own
     rules.append(f"({' '.join(own)} {' '.join(f'+{command}' for command in LEASE_COMMANDS)})")
     rules += [f"(%R~{pattern} +{command})" for command, pattern in value_reads(config)]
+    for reader in _native_readers(config):
+        rules += reader.acl_writes(reader.redis or default_connection)
     return rules
 
 

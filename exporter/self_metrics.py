@@ -32,6 +32,7 @@ from exporter import __version__, exposition
 from exporter.catalog import AUTH_FAILURE_REASONS, BY_NAME
 from exporter.health import HealthBoard
 from exporter.otlp import StoreExporter
+from exporter.printable import printable
 from exporter.store import Family
 from exporter.telemetry_config import OtlpConfig
 
@@ -135,7 +136,7 @@ class SelfMetrics:
                 labels = {
                     "source": report.source,
                     "system": report.system,
-                    "pattern": report.pattern,
+                    "pattern": printable(report.pattern),  # Celery's \x06\x16 shown as such
                 }
                 # a group that names its queues knows them even when all are empty (gone):
                 # what QueueExporterKeyGroupUnmatched reads, so idle queues do not fire it

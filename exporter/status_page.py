@@ -230,6 +230,8 @@ def _warnings(facts: dict[str, Any], key_groups: list[KeyGroupReport]) -> list[s
     for source in facts["sources"]:
         if source.get("silent") and source["up"]:
             warnings.append(f"source {source['name']} hears nothing: {source['silent']}")
+        if source.get("caveat") and source["up"]:
+            warnings.append(f"source {source['name']}: {source['caveat']}")
     for report in key_groups:
         if report.last_warning is not None:
             warnings.append(

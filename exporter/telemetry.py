@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 from exporter import __version__, exposition
 from exporter.catalog import BY_NAME
 from exporter.health import HealthBoard
+from exporter.printable import printable
 from exporter.samples import SampleSet, Series
 from exporter.store import MetricStore, NumberFamily, SeriesGuard
 from exporter.telemetry_config import LimitsConfig, OtlpConfig
@@ -200,7 +201,13 @@ class Telemetry:
         self, source: str, reason: str, count: int = 1, system: str = "", pattern: str = ""
     ) -> None:
         """Count an error; a key group's carries its system and pattern (else they are empty)."""
-        labels = {"source": source, "reason": reason, "system": system, "pattern": pattern}
+        # a label a person reads and types back: Celery's \x06\x16 shown as such
+        labels = {
+            "source": source,
+            "reason": reason,
+            "system": system,
+            "pattern": printable(pattern),
+        }
         self._built().count_error(labels, count)
 
     def shutdown(self, timeout: float = 30.0) -> None:

@@ -20,6 +20,7 @@ from pydantic_core import PydanticUndefined
 
 from exporter import catalog, presets
 from exporter.config import Config
+from exporter.printable import printable
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGINS = {
@@ -91,7 +92,7 @@ def presets_page() -> str:
         params = document.get("params") or {}
         if params:
             lines.append(
-                "Params: " + ", ".join(f"`{k}` (default `{v}`)" for k, v in params.items())
+                "Params: " + ", ".join(f"`{k}` (default `{_shown(v)}`)" for k, v in params.items())
             )
             lines.append("")
         lines += _library_lines(document.get("library"))
@@ -298,6 +299,20 @@ def main() -> int:
         print("out of date (run scripts/generate_reference.py): " + ", ".join(stale))
         return 1
     return 0
+
+
+def _shown(value: Any) -> str:
+    """A param's default as a person reads it: Celery's separator `\\x06\\x16`, not bytes no
+    one sees."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, list):
+        return (
+            "["
+            + ", ".join(repr(printable(v)) if isinstance(v, str) else repr(v) for v in value)
+            + "]"
+        )
+    return str(value)
 
 
 if __name__ == "__main__":

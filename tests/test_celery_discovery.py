@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import scrape, scrape_series, total, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,21 +19,23 @@ TASKS = {"ingest": 3, "emails": 10, "reports": 1, "billing": 10, "thumbs": 2}
 WITH_PRIORITIES = ("emails", "billing")
 
 
-def _driver(redis_url: str, *args: str) -> object:
+def _driver(redis_url: str, *args: str, transport: dict[str, str] | None = None) -> object:
+    """The driver against `redis_url`; `transport`: QE_CELERY_SEP / QE_CELERY_STEPS."""
     import subprocess
 
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url}
     done = subprocess.run(
         [str(PYTHON), "-m", "tests.celery_app.driver", *args],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url},
+        env={**env, **(transport or {})},
         timeout=60,
         check=True,
     )
     return json.loads(done.stdout)
 
 
-def _publish_routed(redis_url: str) -> dict[str, int]:
+def _publish_routed(redis_url: str, transport: dict[str, str] | None = None) -> dict[str, int]:
     """Publish by task_routes (no queue named at the call); kombu's counts per queue."""
     plan = []
     for queue, count in TASKS.items():
@@ -40,8 +44,9 @@ def _publish_routed(redis_url: str) -> dict[str, int]:
             if queue in WITH_PRIORITIES:
                 step["priority"] = number  # 0-9: every priority list of kombu's steps
             plan.append(step)
-    _driver(redis_url, "publish", json.dumps(plan))
-    truth = _driver(redis_url, "truth", *TASKS)  # also binds a reply queue (inspect): not a queue
+    _driver(redis_url, "publish", json.dumps(plan), transport=transport)
+    # also binds a reply queue (inspect): not a queue
+    truth = _driver(redis_url, "truth", *TASKS, transport=transport)
     assert isinstance(truth, dict)
     return truth["waiting"]
 
@@ -64,12 +69,27 @@ def _active(app) -> dict[str, float]:
     }
 
 
-def test_every_routed_queue_is_found_without_params(redis_client, redis_url, run_exporter):
-    waiting = _publish_routed(redis_url)
+@pytest.mark.parametrize(
+    ("sep", "steps"),
+    [("\x06\x16", None), ("\x06\x16", "0,1,2,3,4,5,6,7,8,9"), (":", "0,1,2,3,4,5,6,7,8,9")],
+    ids=["default-steps", "ten-steps", "colon-sep-ten-steps"],
+)
+def test_every_routed_queue_is_found_without_params(
+    sep, steps, redis_client, redis_url, run_exporter
+):
+    """kombu's default priority steps and the range(10) Celery's docs recommend for Redis,
+    with either separator: every priority list of every queue counted, with the preset's
+    default steps (the separator is the transport's option: the sep param names it)."""
+    transport = {"QE_CELERY_SEP": sep, **({"QE_CELERY_STEPS": steps} if steps else {})}
+    waiting = _publish_routed(redis_url, transport)
     assert waiting == TASKS  # nothing consumed them: kombu counts what was published
-    priority_lists = [key for key in redis_client.keys("*\x06\x16*") if b"binding" not in key]
-    assert {key.split(b"\x06\x16")[0].decode() for key in priority_lists} == set(WITH_PRIORITIES)
-    app = run_exporter({"presets": ["celery"]}, redis_url=redis_url)
+    keys = redis_client.keys(f"*{sep}*")  # the test's own marker key too, with ":"
+    lists = [key for key in keys if key.split(sep.encode())[0].decode() in TASKS]
+    assert {key.split(sep.encode())[0].decode() for key in lists} == set(WITH_PRIORITIES)
+    step_lists = {key.split(sep.encode())[1] for key in lists}
+    assert len(step_lists) == (9 if steps else 3)  # priorities 0-9: one list per step above 0
+    preset = {"name": "celery", **({"params": {"sep": sep}} if sep != "\x06\x16" else {})}
+    app = run_exporter({"presets": [preset]}, redis_url=redis_url)
     pending = wait_for(lambda: found if set(found := _pending(app)) >= set(TASKS) else None)
     assert pending == waiting  # every queue, and no pidbox or event receiver queue beside them
     # No task ran: the reader finds the same queues in the bindings, each reading active 0.

@@ -5,11 +5,13 @@ workers say they run and hold."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import signal
 import subprocess
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ import pytest
 from tests.conftest import (
     Series,
     assert_runtimes_bucketed,
+    scrape,
     scrape_series,
     stop_process,
     total,
@@ -175,12 +178,15 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter, tmp_path)
                 key: total(series, "queue_depth", system="celery", queue=key[0], state=key[1])
                 for key in expected
             }
-            busy = value(series, "queue_workers", system="celery", state="busy")
+            busy = value(series, "queue_workers", system="celery", queue="slow", state="busy")
             return (truth, series) if depths == expected and busy == 1 else None
 
         truth, series = wait_for(held, timeout=120)
         assert truth["waiting"]["emails"] == 10
-        assert value(series, "queue_workers", system="celery", state="idle") == 1
+        # each worker on its own queue, as Celery's inspection says (one -c 1 worker on slow)
+        assert value(series, "queue_workers", system="celery", queue="celery", state="idle") == 1
+        assert value(series, "queue_worker_slots", system="celery", queue="slow", state="busy") == 1
+        assert value(series, "queue_worker_slots", system="celery", queue="slow", state="free") == 0
     finally:
         _stop(worker)
         if slow is not None:
@@ -274,32 +280,261 @@ def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, ru
     assert value(series, "queue_depth", system="celery", queue="celery", state="active") == 0
 
 
-def test_a_task_running_before_the_exporter_started_is_active(redis_url, run_exporter, tmp_path):
+@pytest.mark.parametrize(
+    ("inspect", "queues", "counted_on"),
+    [(True, "emails,reports", "reports"), (False, "reports", "(unknown)")],
+    ids=["inspected", "heartbeat-only"],
+)
+def test_a_task_running_before_the_exporter_started_is_active(
+    inspect, queues, counted_on, redis_url, run_exporter, tmp_path
+):
     """A rolling update: the task started before the reader subscribed, so no task-started
-    reaches it; the worker's heartbeat (`active`) says it runs."""
+    reaches it, and the producer sent no task-sent (Celery's default). Celery's inspection
+    names it, with its queue, on a worker of two queues; without inspection its worker's
+    heartbeat (`active`) says it runs, on no queue it can tell (not a made-up one)."""
     env = _env(redis_url, None, None)
-    worker = _worker(env, "celery", 1)
+    worker = _worker(env, queues, 2)
     release = tmp_path / "release"  # the task runs until then (a fixed 30 s ran out under load)
     try:
-        task = {"task": "held", "seconds": 600, "release": str(release)}
-        _driver(env, "publish", json.dumps([task]))
-        wait_for(lambda: _driver(env, "truth", "celery")["active"].get("celery") == 1, timeout=120)  # type: ignore[index]
-        config = {"presets": ["celery"], "sample_interval": INTERVAL}
+        task = {"task": "held", "seconds": 600, "release": str(release), "queue": "reports"}
+        _driver(env, "publish", json.dumps([task]), "--no-sent-event")
+
+        def running() -> int | None:
+            truth = _driver(env, "truth", "reports")
+            assert isinstance(truth, dict)
+            return truth["active"].get("reports")
+
+        wait_for(lambda: running() == 1, timeout=120)
+        native = {"celery": {"inspect": inspect}}
+        config = {"presets": ["celery"], "sample_interval": INTERVAL, "sources": {"native": native}}
         app = run_exporter(config, redis_url=redis_url)
 
         def active() -> float | None:
             series = scrape_series(app)
-            return value(series, "queue_depth", system="celery", queue="celery", state="active")
+            return value(series, "queue_depth", system="celery", queue=counted_on, state="active")
 
         wait_for(lambda: active() == 1, timeout=120)
-        truth = _driver(env, "truth", "celery")
-        assert isinstance(truth, dict) and truth["active"].get("celery") == 1 == active()
+        assert running() == 1 == active()
+        series = scrape_series(app)
+        assert not total(series, "queue_depth", system="celery", queue="celery", state="active")
         # it ends unseen-started: no longer active, as the worker says
         release.touch()
-        wait_for(
-            lambda: _driver(env, "truth", "celery")["active"].get("celery") is None, timeout=120
-        )  # type: ignore[index]
+        wait_for(lambda: running() is None, timeout=120)
         wait_for(lambda: active() == 0, timeout=60)
     finally:
         release.touch()
+        _stop(worker)
+
+
+def test_without_inspection_no_slot_is_made_up(redis_url, run_exporter):
+    """inspect: false (a read-only deployment): workers are known from their heartbeats alone,
+    under "(unknown)", with no slot series; tasks whose queue cannot be learned are counted
+    under "(unknown)", never "celery", and the status page says what would tell it."""
+    env = _env(redis_url, None, None)
+    native = {"celery": {"inspect": False}}
+    config = {"presets": ["celery"], "sample_interval": INTERVAL, "sources": {"native": native}}
+    app = run_exporter(config, redis_url=redis_url)
+    worker = _worker(env, "emails,reports", 3)
+    try:
+        plan = [{"task": "to_emails", "seconds": 0} for _ in range(6)]
+        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+
+        def counted() -> Series | None:
+            series = scrape_series(app)
+            done = total(series, "queue_jobs_completed_total", system="celery")
+            return series if done == 6 else None
+
+        series = wait_for(counted, timeout=120)
+        unknown = total(series, "queue_jobs_completed_total", queue="(unknown)")
+        # a name seen in kombu's unacked hash is learned: those count on their own queue
+        assert unknown + total(series, "queue_jobs_completed_total", queue="emails") == 6
+        assert value(series, "queue_workers", queue="(unknown)", state="idle") == 1
+        assert not [name for name, _ in series if name == "queue_worker_slots"]
+        assert not [name for name, _ in series if name == "queue_worker_utilization_ratio"]
+        status = json.loads(scrape(app.server.port, "/status.json"))
+        warnings = " ".join(status["view"]["warnings"])
+        assert ("task_send_sent_event" in warnings) == (unknown > 0)
+    finally:
+        _stop(worker)
+
+
+def test_a_worker_without_task_events_is_named(redis_url, run_exporter, caplog):
+    """A worker started without -E heartbeats but sends no task event: once it has processed
+    tasks it is named, with the fix, in the log, on the status page and in
+    queue_exporter_native_silent; the exporter stays ready."""
+    env = _env(redis_url, None, None)
+    app = run_exporter({"presets": ["celery"], "sample_interval": INTERVAL}, redis_url=redis_url)
+    args = [CELERY, "-A", "tests.celery_app", "worker", "-Q", "plain", "-c", "1"]
+    worker = subprocess.Popen(
+        [*args, "-n", "plain@%h", "--loglevel=warning"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        plan = [{"task": "sleep_for", "seconds": 0, "queue": "plain"} for _ in range(3)]
+        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+
+        def named() -> Series | None:
+            series = scrape_series(app)
+            silent = value(series, "queue_exporter_native_silent", stream="native:celery")
+            return series if silent == 1 else None
+
+        with caplog.at_level(logging.WARNING):
+            series = wait_for(named, timeout=120)
+        assert not total(series, "queue_jobs_completed_total", system="celery")
+        assert app.health.ready()
+        status = json.loads(scrape(app.server.port, "/status.json"))
+        warning = next(w for w in status["view"]["warnings"] if "without -E" in w)
+        assert "plain@" in warning and "worker_send_task_events" in warning
+        assert "plain@" in caplog.text and "without -E" in caplog.text
+    finally:
+        _stop(worker)
+
+
+# -- every signal on the queue Celery routed its task to, under Celery's defaults -----------------
+
+# Three workers as a deployment runs them: one queue alone, and two serving two queues each.
+WORKERS = (("ingest", 1), ("emails,reports", 4), ("billing,thumbs", 2))
+# Per routed queue (task_routes by name): tasks that succeed, fail, retry once then succeed.
+OUTCOMES = {
+    "ingest": (3, 1, 0),
+    "emails": (4, 0, 1),
+    "reports": (2, 2, 0),
+    "billing": (5, 1, 1),
+    "thumbs": (1, 0, 0),
+}
+_LOGGED = re.compile(r"Task tests\.to_(\w+)\[[^\]]+\] (succeeded in|raised unexpected|retry)")
+
+
+def _logged_outcomes(logs: list[Path]) -> dict[str, Counter[str]]:
+    """Per queue, what the workers logged of its tasks (`tests.to_<queue>` is routed to
+    <queue> by task_routes): succeeded, failed (raised) and retried."""
+    kinds = {"succeeded in": "succeeded", "raised unexpected": "failed", "retry": "retried"}
+    found: dict[str, Counter[str]] = {}
+    for log in logs:
+        for queue, kind in _LOGGED.findall(log.read_text()):
+            found.setdefault(queue, Counter())[kinds[kind]] += 1
+    return found
+
+
+@pytest.mark.parametrize("sent_event", [False, True], ids=["sent-event-off", "sent-event-on"])
+def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporter, tmp_path):
+    """Five queues routed by task_routes, three workers (one of one queue, two of two): every
+    completion, failure and retry on the queue Celery routed its task to, with Celery's
+    default task_send_sent_event = False as with it on; workers and slots per queue as
+    Celery's inspection says; nothing under a queue that does not exist."""
+    env = _env(redis_url, None, None)
+    config = {"presets": ["celery"], "sample_interval": INTERVAL}
+    app = run_exporter(config, redis_url=redis_url)
+    logs = [tmp_path / f"worker{number}.log" for number in range(len(WORKERS))]
+    workers = [
+        _worker(env, queues, concurrency, log)
+        for (queues, concurrency), log in zip(WORKERS, logs, strict=True)
+    ]
+    try:
+        truth = wait_for(lambda: t if len(t := _driver(env, "workers")) == 5 else None, timeout=120)  # type: ignore[arg-type]
+        assert isinstance(truth, dict)
+
+        def workers_per_queue() -> Series | None:
+            series = scrape_series(app)
+            for queue, expected in truth.items():
+                labels = {"system": "celery", "queue": queue}
+                if total(series, "queue_workers", **labels) != expected["workers"]:
+                    return None
+                if total(series, "queue_worker_slots", **labels) != expected["slots"]:
+                    return None
+            return series
+
+        series = wait_for(workers_per_queue, timeout=120)
+        # no worker under a queue that does not exist, however it was first seen
+        queues = {dict(labels)["queue"] for name, labels in series if name == "queue_workers"}
+        assert queues == set(OUTCOMES)
+
+        plan = [
+            {"task": f"to_{queue}", "seconds": 0.05, "outcome": outcome}
+            for queue, (ok, fail, retry) in OUTCOMES.items()
+            for outcome, times in (("ok", ok), ("fail", fail), ("retry", retry))
+            for _ in range(times)
+        ]
+        _driver(env, "publish", json.dumps(plan), *([] if sent_event else ["--no-sent-event"]))
+        runs = sum(ok + fail + 2 * retry for ok, fail, retry in OUTCOMES.values())
+
+        def all_counted() -> Series | None:
+            series = scrape_series(app)
+            started = total(series, "queue_jobs_started_total", system="celery")
+            return series if started == runs else None
+
+        series = wait_for(all_counted, timeout=120)
+
+        def all_logged() -> dict[str, Counter[str]] | None:
+            found = _logged_outcomes(logs)
+            return found if sum(sum(c.values()) for c in found.values()) == runs else None
+
+        logged = wait_for(all_logged)
+        for queue, (ok, fail, retry) in OUTCOMES.items():
+            assert (
+                logged.get(queue, Counter())
+                == Counter({"succeeded": ok + retry, "failed": fail, "retried": retry}) - Counter()
+            )
+            labels = {"system": "celery", "queue": queue}
+            counted = (
+                total(series, "queue_jobs_completed_total", **labels),
+                total(series, "queue_jobs_failed_total", error_type="non_retryable", **labels),
+                total(series, "queue_jobs_failed_total", error_type="retryable", **labels),
+                total(series, "queue_jobs_retried_total", **labels),
+                total(series, "queue_jobs_started_total", **labels),
+                total(series, "queue_job_execution_seconds_count", **labels),
+            )
+            runs_here = ok + fail + 2 * retry
+            assert counted == (ok + retry, fail, retry, retry, runs_here, runs_here), queue
+        on_queues = {
+            dict(labels)["queue"]
+            for name, labels in series
+            if name.startswith("queue_jobs_") and name.endswith("_total")
+        }
+        assert on_queues <= set(OUTCOMES)  # nothing on "celery" nor "(unknown)"
+        if sent_event:
+            # the producer's task-sent events (a worker's retry is sent by the worker, which
+            # keeps Celery's default)
+            assert total(series, "queue_jobs_enqueued_total", system="celery") == len(plan)
+    finally:
+        for worker in workers:
+            _stop(worker)
+
+
+def test_check_config_names_a_worker_without_task_events(redis_url, tmp_path):
+    """check-config --connect watches the Celery reader for two heartbeats: the workers its
+    inspection found, with their queues and slots, and a WARNING for a worker that processes
+    tasks without sending task events, with the fix."""
+    env = _env(redis_url, None, None)
+    args = [CELERY, "-A", "tests.celery_app", "worker", "-Q", "plain", "-c", "1"]
+    worker = subprocess.Popen(
+        [*args, "-n", "plain@%h", "--loglevel=warning"],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: "plain" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        # busy for longer than check-config watches: its heartbeats' processed count rises
+        plan = [{"task": "sleep_for", "seconds": 0.2, "queue": "plain"} for _ in range(60)]
+        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        config = tmp_path / "celery.json"
+        config.write_text(json.dumps({"presets": ["celery"]}))
+        checked = subprocess.run(
+            [str(ROOT / ".venv/bin/queue-exporter"), "check-config", str(config), "--connect"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("QUEUE_EXPORTER_")}}
+            | {"QUEUE_EXPORTER_REDIS_URL": redis_url},
+        )
+        out = checked.stdout
+        assert re.search(r"celery worker plain@\S+: queues plain; slots 1", out), out
+        warnings = [line for line in out.splitlines() if line.startswith("WARNING:")]
+        assert any("plain@" in w and "without -E" in w for w in warnings), out
+    finally:
         _stop(worker)

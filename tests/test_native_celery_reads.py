@@ -197,3 +197,41 @@ def test_a_lost_subscription_is_a_gap_counted_and_named(redis_url, proxied, capl
     _publish(redis_url, EVENTS)  # subscribed again: heard
     completed, lost = feed.read_until(before + EVENTS)
     assert (completed - before, lost) == (EVENTS, 1)
+
+
+def test_worker_offline_removes_the_worker_at_once(redis_url):
+    """A worker that stops cleanly says so (worker-offline): it leaves queue_workers at the
+    read that hears it, not at its timeout. Without inspection (no worker here answers) a
+    worker is known from its heartbeats, under "(unknown)" and with no slot series."""
+    connection = RedisConnectionConfig(url=redis_url)
+    telemetry = Telemetry(HealthBoard())
+    metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
+    reader = CeleryReaderConfig(inspect=False, events_timeout=600)
+    source = NativeSource(lambda: CeleryReader(reader, connection, 600), 600, metrics)
+
+    def workers() -> float | None:
+        source.sample()
+        series = parse_exposition(telemetry.render(False).decode())
+        assert not [name for name, _ in series if name == "queue_worker_slots"]
+        return total(series, "queue_workers", system="celery", queue="(unknown)")
+
+    def send(kind: str) -> None:
+        celery = Celery(broker=redis_url)
+        with celery.connection_for_write() as connection:
+            dispatcher = celery.events.Dispatcher(connection, hostname="w@offline")
+            dispatcher.send(kind, active=0, freq=2.0)
+            dispatcher.close()
+
+    try:
+        source.sample()  # subscribed from here on
+
+        def heartbeat_heard() -> bool:
+            send("worker-heartbeat")
+            return workers() == 1
+
+        wait_for(heartbeat_heard, timeout=30)
+        send("worker-offline")
+        wait_for(lambda: workers() == 0, timeout=30)
+    finally:
+        source.close()
+        telemetry.shutdown()

@@ -34,7 +34,7 @@ class Heartbeat:
     queue: str
     worker: str
     active: int
-    capacity: int
+    capacity: int | None  # None: the system does not say (no slot series for its queue)
     ts: float
 
 
@@ -45,6 +45,9 @@ class Tally:
     counts: dict[tuple[str, LabelValues], float] = field(default_factory=dict)
     observations: dict[tuple[str, LabelValues], list[float]] = field(default_factory=dict)
     heartbeats: list[Heartbeat] = field(default_factory=list)
+    # (system, queue, worker) of workers gone from a queue (Celery's worker-offline, or a
+    # worker whose queues became known): they leave its series now, not at their timeout
+    departed: list[tuple[str, str, str]] = field(default_factory=list)
     consumed: int = 0
     invalid: dict[str, int] = field(default_factory=dict)
     lost: int = 0
@@ -312,6 +315,12 @@ class WorkerRegistry:
                     workers[key] = beat
         return refused
 
+    def forget(self, departed: list[tuple[str, str, str]]) -> None:
+        """Workers gone from a queue (system, queue, worker) leave its series now."""
+        with self._lock:
+            for key in departed:
+                self._workers.pop(key, None)
+
     def _forget_refusals_when_due(self) -> None:
         """Once per timeout: room may have freed since (workers and queues left)."""
         now = time.monotonic()
@@ -326,20 +335,23 @@ class WorkerRegistry:
             for key in gone:
                 del self._workers[key]
 
-    def totals(self, now: float) -> dict[LabelValues, tuple[int, int, int, int]]:
+    def totals(self, now: float) -> dict[LabelValues, tuple[int, int, int | None, int | None]]:
         """(system, queue[, redis_source]) -> busy workers, idle workers, busy slots, free
-        slots."""
+        slots (None when a worker of the queue does not say its slots: no slot is invented)."""
         self.prune(now)
-        totals: dict[LabelValues, list[int]] = {}
+        totals: dict[LabelValues, list[int | None]] = {}
         with self._lock:
             beats = list(self._workers.values())
         for beat in beats:
             entry = totals.setdefault((beat.system, beat.queue, *self.suffix), [0, 0, 0, 0])
-            busy = min(beat.active, beat.capacity)
-            entry[0 if busy > 0 else 1] += 1
-            entry[2] += busy
-            entry[3] += beat.capacity - busy
-        return {key: (a, b, c, d) for key, (a, b, c, d) in totals.items()}
+            busy = beat.active if beat.capacity is None else min(beat.active, beat.capacity)
+            entry[0 if busy > 0 else 1] += 1  # type: ignore[operator]
+            if beat.capacity is None or entry[2] is None or entry[3] is None:
+                entry[2] = entry[3] = None
+            else:
+                entry[2] += busy
+                entry[3] += beat.capacity - busy
+        return {key: (a, b, c, d) for key, (a, b, c, d) in totals.items()}  # type: ignore[misc]
 
 
 def _suffixed(
@@ -433,6 +445,8 @@ class EventMetrics:
             )
         else:
             self._store.apply(tally.counts, tally.observations)
+        if tally.departed:
+            workers.forget(tally.departed)
         if tally.heartbeats:
             refused = workers.record(tally.heartbeats, self._admit_worker_queue)
             if refused:
@@ -457,6 +471,10 @@ class EventMetrics:
         with self._lock:
             self._silent[(reader, workers.redis_source)] = 0.0 if why is None else 1.0
         self._health.silence(reader, why)
+
+    def report_caveat(self, reader: str, why: str | None) -> None:
+        """What a native reader hears but cannot tell (None: nothing), for the status page."""
+        self._health.caveat(reader, why)
 
     def _observe_silence(self, _: CallbackOptions) -> Iterator[Observation]:
         with self._lock:
@@ -493,6 +511,8 @@ class EventMetrics:
         for (system, queue, *source), (busy, idle, busy_slots, free_slots) in totals.items():
             workers[(system, queue, "busy", *source)] = busy
             workers[(system, queue, "idle", *source)] = idle
+            if busy_slots is None or free_slots is None:
+                continue  # a worker that does not say its slots: no slot series, none made up
             slots[(system, queue, "busy", *source)] = busy_slots
             slots[(system, queue, "free", *source)] = free_slots
             if busy_slots + free_slots > 0:
@@ -505,9 +525,9 @@ class EventMetrics:
         spec = self._store.event_spec
         return [(spec(name), Series((series,))) for name, series in gauges if series]
 
-    def _worker_totals(self) -> dict[LabelValues, tuple[int, int, int, int]]:
+    def _worker_totals(self) -> dict[LabelValues, tuple[int, int, int | None, int | None]]:
         now = time.time()
-        merged: dict[LabelValues, tuple[int, int, int, int]] = {}
+        merged: dict[LabelValues, tuple[int, int, int | None, int | None]] = {}
         with self._lock:
             registries = list(self._registries)
         clip = self._store.guard.clip
@@ -515,11 +535,12 @@ class EventMetrics:
             for labels, (busy, idle, busy_slots, free_slots) in registry.totals(now).items():
                 key = clip(labels)
                 was = merged.get(key, (0, 0, 0, 0))
+                known = None not in (was[2], was[3], busy_slots, free_slots)
                 merged[key] = (
                     was[0] + busy,
                     was[1] + idle,
-                    was[2] + busy_slots,
-                    was[3] + free_slots,
+                    was[2] + busy_slots if known else None,  # type: ignore[operator]
+                    was[3] + free_slots if known else None,  # type: ignore[operator]
                 )
         return merged
 

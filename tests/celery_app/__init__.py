@@ -3,7 +3,8 @@
 The broker comes from QE_CELERY_BROKER; QE_CELERY_SEP and QE_CELERY_STEPS (comma-separated),
 when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options;
 QE_CELERY_ACKS_LATE set makes tasks acknowledged when they end (`task_acks_late`).
-Tasks `tests.to_<queue>` are routed by `task_routes` to the queue of their name (ROUTED_QUEUES).
+Tasks `tests.to_<queue>` are routed by `task_routes` to the queue of their name (ROUTED_QUEUES);
+their `outcome` "fail" raises ValueError, "retry" retries once then succeeds.
 Workers are started with `celery -A tests.celery_app worker`.
 """
 
@@ -61,9 +62,13 @@ def retry_once(self, seconds: float) -> None:  # type: ignore[no-untyped-def]
 
 
 def _routed(queue: str) -> None:
-    @app.task(name=f"tests.to_{queue}")
-    def routed(seconds: float) -> float:
+    @app.task(name=f"tests.to_{queue}", bind=True, max_retries=1, default_retry_delay=0)
+    def routed(self, seconds: float, outcome: str = "ok") -> float:  # type: ignore[no-untyped-def]
         time.sleep(seconds)
+        if outcome == "fail":
+            raise ValueError("failing on purpose")
+        if outcome == "retry" and not self.request.retries:
+            raise self.retry(exc=RuntimeError("retrying on purpose"))
         return seconds
 
 

@@ -51,7 +51,12 @@ class ReaderConfig(StrictModel):
         return []
 
     def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
-        """Pub/Sub channel patterns it subscribes to, as ACL `&` rules take them."""
+        """Pub/Sub channel patterns it subscribes or publishes to, as ACL `&` rules take them."""
+        return []
+
+    def acl_writes(self, connection: RedisConnectionConfig) -> list[str]:
+        """ACL selectors of the writes it must make, each on its own keys and channels
+        (redis_acl.py); none by default: a reader reads."""
         return []
 
     def record_globs(self) -> list[str]:
@@ -78,6 +83,13 @@ class RqReaderConfig(ReaderConfig):
         return [scan_glob(self.queues_set), *registries, *workers, *jobs]
 
 
+# What a Celery inspection round writes (celery_inspect.py, which imports these): the reply
+# exchange's bindings, kombu's binding deadlines, and the reply queues `<oid>.<exchange>`.
+INSPECT_REPLY_EXCHANGE = "reply.celery.pidbox"
+INSPECT_BINDINGS = f"_kombu.binding.{INSPECT_REPLY_EXCHANGE}"
+INSPECT_DEADLINES = "_kombu.binding_deadlines"
+
+
 class CeleryReaderConfig(ReaderConfig):
     system: str = Field("celery", min_length=1, description="the system label")
     queues: list[str] = Field(
@@ -85,8 +97,31 @@ class CeleryReaderConfig(ReaderConfig):
         description="the queues served, as the key groups' select: names and globs ('*': every "
         "queue); a name or a queue found in kombu's bindings reads active 0 when none runs",
     )
-    default_queue: str = Field(
-        "celery", min_length=1, description="queue of tasks whose task-sent event was not seen"
+    unknown_queue: str = Field(
+        "(unknown)",
+        min_length=1,
+        description="queue label of tasks whose queue the reader could not learn (no task-sent "
+        "event, their worker serves several queues, the task name was seen on none or several): "
+        "no real queue's name, so no dashboard mistakes it for one",
+    )
+    inspect: bool = Field(
+        True,
+        description="one round of Celery's broadcast inspection per read (stats, active_queues, "
+        "active, reserved, as `celery inspect` sends them): each worker's queues, slots and "
+        "running tasks; it writes as `celery inspect` does (a reply queue bound, then deleted: "
+        "redis-acl prints the rules). Off, for read-only deployments: no slot series, workers "
+        "and the tasks of workers of several queues under unknown_queue",
+    )
+    inspect_timeout: float = Field(
+        1.0,
+        gt=0,
+        description="seconds a round waits for replies at most (a quarter of the interval at "
+        "most); it ends sooner once every known worker answered",
+    )
+    control_channel: str | None = Field(
+        None,
+        description="Pub/Sub channel of Celery's remote control (default: kombu's "
+        "/<db>.celery.pidbox)",
     )
     events_timeout: float = Field(
         30.0,
@@ -136,6 +171,23 @@ class CeleryReaderConfig(ReaderConfig):
 
     def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
         return [self.channel_pattern(connection)]
+
+    def acl_writes(self, connection: RedisConnectionConfig) -> list[str]:
+        """The writes an inspection round makes, in a selector of their own: its reply queue's
+        binding, kombu's binding deadline, the reply list, and PUBLISH on the control channel
+        alone (not on the events' channels)."""
+        if not self.inspect:
+            return []
+        keys = [INSPECT_BINDINGS, INSPECT_DEADLINES, f"*.{INSPECT_REPLY_EXCHANGE}"]
+        commands = ("publish", "sadd", "srem", "zadd", "brpop", "del", "multi", "exec")
+        rules = [*(f"~{key}" for key in keys), f"&{self.control(connection)}"]
+        return [f"({' '.join([*rules, *(f'+{command}' for command in commands)])})"]
+
+    def control(self, connection: RedisConnectionConfig) -> str:
+        """kombu publishes the celery.pidbox fanout exchange's commands on this channel."""
+        if self.control_channel is not None:
+            return self.control_channel
+        return f"/{connection.database}.celery.pidbox"
 
     def channel_pattern(self, connection: RedisConnectionConfig) -> str:
         """kombu publishes a fanout exchange's messages on `/<db>.<exchange>/<routing key>`."""

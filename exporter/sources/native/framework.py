@@ -148,9 +148,13 @@ class Signals:
     source: str = "native"  # the reader's source name, for the log
     deadline: ReadDeadline = field(default_factory=ReadDeadline)  # never passes by default
     # Why the reader hears nothing from its system (Celery: no event for its timeout), or may
-    # not read one figure (BullMQ: CLIENT LIST refused, no workers), when so: its backend answers, so it stays up and ready, leaves out the series it cannot
-    # vouch for, and says this (log, status page, queue_exporter_native_silent).
+    # not read one figure (BullMQ: CLIENT LIST refused, no workers), when so: its backend
+    # answers, so it stays up and ready, leaves out the series it cannot vouch for, and says
+    # this (log, status page, queue_exporter_native_silent).
     silent: str | None = None
+    # What it hears but cannot tell while it serves what it can (Celery: tasks whose queue
+    # it could not learn): named once in the log and on the status page while it lasts.
+    caveat: str | None = None
     # What the reader's state becomes once this read succeeded (Progress.move, CounterDeltas)
     moves: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
@@ -171,11 +175,18 @@ class Signals:
         return numbers.horizon(self.now)
 
     def worker(
-        self, system: str, queue: str, worker: str, active: numbers.Number, capacity: numbers.Number
+        self,
+        system: str,
+        queue: str,
+        worker: str,
+        active: numbers.Number,
+        capacity: numbers.Number | None,
     ) -> None:
         """A worker seen alive in this read (busy when active > 0), serving `queue`; active and
-        capacity pass numbers.count (InvalidValue: call it within the worker's record)."""
-        busy, slots = numbers.count(active), numbers.count(capacity)
+        capacity pass numbers.count (InvalidValue: call it within the worker's record);
+        capacity None: the system does not say its slots (no slot series for its queue)."""
+        busy = numbers.count(active)
+        slots = None if capacity is None else numbers.count(capacity)
         self.tally.heartbeats.append(Heartbeat(system, queue, worker, busy, slots, self.now))
 
     def workers(
@@ -429,6 +440,7 @@ class NativeSource:
         )
         self._terms = Terms(term)
         self._silent: str | None = None
+        self._caveat: str | None = None
         metrics.declare_stream(self.name, self.workers)
 
     def sample(self) -> SampleSet:
@@ -451,6 +463,7 @@ class NativeSource:
         self.reader.read(signals)
         self.metrics.record(self.name, signals.tally, self.workers)
         self._report_silence(signals.silent)
+        self._report_caveat(signals.caveat)
         if self.redis_source is not None:
             return signals.samples.with_label(SOURCE_LABEL, self.redis_source)
         return signals.samples
@@ -464,6 +477,14 @@ class NativeSource:
             log.info("%s: hears its system again: every series is served", self.name)
         self._silent = silent
         self.metrics.report_silence(self.name, self.workers, silent)
+
+    def _report_caveat(self, caveat: str | None) -> None:
+        """Say what the reader cannot tell: in the log when it starts or changes, on the
+        health board while it lasts."""
+        if caveat is not None and caveat != self._caveat:
+            log.warning("%s: %s", self.name, caveat)
+        self._caveat = caveat
+        self.metrics.report_caveat(self.name, caveat)
 
     def error_reason(self, error: Exception) -> str:
         if isinstance(error, ReaderError):
