@@ -317,6 +317,19 @@ def test_a_task_running_before_the_exporter_started_is_active(
         assert running() == 1 == active()
         series = scrape_series(app)
         assert not total(series, "queue_depth", system="celery", queue="celery", state="active")
+        if inspect:
+            # a -c 2 worker of emails and reports running one task of reports: its slots as
+            # Celery's stats() says (max-concurrency 2), busy on the queue whose task it runs
+            slots = _driver(env, "workers")
+            assert isinstance(slots, dict) and slots["reports"]["slots"] == 2
+            labels = {"system": "celery", "queue": "reports"}
+            assert value(series, "queue_worker_slots", state="busy", **labels) == 1
+            assert value(series, "queue_worker_slots", state="free", **labels) == 1
+            assert value(series, "queue_worker_utilization_ratio", **labels) == 0.5
+            assert value(series, "queue_workers", state="busy", **labels) == 1
+            emails = {"system": "celery", "queue": "emails"}
+            assert value(series, "queue_worker_utilization_ratio", **emails) == 0
+            assert value(series, "queue_workers", state="idle", **emails) == 1
         # it ends unseen-started: no longer active, as the worker says
         release.touch()
         wait_for(lambda: running() is None, timeout=120)
