@@ -92,6 +92,15 @@ def test_every_routed_queue_is_found_without_params(
     app = run_exporter({"presets": [preset]}, redis_url=redis_url)
     pending = wait_for(lambda: found if set(found := _pending(app)) >= set(TASKS) else None)
     assert pending == waiting  # every queue, and no pidbox or event receiver queue beside them
+    # the pattern label as a person reads and types it: the separator escaped, no raw bytes
+    patterns = {
+        dict(labels)["pattern"]
+        for name, labels in scrape_series(app)
+        if name == "queue_exporter_keys_matched"
+    }
+    shown = "\\x06\\x16" if sep == "\x06\x16" else sep
+    assert patterns == {"{queue}", f"{{queue}}{shown}{{_step}}"}
+    assert all(pattern.isprintable() for pattern in patterns)
     # No task ran: the reader finds the same queues in the bindings, each reading active 0.
     active = wait_for(lambda: found if set(found := _active(app)) >= set(TASKS) else None)
     assert {queue: active[queue] for queue in TASKS} == dict.fromkeys(TASKS, 0.0)
