@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 from celery import Celery
 
+from exporter import config as config_module
+from exporter import redis_acl
 from exporter.events.config import EventsSourceConfig
 from exporter.events.metrics import EventMetrics
 from exporter.health import HealthBoard
@@ -23,6 +25,7 @@ from exporter.sources.native.config import CeleryReaderConfig
 from exporter.sources.native.framework import NativeSource, ReadDeadline, ReaderError, Signals
 from exporter.telemetry import Telemetry
 from tests.conftest import REDIS_HOST, REDIS_PORT, parse_exposition, total, value, wait_for
+from tests.private_redis import PrivateRedis
 from tests.tcp_proxy import TcpProxy
 
 EVENTS = 20  # task-succeeded events per batch
@@ -235,3 +238,32 @@ def test_worker_offline_removes_the_worker_at_once(redis_url):
     finally:
         source.close()
         telemetry.shutdown()
+
+
+@pytest.mark.parametrize("granted", [True, False], ids=["redis-acl-rules", "read-only-rules"])
+def test_an_inspection_the_acl_refuses_costs_its_figures_alone(granted, tmp_path):
+    """Under the ACL redis-acl prints for the celery preset, an inspection round runs (no
+    caveat); under the rules of `inspect: false` (no write granted) the round is refused: the
+    read succeeds all the same and says why on the status page (its caveat)."""
+    server = PrivateRedis(tmp_path).start()
+    try:
+        native = {"celery": {"inspect": granted}}
+        config = config_module.from_dict({"presets": ["celery"], "sources": {"native": native}})
+        rules = redis_acl.acl_rules(config)
+        admin = server.client()
+        admin.execute_command("ACL", "SETUSER", "qe", "reset", "on", ">pw", *rules)
+        url = f"redis://qe:pw@127.0.0.1:{server.port}/0"
+        reader = CeleryReader(CeleryReaderConfig(), RedisConnectionConfig(url=url), INTERVAL)
+        try:
+            signals = Signals()
+            reader.read(signals)
+        finally:
+            reader.close()
+        if granted:
+            assert signals.caveat is None
+            assert not admin.exists("_kombu.binding.reply.celery.pidbox")  # left as it was
+        else:
+            assert signals.caveat is not None and "inspection was refused" in signals.caveat
+            assert "NOPERM" in signals.caveat or "NoPermission" in signals.caveat
+    finally:
+        server.stop()
