@@ -1,0 +1,49 @@
+"""What an adapter is: the driver of one queue system's real library and workers, its scenario,
+and its truth (the library's own API, mapped to the exporter's states: tests/conformance/checks.py).
+
+`phases()` is a generator: it sets the scenario up, then yields, per phase, a function giving
+the truth for a scrape made at a time (epoch seconds; most truths are read once, some at each
+scrape); the test checks every run of the exporter against it, then resumes the generator for
+the next phase. The generator's `finally` stops what it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tests.conformance.checks import Truth
+
+TruthAt = Callable[[float], Truth]
+
+
+class Adapter:
+    system: ClassVar[str]
+    backend: ClassVar[str] = "redis"  # or "postgres"
+    versions: ClassVar[tuple[Any, ...]] = (None,)
+    # how long a phase may take to be served as the truth (seconds)
+    timeout: ClassVar[float] = 20.0
+
+    def __init__(self, version: Any, backend: str, redis_db: int | None, tmp_path: Path) -> None:
+        """`backend`: the Redis URL or the PostgreSQL DSN of the test's own database."""
+        self.version, self.backend_url, self.redis_db, self.tmp_path = (
+            version,
+            backend,
+            redis_db,
+            tmp_path,
+        )
+
+    def variants(self) -> dict[str, list[Any]]:
+        """The exporter runs checked, by name: always the preset's defaults (no params) beside
+        the library's defaults; an adapter adds a configured run where its system needs params
+        today (then the defaults run names that as a gap)."""
+        return {"defaults": [self.system]}
+
+    def phases(self) -> Iterator[TruthAt]:
+        raise NotImplementedError
+
+
+def fixed(truth: Truth) -> TruthAt:
+    """A truth read once."""
+    return lambda _scraped_at: truth

@@ -1,0 +1,80 @@
+"""Every queue system against its real library and workers, through one set of checks.
+
+Per system an adapter (tests/conformance/adapters/) drives the library and reads its own API
+as the truth; tests/conformance/checks.py compares every exporter run with it: every queue
+found, depth per queue and state and their sums, due jobs, the ages of the oldest waiting and
+longest running jobs, counters, workers, the sources up. Each system runs with the library's
+defaults and the preset's defaults (no params); where a system needs params today, a second
+run with them beside it, and the defaults run names what it misses as known gaps of issue 39.
+Celery joins when its reader's rewrite (issue 38) lands.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from exporter.app import App
+from tests.conformance.adapters.base import Adapter, TruthAt
+from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
+from tests.conformance.checks import ReadTimes, mismatches
+from tests.conftest import Series, wait_until_served_as_truth
+
+ADAPTERS: list[type[Adapter]] = [BullMQAdapter, BullAdapter, BeeQueueAdapter]
+
+
+@dataclass(frozen=True)
+class Case:
+    adapter: type[Adapter]
+    version: Any
+
+    def __str__(self) -> str:
+        return f"{self.adapter.system}{'' if self.version is None else self.version}"
+
+
+CASES = [Case(adapter, version) for adapter in ADAPTERS for version in adapter.versions]
+
+
+def _served_as_truth(
+    runs: dict[str, App], truth_at: TruthAt, reads: dict[str, ReadTimes], timeout: float
+) -> None:
+    """Every run of the exporter agrees with the phase's truth (each named in what differs)."""
+    for name, app in runs.items():
+
+        def differences(series: Series, at: float, name: str = name) -> list[str]:
+            found = mismatches(series, truth_at(at), at, name, reads[name])
+            return [f"{name}: {difference}" for difference in found]
+
+        wait_until_served_as_truth(app, differences, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_served_as_the_library_says(
+    case: Case, request: pytest.FixtureRequest, run_exporter: Any, tmp_path: Path
+) -> None:
+    redis_db = None
+    if case.adapter.backend == "redis":
+        redis_db = request.getfixturevalue("redis_db")
+        backend = request.getfixturevalue("redis_url")
+        where = {"redis_url": backend}
+    else:
+        backend = request.getfixturevalue("postgres_dsn")
+        where = {"postgres_dsn": backend}
+    adapter = case.adapter(case.version, backend, redis_db, tmp_path)
+    phases = adapter.phases()
+    try:
+        truth_at = next(phases)
+        started = time.time()
+        runs = {
+            name: run_exporter(**where, preset=spec) for name, spec in adapter.variants().items()
+        }
+        reads = {name: ReadTimes(started) for name in runs}
+        for next_truth in itertools.chain([truth_at], phases):  # each phase, once it is set
+            _served_as_truth(runs, next_truth, reads, adapter.timeout)
+    finally:
+        phases.close()
