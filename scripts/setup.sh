@@ -48,7 +48,7 @@ TOOL_VENVS=(
   "checkov checkov==3.3.30" # the chart's security checks: pins packaging<24, pytest 9 refuses that
   "rq2 rq>=2,<3"            # tests/test_native_rq.py: RQ's own counts under every major
   "rq1 rq>=1,<2"
-  "arq arq==0.28.0"         # pins redis-py below 6: tests/test_preset_arq.py
+  "arq arq==0.28.0"         # pins redis-py below 6: tests/conformance/ (arq)
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
   "huey2 huey==2.6.0 redis==8.1.0"    # Huey 2.x beside the dev extra's 3.x
 )

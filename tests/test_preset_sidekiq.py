@@ -1,18 +1,17 @@
-"""The sidekiq preset against the real Sidekiq (Debian's ruby-sidekiq): what it says is what we serve.
+"""The sidekiq preset's queues param against the real Sidekiq (Debian's ruby-sidekiq).
 
-Jobs are pushed, scheduled, killed, failed into the retry and dead sets and kept busy by Sidekiq
-itself (tests/ruby/); the truth is its own API: Queue#size and #latency, ScheduledSet, RetrySet,
-DeadSet and Workers, per queue.
+Every set split per queue as Sidekiq counts it is checked by the conformance harness
+(tests/conformance/adapters/sidekiq.py).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
+from tests.conformance.checks import served_value
 from tests.conftest import Series, scrape, wait_for, wait_until_served_as_truth
 from tests.real_queues import Sidekiq
 
@@ -25,9 +24,7 @@ def sidekiq(redis_db: int) -> Iterator[Sidekiq]:
 
 
 def _value(series: Series, name: str, **labels: str) -> float | None:
-    wanted = {("system", "sidekiq"), *labels.items()}
-    values = [v for (n, ls), v in series.items() if n == name and wanted <= ls]
-    return values[0] if len(values) == 1 else None
+    return served_value(series, "sidekiq", name, **labels)
 
 
 def _queues(series: Series, state: str) -> set[str]:
@@ -36,78 +33,6 @@ def _queues(series: Series, state: str) -> set[str]:
         for name, labels in series
         if name == "queue_depth" and {("system", "sidekiq"), ("state", state)} <= labels
     }
-
-
-def _mismatches(series: Series, truth: dict[str, Any], scraped_at: float) -> list[str]:
-    found: list[str] = []
-    if _queues(series, "pending") != set(truth["queues"]):
-        found.append(f"queues {sorted(_queues(series, 'pending'))} != {sorted(truth['queues'])}")
-    for queue, view in truth["queues"].items():
-        served = _value(series, "queue_depth", queue=queue, state="pending")
-        if served != view["size"]:
-            found.append(f"{queue} pending: served {served}, Sidekiq {view['size']}")
-        age = _value(series, "queue_oldest_age_seconds", queue=queue, state="pending")
-        if view["size"] == 0:
-            if age is not None:
-                found.append(f"{queue}: age {age} served for an empty queue")
-        # sampled between the truth and the scrape
-        elif age is None or not view["latency"] - 0.5 <= age <= view["latency"] + (
-            scraped_at - truth["now"] + 0.5
-        ):
-            found.append(f"{queue} age: served {age}, Sidekiq latency {view['latency']:.1f}")
-    for state, sidekiq_set in (
-        ("scheduled", "scheduled"),
-        ("retry", "retry"),
-        ("dead_letter", "dead"),
-        ("active", "busy"),
-    ):
-        if _queues(series, state) != set(truth[sidekiq_set]):
-            found.append(f"{state} queues {_queues(series, state)} != {set(truth[sidekiq_set])}")
-        for queue, count in truth[sidekiq_set].items():
-            served = _value(series, "queue_depth", queue=queue, state=state)
-            if served != count:
-                found.append(f"{queue} {state}: served {served}, Sidekiq {count}")
-    for queue in truth["scheduled"]:
-        due = _value(series, "queue_scheduled_due", queue=queue)
-        if due != truth["scheduled_due"].get(queue, 0):
-            found.append(f"{queue} due: served {due}, Sidekiq {truth['scheduled_due']}")
-    for queue, died_at in truth["dead_oldest"].items():
-        age = _value(series, "queue_oldest_age_seconds", queue=queue, state="dead_letter")
-        expected = truth["now"] - died_at
-        if age is None or not expected - 0.5 <= age <= expected + scraped_at - truth["now"] + 0.5:
-            found.append(f"{queue} dead age: served {age}, Sidekiq {expected:.1f}")
-    return found
-
-
-def _served_as_sidekiq_says(app: Any, truth: dict[str, Any]) -> None:
-    wait_until_served_as_truth(app, lambda series, at: _mismatches(series, truth, at))
-
-
-def test_every_set_split_per_queue_as_sidekiq_counts_them(sidekiq, redis_url, run_exporter):
-    sidekiq.push(
-        {"queue": "default", "count": 3},
-        {"queue": "critical"},
-        {"queue": "default", "in": 600},
-        {"queue": "mailers", "in": 1},  # soon due, and no scheduler running to move it
-        {"queue": "default", "dead": True},
-        {"queue": "mailers", "dead": True, "count": 2},
-        # for the worker: one to the dead set, one to the retry set, one kept busy
-        {"queue": "work", "class": "DoomedJob", "args": [0, "always"]},
-        {"queue": "work", "class": "PatientJob", "args": [0, "always"]},
-        {"queue": "busy", "args": [600_000]},
-    )
-    worker = sidekiq.worker(["work", "busy"], scheduler=False)  # the due job stays put
-
-    def settled() -> dict[str, Any] | None:
-        truth = sidekiq.truth()
-        due = truth["scheduled_due"].get("mailers")
-        done = truth["retry"].get("work") and truth["dead"].get("work") and truth["busy"] and due
-        return truth if done else None
-
-    truth = wait_for(settled, timeout=30, interval=0.5)
-    app = run_exporter(redis_url=redis_url, preset=["sidekiq"])
-    _served_as_sidekiq_says(app, truth)
-    sidekiq.stop(worker)
 
 
 def test_a_queues_param_narrows_every_group_and_reports_what_it_leaves_out(

@@ -22,10 +22,26 @@ import pytest
 from exporter.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
+from tests.conformance.adapters.python_queues import (
+    ArqAdapter,
+    DramatiqAdapter,
+    HueyAdapter,
+    SaqAdapter,
+)
+from tests.conformance.adapters.sidekiq import SidekiqAdapter
 from tests.conformance.checks import ReadTimes, mismatches
 from tests.conftest import Series, wait_until_served_as_truth
 
-ADAPTERS: list[type[Adapter]] = [BullMQAdapter, BullAdapter, BeeQueueAdapter]
+ADAPTERS: list[type[Adapter]] = [
+    BullMQAdapter,
+    BullAdapter,
+    BeeQueueAdapter,
+    SidekiqAdapter,
+    ArqAdapter,
+    DramatiqAdapter,
+    HueyAdapter,
+    SaqAdapter,
+]
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,19 @@ the next phase. The generator's `finally` stops what it started.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
+import pytest
+
 from tests.conformance.checks import Truth
 
 TruthAt = Callable[[float], Truth]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class Adapter:
@@ -47,3 +53,22 @@ class Adapter:
 def fixed(truth: Truth) -> TruthAt:
     """A truth read once."""
     return lambda _scraped_at: truth
+
+
+def require(python: Path, module: str, what: str) -> Path:
+    """The interpreter of a library's venv, or a skip naming it (a failure under CI)."""
+    probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False)
+    if not python.exists() or probe.returncode != 0:
+        message = f"{what}: no {module} at {python} (scripts/setup.sh installs it)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
+def run_json(argv: list[Any], env: dict[str, str]) -> Any:
+    """A driver's command, run with the library's interpreter; what it printed, as JSON (None
+    for nothing)."""
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout) if done.stdout.strip() else None
