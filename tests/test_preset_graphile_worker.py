@@ -6,6 +6,9 @@ remove_job), runOnce completes, fails for good and fails into a retry (pushed an
 rescheduleJobs), and a run() worker holds one job. The truth is graphile-worker's own public
 `jobs` view (queue_name, task_identifier, run_at, attempts, max_attempts, locked_at), read at
 each scrape.
+
+Depths, due jobs and ages as graphile-worker says them are checked by the conformance harness
+(tests/conformance/adapters/postgres_queues.py), with these drivers; here: the rest.
 """
 
 from __future__ import annotations
@@ -26,21 +29,13 @@ from psycopg.conninfo import conninfo_to_dict
 from exporter import config as config_module
 from exporter import presets
 from tests.conftest import (
-    Series,
     scrape_series,
     scrape_when,
-    stop_process,
     value,
     wait_for,
-    wait_until_served_as_truth,
 )
 
 NODE = Path(__file__).parent / "node"
-SOURCES = (
-    "postgres:graphile_worker_jobs",
-    "postgres:graphile_worker_due",
-    "postgres:graphile_worker_locked",
-)
 STATES = ("pending", "scheduled", "retry", "active", "failed")
 
 
@@ -119,7 +114,7 @@ def graphile(
     worker.release.touch()
 
 
-def _state(job: dict[str, Any], now: float) -> str:
+def graphile_state(job: dict[str, Any], now: float) -> str:
     if job["locked_at"] is not None:
         return "active"
     if job["attempts"] >= job["max_attempts"]:
@@ -127,93 +122,6 @@ def _state(job: dict[str, Any], now: float) -> str:
     if job["run_at"] > now:
         return "retry" if job["attempts"] > 0 else "scheduled"
     return "pending"
-
-
-def _served(series: Series, name: str) -> dict[tuple[str, str], float]:
-    return {
-        (labels["queue"], labels.get("state", "")): number
-        for (metric, label_set), number in series.items()
-        if metric == name and (labels := dict(label_set)).get("system") == "graphile_worker"
-    }
-
-
-def test_depths_ages_and_due_equal_what_graphile_worker_says(
-    graphile: GraphileWorker, postgres_dsn: str, run_exporter: Any
-) -> None:
-    graphile.seed()
-    worker = graphile.worker()
-    try:
-
-        def held() -> float | None:
-            jobs, _ = graphile.jobs()
-            locked = [job["locked_at"] for job in jobs if job["task_identifier"] == "hold"]
-            return locked[0] if locked and locked[0] is not None else None
-
-        locked_at = wait_for(held, timeout=60)
-        # the queue label: named queues and every task (graphile-worker's own tables list them)
-        with psycopg.connect(postgres_dsn) as connection:
-            known = {
-                row[0]
-                for row in connection.execute(
-                    "SELECT queue_name FROM graphile_worker._private_job_queues"
-                    " UNION SELECT identifier FROM graphile_worker._private_tasks"
-                )
-            }
-        assert {"emails", "slow", "send_email", "explode", "flaky", "later", "hold"} <= known
-        exporter = run_exporter(
-            postgres_dsn=postgres_dsn,
-            preset=[{"name": "graphile_worker", "params": {"locked_interval": 0.5}}],
-        )
-        holding = [True]
-
-        def mismatches(series: Series, scraped_at: float) -> list[str]:
-            found = []
-            jobs, now = graphile.jobs()
-            depths: Counter[tuple[str, str]] = Counter({(q, s): 0 for q in known for s in STATES})
-            due: Counter[str] = Counter()
-            for job in jobs:
-                queue = job["queue_name"] or job["task_identifier"]
-                state = _state(job, now)
-                depths[queue, state] += 1
-                if state == "pending" and job["run_at"] > job["created_at"]:
-                    due[queue] += 1
-            expected = {key: float(n) for key, n in depths.items()}
-            served = _served(series, "queue_depth")
-            if served != expected:
-                found.append(f"queue_depth: served {served}, graphile-worker says {expected}")
-            served_due = {q: n for (q, _), n in _served(series, "queue_scheduled_due").items()}
-            if served_due != {q: float(n) for q, n in due.items()}:
-                found.append(f"queue_scheduled_due: served {served_due}, graphile says {due}")
-            ages = _served(series, "queue_oldest_age_seconds")
-            first = min(
-                job["run_at"]
-                for job in jobs
-                if job["task_identifier"] == "later" and job["run_at"] <= now
-            )
-            later = ages.get(("later", "pending"))
-            if later is None or not scraped_at - 1 - first <= later <= now - first:
-                found.append(f"later pending age {later}: run_at {first}")
-            slow = ages.get(("slow", "active"))
-            if holding[0] and (slow is None or not abs(slow - (now - locked_at)) < 3):
-                found.append(f"slow active age {slow}: locked_at {locked_at}")
-            if not holding[0] and slow is not None:
-                found.append(f"slow active age {slow} served with nothing running")
-            extra = set(ages) - {("later", "pending"), ("slow", "active")}
-            if extra:
-                found.append(f"ages served for {sorted(extra)}")
-            for source in SOURCES:
-                if value(series, "queue_exporter_source_up", source=source) != 1:
-                    found.append(f"{source} is not up")
-            return found
-
-        wait_until_served_as_truth(exporter, mismatches)
-        graphile.release.touch()  # the held job completes (and is deleted): active drops to 0
-        holding[0] = False
-        wait_until_served_as_truth(exporter, mismatches)
-        assert "hold" not in graphile.names()
-    finally:
-        graphile.release.touch()
-        stop_process(worker, 15)
 
 
 def test_hot_path_reads_graphile_workers_main_index(
@@ -322,7 +230,7 @@ def test_estimate_serves_the_planners_locked_and_failed_counts_without_a_scan(
     graphile.seed()
     _fill_for_the_estimate(postgres_dsn)
     jobs, now = graphile.jobs()
-    states = Counter(_state(job, now) for job in jobs)
+    states = Counter(graphile_state(job, now) for job in jobs)
     truth = {"active": states["active"], "failed": states["failed"]}
     report = sum(1 for job in jobs if job["task_identifier"] == "report")
     tolerance = {state: _sample_tolerance(postgres_dsn, n) for state, n in truth.items()}

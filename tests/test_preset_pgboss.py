@@ -4,6 +4,9 @@ tests/node/pgboss.cjs drives pg-boss (tests/node/pgboss<major>): PgBoss.start() 
 schema, createQueue the queues, send() the jobs (some for later, one cancelled), and work()
 handlers complete, fail, fail into an hour-long retry wait, and hold one job running. The truth is
 pg-boss's own getQueueSize (waiting; and before 'completed') and getJobById of every job.
+
+Depths, due jobs and ages as pg-boss says them are checked by the conformance harness
+(tests/conformance/adapters/postgres_queues.py), with these drivers; here: the rest.
 """
 
 from __future__ import annotations
@@ -41,7 +44,6 @@ from tests.conftest import (
 NODE = Path(__file__).parent / "node"
 QUEUES = ("emails", "reports", "slow", "idle")
 STATES = ("pending", "scheduled", "retry", "active")
-SOURCES = ("postgres:pgboss_jobs", "postgres:pgboss_due", "postgres:pgboss_active")
 
 
 def _missing(what: str) -> None:
@@ -110,21 +112,21 @@ def pgboss(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) ->
     boss.release.touch()
 
 
-def _time(text: str | None) -> float | None:
+def pg_time(text: str | None) -> float | None:
     return None if text is None else datetime.fromisoformat(text).timestamp()
 
 
-def _expected(truth: dict[str, Any]) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
+def library_depths(truth: dict[str, Any]) -> tuple[dict[tuple[str, str], float], dict[str, float]]:
     """Depth per (queue, state) and due per queue, from getJobById of every job."""
     now = truth["now"]
     depths: Counter[tuple[str, str]] = Counter({(q, s): 0 for q in QUEUES for s in STATES})
     due: Counter[str] = Counter()
     for job in truth["jobs"]:
-        start_after = _time(job["startAfter"])
+        start_after = pg_time(job["startAfter"])
         assert start_after is not None
         if job["state"] == "created":
             depths[job["queue"], "scheduled" if start_after > now else "pending"] += 1
-            if start_after <= now and start_after > (_time(job["createdOn"]) or 0):
+            if start_after <= now and start_after > (pg_time(job["createdOn"]) or 0):
                 due[job["queue"]] += 1
         elif job["state"] in ("retry", "active"):
             depths[job["queue"], job["state"]] += 1
@@ -142,103 +144,6 @@ def _served(series: Series, name: str) -> dict[tuple[str, str], float]:
         for (metric, label_set), number in series.items()
         if metric == name and (labels := dict(label_set)).get("system") == "pgboss"
     }
-
-
-class ReadTimes:
-    """When a source's served values were read, from its successes as the exporter serves them
-    (queue_exporter_source_last_success_timestamp_seconds): after the success before it (its
-    cycles run one after another; the first after the exporter started), before its own. An
-    age must be the time since `since` at a moment between the two: no margin of our own, and
-    however late a loaded host lets the test look."""
-
-    def __init__(self, exporter_started: float) -> None:
-        self.started = exporter_started
-        self.successes: dict[str, set[float]] = {}
-
-    def age_agrees(self, series: Series, source: str, age: float | None, since: float) -> bool:
-        last = value(series, "queue_exporter_source_last_success_timestamp_seconds", source=source)
-        if last is None or age is None:
-            return False
-        seen = self.successes.setdefault(source, set())
-        after = max((t for t in seen if t < last), default=self.started)
-        seen.add(last)
-        # pg-boss' times come to the test in milliseconds: `since` may be up to 1 ms early
-        return after - since - 0.001 <= age <= last - since
-
-
-def test_depths_ages_and_due_equal_what_pgboss_says(
-    pgboss: PgBoss, postgres_dsn: str, run_exporter: Any
-) -> None:
-    pgboss.seed()
-    seeded = pgboss.truth()
-    worker = pgboss.worker()
-    try:
-
-        def settled() -> dict[str, Any] | None:
-            truth = pgboss.truth()
-            states = Counter((job["queue"], job["state"]) for job in truth["jobs"])
-            done = (
-                states["emails", "completed"] == 4
-                and states["emails", "failed"] == 2
-                and states["slow", "active"] == 1
-                and states["reports", "retry"] == 1
-            )
-            return truth if done else None
-
-        running = wait_for(settled, timeout=60)
-        started = {
-            job["queue"]: _time(job["startedOn"])
-            for job in running["jobs"]
-            if job["state"] == "active"
-        }
-        reads = ReadTimes(time.time())
-        exporter = run_exporter(
-            postgres_dsn=postgres_dsn,
-            preset=[{"name": "pgboss", "params": {"active_interval": 0.5}}],
-        )
-        idle_first = min(
-            _time(job["startAfter"]) or 0 for job in seeded["jobs"] if job["queue"] == "idle"
-        )
-        holding = [True]
-
-        def mismatches(series: Series, scraped_at: float) -> list[str]:
-            found = []
-            truth = pgboss.truth()
-            depths, due = _expected(truth)
-            served = _served(series, "queue_depth")
-            if served != depths:
-                found.append(f"queue_depth: served {served}, pg-boss says {depths}")
-            served_due = {q: n for (q, _), n in _served(series, "queue_scheduled_due").items()}
-            if served_due != due:
-                found.append(f"queue_scheduled_due: served {served_due}, pg-boss says {due}")
-            ages = _served(series, "queue_oldest_age_seconds")
-            # ages on the database clock, read between the source's two last successes
-            idle = ages.get(("idle", "pending"))
-            if not reads.age_agrees(series, "postgres:pgboss_jobs", idle, idle_first):
-                found.append(f"idle pending age {idle}: first start_after {idle_first}")
-            slow = ages.get(("slow", "active"))
-            active_agrees = reads.age_agrees(
-                series, "postgres:pgboss_active", slow, started["slow"]
-            )
-            if holding[0] and not active_agrees:
-                found.append(f"slow active age {slow}: started_on {started['slow']}")
-            if not holding[0] and slow is not None:
-                found.append(f"slow active age {slow} served with nothing running")
-            extra = set(ages) - {("idle", "pending"), ("slow", "active")}
-            if extra:
-                found.append(f"ages served for {sorted(extra)}")
-            for source in SOURCES:
-                if value(series, "queue_exporter_source_up", source=source) != 1:
-                    found.append(f"{source} is not up")
-            return found
-
-        wait_until_served_as_truth(exporter, mismatches)
-        pgboss.release.touch()  # the held job completes: active drops to 0, its age goes
-        holding[0] = False
-        wait_until_served_as_truth(exporter, mismatches)
-    finally:
-        pgboss.release.touch()
-        stop_process(worker, 15)
 
 
 def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
@@ -457,7 +362,7 @@ def test_estimate_on_pgboss12_is_refused_naming_why(
         # seeded: 5 idle jobs now and one a second later (pending too once a loaded host gets
         # here after that second): what pg-boss says, not a count of our own
         served = _served(series, "queue_depth")
-        depths, _due = _expected(boss.truth())
+        depths, _due = library_depths(boss.truth())
         waiting = {key: n for key, n in depths.items() if key[1] != "active"}  # refused here
         return [] if served == waiting else [f"served {served}, pg-boss says {waiting}"]
 

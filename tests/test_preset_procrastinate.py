@@ -5,6 +5,9 @@ tasks and run by a real `procrastinate worker` process (tests/procrastinate_app)
 fail, fail into an hour-long retry wait, wait for a schedule, are cancelled, and one keeps
 running. The truth is JobManager.list_jobs / list_queues (status, scheduled_at, attempts of each
 job) and the times this test saw around each defer and start.
+
+Depths, due jobs and ages as Procrastinate says them are checked by the conformance harness
+(tests/conformance/adapters/postgres_queues.py), with these drivers; here: the rest.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import psycopg
 import pytest
 
 from exporter import presets
-from tests.conftest import Series, stop_process, value, wait_for, wait_until_served_as_truth
+from tests.conftest import Series, value, wait_for, wait_until_served_as_truth
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKED_QUEUES = ("emails", "reports", "slow")
@@ -50,7 +53,7 @@ def _worker(dsn: str, queues: tuple[str, ...]) -> subprocess.Popen[bytes]:
     )  # fmt: skip
 
 
-def _state(job: Any, now: float) -> str | None:
+def procrastinate_state(job: Any, now: float) -> str | None:
     """The preset's state of a job, from what Procrastinate's own API says of it."""
     if job.status == "doing":
         return "active"
@@ -59,133 +62,6 @@ def _state(job: Any, now: float) -> str | None:
     if job.scheduled_at is not None and job.scheduled_at.timestamp() > now:
         return "retry" if job.attempts > 0 else "scheduled"
     return "pending"
-
-
-def _library_depths(app: procrastinate.App, now: float) -> Counter[tuple[str, str]]:
-    depths: Counter[tuple[str, str]] = Counter()
-    for queue in app.job_manager.list_queues():
-        for state in ("pending", "scheduled", "retry", "active"):
-            depths[queue["name"], state] += 0
-    for job in app.job_manager.list_jobs():
-        state = _state(job, now)
-        if state is not None:
-            depths[job.queue, state] += 1
-    return depths
-
-
-def _served(series: Series, name: str, **labels: str) -> dict[tuple[str, ...], float]:
-    wanted = {"system": "procrastinate", **labels}
-    return {
-        tuple(sorted(dict(label_set).items())): number
-        for (metric, label_set), number in series.items()
-        if metric == name and wanted.items() <= dict(label_set).items()
-    }
-
-
-def test_depths_ages_and_due_equal_what_procrastinate_says(
-    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any, tmp_path: Path
-) -> None:
-    app = procrastinate_app
-    release = tmp_path / "release"
-    deferred_before = time.time()
-    for n in range(4):
-        app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}@example.com")
-    for _ in range(2):
-        app.tasks["explode"].configure(queue="emails").defer()
-    app.tasks["flaky"].configure(queue="reports").defer()
-    for _ in range(3):
-        app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1}).defer(to="x")
-    cancelled = app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1})
-    app.job_manager.cancel_job_by_id(cancelled.defer(to="nobody"))
-    app.tasks["hold"].configure(queue="slow").defer(release=str(release))
-    # No worker listens to "idle": its jobs wait, the first since its defer.
-    for n in range(5):
-        app.tasks["send_email"].configure(queue="idle").defer(to=f"later{n}")
-    deferred_after = time.time()
-    app.tasks["send_email"].configure(queue="idle", schedule_in={"seconds": 1}).defer(to="due")
-
-    started_before = time.time()
-    worker = _worker(postgres_dsn, WORKED_QUEUES)
-    try:
-
-        def settled() -> bool:
-            jobs = app.job_manager.list_jobs()
-            statuses = Counter((job.task_name, job.status) for job in jobs)
-            return (
-                statuses["send_email", "succeeded"] == 4
-                and statuses["explode", "failed"] == 2
-                and statuses["hold", "doing"] == 1
-                and any(job.task_name == "flaky" and job.attempts == 1 for job in jobs)
-            )
-
-        wait_for(settled, timeout=60)
-        started_after = time.time()
-        wait_for(lambda: time.time() > deferred_after + 1.5)  # the scheduled "idle" job is due
-
-        holding = [True]  # while the held job runs, "slow" has an active age
-        exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
-
-        def mismatches(series: Series, scraped_at: float) -> list[str]:
-            found = []
-            truth = _library_depths(app, scraped_at)
-            served = _served(series, "queue_depth")
-            expected = {
-                (("priority", ""), ("queue", queue), ("state", state), ("system", "procrastinate")):
-                    float(count)
-                for (queue, state), count in truth.items()
-            }  # fmt: skip
-            if served != expected:
-                found.append(f"queue_depth: served {served}, Procrastinate says {expected}")
-            due = sum(
-                1
-                for job in app.job_manager.list_jobs(status="todo")
-                if job.scheduled_at is not None and job.scheduled_at.timestamp() <= scraped_at
-            )
-            served_due = _served(series, "queue_scheduled_due", queue="idle")
-            if list(served_due.values()) != [float(due)]:
-                found.append(f"queue_scheduled_due: served {served_due}, Procrastinate says {due}")
-            ages = _served(series, "queue_oldest_age_seconds")
-            idle = ages.get(_key("idle", "pending"))
-            if (
-                idle is None
-                or not scraped_at - deferred_after - 1 <= idle <= scraped_at - deferred_before + 1
-            ):
-                found.append(f"idle pending age {idle}: deferred in [{deferred_before}, {deferred_after}]")  # fmt: skip
-            running = ages.get(_key("slow", "active"))
-            if not holding[0]:
-                if running is not None:
-                    found.append(f"slow active age {running} served with nothing running")
-            elif (
-                running is None
-                or not scraped_at - started_after - 1 <= running <= scraped_at - started_before + 1
-            ):
-                found.append(f"slow active age {running}: started in [{started_before}, {started_after}]")  # fmt: skip
-            # Scheduled and retry wait on purpose: no age; an empty state has none either.
-            extra = set(ages) - {_key("idle", "pending"), _key("slow", "active")}
-            if extra:
-                found.append(f"ages served for {sorted(extra)}")
-            for source in SOURCES:
-                if value(series, "queue_exporter_source_up", source=source) != 1:
-                    found.append(f"{source} is not up")
-            return found
-
-        wait_until_served_as_truth(exporter, mismatches)
-        # The list_queues totals (Procrastinate's own per-queue counts) agree with list_jobs.
-        queues = {queue["name"]: queue for queue in app.job_manager.list_queues()}
-        assert queues["reports"]["todo"] == 4 and queues["reports"]["cancelled"] == 1
-        assert queues["slow"]["doing"] == 1
-
-        release.touch()  # the held job ends: active drops to 0, and its age goes
-        holding[0] = False
-        wait_for(lambda: app.job_manager.list_jobs(status="doing") == [], timeout=30)
-        wait_until_served_as_truth(exporter, mismatches)
-    finally:
-        release.touch()
-        stop_process(worker, 15)
-
-
-def _key(queue: str, state: str) -> tuple[tuple[str, str], ...]:
-    return (("priority", ""), ("queue", queue), ("state", state), ("system", "procrastinate"))
 
 
 def _preset_queries() -> list[str]:

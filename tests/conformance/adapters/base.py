@@ -3,7 +3,7 @@ and its truth (the library's own API, mapped to the exporter's states: tests/con
 
 `phases()` is a generator: it sets the scenario up, then yields, per phase, a function giving
 the truth for a scrape made at a time (epoch seconds; most truths are read once, some at each
-scrape); the test checks every run of the exporter against it, then resumes the generator for
+scrape), alone or with the names of the only runs it applies to; the test checks every run of the exporter against it, then resumes the generator for
 the next phase. The generator's `finally` stops what it started.
 """
 
@@ -21,6 +21,8 @@ import pytest
 from tests.conformance.checks import Truth
 
 TruthAt = Callable[[float], Truth]
+# a phase: its truth, or its truth and the only runs (variants) it applies to
+Phase = TruthAt | tuple[TruthAt, tuple[str, ...]]
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -46,7 +48,7 @@ class Adapter:
         today (then the defaults run names that as a gap)."""
         return {"defaults": [self.system]}
 
-    def phases(self) -> Iterator[TruthAt]:
+    def phases(self) -> Iterator[Phase]:
         raise NotImplementedError
 
 

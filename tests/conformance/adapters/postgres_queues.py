@@ -1,0 +1,287 @@
+"""pg-boss 10/12, graphile-worker 0.16/0.18 and Procrastinate: their own migrations, their
+own enqueue and workers; the truth is read from the library at each scrape (getJobById of every
+job, graphile-worker's public `jobs` view, Procrastinate's JobManager)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import procrastinate
+import psycopg
+
+from exporter import presets
+from tests.conformance.adapters.base import Adapter, Phase
+from tests.conformance.checks import Age, ReadAge, Truth
+from tests.conftest import stop_process, wait_for
+from tests.test_preset_graphile_worker import STATES as GRAPHILE_STATES
+from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
+from tests.test_preset_pgboss import PgBoss, library_depths, pg_time
+from tests.test_preset_procrastinate import SOURCES as PROCRASTINATE_SOURCES_UP
+from tests.test_preset_procrastinate import WORKED_QUEUES, procrastinate_state
+from tests.test_preset_procrastinate import _worker as procrastinate_worker
+
+PGBOSS_SOURCES = ("postgres:pgboss_jobs", "postgres:pgboss_due", "postgres:pgboss_active")
+GRAPHILE_SOURCES = (
+    "postgres:graphile_worker_jobs",
+    "postgres:graphile_worker_due",
+    "postgres:graphile_worker_locked",
+)
+
+
+def interval_of(system: str, collector: str) -> float:
+    """A collector's interval with the preset's defaults."""
+    collectors = presets.expand(system)["sources"]["postgres"]["collectors"]
+    return float(next(c for c in collectors if c["name"] == collector)["interval"])
+
+
+class PgBossAdapter(Adapter):
+    """send() jobs (some for later, one cancelled); work() handlers complete, fail, fail into an
+    hour-long retry wait and hold one job running, then let it complete."""
+
+    system = "pgboss"
+    backend = "postgres"
+    versions: ClassVar[tuple[Any, ...]] = (10, 12)
+
+    def variants(self) -> dict[str, list[Any]]:
+        # with the defaults, active jobs are read every active_interval (30 s): a change of them
+        # shows that late, so only the run reading them every 0.5 s follows the release
+        tuned = {"name": "pgboss", "params": {"active_interval": 0.5}}
+        return {**super().variants(), "tuned": [tuned]}
+
+    def phases(self) -> Iterator[Phase]:
+        boss = PgBoss(self.version, self.backend_url, self.tmp_path)
+        boss.seed()
+        seeded = boss.truth()
+        worker = boss.worker()
+        try:
+
+            def settled() -> dict[str, Any] | None:
+                library = boss.truth()
+                states = Counter((job["queue"], job["state"]) for job in library["jobs"])
+                done = (
+                    states["emails", "completed"] == 4
+                    and states["emails", "failed"] == 2
+                    and states["slow", "active"] == 1
+                    and states["reports", "retry"] == 1
+                )
+                return library if done else None
+
+            running = wait_for(settled, timeout=60)
+            started = next(
+                pg_time(job["startedOn"]) for job in running["jobs"] if job["state"] == "active"
+            )
+            idle_first = min(
+                pg_time(job["startAfter"]) or 0 for job in seeded["jobs"] if job["queue"] == "idle"
+            )
+            assert started is not None
+
+            def truth(holding: bool) -> Truth:
+                library = boss.truth()
+                depths, due = library_depths(library)
+                # ages on the database clock, read between the source's two last successes
+                ages: dict[tuple[str, str], Any] = {
+                    ("idle", "pending"): ReadAge(idle_first, "postgres:pgboss_jobs"),
+                    ("slow", "active"): (
+                        ReadAge(started, "postgres:pgboss_active") if holding else None
+                    ),
+                }
+                return Truth(
+                    "pgboss",
+                    library["now"],
+                    depths,
+                    exact_states=True,
+                    due=due,
+                    exact_due=True,
+                    ages=ages,
+                    exact_ages=True,
+                    sources_up=PGBOSS_SOURCES,
+                )
+
+            yield lambda _at: truth(holding=True)
+            boss.release.touch()  # the held job completes: active drops to 0, its age goes
+            assert interval_of("pgboss", "pgboss_active") == 30, "known gap closed: check defaults"
+            yield (lambda _at: truth(holding=False)), ("tuned",)
+        finally:
+            boss.release.touch()
+            stop_process(worker, 15)
+
+
+class GraphileWorkerAdapter(Adapter):
+    """addJob (some for later, one removed with remove_job); runOnce completes, fails for good
+    and fails into a retry pushed an hour out; a run() worker holds one job, then lets it go."""
+
+    system = "graphile_worker"
+    backend = "postgres"
+    versions: ClassVar[tuple[Any, ...]] = ("016", "018")
+
+    def variants(self) -> dict[str, list[Any]]:
+        # with the defaults, locked jobs are read every locked_interval (30 s)
+        tuned = {"name": "graphile_worker", "params": {"locked_interval": 0.5}}
+        return {**super().variants(), "tuned": [tuned]}
+
+    def phases(self) -> Iterator[Phase]:
+        graphile = GraphileWorker(self.version, self.backend_url, self.tmp_path)
+        graphile.seed()
+        worker = graphile.worker()
+        try:
+
+            def held() -> float | None:
+                jobs, _ = graphile.jobs()
+                locked = [job["locked_at"] for job in jobs if job["task_identifier"] == "hold"]
+                return locked[0] if locked and locked[0] is not None else None
+
+            locked_at = wait_for(held, timeout=60)
+            # the queue label: named queues and every task (graphile-worker's own tables)
+            with psycopg.connect(self.backend_url) as connection:
+                known = {
+                    row[0]
+                    for row in connection.execute(
+                        "SELECT queue_name FROM graphile_worker._private_job_queues"
+                        " UNION SELECT identifier FROM graphile_worker._private_tasks"
+                    )
+                }
+            assert {"emails", "slow", "send_email", "explode", "flaky", "later", "hold"} <= known
+
+            def truth(holding: bool) -> Truth:
+                jobs, now = graphile.jobs()
+                depths = Counter({(q, s): 0 for q in known for s in GRAPHILE_STATES})
+                due: Counter[str] = Counter()
+                for job in jobs:
+                    queue = job["queue_name"] or job["task_identifier"]
+                    state = graphile_state(job, now)
+                    depths[queue, state] += 1
+                    if state == "pending" and job["run_at"] > job["created_at"]:
+                        due[queue] += 1
+                first = min(
+                    job["run_at"]
+                    for job in jobs
+                    if job["task_identifier"] == "later" and job["run_at"] <= now
+                )
+                ages: dict[tuple[str, str], Age | None] = {
+                    # the truth is read after the scrape: no slack above it
+                    ("later", "pending"): Age.at(first, below=1, above=0),
+                    ("slow", "active"): Age.at(locked_at, 3, 3) if holding else None,
+                }
+                return Truth(
+                    "graphile_worker",
+                    now,
+                    {key: float(n) for key, n in depths.items()},
+                    exact_states=True,
+                    due={q: float(n) for q, n in due.items()},
+                    exact_due=True,
+                    ages=ages,
+                    exact_ages=True,
+                    sources_up=GRAPHILE_SOURCES,
+                )
+
+            yield lambda _at: truth(holding=True)
+            graphile.release.touch()  # the held job completes (and is deleted): active drops to 0
+            interval = interval_of("graphile_worker", "graphile_worker_locked")
+            assert interval == 30, "known gap closed: check the defaults"
+            yield (lambda _at: truth(holding=False)), ("tuned",)
+            assert "hold" not in graphile.names()
+        finally:
+            graphile.release.touch()
+            stop_process(worker, 15)
+
+
+class ProcrastinateAdapter(Adapter):
+    """Jobs deferred through Procrastinate's tasks and run by a real `procrastinate worker`:
+    they succeed, fail, fail into an hour-long retry wait, wait for a schedule, are cancelled,
+    and one keeps running until released; the truth is JobManager.list_jobs / list_queues and
+    the times the adapter saw around each defer and start."""
+
+    system = "procrastinate"
+    backend = "postgres"
+
+    def phases(self) -> Iterator[Phase]:
+        from tests.procrastinate_app.tasks import app as unbound
+
+        connector = procrastinate.PsycopgConnector(conninfo=self.backend_url)
+        with unbound.replace_connector(connector) as app, app.open():
+            app.schema_manager.apply_schema()
+            yield from self._phases(app)
+
+    def _phases(self, app: procrastinate.App) -> Iterator[Phase]:
+        release = self.tmp_path / "release"
+        deferred_before = time.time()
+        for n in range(4):
+            app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}@example.com")
+        for _ in range(2):
+            app.tasks["explode"].configure(queue="emails").defer()
+        app.tasks["flaky"].configure(queue="reports").defer()
+        for _ in range(3):
+            later = app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1})
+            later.defer(to="x")
+        cancelled = app.tasks["send_email"].configure(queue="reports", schedule_in={"hours": 1})
+        app.job_manager.cancel_job_by_id(cancelled.defer(to="nobody"))
+        app.tasks["hold"].configure(queue="slow").defer(release=str(release))
+        # No worker listens to "idle": its jobs wait, the first since its defer.
+        for n in range(5):
+            app.tasks["send_email"].configure(queue="idle").defer(to=f"later{n}")
+        deferred_after = time.time()
+        app.tasks["send_email"].configure(queue="idle", schedule_in={"seconds": 1}).defer(to="due")
+
+        started_before = time.time()
+        worker = procrastinate_worker(self.backend_url, WORKED_QUEUES)
+        try:
+
+            def settled() -> bool:
+                jobs = app.job_manager.list_jobs()
+                statuses = Counter((job.task_name, job.status) for job in jobs)
+                return (
+                    statuses["send_email", "succeeded"] == 4
+                    and statuses["explode", "failed"] == 2
+                    and statuses["hold", "doing"] == 1
+                    and any(job.task_name == "flaky" and job.attempts == 1 for job in jobs)
+                )
+
+            wait_for(settled, timeout=60)
+            started_after = time.time()
+            wait_for(lambda: time.time() > deferred_after + 1.5)  # the scheduled "idle" job is due
+
+            def truth(scraped_at: float, holding: bool) -> Truth:
+                depths: Counter[tuple[str, str]] = Counter()
+                for queue in app.job_manager.list_queues():
+                    for state in ("pending", "scheduled", "retry", "active"):
+                        depths[queue["name"], state] += 0
+                due = 0
+                for job in app.job_manager.list_jobs():
+                    state = procrastinate_state(job, scraped_at)
+                    if state is not None:
+                        depths[job.queue, state] += 1
+                    scheduled = job.scheduled_at
+                    if job.status == "todo" and scheduled and scheduled.timestamp() <= scraped_at:
+                        due += 1
+                # Scheduled and retry wait on purpose: no age; an empty state has none either.
+                ages: dict[tuple[str, str], Age | None] = {
+                    ("idle", "pending"): Age(deferred_before, deferred_after, 1, 1),
+                    ("slow", "active"): (
+                        Age(started_before, started_after, 1, 1) if holding else None
+                    ),
+                }
+                return Truth(
+                    "procrastinate",
+                    scraped_at,
+                    {key: float(n) for key, n in depths.items()},
+                    exact_states=True,
+                    due={"idle": float(due)},
+                    ages=ages,
+                    exact_ages=True,
+                    sources_up=PROCRASTINATE_SOURCES_UP,
+                )
+
+            yield lambda at: truth(at, holding=True)
+            # The list_queues totals (Procrastinate's own per-queue counts) agree with list_jobs.
+            queues = {queue["name"]: queue for queue in app.job_manager.list_queues()}
+            assert queues["reports"]["todo"] == 4 and queues["reports"]["cancelled"] == 1
+            assert queues["slow"]["doing"] == 1
+            release.touch()  # the held job ends: active drops to 0, and its age goes
+            wait_for(lambda: app.job_manager.list_jobs(status="doing") == [], timeout=30)
+            yield lambda at: truth(at, holding=False)
+        finally:
+            release.touch()
+            stop_process(worker, 15)
