@@ -46,7 +46,7 @@ DEBIAN_TOOLS=(
 # here and its constraints file; a test finds it at .venv/tools/<name>.
 TOOL_VENVS=(
   "checkov checkov==3.3.30" # the chart's security checks: pins packaging<24, pytest 9 refuses that
-  "rq2 rq>=2,<3"            # tests/test_native_rq.py: RQ's own counts under every major
+  "rq2 rq>=2,<3"            # tests/conformance/ (rq): RQ's own counts under every major
   "rq1 rq>=1,<2"
   "arq arq==0.28.0"         # pins redis-py below 6: tests/conformance/ (arq)
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x

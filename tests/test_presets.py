@@ -1,7 +1,7 @@
 """Each preset against its system's real layout, written with the commands that system issues.
 
 The systems with a library are tested with the real libraries and workers: the conformance
-harness (tests/conformance/), test_native_rq.py, test_native_celery.py.
+harness (tests/conformance/) and test_native_celery.py.
 """
 
 from __future__ import annotations

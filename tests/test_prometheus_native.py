@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.conformance.adapters.rq import stop_rq_worker as stop_rq
 from tests.conftest import wait_for
 from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
 from tests.test_native_celery import _stop as stop_celery
-from tests.test_native_rq import _stop as stop_rq
 from tests.test_prometheus_e2e import FAST_RULES, SCRAPE_JOB, Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent

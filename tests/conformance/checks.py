@@ -13,7 +13,7 @@ a mismatch, so a gap neither hides a regression nor outlives its fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tests.conftest import Series, value
@@ -73,17 +73,20 @@ class Truth:
 
     system: str
     taken_at: float  # epoch seconds when the library was read
-    depths: dict[State, float]
+    depths: dict[State, float] | None  # None: a phase that checks no depth
     # every (queue, state) served must be in depths; else only the queues must be the same
     exact_states: bool = False
     due: dict[str, float] = field(default_factory=dict)
     exact_due: bool = False  # no due count served for a queue not in due
     ages: dict[State, Age | ReadAge | None] = field(default_factory=dict)  # None: no age served
     exact_ages: bool = False  # no age served for a (queue, state) not in ages
-    # (metric, queue) -> the sum of the metric over the queue's series (counters, workers)
-    totals: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (metric, queue, "label=value"...) -> the sum of the metric over the queue's series with
+    # those labels (counters, workers); no series counts as 0
+    totals: dict[tuple[str, ...], float] = field(default_factory=dict)
     sources_up: tuple[str, ...] = ()
     gaps: tuple[Gap, ...] = ()
+    # what only this system records, checked on the same scrape: its differences
+    extra: Callable[[Series], list[str]] | None = None
 
 
 class ReadTimes:
@@ -164,29 +167,35 @@ def mismatches(
 ) -> list[str]:
     """Every difference between the served series and the library's truth, for one run."""
     checker = _Checker(gap for gap in truth.gaps if gap.variant == variant)
-    _queues_and_depths(checker, series, truth)
+    if truth.depths is not None:
+        _queues_and_depths(checker, series, truth, truth.depths)
     _due(checker, series, truth)
     _ages(checker, series, truth, scraped_at, reads)
-    for (metric, queue), expected in sorted(truth.totals.items()):
-        served = served_sum(series, truth.system, metric, queue=queue)
-        checker.check(f"total {metric} {queue}", served, served == expected, f"truth {expected}")
+    for (metric, queue, *pairs), expected in sorted(truth.totals.items()):
+        labels = dict(pair.split("=", 1) for pair in pairs)
+        served = served_sum(series, truth.system, metric, queue=queue, **labels) or 0
+        key = " ".join(["total", metric, queue, *pairs])
+        checker.check(key, served, served == expected, f"truth {expected}")
     for source in truth.sources_up:
         up = value(series, "queue_exporter_source_up", source=source)
         checker.check(f"up {source}", up, up == 1, "must be up")
-    return checker.found + checker.unused()
+    extra = [] if truth.extra is None else truth.extra(series)
+    return checker.found + extra + checker.unused()
 
 
-def _queues_and_depths(checker: _Checker, series: Series, truth: Truth) -> None:
+def _queues_and_depths(
+    checker: _Checker, series: Series, truth: Truth, depths: dict[State, float]
+) -> None:
     system = truth.system
     served = served_keys(series, system, "queue_depth")
     if truth.exact_states:
-        extra = sorted(served - set(truth.depths))
+        extra = sorted(served - set(depths))
         checker.check("states", extra, not extra, "served for no state the library has")
     queues = sorted({queue for queue, _ in served})
-    expected = sorted({queue for queue, _ in truth.depths})
+    expected = sorted({queue for queue, _ in depths})
     checker.check("queues", queues, queues == expected, f"truth {expected}")
     per_state: dict[str, float] = {}
-    for (queue, state), count in sorted(truth.depths.items()):
+    for (queue, state), count in sorted(depths.items()):
         depth = served_value(series, system, "queue_depth", queue=queue, state=state)
         checker.check(f"depth {queue} {state}", depth, depth == count, f"truth {count}")
         per_state[state] = per_state.get(state, 0) + count

@@ -33,11 +33,13 @@ from tests.conformance.adapters.python_queues import (
     HueyAdapter,
     SaqAdapter,
 )
+from tests.conformance.adapters.rq import RqAdapter
 from tests.conformance.adapters.sidekiq import SidekiqAdapter
 from tests.conformance.checks import ReadTimes, mismatches
 from tests.conftest import Series, wait_until_served_as_truth
 
 ADAPTERS: list[type[Adapter]] = [
+    RqAdapter,
     BullMQAdapter,
     BullAdapter,
     BeeQueueAdapter,
