@@ -73,3 +73,15 @@ def sleep_for(seconds: float) -> float:
 @dramatiq.actor(queue_name="reports", max_retries=0)
 def report() -> str:
     return "report"
+
+
+# a queue whose one message dies: only its dead letter is left of it
+@dramatiq.actor(queue_name="graveyard", max_retries=0)
+def doomed() -> None:
+    raise RuntimeError("failing on purpose, into the dead letters")
+
+
+# a queue holding only delayed messages
+@dramatiq.actor(queue_name="digests", max_retries=0)
+def digest() -> str:
+    return "digest"

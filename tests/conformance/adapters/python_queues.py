@@ -192,6 +192,14 @@ class DramatiqAdapter(Adapter):
         python = DRAMATIQ_PYTHONS[self.version]
         require(python, "dramatiq", f"dramatiq{self.version}")
         driver = Dramatiq(python, self.backend_url, self.tmp_path / "events.jsonl")
+        # a queue whose one message died: its dead letter is all that is left of it (Redis
+        # deletes the emptied messages hash)
+        driver.enqueue({"actor": "doomed"})
+        graveyard = driver.worker("graveyard")
+        try:
+            wait_for(lambda: self._events(driver, "graveyard")["dead_lettered"] == 1, timeout=60)
+        finally:
+            stop_process(graveyard, signal.SIGTERM)
         # one worker thread taking one message at a time: two complete, one fails into the
         # dead-letter queue, one fails and waits an hour for its retry, then a long one runs
         driver.enqueue(
@@ -205,23 +213,30 @@ class DramatiqAdapter(Adapter):
         try:
 
             def running() -> bool:
-                kinds = Counter(e["event"] for e in driver.reported())
+                kinds = self._events(driver, "default")
                 return kinds["started"] == 5 and kinds["ended"] == 4 and kinds["dead_lettered"] == 1
 
             wait_for(running, timeout=60, interval=0.3)
             # waiting behind the long one, created 90, 60 and 30 s ago; two delayed by an hour;
-            # and a queue no worker serves nor anyone lists, found by its messages hash
+            # a queue no worker serves nor anyone lists, found by its messages hash; and one
+            # holding only a delayed message, found by its delay queue
             driver.enqueue(
                 *({"actor": "succeed", "age": age} for age in (90, 60, 30)),
                 *({"actor": "succeed", "delay": 3_600_000} for _ in range(2)),
                 {"actor": "report", "age": 200},
+                {"actor": "digest", "delay": 3_600_000},
             )
-            truth = driver.truth(["default", "reports"])
+            truth = driver.truth(["default", "reports", "digests", "graveyard"])
             assert driver.version.split(".")[0] == self.version
-            assert truth.depths["default", "active"] == 1
+            assert truth.depths is not None and truth.depths["default", "active"] == 1
+            assert truth.depths["digests", "scheduled"] == truth.depths["graveyard", "dead_letter"]
             yield fixed(truth)
         finally:
             stop_process(worker, signal.SIGTERM)
+
+    @staticmethod
+    def _events(driver: Dramatiq, queue: str) -> Counter[str]:
+        return Counter(e["event"] for e in driver.reported() if e["queue"] == queue)
 
 
 # Huey 3.x in the project's venv (the dev extra), 2.x in a venv of its own (scripts/setup.sh)
