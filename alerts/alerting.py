@@ -164,7 +164,9 @@ def job_alerts(c: RulesConfig) -> list[AlertRule]:
             f"{{{{ $value | humanizePercentage }}}} of the jobs of {QUEUE} finished with a "
             f"failure over the last {c.rate_window} (threshold "
             f"{{{{ {c.failure_ratio} | humanizePercentage }}}}).",
-            "A large share of jobs fail: a bug, bad input or a failing dependency.",
+            "A large share of jobs fail for good: a bug, bad input or a failing dependency. "
+            "Attempts that were retried are not counted as failures (their share is "
+            f"{n.retry_ratio}).",
             "Jobs dashboard: *Failure ratio by error type* tells retryable from permanent "
             "failures and timeouts; narrow it with the job_type variable.",
             "Look at the failing handler's logs; roll back a recent deploy; fix or isolate the "

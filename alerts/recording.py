@@ -71,8 +71,16 @@ class Names:
         return f"queue:queue_jobs_finished:rate{self.window}"
 
     @property
+    def final_failed_rate(self) -> str:
+        return f"queue:queue_jobs_failed_final:rate{self.window}"
+
+    @property
     def failure_ratio(self) -> str:
         return f"queue:queue_jobs_failure:ratio_rate{self.window}"
+
+    @property
+    def retry_ratio(self) -> str:
+        return f"queue:queue_jobs_retry:ratio_rate{self.window}"
 
     @property
     def failed_by_error_rate(self) -> str:
@@ -136,7 +144,21 @@ def recording_rules(config: RulesConfig) -> list[RecordingRule]:
             f"sum {without(config, *_JOB_DETAIL)} "
             f'(rate({{__name__=~"queue_jobs_completed_total|queue_jobs_failed_total"}}[{window}]))',
         ),
-        RecordingRule(names.failure_ratio, f"{names.jobs_rate('failed')} / {names.finished_rate}"),
+        # A failed attempt that is retried is no failure of the job: final failures are the
+        # failed attempts less the retried ones (a queue with no retry counter retries none).
+        RecordingRule(
+            names.final_failed_rate,
+            f"clamp_min({names.jobs_rate('failed')} - ({names.jobs_rate('retried')} "
+            f"or {names.jobs_rate('failed')} * 0), 0)",
+        ),
+        # The failed share of the jobs that ended for good (completed, or failed and not retried)
+        RecordingRule(
+            names.failure_ratio,
+            f"{names.final_failed_rate} / ({names.final_failed_rate} + "
+            f"({names.jobs_rate('completed')} or {names.final_failed_rate} * 0))",
+        ),
+        # Retries have their own ratio: the retried share of the attempts that ended
+        RecordingRule(names.retry_ratio, f"{names.jobs_rate('retried')} / {names.finished_rate}"),
         RecordingRule(
             names.failed_by_error_rate,
             f"sum {without(config, 'job_type', 'priority')} (rate(queue_jobs_failed_total[{window}]))",
