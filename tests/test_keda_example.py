@@ -1,6 +1,8 @@
 """The KEDA example (helm/examples/keda-autoscaling): rendered with Helm, its ScaledObject held to
 the fields KEDA's CRD requires, and its queries run by promtool against series as the exporter
-serves them: deduplicated across replicas, and 0 (not absent) once an empty queue's key is gone."""
+serves them: deduplicated across replicas, 0 (not absent) once an empty queue's key is gone while
+the exporter's sources are up, and no value at all in an outage (Redis or the exporter): an
+outage never reads as "0 pending", which would scale the workers down."""
 
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ def test_the_queries_read_what_the_exporter_serves(tmp_path):
     (tmp_path / "keda.rules.yml").write_text(yaml.safe_dump(rules))
     labels = 'job="queue-exporter",system="rq",queue="default",priority="",state="pending"'
     other = 'job="queue-exporter",system="rq",queue="reports",priority="",state="pending"'
+    up = 'job="queue-exporter"'
     tests = {
         "rule_files": ["keda.rules.yml"],
         "evaluation_interval": "1m",
@@ -111,6 +114,21 @@ def test_the_queries_read_what_the_exporter_serves(tmp_path):
                         "series": f'queue_oldest_age_seconds{{{labels},instance="a"}}',
                         "values": "90x4",
                     },
+                    # The sources answer until 14m (replica b's Redis source is down all along:
+                    # replica a's answers), then Redis is down (15m-20m), then the exporter is
+                    # gone (no series at all from 21m, none within the lookback from 26m).
+                    {
+                        "series": f'queue_exporter_source_up{{{up},source="redis",instance="a"}}',
+                        "values": "1x14 0x5",
+                    },
+                    {
+                        "series": f'queue_exporter_source_up{{{up},source="redis",instance="b"}}',
+                        "values": "0x20",
+                    },
+                    {
+                        "series": f'queue_exporter_source_up{{{up},source="native:rq",instance="a"}}',
+                        "values": "1x20",
+                    },
                 ],
                 "promql_expr_test": [
                     {
@@ -124,16 +142,20 @@ def test_the_queries_read_what_the_exporter_serves(tmp_path):
                         "exp_samples": [{"labels": "keda:oldest_age", "value": 90}],
                     },
                     # The queue emptied and its key went away: 0, not "no value".
-                    {
-                        "expr": "keda:depth",
-                        "eval_time": "20m",
-                        "exp_samples": [{"labels": "keda:depth", "value": 0}],
-                    },
-                    {
-                        "expr": "keda:oldest_age",
-                        "eval_time": "20m",
-                        "exp_samples": [{"labels": "keda:oldest_age", "value": 0}],
-                    },
+                    *(
+                        {
+                            "expr": expr,
+                            "eval_time": "12m",
+                            "exp_samples": [{"labels": expr, "value": 0}],
+                        }
+                        for expr in ("keda:depth", "keda:oldest_age")
+                    ),
+                    # Redis down, then the exporter gone: no value, never 0.
+                    *(
+                        {"expr": expr, "eval_time": at, "exp_samples": []}
+                        for expr in ("keda:depth", "keda:oldest_age")
+                        for at in ("17m", "28m")
+                    ),
                 ],
             }
         ],
