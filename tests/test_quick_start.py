@@ -1,6 +1,7 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
-data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq), or that the system's documented
+data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
+pg-boss, graphile-worker, Procrastinate), or that the system's documented
 layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
@@ -21,12 +22,23 @@ import pytest
 import redis
 
 from tests.attune_db import Attune
+from tests.conformance.adapters.base import require, run_json
+from tests.conformance.adapters.python_queues import (
+    ARQ_PYTHON,
+    DRAMATIQ_PYTHONS,
+    HUEY_PYTHONS,
+    Dramatiq,
+    Huey,
+)
 from tests.conftest import Series
 from tests.real_queues import BeeQueue, Bull, BullMQ, Sidekiq
+from tests.saq_app.control import driver as saq_driver
+from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
+from tests.test_preset_pgboss import PgBoss, library_depths
 
 ROOT = Path(__file__).resolve().parent.parent
 README_REDIS_URL = "redis://redis:6379/0"
-README_POSTGRES_DSN = "postgresql://exporter@db:5432/attune"
+README_POSTGRES = "postgresql://exporter@db:5432/"  # Attune's database, or the app's
 
 
 def readme_commands() -> dict[str, list[str]]:
@@ -162,6 +174,69 @@ def runnerq_data(redis_client: redis.Redis, **_: Any) -> dict[tuple[str, str], i
     return {("default", "pending"): 3}
 
 
+def arq_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    """Jobs on arq's default queue, arq:queue (the preset's default listing)."""
+    require(ARQ_PYTHON, "arq", "arq")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    driver = [ARQ_PYTHON, "-m", "tests.arq_app.driver", redis_url]
+    plan = [{"queue": "arq:queue", "function": "succeed"}] * 3
+    run_json([*driver, "enqueue", json.dumps(plan)], env)
+    jobs = run_json([*driver, "truth", "arq:queue"], env)["queues"]["arq:queue"]
+    return {("arq:queue", "pending"): sum(1 for job in jobs if job["status"] == "queued")}
+
+
+def dramatiq_data(redis_url: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
+    python = require(DRAMATIQ_PYTHONS["2"], "dramatiq", "dramatiq2")
+    dramatiq = Dramatiq(python, redis_url, tmp_path / "events.jsonl")
+    dramatiq.enqueue(*({"actor": "succeed"} for _ in range(3)))
+    return {("default", "pending"): dramatiq.run("truth", "default")["qsize"]["default"]}
+
+
+def huey_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    """A RedisHuey named huey: the preset's default name."""
+    huey = Huey(require(HUEY_PYTHONS["3"], "huey", "huey3"), redis_url, "huey")
+    huey.enqueue(*({"task": "succeed"} for _ in range(3)))
+    return {("huey", "pending"): huey.truth()["pending"]}
+
+
+def saq_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    plan = [{"queue": "default", "function": "succeed"}] * 2
+    saq_driver(redis_url, "enqueue", json.dumps(plan))
+    return {("default", "pending"): saq_driver(redis_url, "truth", "default")["queues"]["default"]["queued"]}  # fmt: skip
+
+
+def pgboss_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
+    """pg-boss 12's own schema and jobs (tests/node/pgboss.cjs seed): getJobById of each."""
+    boss = PgBoss(12, postgres_dsn, tmp_path)
+    boss.seed()
+    depths, _due = library_depths(boss.truth())
+    return {key: int(n) for key, n in depths.items() if key[1] == "pending" and n}
+
+
+def graphile_worker_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
+    """graphile-worker 0.18's migrations and addJob (tests/node/graphile_worker.cjs seed)."""
+    graphile = GraphileWorker("018", postgres_dsn, tmp_path)
+    graphile.seed()
+    jobs, now = graphile.jobs()
+    pending = [job["queue_name"] or job["task_identifier"] for job in jobs if graphile_state(job, now) == "pending"]  # fmt: skip
+    return {(queue, "pending"): pending.count(queue) for queue in set(pending)}
+
+
+def procrastinate_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
+    """Procrastinate's own schema, jobs deferred through its task."""
+    import procrastinate
+
+    from tests.procrastinate_app.tasks import app as unbound
+
+    connector = procrastinate.PsycopgConnector(conninfo=postgres_dsn)
+    with unbound.replace_connector(connector) as app, app.open():
+        app.schema_manager.apply_schema()
+        for n in range(3):
+            app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}@example.com")
+        todo = app.job_manager.list_jobs(queue="emails", status="todo")
+    return {("emails", "pending"): len(todo)}
+
+
 SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "rq": ("rq", rq_data),
     "celery": ("celery", celery_data),
@@ -169,6 +244,13 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "bull": ("bull", bull_data),
     "bee_queue": ("bee_queue", bee_queue_data),
     "sidekiq": ("sidekiq", sidekiq_data),
+    "arq": ("arq", arq_data),
+    "dramatiq": ("dramatiq", dramatiq_data),
+    "huey": ("huey", huey_data),
+    "saq": ("saq", saq_data),
+    "pgboss": ("pgboss", pgboss_data),
+    "graphile_worker": ("graphile_worker", graphile_worker_data),
+    "procrastinate": ("procrastinate", procrastinate_data),
     "attune": ("attune", attune_data),
     "orchestrata": ("orchestrata", orchestrata_data),
     "runnerq": ("runnerq", runnerq_data),
@@ -185,15 +267,17 @@ def test_the_readme_command_serves_the_library_s_own_counts(
 ) -> None:
     argv = readme_commands()[preset]
     system, write = SYSTEMS[preset]
-    backends: dict[str, Any] = {}
-    if README_POSTGRES_DSN in argv:
+    backends: dict[str, Any] = {"tmp_path": request.getfixturevalue("tmp_path")}
+    if any(word.startswith(README_POSTGRES) for word in argv):
         backends["postgres_dsn"] = request.getfixturevalue("postgres_dsn")
-        argv = [backends["postgres_dsn"] if word == README_POSTGRES_DSN else word for word in argv]
+        argv = [
+            backends["postgres_dsn"] if word.startswith(README_POSTGRES) else word for word in argv
+        ]
     else:
         for name in ("redis_db", "redis_url", "redis_client"):
             backends[name] = request.getfixturevalue(name)
         argv = [backends["redis_url"] if word == README_REDIS_URL else word for word in argv]
-    assert README_REDIS_URL not in argv and README_POSTGRES_DSN not in argv
+    assert README_REDIS_URL not in argv and not any(w.startswith(README_POSTGRES) for w in argv)
     truth = write(**backends)
     assert truth and all(count > 0 for count in truth.values()), truth
     exporter = serve_process(*argv[1:])  # `serve` and the rest, as the README writes them
