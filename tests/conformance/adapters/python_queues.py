@@ -193,24 +193,22 @@ class DramatiqAdapter(Adapter):
         require(python, "dramatiq", f"dramatiq{self.version}")
         driver = Dramatiq(python, self.backend_url, self.tmp_path / "events.jsonl")
         # a queue whose one message died: its dead letter is all that is left of it (Redis
-        # deletes the emptied messages hash)
+        # deletes the emptied messages hash); its own worker, started beside the other
         driver.enqueue({"actor": "doomed"})
-        graveyard = driver.worker("graveyard")
+        workers = [driver.worker("graveyard")]
         try:
-            wait_for(lambda: self._events(driver, "graveyard")["dead_lettered"] == 1, timeout=60)
-        finally:
-            stop_process(graveyard, signal.SIGTERM)
-        # one worker thread taking one message at a time: two complete, one fails into the
-        # dead-letter queue, one fails and waits an hour for its retry, then a long one runs
-        driver.enqueue(
-            {"actor": "succeed"},
-            {"actor": "succeed"},
-            {"actor": "fail"},
-            {"actor": "fail_then_retry"},
-            {"actor": "sleep_for", "args": [600]},
-        )
-        worker = driver.worker("default")
-        try:
+            # one worker thread taking one message at a time: two complete, one fails into the
+            # dead-letter queue, one fails and waits an hour for its retry, then a long one runs
+            driver.enqueue(
+                {"actor": "succeed"},
+                {"actor": "succeed"},
+                {"actor": "fail"},
+                {"actor": "fail_then_retry"},
+                {"actor": "sleep_for", "args": [600]},
+            )
+            workers.append(driver.worker("default"))
+            wait_for(lambda: self._events(driver, "graveyard")["dead_lettered"], timeout=60)
+            stop_process(workers[0], signal.SIGTERM)
 
             def running() -> bool:
                 kinds = self._events(driver, "default")
@@ -232,7 +230,8 @@ class DramatiqAdapter(Adapter):
             assert truth.depths["digests", "scheduled"] == truth.depths["graveyard", "dead_letter"]
             yield fixed(truth)
         finally:
-            stop_process(worker, signal.SIGTERM)
+            for worker in workers:
+                stop_process(worker, signal.SIGTERM)
 
     @staticmethod
     def _events(driver: Dramatiq, queue: str) -> Counter[str]:
