@@ -136,7 +136,14 @@ class BullMQAdapter(Adapter):
                 ]
                 for queue, view in library["queues"].items()
             }
-            yield fixed(node_truth(self.system, BULLMQ_STATES, library, stamps))
+            truth = node_truth(self.system, BULLMQ_STATES, library, stamps)
+            # the workers BullMQ lists (getWorkers: its named connections) per queue
+            truth.totals = {
+                ("queue_workers", queue): view["workers"]
+                for queue, view in library["queues"].items()
+            }
+            assert truth.totals["queue_workers", "busy"] == 1
+            yield fixed(truth)
         finally:
             bullmq.stop_all()
 
