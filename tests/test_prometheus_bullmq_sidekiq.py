@@ -41,6 +41,7 @@ NOT_FED: NotFed = {
     "jobs_enqueued": (SIDEKIQ, "Sidekiq keeps no count of enqueues"),
     "jobs_started": (SIDEKIQ, "Sidekiq keeps no count of starts"),
     "retried": (SIDEKIQ, "Sidekiq's counters do not tell a retry"),
+    "jobs_retry": (SIDEKIQ, "Sidekiq's counters do not tell a retry"),
     "max_retries_exceeded": (SIDEKIQ, "Sidekiq's counters do not tell a retry"),
     "jobs_scheduled": (SIDEKIQ, "Sidekiq keeps no count of scheduled jobs"),
     "_seconds": (SIDEKIQ, "Sidekiq 6 records no runtime or wait per job"),

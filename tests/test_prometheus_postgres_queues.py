@@ -44,6 +44,7 @@ NOT_FED: NotFed = {
     'state="dead_letter"': (ALL, "final failures stay in the job table"),
     "dead_letter_depth": (ALL, "final failures stay in the job table"),
     "retried": (PGBOSS | GRAPHILE, "a retried attempt leaves no row of its own"),
+    "jobs_retry": (PGBOSS | GRAPHILE, "a retried attempt leaves no row of its own"),
     "completed": (GRAPHILE, "graphile-worker deletes a job when it completes"),
     "failed": (GRAPHILE, "graphile-worker keeps no row per failed attempt"),
     "jobs_finished": (GRAPHILE, "graphile-worker deletes a job when it completes"),

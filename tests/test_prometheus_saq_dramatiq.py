@@ -55,6 +55,7 @@ NOT_FED: NotFed = {
     "completed": (DRAMATIQ, "Dramatiq keeps no count of completions in Redis"),
     "failed": (DRAMATIQ, "Dramatiq keeps no count of failures in Redis"),
     "retried": (DRAMATIQ, "Dramatiq keeps no count of retries in Redis"),
+    "jobs_retry": (DRAMATIQ, "Dramatiq keeps no count of retries in Redis"),
     "jobs_finished": (DRAMATIQ, "Dramatiq keeps no count of finished jobs in Redis"),
     "jobs_failure": (DRAMATIQ, "Dramatiq keeps no count of failures in Redis"),
     'state="dead_letter"': (SAQ, "SAQ's final failures are finished jobs"),
