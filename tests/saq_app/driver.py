@@ -44,11 +44,13 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
         queue = Queue.from_url(url, name=name)
         info = await queue.info(jobs=True, limit=10_000)
         queued = [job["queued"] for job in info["jobs"] if job["status"] == "queued"]
+        started = [job["started"] for job in info["jobs"] if job["status"] == "active"]
         views[name] = {
             "queued": info["queued"],
             "active": info["active"],
             "scheduled": info["scheduled"],
             "oldest_ms": min(queued, default=None),
+            "active_started_ms": min(started, default=None),
             "workers": {worker: info["stats"] for worker, info in info["workers"].items()},
         }
         await queue.disconnect()

@@ -356,6 +356,8 @@ class HueyAdapter(Adapter):
 
 
 SAQ_STATES = {"queued": "pending", "active": "active", "scheduled": "scheduled"}
+SAQ_WORKERS = "issue 39: SAQ's live workers (its stats keys) are not served"
+SAQ_RUNNING_AGE = "issue 39: the longest running job's age is not served for SAQ"
 
 
 class SaqAdapter(Adapter):
@@ -393,6 +395,7 @@ class SaqAdapter(Adapter):
 
             library = wait_for(settled, timeout=60, interval=0.3)
             assert library["queues"]["idle"]["scheduled"] == 1
+            assert len(library["queues"]["work"]["workers"]) == 1
             yield fixed(self.truth(library))
         finally:
             stop_process(worker, signal.SIGTERM)
@@ -405,8 +408,20 @@ class SaqAdapter(Adapter):
             for queue, view in library["queues"].items()
             for kind, state in SAQ_STATES.items()
         }
-        ages = {
-            (queue, "pending"): None if view["oldest_ms"] is None else Age.at(view["oldest_ms"] / 1000)
-            for queue, view in library["queues"].items()
-        }  # fmt: skip
-        return Truth("saq", library["now_ms"] / 1000, depths, ages=ages)
+        ages: dict[tuple[str, str], Age | None] = {}
+        gaps: list[Gap] = []
+        for queue, view in library["queues"].items():
+            oldest, started = view["oldest_ms"], view["active_started_ms"]
+            ages[queue, "pending"] = None if oldest is None else Age.at(oldest / 1000)
+            if started is not None:  # the longest running job, from the time SAQ started it
+                ages[queue, "active"] = Age.at(started / 1000)
+                gaps.append(Gap(f"age {queue} active", SAQ_RUNNING_AGE))
+            if view["workers"]:
+                gaps.append(Gap(f"total queue_workers {queue}", SAQ_WORKERS, 0))
+        # the live workers of each queue, from their stats keys (Queue.info()'s workers)
+        totals = {
+            ("queue_workers", q): len(view["workers"]) for q, view in library["queues"].items()
+        }
+        return Truth(
+            "saq", library["now_ms"] / 1000, depths, ages=ages, totals=totals, gaps=tuple(gaps)
+        )
