@@ -13,7 +13,7 @@ import redis
 
 from tests.conformance.adapters.node_queues import BullAdapter
 from tests.conformance.checks import mismatches as truth_mismatches
-from tests.conftest import Series, wait_until_served_as_truth
+from tests.conftest import Series, total, wait_until_served_as_truth
 from tests.real_queues import BULL_MAJORS, Bull
 
 
@@ -22,15 +22,6 @@ def bull(request: pytest.FixtureRequest, redis_db: int) -> Iterator[Bull]:
     driver = Bull(request.param, redis_db)
     yield driver
     driver.stop_all()
-
-
-def _errors(series: Series, reason: str) -> float:
-    wanted = {("source", "redis"), ("reason", reason)}
-    return sum(
-        v
-        for (name, labels), v in series.items()
-        if name == "queue_exporter_source_errors_total" and wanted <= labels
-    )
 
 
 def test_hostile_jobs_cost_only_their_own_age(bull, redis_client, redis_url, run_exporter):
@@ -63,14 +54,16 @@ def test_hostile_jobs_cost_only_their_own_age(bull, redis_client, redis_url, run
     reasons = ("time_missing", "wrong_type", "time_unparsable")
 
     def mismatches(series: Series, scraped_ms: float) -> list[str]:
-        found = truth_mismatches(series, BullAdapter.truth(truth), scraped_ms / 1000)
-        found += [f"{reason} not counted" for reason in reasons if _errors(series, reason) < 1]
-        up = [
-            v
-            for (n, ls), v in series.items()
-            if n == "queue_exporter_source_up" and ("source", "redis") in ls
+        served_truth = BullAdapter.truth(truth)
+        served_truth.sources_up = ("redis",)
+        found = truth_mismatches(series, served_truth, scraped_ms / 1000)
+        errors = "queue_exporter_source_errors_total"
+        found += [
+            f"{reason} not counted"
+            for reason in reasons
+            if total(series, errors, source="redis", reason=reason) < 1
         ]
-        return found + ([] if up == [1] else [f"source_up {up}"])
+        return found
 
     app = run_exporter(
         {"sources": {"redis": {"cycle_timeout": 30}}}, redis_url=redis_url, preset=["bull"]
