@@ -356,6 +356,11 @@ class HueyAdapter(Adapter):
 
 
 SAQ_STATES = {"queued": "pending", "active": "active", "scheduled": "scheduled"}
+SAQ_COUNTERS = {  # metric -> the field of SAQ's worker stats, the metric's labels
+    "queue_jobs_completed_total": ("complete",),
+    "queue_jobs_failed_total": ("failed", "error_type=non_retryable"),
+    "queue_jobs_retried_total": ("retried",),
+}
 SAQ_WORKERS = "issue 39: SAQ's live workers (its stats keys) are not served"
 SAQ_RUNNING_AGE = "issue 39: the longest running job's age is not served for SAQ"
 
@@ -365,6 +370,8 @@ class SaqAdapter(Adapter):
 
     def phases(self) -> Iterator[TruthAt]:
         require(Path(sys.executable), "saq", "saq (pyproject's dev extra)")
+        # the native reader's first read is its baseline: the workers count from there on
+        yield fixed(Truth("saq", time.time(), None, sources_up=("native:saq",)))
         # a worker taking one job at a time: two complete, one fails, one fails and is retried
         # an hour later, then a long one stays active with three queued behind it; one job is
         # scheduled an hour ahead
@@ -391,11 +398,14 @@ class SaqAdapter(Adapter):
                 library = saq_driver(self.backend_url, "truth", "default", "work", "idle")
                 view = library["queues"]["work"]
                 counts = (view["queued"], view["active"], view["scheduled"])
-                return library if counts == (3, 1, 2) else None
+                # and its worker's stats, written every second, counted what it ran
+                stats = [
+                    (s["complete"], s["failed"], s["retried"]) for s in view["workers"].values()
+                ]
+                return library if counts == (3, 1, 2) and stats == [(2, 1, 1)] else None
 
             library = wait_for(settled, timeout=60, interval=0.3)
             assert library["queues"]["idle"]["scheduled"] == 1
-            assert len(library["queues"]["work"]["workers"]) == 1
             yield fixed(self.truth(library))
         finally:
             stop_process(worker, signal.SIGTERM)
@@ -418,10 +428,14 @@ class SaqAdapter(Adapter):
                 gaps.append(Gap(f"age {queue} active", SAQ_RUNNING_AGE))
             if view["workers"]:
                 gaps.append(Gap(f"total queue_workers {queue}", SAQ_WORKERS, 0))
-        # the live workers of each queue, from their stats keys (Queue.info()'s workers)
-        totals = {
-            ("queue_workers", q): len(view["workers"]) for q, view in library["queues"].items()
-        }
+        # the live workers of each queue, from their stats keys (Queue.info()'s workers), and
+        # what those workers counted: completed, failed for good, retried
+        totals: dict[tuple[str, ...], float] = {}
+        for queue, view in library["queues"].items():
+            stats = list(view["workers"].values())
+            totals["queue_workers", queue] = len(stats)
+            for metric, (field, *labels) in SAQ_COUNTERS.items():
+                totals[(metric, queue, *labels)] = sum(s[field] for s in stats)
         return Truth(
             "saq", library["now_ms"] / 1000, depths, ages=ages, totals=totals, gaps=tuple(gaps)
         )
