@@ -12,19 +12,18 @@ the queue's depth kept, every sound queue's age served.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 
 import pytest
 import redis
 
+from tests.conformance.adapters.base import ROOT, require, run_json
+from tests.conformance.adapters.python_queues import ARQ_PYTHON, DRAMATIQ_PYTHONS, Dramatiq
 from tests.conftest import Series, scrape_series, value, wait_for
 from tests.real_queues import BeeQueue, Bull
 from tests.saq_app.control import driver as saq_driver
-from tests.test_preset_arq import _driver as arq_driver
-from tests.test_preset_arq import arq_python  # noqa: F401 - a fixture
-from tests.test_preset_dramatiq import dramatiq  # noqa: F401 - a fixture
-from tests.test_preset_saq import saq_installed  # noqa: F401 - a fixture
 
 BEFORE_1970_MS = -5_000
 DAY_MS = 86_400_000
@@ -103,8 +102,10 @@ def test_node_queues_created_before_1970_or_a_day_ahead(
     _check(_served(app, system, 2), system, {"good": 60}, ["early", "ahead"])
 
 
-def test_dramatiq_messages_created_before_1970(dramatiq, run_exporter, redis_url):  # noqa: F811
-    driver, _ = dramatiq
+@pytest.mark.parametrize("major", sorted(DRAMATIQ_PYTHONS))
+def test_dramatiq_messages_created_before_1970(major, tmp_path, run_exporter, redis_url):
+    python = require(DRAMATIQ_PYTHONS[major], "dramatiq", f"dramatiq{major}")
+    driver = Dramatiq(python, redis_url, tmp_path / "events.jsonl")
     driver.enqueue(
         {"actor": "report", "age": 60},  # queue "reports"
         {"actor": "succeed", "age": time.time() - BEFORE_1970_MS / 1000},  # queue "default"
@@ -113,7 +114,7 @@ def test_dramatiq_messages_created_before_1970(dramatiq, run_exporter, redis_url
     _check(_served(app, "dramatiq", 1), "dramatiq", {"reports": 60}, ["default"])
 
 
-def test_saq_jobs_queued_before_1970(saq_installed, redis_client, redis_url, run_exporter):  # noqa: F811
+def test_saq_jobs_queued_before_1970(redis_client, redis_url, run_exporter):
     saq_driver(
         redis_url,
         "enqueue",
@@ -130,20 +131,16 @@ def test_saq_jobs_queued_before_1970(saq_installed, redis_client, redis_url, run
     _check(_served(app, "saq", 1), "saq", {"good": 0}, ["early"])
 
 
-def test_arq_jobs_scored_before_1970(arq_python, redis_client, redis_url, run_exporter):  # noqa: F811
+def test_arq_jobs_scored_before_1970(redis_client, redis_url, run_exporter):
     """arq refuses to defer a job to before 1970 (its job key's expiry would be negative):
     the jobs it wrote are scored so in its zset instead, -5000 ms and -1e300."""
-    arq_driver(
-        arq_python,
-        redis_url,
-        "enqueue",
-        json.dumps(
-            [
-                {"queue": f"arq:{queue}", "function": "succeed", "defer_until": -60}
-                for queue in ("good", "early", "huge")
-            ]
-        ),
-    )
+    python = require(ARQ_PYTHON, "arq", "arq")
+    jobs = [
+        {"queue": f"arq:{queue}", "function": "succeed", "defer_until": -60}
+        for queue in ("good", "early", "huge")
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ARQ_REDIS_URL": redis_url}
+    run_json([python, "-m", "tests.arq_app.driver", redis_url, "enqueue", json.dumps(jobs)], env)
     client: redis.Redis = redis_client
     for queue, score in (("early", BEFORE_1970_MS), ("huge", -1e300)):
         member = client.zrange(f"arq:{queue}", 0, 0)[0]
