@@ -517,6 +517,26 @@ def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporte
             _stop(worker)
 
 
+def _check_config(redis_url: str, tmp_path: Path) -> str:
+    """What `check-config --connect` prints for the celery preset (it watches the reader for
+    CELERY_WATCH seconds)."""
+    config = tmp_path / "celery.json"
+    config.write_text(json.dumps({"presets": ["celery"]}))
+    checked = subprocess.run(
+        [str(ROOT / ".venv/bin/queue-exporter"), "check-config", str(config), "--connect"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**{k: v for k, v in os.environ.items() if not k.startswith("QUEUE_EXPORTER_")}}
+        | {"QUEUE_EXPORTER_REDIS_URL": redis_url},
+    )
+    return checked.stdout
+
+
+def _warnings(out: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith("WARNING:")]
+
+
 def test_check_config_names_a_worker_without_task_events(redis_url, tmp_path):
     """check-config --connect watches the Celery reader for two heartbeats: the workers its
     inspection found, with their queues and slots, and a WARNING for a worker that processes
@@ -535,19 +555,125 @@ def test_check_config_names_a_worker_without_task_events(redis_url, tmp_path):
         # busy for longer than check-config watches: its heartbeats' processed count rises
         plan = [{"task": "sleep_for", "seconds": 0.2, "queue": "plain"} for _ in range(60)]
         _driver(env, "publish", json.dumps(plan), "--no-sent-event")
-        config = tmp_path / "celery.json"
-        config.write_text(json.dumps({"presets": ["celery"]}))
-        checked = subprocess.run(
-            [str(ROOT / ".venv/bin/queue-exporter"), "check-config", str(config), "--connect"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            env={**{k: v for k, v in os.environ.items() if not k.startswith("QUEUE_EXPORTER_")}}
-            | {"QUEUE_EXPORTER_REDIS_URL": redis_url},
-        )
-        out = checked.stdout
+        out = _check_config(redis_url, tmp_path)
         assert re.search(r"celery worker plain@\S+: queues plain; slots 1", out), out
-        warnings = [line for line in out.splitlines() if line.startswith("WARNING:")]
-        assert any("plain@" in w and "without -E" in w for w in warnings), out
+        assert any("plain@" in w and "without -E" in w for w in _warnings(out)), out
+    finally:
+        _stop(worker)
+
+
+# -- a task whose queue cannot be learned: under unknown_queue, and named ---------------------------
+
+# Tasks of one name with no route (task_routes send it to the default queue, which the worker
+# does not consume), each sent with a queue= of its own to a worker of both queues, under
+# Celery's default task_send_sent_event = False: those to emails succeed, those to reports fail.
+OWN_QUEUES = {"emails": "ok", "reports": "fail"}
+OWN_QUEUE_TASKS = 10  # per queue
+
+
+def test_a_task_whose_queue_cannot_be_learned_counts_under_unknown(redis_url, run_exporter, caplog):
+    """No event names such a task's queue, nor do its worker's queues or its name's route,
+    nor another task of its name seen on one queue: it is counted under "(unknown)", never
+    under "celery" nor under the other queue, and the log and the status page say what would
+    tell it. (A task the reader saw held in kombu's unacked hash or in an inspection's answer
+    is learned exactly: on its own queue.)"""
+    env = _env(redis_url, None, None)
+    app = run_exporter({"presets": ["celery"], "sample_interval": INTERVAL}, redis_url=redis_url)
+    worker = _worker(env, ",".join(OWN_QUEUES), 2)
+    try:
+        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        # the exporter's inspection read the worker's queues and routes before any task came
+        wait_for(
+            lambda: value(scrape_series(app), "queue_workers", queue="emails", state="idle"),
+            timeout=120,
+        )
+        # one of them seen running on emails: the name was seen routed there, which tells
+        # nothing of the next one's queue (its caller names it)
+        long = {"task": "unrouted", "seconds": 60, "queue": "emails"}
+        _driver(env, "publish", json.dumps([long]), "--no-sent-event")
+        wait_for(
+            lambda: value(scrape_series(app), "queue_depth", queue="emails", state="active") == 1,
+            timeout=120,
+        )
+        plan = [
+            {"task": "unrouted", "seconds": 0, "queue": queue, "outcome": outcome}
+            for _ in range(OWN_QUEUE_TASKS)
+            for queue, outcome in OWN_QUEUES.items()
+        ]
+        with caplog.at_level(logging.WARNING):
+            _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+
+            def counted() -> Series | None:
+                series = scrape_series(app)
+                done = total(series, "queue_jobs_completed_total", system="celery")
+                failed = total(series, "queue_jobs_failed_total", system="celery")
+                return series if done == failed == OWN_QUEUE_TASKS else None
+
+            series = wait_for(counted, timeout=120)
+            status = json.loads(scrape(app.server.port, "/status.json"))
+
+        def on(name: str) -> dict[str, float]:
+            found: Counter[str] = Counter()
+            for (metric, labels), count in series.items():
+                if metric == name and ("system", "celery") in labels:
+                    found[dict(labels)["queue"]] += count
+            return {queue: count for queue, count in found.items() if count}
+
+        # the successes were sent to emails, the failures to reports: each on its own queue
+        # when learned, else under (unknown), and nothing anywhere else
+        assert set(on("queue_jobs_completed_total")) <= {"(unknown)", "emails"}
+        assert set(on("queue_jobs_failed_total")) <= {"(unknown)", "reports"}
+        started = on("queue_jobs_started_total")
+        assert set(started) <= {"(unknown)", "emails", "reports"}
+        assert sum(started.values()) == 2 * OWN_QUEUE_TASKS + 1
+        unknown = on("queue_jobs_completed_total").get("(unknown)", 0)
+        unknown += on("queue_jobs_failed_total").get("(unknown)", 0)
+        assert unknown > 0  # tasks of no time at all: most run between two reads, unseen
+        said = "task_send_sent_event = True"
+        warning = next(w for w in status["view"]["warnings"] if 'queue="(unknown)"' in w)
+        assert said in warning
+        assert 'queue="(unknown)"' in caplog.text and said in caplog.text
+    finally:
+        _stop(worker)
+
+
+def test_check_config_names_tasks_whose_queue_cannot_be_learned(redis_url, tmp_path):
+    """Tasks sent with a queue= of their own to a worker of two queues, without task-sent
+    events, while check-config --connect watches: a WARNING that they count under
+    "(unknown)", naming what would tell their queue; the worker's routes (a map) are read,
+    so no warning about them."""
+    env = _env(redis_url, None, None)
+    worker = _worker(env, ",".join(OWN_QUEUES), 2)
+    try:
+        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        # busy for longer than check-config watches, on both queues
+        plan = [
+            {"task": "unrouted", "seconds": 0.2, "queue": queue, "outcome": outcome}
+            for _ in range(30)
+            for queue, outcome in OWN_QUEUES.items()
+        ]
+        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        out = _check_config(redis_url, tmp_path)
+        assert re.search(r"celery worker emails,reports@\S+: queues emails, reports; slots 2", out)
+        warning = next(w for w in _warnings(out) if 'queue="(unknown)"' in w)
+        assert "task_send_sent_event = True" in warning, out
+        assert not [w for w in _warnings(out) if "task_routes cannot be read" in w], out
+    finally:
+        _stop(worker)
+
+
+@pytest.mark.parametrize("router", ["function", "class"])
+def test_check_config_names_a_worker_whose_routes_cannot_be_read(router, redis_url, tmp_path):
+    """A worker of two queues whose task_routes are a router function or class (Celery's
+    `conf` reply gives their repr or path, not where each name goes): check-config --connect
+    warns that its tasks' queue is told only by task-sent events, else "(unknown)"."""
+    env = {**_env(redis_url, None, None), "QE_CELERY_ROUTER": router}
+    worker = _worker(env, "emails,reports", 2)
+    try:
+        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        out = _check_config(redis_url, tmp_path)
+        warning = next(w for w in _warnings(out) if "task_routes cannot be read" in w)
+        assert "celery worker emails,reports@" in warning, out
+        assert "task_send_sent_event = True" in warning and 'queue="(unknown)"' in warning
     finally:
         _stop(worker)

@@ -3,8 +3,11 @@
 The broker comes from QE_CELERY_BROKER; QE_CELERY_SEP and QE_CELERY_STEPS (comma-separated),
 when set, are the transport's `sep` (the documented ":" form) and `priority_steps` options;
 QE_CELERY_ACKS_LATE set makes tasks acknowledged when they end (`task_acks_late`).
-Tasks `tests.to_<queue>` are routed by `task_routes` to the queue of their name (ROUTED_QUEUES);
-their `outcome` "fail" raises ValueError, "retry" retries once then succeeds.
+Tasks `tests.to_<queue>` are routed by `task_routes` to the queue of their name (ROUTED_QUEUES):
+a map (plain data), or with QE_CELERY_ROUTER "function" or "class" the same routes by a router
+function or class (which Celery's `conf` reply gives as their repr or path, not as routes).
+Their `outcome` "fail" raises ValueError, "retry" retries once then succeeds; `tests.unrouted`
+takes the same outcomes and no route (the default queue, or the caller's `queue=`).
 Workers are started with `celery -A tests.celery_app worker`.
 """
 
@@ -22,6 +25,26 @@ if os.environ.get("QE_CELERY_STEPS"):
     transport_options["priority_steps"] = [int(s) for s in os.environ["QE_CELERY_STEPS"].split(",")]
 if os.environ.get("QE_CELERY_SEP"):
     transport_options["sep"] = os.environ["QE_CELERY_SEP"]
+
+
+def route_by_name(name, args, kwargs, options, task=None, **kw):  # type: ignore[no-untyped-def]
+    """task_routes as a router function: each `tests.to_<queue>` to its queue."""
+    queue = name.removeprefix("tests.to_")
+    return {"queue": queue} if queue in ROUTED_QUEUES else None
+
+
+class RouteByName:
+    """task_routes as a router class, named by its path (Celery instantiates it)."""
+
+    def route_for_task(self, task, args=None, kwargs=None):  # type: ignore[no-untyped-def]
+        return route_by_name(task, args, kwargs, {})
+
+
+ROUTERS = {
+    "": {f"tests.to_{queue}": {"queue": queue} for queue in ROUTED_QUEUES},
+    "function": (route_by_name,),
+    "class": ("tests.celery_app.RouteByName",),
+}
 app.conf.update(
     broker_transport_options=transport_options,
     broker_connection_retry_on_startup=True,
@@ -29,7 +52,7 @@ app.conf.update(
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     task_acks_late=bool(os.environ.get("QE_CELERY_ACKS_LATE")),
-    task_routes={f"tests.to_{queue}": {"queue": queue} for queue in ROUTED_QUEUES},
+    task_routes=ROUTERS[os.environ.get("QE_CELERY_ROUTER", "")],
 )
 
 
@@ -61,9 +84,9 @@ def retry_once(self, seconds: float) -> None:  # type: ignore[no-untyped-def]
     raise self.retry(exc=RuntimeError("retrying on purpose"))
 
 
-def _routed(queue: str) -> None:
-    @app.task(name=f"tests.to_{queue}", bind=True, max_retries=1, default_retry_delay=0)
-    def routed(self, seconds: float, outcome: str = "ok") -> float:  # type: ignore[no-untyped-def]
+def _with_outcome(name: str) -> None:
+    @app.task(name=name, bind=True, max_retries=1, default_retry_delay=0)
+    def run(self, seconds: float, outcome: str = "ok") -> float:  # type: ignore[no-untyped-def]
         time.sleep(seconds)
         if outcome == "fail":
             raise ValueError("failing on purpose")
@@ -73,4 +96,5 @@ def _routed(queue: str) -> None:
 
 
 for _queue in ROUTED_QUEUES:
-    _routed(_queue)
+    _with_outcome(f"tests.to_{_queue}")
+_with_outcome("tests.unrouted")

@@ -19,9 +19,12 @@ and, unless `inspect: false`, one round of Celery's broadcast inspection per rea
 (celery_inspect.py): `active` and `reserved` (each task a worker runs or holds, with its
 routing key), `active_queues` (the queues each worker consumes) and `stats` (its pool's
 slots). A task whose own queue was not seen takes its worker's queue when that worker consumes
-one queue, else the one queue its task name was seen routed to among those its worker consumes
-(`task_routes` route by name); else it is counted under `unknown_queue` ("(unknown)", no real
-queue's name), named in the log and on the status page with what would tell it.
+one queue, else the queue its worker's `task_routes` route its name to when the worker consumes
+it; where those routes cannot be read (a router function or class, no inspection), the one
+queue its task name was seen routed to among those its worker consumes. Else (a task sent with
+a queue= of its own to a worker of several queues) it is counted under `unknown_queue`
+("(unknown)", no real queue's name), named in the log and on the status page with what would
+tell it.
 
 Running tasks: started and not yet ended, per queue, as `queue_depth{state="active"}`; each
 inspection round names what every worker runs (a task that started before the reader
@@ -445,8 +448,9 @@ class CeleryReader(RedisReader):
 
     def _queue_of(self, task: _Task, hostname: str) -> str:
         """The task's queue: as Celery recorded it, else its worker's one queue, else the
-        queue its worker's task_routes route its name to when the worker consumes it, else
-        the one queue its name was seen routed to among its worker's; else unknown_queue."""
+        queue its worker's task_routes route its name to when the worker consumes it; where
+        those routes are not known (not plain data, not inspected), the one queue its name was
+        seen routed to among its worker's; else unknown_queue."""
         if task.queue:
             return task.queue
         served = self._served(hostname)
@@ -456,14 +460,20 @@ class CeleryReader(RedisReader):
         seen = self._inspected.get(hostname)
         if seen is not None and seen.routes is not None and served and task.name:
             queue = seen.routes.queue_of(task.name)
-            if queue in served:  # else sent with a queue of its own: not told by the routes
+            if queue in served:
                 task.queue = queue
                 return queue
+            # sent with a queue of its own (the caller's queue=): another task of its name
+            # seen on one queue tells nothing of this one's
+            return self._unknown()
         routed = self._routes.get(task.name, set())
         candidates = routed & set(served) if served is not None else routed
         if len(candidates) == 1:
             task.queue = next(iter(candidates))
             return task.queue
+        return self._unknown()
+
+    def _unknown(self) -> str:
         self._unknown_at = time.monotonic()  # named while such tasks come or run (_caveat)
         return self.config.unknown_queue
 
