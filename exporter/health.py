@@ -33,6 +33,9 @@ class SourceStatus:
     # learn), while it serves every series it can: a warning, never a fault.
     caveat: str | None = None
     lease_down: bool = False  # down because the leader lease cannot be held (leader.py)
+    # How the source reads, where that is not every cycle (a costly query on a longer
+    # interval, and why): said, so that a value that moves slowly is not taken for a fault.
+    reads: str | None = None
 
 
 @dataclass(frozen=True)
@@ -125,6 +128,11 @@ class HealthBoard:
             status = self._sources.get(source)
             if status is not None:
                 status.caveat = why
+
+    def describe_reads(self, source: str, reads: str) -> None:
+        """How `source` reads when not every cycle (SourceStatus.reads)."""
+        with self._lock:
+            self._sources.setdefault(source, SourceStatus()).reads = reads
 
     def report_key_groups(self, source: str, reports: list[KeyGroupReport]) -> None:
         """Replace what `source` reported about its key groups with its latest cycle's."""

@@ -315,7 +315,8 @@ def _sql_collectors(config: Config, telemetry: Telemetry, echo: Echo) -> Finding
                 echo(f"  {source.name}: FAILED ({reason}: {_first_line(error)})")
                 failures.append(source.name)
                 continue
-            echo(f"  {source.name}: {source.last_rows} row(s); {_series_summary(samples)}")
+            reads = f"; {source.reads}" if source.reads else ""
+            echo(f"  {source.name}: {source.last_rows} row(s); {_series_summary(samples)}{reads}")
     finally:
         for source in sources:
             source.close()

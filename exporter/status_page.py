@@ -310,7 +310,7 @@ def _source_row(source: dict[str, Any], now: float) -> list[str]:
     if source["standby"]:
         state = "standby (follower)"
     elif source["up"]:
-        state = "up"
+        state = f"up; {source['reads']}" if source.get("reads") else "up"
     else:
         state = f"down: {source['last_error'] or 'first cycle not finished'}"
     last = source["last_success"]

@@ -26,6 +26,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Generator
 from itertools import islice
 from typing import Any, TypeVar, cast
@@ -112,7 +113,13 @@ class PostgresConnector:
         """Run `query` read-only within `timeout` seconds: at most `max_rows` of its rows, its
         (name, type OID) columns, and whether it had more rows than that."""
         self._open()
-        set_timeout = f"SET LOCAL statement_timeout = {max(1, round(timeout * 1000))}"
+        # JIT off: it compiles by the plan's estimated cost, and a preset's query whose costly
+        # branch a one-time filter skips (pgboss on pg-boss 10) paid ~200 ms of compilation
+        # for a 1 ms read; these queries are short and run every cycle.
+        set_timeout = (
+            "SELECT set_config('statement_timeout', '"
+            f"{max(1, round(timeout * 1000))}', true), set_config('jit', 'off', true)"
+        )
         try:
             with self.pool.connection(timeout=self.config.connect_timeout) as connection:
                 self._lend(connection)
@@ -233,7 +240,14 @@ def _first_line(error: BaseException) -> str:
 
 
 class PostgresCollectorSource:
-    """One SQL collector as a Source: postgres:<collector>."""
+    """One SQL collector as a Source: postgres:<collector>.
+
+    It is sampled every `interval` seconds and runs its query every `read_interval` (the
+    same, unless the collector reads less often than it is sampled: a costly query with ages
+    among its values, SqlValue.age). Between two reads it serves the last read's rows again,
+    its ages grown by the time since, so an age moves on as the clock does instead of standing
+    still for a whole read interval; a failed read withdraws them all, as any failure does.
+    """
 
     def __init__(
         self,
@@ -242,9 +256,13 @@ class PostgresCollectorSource:
         telemetry: Telemetry,
         interval: float,
         statement_timeout: float,
+        read_interval: float | None = None,
     ) -> None:
         self.name = f"postgres:{collector.name}"
         self.interval = interval
+        self.read_interval = read_interval or interval
+        # (monotonic time of the read, its rows, its columns): what is served until the next
+        self._last_read: tuple[float, list[tuple[Any, ...]], Columns] | None = None
         self.collector = collector
         self.statement_timeout = statement_timeout
         # Waiting for a connection, then the query: past both, the server is not answering.
@@ -257,9 +275,31 @@ class PostgresCollectorSource:
         # schema under a running exporter is named too), never on the hot path in between
         self._check_due = collector.refuse_when is not None
         self.last_rows: int | None = None  # rows the last sample read (check-config --connect)
+        self.reads: str | None = None  # how it reads, when not every cycle (reads_every)
         connector.acquire()
 
+    def reads_every(self, cycle: float) -> None:
+        """Say how the collector reads if that is less often than every `cycle` seconds
+        (check-config prints it, the status page shows it)."""
+        if self.read_interval <= cycle:
+            return
+        why = self.collector.interval_reason or "its own interval"
+        ages = " (its ages move on between reads)" if self.interval < self.read_interval else ""
+        self.reads = f"reads every {self.read_interval:g}s{ages}: {why}"
+        self.telemetry.health.describe_reads(self.name, self.reads)
+
     def sample(self) -> SampleSet:
+        last = self._last_read
+        now = time.monotonic()
+        # within half a sampling cycle of the read interval: read now rather than a cycle late
+        if last is not None and now - last[0] + self.interval / 2 < self.read_interval:
+            samples = SampleSet()
+            self._converter_for(last[2]).convert(last[1], samples, since_read=now - last[0])
+            return samples
+        self._last_read = None
+        return self._read()
+
+    def _read(self) -> SampleSet:
         self._sampling_thread = threading.get_ident()
         collector = self.collector
         if self._check_due and collector.refuse_when is not None:
@@ -272,6 +312,10 @@ class PostgresCollectorSource:
             self._check_due = collector.refuse_when is not None
             raise
         self.last_rows = len(rows)
+        if self.read_interval > self.interval:
+            # timed from the end of the read, after the query's now(): an age grown from here
+            # is behind the clock by the query's time at most, never ahead of it
+            self._last_read = (time.monotonic(), rows, columns)
         if more:  # counted once per run, whatever the number of rows beyond
             self.telemetry.count_error(self.name, "too_many_rows")
             _limited.warning(
@@ -360,13 +404,26 @@ def build_sources(
     """A source per collector, on `connector`'s pool (default: a pool of their own)."""
     connector = connector or PostgresConnector(config)
     interval = config.sample_interval or default_interval
-    return [
+    sources = [
         PostgresCollectorSource(
             collector,
             connector,
             telemetry,
-            collector.interval or interval,
+            sampled_every(collector, interval),
             collector.timeout or config.statement_timeout,
+            read_interval=collector.interval or interval,
         )
         for collector in config.collectors
     ]
+    for source in sources:
+        source.reads_every(interval)
+    return sources
+
+
+def sampled_every(collector: SqlCollector, interval: float) -> float:
+    """Seconds between the collector's samples: its own interval, unless it reads less often
+    than `interval` and serves ages, which then move on at every `interval` between reads."""
+    read_every = collector.interval or interval
+    if read_every > interval and any(value.age for value in collector.values):
+        return interval
+    return read_every

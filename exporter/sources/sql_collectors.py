@@ -62,6 +62,12 @@ class SqlValue(StrictModel):
         description="a NULL is never exported; count: also counted as an error "
         "(reason null_value); skip: NULL is expected (e.g. no oldest item in an empty queue)",
     )
+    age: bool = Field(
+        False,
+        description="the value is an age in seconds as of the read (now() - a recorded time): "
+        "a collector with a longer interval serves it grown by the time since its last read at "
+        "every sample_interval, instead of a number frozen until the next read",
+    )
 
     @field_validator("metric")
     @classmethod
@@ -97,6 +103,11 @@ class SqlCollector(StrictModel):
     values: list[SqlValue] = Field(min_length=1)
     interval: float | None = Field(
         None, gt=0, description="seconds between runs (default: the postgres sample_interval)"
+    )
+    interval_reason: str | None = Field(
+        None,
+        description="why the collector reads less often than every cycle (a full scan, ...): "
+        "shown with its interval on the status page and by check-config",
     )
     timeout: float | None = Field(
         None, gt=0, description="statement timeout in seconds (default: statement_timeout)"
@@ -261,6 +272,7 @@ class _ValuePlan:
     count_nulls: bool
     to_float: bool  # numeric (Decimal) and boolean values are converted
     counter: bool  # its values must not be negative either
+    age: bool  # grown by the seconds since the read (SqlValue.age)
 
 
 class RowConverter:
@@ -292,12 +304,17 @@ class RowConverter:
             to_float = columns[column][1] not in _NATIVE_NUMBER_OIDS
             counts_nulls = value.on_null == "count"
             counter = spec.kind == "counter"
-            plans.append(_ValuePlan(spec, column, slots, counts_nulls, to_float, counter))
+            plans.append(
+                _ValuePlan(spec, column, slots, counts_nulls, to_float, counter, value.age)
+            )
         self._plans = tuple(plans)
 
-    def convert(self, rows: Sequence[Sequence[Any]], samples: SampleSet) -> tuple[int, int]:
-        """Add every row's values to `samples`; the number of NULL values skipped and counted,
-        and of values refused (numbers.py: NaN, infinite, a negative counter)."""
+    def convert(
+        self, rows: Sequence[Sequence[Any]], samples: SampleSet, since_read: float = 0.0
+    ) -> tuple[int, int]:
+        """Add every row's values to `samples`, ages grown by `since_read` seconds (rows read
+        that long ago); the number of NULL values skipped and counted, and of values refused
+        (numbers.py: NaN, infinite, a negative counter)."""
         if not rows:
             return 0, 0
         columns = list(zip(*rows, strict=True))
@@ -308,7 +325,7 @@ class RowConverter:
         distinct = _distinct(labels, len(rows))
         nulls = refused = 0
         for plan in self._plans:
-            block, skipped, unsound = _block(plan, labels, columns[plan.column])
+            block, skipped, unsound = _block(plan, labels, columns[plan.column], since_read)
             nulls += skipped if plan.count_nulls else 0
             refused += unsound
             if distinct:
@@ -333,7 +350,7 @@ def _label_texts(column: tuple[Any, ...], is_text: bool) -> tuple[str, ...]:
 
 
 def _block(
-    plan: _ValuePlan, labels: list[tuple[str, ...]], column: tuple[Any, ...]
+    plan: _ValuePlan, labels: list[tuple[str, ...]], column: tuple[Any, ...], since_read: float
 ) -> tuple[SeriesColumns, int, int]:
     """The plan's series from its value column, NULL cells and values numbers.py refuses left
     out; and how many were NULL, and refused."""
@@ -346,6 +363,8 @@ def _block(
         skipped = len(column) - len(values)
     if plan.to_float:
         values = _floats(values)
+    if plan.age and since_read > 0:
+        values = [value + since_read for value in values]
     refused = 0
     if not all_finite(values, plan.counter):  # rare: checked one by one
         sound = [is_finite(value, plan.counter) for value in values]

@@ -1,0 +1,305 @@
+"""The PostgreSQL presets' states, fresh: every state an index covers read every cycle, ages that
+move on between the reads of a costlier collector, failed jobs kept in a table served as a
+state, pg-boss's own queues left out.
+
+The truth is the real library's: pg-boss's getJobById of every job (tests/node/pgboss.cjs
+through tests/test_preset_pgboss.PgBoss), and pg-boss's own scheduler queue as PgBoss.start()
+creates it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from exporter import presets
+from tests.conftest import (
+    Series,
+    scrape,
+    scrape_series,
+    stop_process,
+    wait_for,
+    wait_until_served_as_truth,
+)
+from tests.test_preset_pgboss import NODE, PgBoss, _time
+
+QUEUES = ("emails", "reports", "slow", "idle")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(params=[10, 12])
+def pgboss(request: pytest.FixtureRequest, postgres_dsn: str, tmp_path: Path) -> Iterator[PgBoss]:
+    boss = PgBoss(request.param, postgres_dsn, tmp_path)
+    yield boss
+    boss.release.touch()
+
+
+def _served(series: Series, name: str) -> dict[tuple[str, str], float]:
+    return {
+        (labels["queue"], labels.get("state", "")): number
+        for (metric, label_set), number in series.items()
+        if metric == name and (labels := dict(label_set)).get("system") == "pgboss"
+    }
+
+
+def _live_states(truth: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Active and failed jobs per queue, from getJobById of every job."""
+    counts: Counter[tuple[str, str]] = Counter(
+        {(queue, state): 0 for queue in QUEUES for state in ("active", "failed")}
+    )
+    for job in truth["jobs"]:
+        if job["state"] in ("active", "failed"):
+            counts[job["queue"], job["state"]] += 1
+    return {key: float(n) for key, n in counts.items()}
+
+
+def _settled(boss: PgBoss) -> dict[str, Any]:
+    """pg-boss's truth once its worker completed and failed the emails and holds the slow job."""
+
+    def done() -> dict[str, Any] | None:
+        truth = boss.truth()
+        states = Counter((job["queue"], job["state"]) for job in truth["jobs"])
+        ready = states["emails", "failed"] == 2 and states["slow", "active"] == 1
+        return truth if ready and states["emails", "completed"] == 4 else None
+
+    result: dict[str, Any] = wait_for(done, timeout=60)
+    return result
+
+
+def _started(truth: dict[str, Any], queue: str) -> float:
+    """When pg-boss started the queue's one active job (its startedOn)."""
+    running = [
+        _time(job["startedOn"])
+        for job in truth["jobs"]
+        if job["queue"] == queue and job["state"] == "active"
+    ]
+    assert len(running) == 1 and running[0] is not None, running
+    return running[0]
+
+
+def test_every_live_state_is_read_every_cycle_with_ages_that_move_on(
+    pgboss: PgBoss, postgres_dsn: str, run_exporter: Any
+) -> None:
+    """With the preset's defaults (active_interval 30 s): active and failed depths equal
+    pg-boss's jobs. pg-boss 12 reads them every cycle through job_i14 (pgboss_jobs, nothing
+    from pgboss_active); pg-boss 10 reads them every 30 s, and between two reads the age of the
+    job it holds running moves on with the clock: it grows from scrape to scrape, never ahead of
+    the time since the job's startedOn, never a number frozen at the read."""
+    pgboss.seed()
+    worker = pgboss.worker()
+    try:
+        truth = _settled(pgboss)
+        started = _started(truth, "slow")
+        exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["pgboss"])
+        live = _live_states(truth)
+
+        def mismatches(series: Series, scraped_at: float) -> list[str]:
+            served = {
+                key: n
+                for key, n in _served(series, "queue_depth").items()
+                if key[1] in ("active", "failed")
+            }
+            return [] if served == live else [f"served {served}, pg-boss says {live}"]
+
+        wait_until_served_as_truth(exporter, mismatches)
+        ages: list[float] = []
+        for _ in range(4):  # about 2 s: well inside one active_interval on pg-boss 10
+            before = time.time()
+            age = _served(scrape_series(exporter), "queue_oldest_age_seconds")[("slow", "active")]
+            after = time.time()
+            # never ahead of the clock (pg-boss's times are in ms); behind it by the cycles a
+            # loaded host delays, far less than the 30 s a frozen age would lag
+            assert before - started - 5 <= age <= after - started + 0.001, (age, before - started)
+            ages.append(age)
+            time.sleep(0.6)
+        assert ages == sorted(ages) and ages[-1] > ages[0], ages
+        series = scrape_series(exporter)
+        up = {
+            name: number
+            for (metric, label_set), number in series.items()
+            if metric == "queue_exporter_source_up"
+            for name in [dict(label_set)["source"]]
+            if name.startswith("postgres:pgboss")
+        }
+        assert up.get("postgres:pgboss_jobs") == 1 and up.get("postgres:pgboss_active") == 1, up
+        if pgboss.major >= 12:  # served by pgboss_jobs; pgboss_active returns no row
+            with psycopg.connect(postgres_dsn) as connection:
+                plan = "\n".join(
+                    row[0]
+                    for row in connection.execute(
+                        "EXPLAIN SELECT count(*) FROM pgboss.job "
+                        "WHERE name = 'emails' AND state IN ('active', 'failed')"
+                    )
+                )
+            assert "job_common_i14" in plan, plan
+    finally:
+        pgboss.release.touch()
+        stop_process(worker, 15)
+
+
+def _start_with_scheduler(boss: PgBoss) -> None:
+    """PgBoss.start() with pg-boss's defaults (its scheduler on): it creates its own queue."""
+    script = (
+        "const path = require('node:path');"
+        f"const m = require(path.join({str(NODE)!r}, 'pgboss{boss.major}', 'node_modules', 'pg-boss'));"
+        "const PgBoss = m.PgBoss || m;"
+        f"const b = new PgBoss({{ connectionString: {boss.url!r}, schema: 'pgboss' }});"
+        "b.on('error', (e) => console.error(e));"
+        "b.start().then(async () => {"
+        "  const q = b.getQueues ? await b.getQueues() : [];"
+        "  console.log(JSON.stringify(q.map((x) => x.name)));"
+        "  await b.stop({ graceful: false, wait: true }); })"
+    )
+    done = subprocess.run(
+        [boss.node, "-e", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_pgboss_own_queues_are_left_out_unless_asked_for(
+    pgboss: PgBoss, postgres_dsn: str, run_exporter: Any
+) -> None:
+    """pg-boss's scheduler queue (__pgboss__send-it, made by PgBoss.start() with its defaults)
+    is not served as an application's queue; own_queues=true serves it like the others."""
+    pgboss.seed()
+    _start_with_scheduler(pgboss)
+    with psycopg.connect(postgres_dsn) as connection:
+        own = [
+            row[0]
+            for row in connection.execute(
+                "SELECT name FROM pgboss.queue WHERE starts_with(name, '__pgboss__')"
+            )
+        ]
+    assert own == ["__pgboss__send-it"], own  # pg-boss made it, not the test
+    exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["pgboss"])
+
+    def queues(app: Any) -> set[str]:
+        return {queue for queue, _ in _served(scrape_series(app), "queue_depth")}
+
+    wait_for(lambda: set(QUEUES) <= queues(exporter))
+    assert queues(exporter) == set(QUEUES)
+    exporter.shutdown()
+    with_own = run_exporter(
+        postgres_dsn=postgres_dsn, preset=[{"name": "pgboss", "params": {"own_queues": True}}]
+    )
+    wait_for(lambda: queues(with_own) == {*QUEUES, "__pgboss__send-it"})
+
+
+def test_an_age_served_between_reads_grows_with_the_clock(
+    postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    """A collector read every 60 s with `age: true` on its age value, sampled every 0.3 s: the
+    age it serves grows between its reads as the time since the row's recorded time, and its
+    count stays the one read. Its interval and the reason given for it are on the status page
+    and in check-config's answer."""
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute("CREATE TABLE held (since timestamptz NOT NULL)")
+        connection.execute("INSERT INTO held VALUES (now() - interval '100 seconds')")
+        since = connection.execute("SELECT extract(epoch FROM since) FROM held").fetchone()
+    assert since is not None
+    recorded = float(since[0])
+    collector = {
+        "name": "held",
+        "interval": 60,
+        "interval_reason": "a full scan of held",
+        "query": "SELECT count(*) AS jobs, "
+        "extract(epoch FROM now() - min(since))::float8 AS age FROM held",
+        "static_labels": {"system": "custom", "queue": "held", "state": "active"},
+        "values": [
+            {"column": "jobs", "metric": "queue_depth"},
+            {"column": "age", "metric": "queue_oldest_age_seconds", "age": True},
+        ],
+    }
+    config = {
+        "sample_interval": 0.3,
+        "sources": {"postgres": {"dsn": postgres_dsn, "collectors": [collector]}},
+    }
+    exporter = run_exporter(config)
+
+    def age() -> float | None:
+        return _metric(scrape_series(exporter), "queue_oldest_age_seconds")
+
+    first = wait_for(age)
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute("INSERT INTO held VALUES (now())")  # not read until the next read
+    seen = [first]
+    for _ in range(4):
+        time.sleep(0.4)
+        before = time.time()
+        current = age()
+        after = time.time()
+        assert current is not None
+        assert before - recorded - 5 <= current <= after - recorded + 0.001
+        seen.append(current)
+    assert seen == sorted(seen) and seen[-1] - seen[0] >= 1.0, seen
+    assert _metric(scrape_series(exporter), "queue_depth") == 1  # as read, 60 s apart
+    said = "reads every 60s (its ages move on between reads): a full scan of held"
+    status = json.loads(scrape(exporter.server.port, "/status.json"))
+    row = next(s for s in status["sources"] if s["name"] == "postgres:held")
+    assert row["reads"] == said, row
+    cells = next(t for t in status["view"]["tables"] if t["id"] == "sources")["rows"]
+    assert ["postgres:held", f"up; {said}"] in [r[:2] for r in cells], cells
+    path = tmp_path / "config.json"  # JSON is YAML
+    path.write_text(json.dumps(config))
+    checked = subprocess.run(
+        [sys.executable, "-m", "exporter", "check-config", str(path), "--connect"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "postgres:held: 1 row(s); series: queue_depth 1, " in checked.stdout
+    assert f"; {said}" in checked.stdout, checked.stdout
+
+
+def _metric(series: Series, name: str) -> float | None:
+    return next((number for (metric, label_set), number in series.items() if metric == name), None)
+
+
+def test_pgboss_hot_path_reads_no_finished_row(pgboss: PgBoss, postgres_dsn: str) -> None:
+    """300k finished rows (completed and failed) beside pg-boss's own jobs: run as the exporter
+    runs them, every cycle's query reaches rows through pg-boss's indexes alone. On pg-boss 10
+    the branches counting active and failed jobs are planned but never executed (a one-time
+    filter on job_i14's absence), and pgboss_active, which reads them there, is the collector
+    with a longer interval; on pg-boss 12 pgboss_active executes no scan at all."""
+    pgboss.seed()
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(
+            "INSERT INTO pgboss.job (name, state, started_on, completed_on) "
+            "SELECT (ARRAY['emails', 'reports', 'slow', 'idle'])[1 + n % 4], "
+            "(CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'completed' END)::pgboss.job_state, "
+            "now() - interval '2 minutes', now() - interval '1 minute' "
+            "FROM generate_series(1, 300000) AS n"
+        )
+        connection.execute("VACUUM ANALYZE pgboss.job")
+        connection.execute("SET jit = off")  # as the exporter runs them (postgres.py)
+        collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
+        for collector in collectors:
+            if not collector.get("enabled", True):
+                continue
+            plan = [
+                row[0]
+                for row in connection.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {collector['query']}")
+            ]
+            scans = [line for line in plan if "Seq Scan on j" in line]
+            executed = [line for line in scans if "never executed" not in line]
+            if collector["name"] == "pgboss_active" and pgboss.major < 12:
+                assert executed, plan  # the one pass over the partitions, on its interval
+                assert collector["interval"] >= 10, collector
+                continue
+            assert not executed, "\n".join(plan)
+            text = "\n".join(plan)
+            if pgboss.major >= 12 and collector["name"] == "pgboss_jobs":
+                assert "Index Only Scan using job_common_i14" in text, text
+            if pgboss.major < 12 and collector["name"] == "pgboss_jobs":
+                assert text.count("_i5 on j") == len(QUEUES), text
