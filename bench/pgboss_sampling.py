@@ -183,6 +183,8 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     app.shutdown()
     if args.major < 12:
         estimate(dsn, args.runs, exporter_active)
+    else:
+        native(dsn, args.runs)
 
 
 def _load(load: tuple[float, float, float]) -> str:
@@ -204,6 +206,11 @@ def _series(samples: SampleSet, metric: str) -> dict[tuple[str, ...], float]:
     return {}
 
 
+def _text(value: str | bytes) -> str:
+    """An enum label as text (a binary fetch has no loader for pg-boss's job_state)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def same_numbers(
     exporter: tuple[SampleSet, SampleSet], bare: list[list[tuple[Any, ...]]], major: int
 ) -> None:
@@ -215,13 +222,13 @@ def same_numbers(
     expected: dict[tuple[str, ...], float] = {}
     oldest: dict[tuple[str, ...], float] = {}
     for name, state, later, count, since in bare[0]:
-        shown = "retry" if state == "retry" else "scheduled" if later else "pending"
+        shown = "retry" if _text(state) == "retry" else "scheduled" if later else "pending"
         expected[name, shown] = expected.get((name, shown), 0) + count
         if shown == "pending" and since is not None:
             oldest[name, "pending"] = since.timestamp()
     if major >= 12:
         for name, state, count in bare[2]:
-            expected[name, state] = count
+            expected[name, _text(state)] = count
         for name, since in bare[3]:
             oldest[name, "active"] = since.timestamp()
     assert depths == expected, (depths, expected)
@@ -234,7 +241,7 @@ def same_numbers(
 
 def same_unindexed(exporter: SampleSet, bare: list[tuple[Any, ...]]) -> None:
     depths = {key: n for key, n in _series(exporter, "queue_depth").items() if n}
-    expected = {(name, state): count for name, state, count, _ in bare}
+    expected = {(name, _text(state)): count for name, state, count, _ in bare}
     assert depths == expected, (depths, expected)
 
 
@@ -248,6 +255,46 @@ def _app(dsn: str, params: dict[str, object]) -> App:
         }
     )
     return App(config)
+
+
+# What the native reader counts at a read: completed and failed jobs per queue since the last
+# position, settled for a second (none here once the baseline is taken: the steady read).
+BARE_FINISHED = """
+SELECT name, state, count(*) FROM pgboss.job
+WHERE completed_on > 'epoch'::timestamptz + %s * interval '1 microsecond'
+  AND completed_on < now() - interval '1 second' AND state IN ('completed', 'failed')
+GROUP BY 1, 2
+"""
+
+
+def native(dsn: str, runs: int) -> None:
+    """pg-boss 12, native=true (the default): a read of the finished-rows reader after its
+    baseline, against the bare SELECT of the same counts."""
+    app = _app(dsn, {})
+    source = next(r.source for r in app.runners if r.source.name == "native:pgboss")
+    source.sample()  # the baseline
+    finished = presets.expand("pgboss")["sources"]["postgres"]["finished"][0]
+    with psycopg.connect(dsn) as bare:
+        row = bare.execute(finished["baseline"]).fetchone()
+        assert row is not None and row[0] is not None
+        query = BARE_FINISHED % int(row[0])
+
+        def fetch() -> object:
+            with bare.cursor(binary=True) as cursor:
+                cursor.execute("SET LOCAL jit = off")
+                cursor.execute(query.encode())
+                rows = cursor.fetchall()
+            bare.rollback()
+            return rows
+
+        assert fetch() == []  # nothing finished since: the reader counts nothing either
+        bare_read, exporter_read = interleaved_medians([fetch, source.sample], runs)
+    print(f"  native: bare SELECT         {bare_read * 1000:8.1f} ms")
+    print(
+        f"  native: exporter reader     {exporter_read * 1000:8.1f} ms   "
+        f"ratio {exporter_read / bare_read:.2f}x (a read after the baseline, every cycle)"
+    )
+    app.shutdown()
 
 
 def estimate(dsn: str, runs: int, exact: float) -> None:

@@ -10,6 +10,7 @@ creates it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import procrastinate
 import psycopg
 import pytest
 
@@ -27,6 +29,7 @@ from tests.conftest import (
     scrape,
     scrape_series,
     stop_process,
+    value,
     wait_for,
     wait_until_served_as_truth,
 )
@@ -303,3 +306,179 @@ def test_pgboss_hot_path_reads_no_finished_row(pgboss: PgBoss, postgres_dsn: str
                 assert "Index Only Scan using job_common_i14" in text, text
             if pgboss.major < 12 and collector["name"] == "pgboss_jobs":
                 assert text.count("_i5 on j") == len(QUEUES), text
+
+
+@pytest.fixture
+def procrastinate_app(postgres_dsn: str) -> Iterator[procrastinate.App]:
+    from tests.procrastinate_app.tasks import app
+
+    connector = procrastinate.PsycopgConnector(conninfo=postgres_dsn)
+    with app.replace_connector(connector) as bound, bound.open():
+        bound.schema_manager.apply_schema()
+        yield bound
+
+
+def _procrastinate_worker(dsn: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PROCRASTINATE_DSN": dsn}
+    return subprocess.Popen(
+        [sys.executable, "-m", "procrastinate", "--app", "tests.procrastinate_app.tasks.app",
+         "worker", "--queues", "emails,slow", "--concurrency", "3"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+
+def _by_labels(series: Series, name: str, label: str) -> dict[str, float]:
+    return {
+        dict(label_set).get(label, ""): number
+        for (metric, label_set), number in series.items()
+        if metric == name and dict(label_set).get("system") == "procrastinate"
+    }
+
+
+def test_procrastinate_enqueues_workers_and_failed_jobs(
+    procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any, tmp_path: Path
+) -> None:
+    """Procrastinate's defaults and the preset's (failed_interval shortened to 1 s): every
+    defer() after the exporter started is counted once in queue_jobs_enqueued_total, per queue
+    and task, as Procrastinate lists its jobs; the live worker is served busy while it runs the
+    held job, then idle, then gone once it stopped (its row deleted); failed jobs are served
+    as queue_depth{state="failed"} per queue as Procrastinate lists them."""
+    app = procrastinate_app
+    release = tmp_path / "release"
+    app.tasks["send_email"].configure(queue="emails").defer(to="before@example.com")
+    exporter = run_exporter(
+        postgres_dsn=postgres_dsn,
+        preset=[{"name": "procrastinate", "params": {"failed_interval": 1}}],
+    )
+    # the enqueue counter starts from what is there: wait for its first read's baseline
+    wait_for(
+        lambda: (
+            value(
+                scrape_series(exporter), "queue_exporter_source_up", source="native:procrastinate"
+            )
+            == 1
+        )
+    )
+    before = {job.id for job in app.job_manager.list_jobs()}
+    for n in range(3):
+        app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}@example.com")
+    for _ in range(2):
+        app.tasks["explode"].configure(queue="emails").defer()
+    app.tasks["hold"].configure(queue="slow").defer(release=str(release))
+    worker = _procrastinate_worker(postgres_dsn)
+    try:
+
+        def truth() -> tuple[Counter[tuple[str, str]], Counter[str]]:
+            jobs = app.job_manager.list_jobs()
+            enqueued = Counter((job.queue, job.task_name) for job in jobs if job.id not in before)
+            failed = Counter(job.queue for job in jobs if job.status == "failed")
+            return enqueued, failed
+
+        def mismatches(series: Series, scraped_at: float) -> list[str]:
+            enqueued, failed = truth()
+            served_enqueued = {
+                (labels["queue"], labels["job_type"]): number
+                for (metric, label_set), number in series.items()
+                if metric == "queue_jobs_enqueued_total"
+                and (labels := dict(label_set))["system"] == "procrastinate"
+            }
+            found = []
+            if served_enqueued != {key: float(n) for key, n in enqueued.items()}:
+                found.append(f"enqueued: served {served_enqueued}, Procrastinate {enqueued}")
+            served_failed = {
+                queue: number
+                for (queue, state), number in _procrastinate_depths(series).items()
+                if state == "failed"
+            }
+            expected = {"emails": float(failed["emails"]), "slow": float(failed["slow"])}
+            if served_failed != expected:
+                found.append(f"failed: served {served_failed}, Procrastinate {expected}")
+            if failed["emails"] != 2:
+                found.append(f"Procrastinate lists {failed['emails']} failed emails so far")
+            workers = _by_labels(series, "queue_workers", "state")
+            if workers != {"busy": 1.0, "idle": 0.0}:
+                found.append(f"workers {workers} while the worker holds a job")
+            return found
+
+        wait_until_served_as_truth(exporter, mismatches, timeout=60)
+        status = json.loads(scrape(exporter.server.port, "/status.json"))
+        row = next(s for s in status["sources"] if s["name"] == "postgres:procrastinate_failed")
+        assert row["reads"] == (
+            "reads every 1s: Procrastinate has no index on failed jobs: counting them reads "
+            "every row of procrastinate_jobs"
+        ), row
+        release.touch()
+
+        def idle() -> bool:
+            return _by_labels(scrape_series(exporter), "queue_workers", "state") == {
+                "busy": 0.0,
+                "idle": 1.0,
+            }
+
+        wait_for(idle, timeout=60)
+    finally:
+        release.touch()
+        stop_process(worker, 15)
+    assert worker.returncode == 0  # a clean stop: Procrastinate deletes its worker row
+    wait_for(
+        lambda: (
+            _by_labels(scrape_series(exporter), "queue_workers", "state")
+            == {"busy": 0.0, "idle": 0.0}
+        ),
+        timeout=30,
+    )
+
+
+def _procrastinate_depths(series: Series) -> dict[tuple[str, str], float]:
+    return {
+        (labels["queue"], labels["state"]): number
+        for (metric, label_set), number in series.items()
+        if metric == "queue_depth" and (labels := dict(label_set))["system"] == "procrastinate"
+    }
+
+
+def test_pgboss_throughput_and_failures_are_counted_by_default(
+    pgboss: PgBoss, postgres_dsn: str, run_exporter: Any
+) -> None:
+    """The preset with no params: on pg-boss 12 the jobs its worker completes and fails are
+    counted once each, as getJobById says they ended; on pg-boss 10, which has no index on
+    completed_on, the reader counts nothing, stays up, and says why on the status page."""
+    pgboss.seed()
+    exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["pgboss"])
+    source = "native:pgboss"
+    wait_for(lambda: value(scrape_series(exporter), "queue_exporter_source_up", source=source) == 1)
+    worker = pgboss.worker()
+    try:
+        truth = _settled(pgboss)
+        ended = Counter(
+            (job["queue"], job["state"])
+            for job in truth["jobs"]
+            if job["state"] in ("completed", "failed")
+        )
+        assert ended == {("emails", "completed"): 4, ("emails", "failed"): 2}, ended
+
+        def counted() -> dict[tuple[str, str], float]:
+            series = scrape_series(exporter)
+            found: dict[tuple[str, str], float] = {}
+            for metric, outcome in (
+                ("queue_jobs_completed_total", "completed"),
+                ("queue_jobs_failed_total", "failed"),
+            ):
+                for (name, label_set), number in series.items():
+                    labels = dict(label_set)
+                    if name == metric and labels.get("system") == "pgboss":
+                        key = (labels["queue"], outcome)
+                        found[key] = found.get(key, 0.0) + number
+            return found
+
+        if pgboss.major >= 12:
+            wait_for(lambda: counted() == {key: float(n) for key, n in ended.items()}, timeout=30)
+            return
+        status = json.loads(scrape(exporter.server.port, "/status.json"))
+        row = next(s for s in status["sources"] if s["name"] == source)
+        assert row["up"] is True, row
+        assert "pg-boss schema version 24 has no index on completed_on" in row["silent"], row
+        assert counted() == {}
+    finally:
+        pgboss.release.touch()
+        stop_process(worker, 15)

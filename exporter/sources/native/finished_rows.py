@@ -125,7 +125,9 @@ class FinishedRowsReader:
         tally = signals.tally
         execution = self._seconds(column("execution_seconds"), "execution_seconds")
         wait = self._seconds(column("wait_seconds"), "wait_seconds")
-        if outcome == "completed":
+        if outcome == "enqueued":
+            tally.count("queue_jobs_enqueued_total", labels)
+        elif outcome == "completed":
             tally.count("queue_jobs_completed_total", labels)
         else:
             error_type = column("error_type") or ("retryable" if outcome == "retried" else "other")
@@ -157,6 +159,53 @@ class FinishedRowsReader:
         """Nothing of its own: the pool belongs to the source (FinishedRowsSource)."""
 
 
+class CheckedReader:
+    """A reader behind its config's unavailable_when: while the statement names why this
+    version of the system cannot give its finished rows cheaply (pg-boss 10: no index on
+    completed_on), nothing is read and the reader is silent, saying why; once it names nothing,
+    the reader reads, and the statement runs again only after a failed read."""
+
+    def __init__(
+        self, reader: FinishedRowsReader, check: str, connector: PostgresConnector, timeout: float
+    ) -> None:
+        self.name = reader.name
+        self._reader = reader
+        self._check = check
+        self._connector = connector
+        self._timeout = timeout
+        self._available = False
+
+    def read(self, signals: Signals) -> None:
+        if not self._available:
+            why = self._unavailable()
+            if why is not None:
+                signals.silent = why
+                return
+            self._available = True
+        try:
+            self._reader.read(signals)
+        except Exception:
+            self._available = False
+            raise
+
+    def _unavailable(self) -> str | None:
+        rows, columns, _ = self._connector.fetch(self._check, self._timeout, 1)
+        names = [name for name, _ in columns]
+        if "unavailable" not in names:
+            raise QueryShapeError(
+                f"{self.name}: unavailable_when returns no column 'unavailable' "
+                f"(it returns {', '.join(names) or 'nothing'})"
+            )
+        why = rows[0][names.index("unavailable")] if rows else None
+        return None if why is None else str(why)
+
+    def interrupt(self) -> None:
+        self._reader.interrupt()
+
+    def close(self) -> None:
+        self._reader.close()
+
+
 class FinishedRowsSource(NativeSource):
     """A FinishedRowsReader as a source: the pool is held while the source lives (a reader is
     rebuilt when another replica led in between, the pool is not), and PostgreSQL's errors get their
@@ -173,7 +222,7 @@ class FinishedRowsSource(NativeSource):
     ) -> None:
         connector.acquire()
         self._connector = connector
-        make_reader = functools.partial(FinishedRowsReader, config, connector, timeout)
+        make_reader = functools.partial(_reader, config, connector, timeout)
         super().__init__(make_reader, interval, metrics, term=term)
         # Waiting for a connection, then the query: past both, the server is not answering.
         self.deadline = connector.config.connect_timeout + timeout
@@ -186,6 +235,15 @@ class FinishedRowsSource(NativeSource):
     def close(self) -> None:
         super().close()
         self._connector.release()
+
+
+def _reader(
+    config: FinishedRowsConfig, connector: PostgresConnector, timeout: float
+) -> FinishedRowsReader | CheckedReader:
+    reader = FinishedRowsReader(config, connector, timeout)
+    if config.unavailable_when is None:
+        return reader
+    return CheckedReader(reader, config.unavailable_when, connector, timeout)
 
 
 def build_sources(

@@ -13,8 +13,9 @@ from pydantic import Field, field_validator
 
 from exporter.models import StrictModel
 
-# What a finished row says happened, as the query's `outcome` column spells it.
-OUTCOMES = ("completed", "failed", "retried")
+# What a row says happened, as the query's `outcome` column spells it: a job finished
+# (completed, failed, retried) or, where the table records it too, a job enqueued.
+OUTCOMES = ("completed", "failed", "retried", "enqueued")
 # {after_<name>} in the query: the last row's column cursor_<name>, a tie-breaker of `cursor`.
 _TIE = re.compile(r"\{after_(\w+)\}")
 
@@ -35,10 +36,19 @@ class FinishedRowsConfig(StrictModel):
     query: str = Field(
         description="the rows finished after {after} (the last position counted), at most "
         "{limit}, ordered by cursor; columns cursor, queue, job_type, outcome (completed, "
-        "failed, retried) and, may be NULL, execution_seconds, wait_seconds, error_type. Where "
+        "failed, retried; enqueued for a row that records an enqueue) and, may be NULL, "
+        "execution_seconds, wait_seconds, error_type. Where "
         "rows can share a cursor, each {after_<name>} is the last row's column cursor_<name> "
         "(NULL after a baseline without it: every row at {after} counted), and the query pages "
         "by (cursor, cursor_<name>...) in that order"
+    )
+    unavailable_when: str | None = Field(
+        None,
+        description="a read-only statement run before the reads: a row whose column "
+        "`unavailable` is not NULL leaves the reader silent with that text (nothing read, the "
+        "reason on the status page and in queue_exporter_native_silent), for a version of the "
+        "system whose finished rows cannot be read without a scan; checked at every read while "
+        "it says so, and after a failed read",
     )
     interval: float | None = Field(
         None, gt=0, description="seconds between reads (default: the postgres sample_interval)"
