@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from exporter.config import Config
 from exporter.printable import printable
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.sql_collectors import SqlCollector
 
 NOTHING_TO_DO = (
     "nothing to sample or consume: name a preset (--preset NAME or QUEUE_EXPORTER_PRESET; "
@@ -85,6 +86,7 @@ def take(config: Config) -> Inventory:
     if postgres is not None and collectors:
         target = postgres.masked_dsn() or f"DSN from {postgres.dsn_file}"
         sources.append(SourceTarget("postgres", target, _count(len(collectors), "SQL collector")))
+    cycle = (postgres.sample_interval if postgres is not None else None) or config.sample_interval
     dsn = (postgres.masked_dsn() if postgres is not None else None) or "the postgres DSN"
     for rows in finished:  # sources.postgres.finished: a native reader of finished rows
         what = f"the rows of {rows.table} as jobs finish"
@@ -112,9 +114,15 @@ def take(config: Config) -> Inventory:
             for s in streams
             if events is not None
         ),
-        sql_collectors=tuple(c.name for c in collectors),
+        sql_collectors=tuple(_collector(c, cycle) for c in collectors),
         native_readers=(*readers, *(rows.name for rows in finished)),
     )
+
+
+def _collector(collector: SqlCollector, cycle: float) -> str:
+    """Its name, and how often it reads when not every cycle, and why."""
+    note = collector.reads_note(cycle)
+    return collector.name if note is None else f"{collector.name} ({note})"
 
 
 def events_redis(config: Config) -> RedisConnectionConfig:

@@ -24,6 +24,10 @@ import psycopg
 import pytest
 
 from exporter import presets
+from exporter.health import HealthBoard
+from exporter.sources import postgres
+from exporter.sources.postgres_config import PostgresSourceConfig
+from exporter.telemetry import Telemetry
 from tests.conftest import (
     Series,
     scrape,
@@ -263,6 +267,15 @@ def test_an_age_served_between_reads_grows_with_the_clock(
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "postgres:held: 1 row(s); series: queue_depth 1, " in checked.stdout
     assert f"; {said}" in checked.stdout, checked.stdout
+    assert f"SQL collector held ({said})" in checked.stdout  # also without --connect
+    offline = subprocess.run(
+        [sys.executable, "-m", "exporter", "check-config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert f"SQL collector held ({said})" in offline.stdout, offline.stdout
 
 
 def _metric(series: Series, name: str) -> float | None:
@@ -482,3 +495,47 @@ def test_pgboss_throughput_and_failures_are_counted_by_default(
     finally:
         pgboss.release.touch()
         stop_process(worker, 15)
+
+
+def test_a_failed_costly_read_is_tried_again_on_its_interval_not_every_cycle(
+    postgres_dsn: str,
+) -> None:
+    """A collector read every 2 s with an age among its values is sampled every 0.2 s. Its
+    first read fails (the table is missing); the table then appears, yet the samples within
+    the read interval still fail with the same error, for no query is run again before the
+    interval; the first sample after it reads the table."""
+    config = PostgresSourceConfig.model_validate(
+        {
+            "dsn": postgres_dsn,
+            "collectors": [
+                {
+                    "name": "late",
+                    "interval": 2,
+                    "query": "SELECT count(*) AS jobs, 1.0::float8 AS age FROM late",
+                    "static_labels": {"system": "custom", "queue": "late", "state": "active"},
+                    "values": [
+                        {"column": "jobs", "metric": "queue_depth"},
+                        {"column": "age", "metric": "queue_oldest_age_seconds", "age": True},
+                    ],
+                }
+            ],
+        }
+    )
+    telemetry = Telemetry(HealthBoard())
+    (source,) = postgres.build_sources(config, telemetry, 0.2)
+    try:
+        assert source.interval == 0.2 and source.read_interval == 2
+        failed_at = time.monotonic()
+        with pytest.raises(psycopg.errors.UndefinedTable):
+            source.sample()
+        with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+            connection.execute("CREATE TABLE late (n int)")
+        while time.monotonic() - failed_at < 1.5:  # before the read interval's last half cycle
+            with pytest.raises(psycopg.errors.UndefinedTable):
+                source.sample()
+            time.sleep(0.2)
+        time.sleep(max(0.0, failed_at + 2 - time.monotonic()))
+        assert len(source.sample()) == 2  # read: a depth and an age
+    finally:
+        source.close()
+        telemetry.shutdown()

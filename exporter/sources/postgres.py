@@ -263,6 +263,7 @@ class PostgresCollectorSource:
         self.read_interval = read_interval or interval
         # (monotonic time of the read, its rows, its columns): what is served until the next
         self._last_read: tuple[float, list[tuple[Any, ...]], Columns] | None = None
+        self._last_failure: tuple[float, Exception] | None = None  # when and what, likewise
         self.collector = collector
         self.statement_timeout = statement_timeout
         # Waiting for a connection, then the query: past both, the server is not answering.
@@ -281,23 +282,29 @@ class PostgresCollectorSource:
     def reads_every(self, cycle: float) -> None:
         """Say how the collector reads if that is less often than every `cycle` seconds
         (check-config prints it, the status page shows it)."""
-        if self.read_interval <= cycle:
-            return
-        why = self.collector.interval_reason or "its own interval"
-        ages = " (its ages move on between reads)" if self.interval < self.read_interval else ""
-        self.reads = f"reads every {self.read_interval:g}s{ages}: {why}"
-        self.telemetry.health.describe_reads(self.name, self.reads)
+        self.reads = self.collector.reads_note(cycle)
+        if self.reads is not None:
+            self.telemetry.health.describe_reads(self.name, self.reads)
 
     def sample(self) -> SampleSet:
-        last = self._last_read
+        last, failed = self._last_read, self._last_failure
         now = time.monotonic()
         # within half a sampling cycle of the read interval: read now rather than a cycle late
         if last is not None and now - last[0] + self.interval / 2 < self.read_interval:
             samples = SampleSet()
             self._converter_for(last[2]).convert(last[1], samples, since_read=now - last[0])
             return samples
-        self._last_read = None
-        return self._read()
+        if failed is not None and now - failed[0] + self.interval / 2 < self.read_interval:
+            # a failed costly read is tried again on its own interval, not every cycle; it
+            # stays failed (series withdrawn, the error counted) until then
+            raise failed[1].with_traceback(None)
+        self._last_read = self._last_failure = None
+        try:
+            return self._read()
+        except Exception as error:
+            if self.read_interval > self.interval:
+                self._last_failure = (now, error)
+            raise
 
     def _read(self) -> SampleSet:
         self._sampling_thread = threading.get_ident()
@@ -424,6 +431,4 @@ def sampled_every(collector: SqlCollector, interval: float) -> float:
     """Seconds between the collector's samples: its own interval, unless it reads less often
     than `interval` and serves ages, which then move on at every `interval` between reads."""
     read_every = collector.interval or interval
-    if read_every > interval and any(value.age for value in collector.values):
-        return interval
-    return read_every
+    return interval if read_every > interval and collector.has_ages() else read_every

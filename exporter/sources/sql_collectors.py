@@ -154,6 +154,19 @@ class SqlCollector(StrictModel):
             raise ValueError("; ".join(problems))
         return self
 
+    def reads_note(self, cycle: float) -> str | None:
+        """How the collector reads when that is less often than every `cycle` seconds, and why
+        (the status page, check-config); None when it reads every cycle."""
+        if self.interval is None or self.interval <= cycle:
+            return None
+        ages = " (its ages move on between reads)" if self.has_ages() else ""
+        why = self.interval_reason or "its own interval"
+        return f"reads every {self.interval:g}s{ages}: {why}"
+
+    def has_ages(self) -> bool:
+        """Whether a value is an age that grows between reads (SqlValue.age)."""
+        return any(value.age for value in self.values)
+
     def specs(self) -> dict[str, MetricSpec]:
         """The metric of every value: the catalog's for built-in names, else built here."""
         specs: dict[str, MetricSpec] = {}
