@@ -23,7 +23,6 @@ import procrastinate
 import psycopg
 import pytest
 
-from exporter import presets
 from exporter.health import HealthBoard
 from exporter.sources import postgres
 from exporter.sources.postgres_config import PostgresSourceConfig
@@ -37,7 +36,7 @@ from tests.conftest import (
     wait_for,
     wait_until_served_as_truth,
 )
-from tests.test_preset_pgboss import NODE, PgBoss, _time
+from tests.test_preset_pgboss import NODE, PgBoss, pg_time
 
 QUEUES = ("emails", "reports", "slow", "idle")
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,7 +84,7 @@ def _settled(boss: PgBoss) -> dict[str, Any]:
 def _started(truth: dict[str, Any], queue: str) -> float:
     """When pg-boss started the queue's one active job (its startedOn)."""
     running = [
-        _time(job["startedOn"])
+        pg_time(job["startedOn"])
         for job in truth["jobs"]
         if job["queue"] == queue and job["state"] == "active"
     ]
@@ -280,45 +279,6 @@ def test_an_age_served_between_reads_grows_with_the_clock(
 
 def _metric(series: Series, name: str) -> float | None:
     return next((number for (metric, label_set), number in series.items() if metric == name), None)
-
-
-def test_pgboss_hot_path_reads_no_finished_row(pgboss: PgBoss, postgres_dsn: str) -> None:
-    """300k finished rows (completed and failed) beside pg-boss's own jobs: run as the exporter
-    runs them, every cycle's query reaches rows through pg-boss's indexes alone. On pg-boss 10
-    the branches counting active and failed jobs are planned but never executed (a one-time
-    filter on job_i14's absence), and pgboss_active, which reads them there, is the collector
-    with a longer interval; on pg-boss 12 pgboss_active executes no scan at all."""
-    pgboss.seed()
-    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
-        connection.execute(
-            "INSERT INTO pgboss.job (name, state, started_on, completed_on) "
-            "SELECT (ARRAY['emails', 'reports', 'slow', 'idle'])[1 + n % 4], "
-            "(CASE WHEN n % 10 = 0 THEN 'failed' ELSE 'completed' END)::pgboss.job_state, "
-            "now() - interval '2 minutes', now() - interval '1 minute' "
-            "FROM generate_series(1, 300000) AS n"
-        )
-        connection.execute("VACUUM ANALYZE pgboss.job")
-        connection.execute("SET jit = off")  # as the exporter runs them (postgres.py)
-        collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
-        for collector in collectors:
-            if not collector.get("enabled", True):
-                continue
-            plan = [
-                row[0]
-                for row in connection.execute(f"EXPLAIN (ANALYZE, COSTS OFF) {collector['query']}")
-            ]
-            scans = [line for line in plan if "Seq Scan on j" in line]
-            executed = [line for line in scans if "never executed" not in line]
-            if collector["name"] == "pgboss_active" and pgboss.major < 12:
-                assert executed, plan  # the one pass over the partitions, on its interval
-                assert collector["interval"] >= 10, collector
-                continue
-            assert not executed, "\n".join(plan)
-            text = "\n".join(plan)
-            if pgboss.major >= 12 and collector["name"] == "pgboss_jobs":
-                assert "Index Only Scan using job_common_i14" in text, text
-            if pgboss.major < 12 and collector["name"] == "pgboss_jobs":
-                assert text.count("_i5 on j") == len(QUEUES), text
 
 
 @pytest.fixture
