@@ -15,15 +15,27 @@ import psycopg
 from exporter import presets
 from tests.conformance.adapters.base import Adapter, Phase
 from tests.conformance.checks import Age, ReadAge, Truth
-from tests.conftest import stop_process, wait_for
+from tests.conftest import Series, stop_process, wait_for
 from tests.test_preset_graphile_worker import STATES as GRAPHILE_STATES
 from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
 from tests.test_preset_pgboss import PgBoss, library_depths, pg_time
-from tests.test_preset_procrastinate import SOURCES as PROCRASTINATE_SOURCES_UP
+from tests.test_preset_procrastinate import SOURCES as PROCRASTINATE_SAMPLED
 from tests.test_preset_procrastinate import WORKED_QUEUES, procrastinate_state
 from tests.test_preset_procrastinate import _worker as procrastinate_worker
 
-PGBOSS_SOURCES = ("postgres:pgboss_jobs", "postgres:pgboss_due", "postgres:pgboss_active")
+# the finished-rows reader (on by default) is up on pg-boss 10 too, reading nothing and saying why
+PGBOSS_SOURCES = (
+    "postgres:pgboss_jobs",
+    "postgres:pgboss_due",
+    "postgres:pgboss_active",
+    "native:pgboss",
+)
+PROCRASTINATE_SOURCES = (
+    *PROCRASTINATE_SAMPLED,
+    "postgres:procrastinate_failed",
+    "postgres:procrastinate_workers",
+    "native:procrastinate",
+)
 GRAPHILE_SOURCES = (
     "postgres:graphile_worker_jobs",
     "postgres:graphile_worker_due",
@@ -46,8 +58,11 @@ class PgBossAdapter(Adapter):
     versions: ClassVar[tuple[Any, ...]] = (10, 12)
 
     def variants(self) -> dict[str, list[Any]]:
-        # with the defaults, active jobs are read every active_interval (30 s): a change of them
-        # shows that late, so only the run reading them every 0.5 s follows the release
+        if self.version >= 12:  # job_i14 holds active and failed jobs: read every cycle
+            return super().variants()
+        # pg-boss 10 has no index on them: with the defaults they are read every
+        # active_interval (30 s), so a change of them shows that late; only the run reading
+        # them every 0.5 s follows the release
         tuned = {"name": "pgboss", "params": {"active_interval": 0.5}}
         return {**super().variants(), "tuned": [tuned]}
 
@@ -78,15 +93,19 @@ class PgBossAdapter(Adapter):
             )
             assert started is not None
 
+            # pg-boss 12 reads active jobs every cycle (pgboss_jobs, through job_i14); 10 every
+            # active_interval (pgboss_active), the age grown between its reads
+            active_source = (
+                "postgres:pgboss_jobs" if self.version >= 12 else "postgres:pgboss_active"
+            )
+
             def truth(holding: bool) -> Truth:
                 library = boss.truth()
                 depths, due = library_depths(library)
                 # ages on the database clock, read between the source's two last successes
                 ages: dict[tuple[str, str], Any] = {
                     ("idle", "pending"): ReadAge(idle_first, "postgres:pgboss_jobs"),
-                    ("slow", "active"): (
-                        ReadAge(started, "postgres:pgboss_active") if holding else None
-                    ),
+                    ("slow", "active"): ReadAge(started, active_source) if holding else None,
                 }
                 return Truth(
                     "pgboss",
@@ -97,13 +116,32 @@ class PgBossAdapter(Adapter):
                     exact_due=True,
                     ages=ages,
                     exact_ages=True,
+                    totals=finished(library, holding),
                     sources_up=PGBOSS_SOURCES,
                 )
 
+            def finished(library: dict[str, Any], holding: bool) -> dict[tuple[str, ...], float]:
+                """pg-boss 12's finished-rows reader (on by default) counts what finishes after
+                its first read: the held job, completed once released (getJobById), is the
+                one job of the scenario known to finish after the exporter started. pg-boss 10
+                has no index to read them by: its reader reads nothing (test_postgres_states)."""
+                if self.version < 12:
+                    return {}
+                ended = Counter(job["state"] for job in library["jobs"] if job["queue"] == "slow")
+                assert not holding or ended["completed"] + ended["failed"] == 0, ended
+                return {
+                    ("queue_jobs_completed_total", "slow"): float(ended["completed"]),
+                    ("queue_jobs_failed_total", "slow"): float(ended["failed"]),
+                }
+
             yield lambda _at: truth(holding=True)
             boss.release.touch()  # the held job completes: active drops to 0, its age goes
-            assert interval_of("pgboss", "pgboss_active") == 30, "known gap closed: check defaults"
-            yield (lambda _at: truth(holding=False)), ("tuned",)
+            if self.version >= 12:
+                yield lambda _at: truth(holding=False)
+            else:
+                interval = interval_of("pgboss", "pgboss_active")
+                assert interval == 30, "known gap closed: check the defaults"
+                yield (lambda _at: truth(holding=False)), ("tuned",)
         finally:
             boss.release.touch()
             stop_process(worker, 15)
@@ -191,8 +229,9 @@ class GraphileWorkerAdapter(Adapter):
 class ProcrastinateAdapter(Adapter):
     """Jobs deferred through Procrastinate's tasks and run by a real `procrastinate worker`:
     they succeed, fail, fail into an hour-long retry wait, wait for a schedule, are cancelled,
-    and one keeps running until released; the truth is JobManager.list_jobs / list_queues and
-    the times the adapter saw around each defer and start."""
+    and one keeps running until released, then more are deferred; the truth is
+    JobManager.list_jobs / list_queues (statuses, the doing job's worker_id), the one worker
+    the adapter started and the times it saw around each defer and start."""
 
     system = "procrastinate"
     backend = "postgres"
@@ -243,13 +282,15 @@ class ProcrastinateAdapter(Adapter):
             started_after = time.time()
             wait_for(lambda: time.time() > deferred_after + 1.5)  # the scheduled "idle" job is due
 
-            def truth(scraped_at: float, holding: bool) -> Truth:
+            def truth(scraped_at: float, holding: bool, before: frozenset[int]) -> Truth:
                 depths: Counter[tuple[str, str]] = Counter()
-                for queue in app.job_manager.list_queues():
-                    for state in ("pending", "scheduled", "retry", "active"):
-                        depths[queue["name"], state] += 0
+                queues = [queue["name"] for queue in app.job_manager.list_queues()]
+                for queue in queues:
+                    for state in ("pending", "scheduled", "retry", "active", "failed"):
+                        depths[queue, state] += 0
                 due = 0
-                for job in app.job_manager.list_jobs():
+                jobs = app.job_manager.list_jobs()
+                for job in jobs:
                     state = procrastinate_state(job, scraped_at)
                     if state is not None:
                         depths[job.queue, state] += 1
@@ -263,6 +304,16 @@ class ProcrastinateAdapter(Adapter):
                         Age(started_before, started_after, 1, 1) if holding else None
                     ),
                 }
+                # The events reader counts what happens after its first read (up, before the
+                # first phase passes): the jobs deferred since (not in `before`), and the held
+                # job, which ends only once released.
+                totals: dict[tuple[str, ...], float] = {}
+                for queue in queues:
+                    new = [job for job in jobs if job.queue == queue and job.id not in before]
+                    totals["queue_jobs_enqueued_total", queue] = float(len(new))
+                slow = Counter(job.status for job in jobs if job.queue == "slow")
+                totals["queue_jobs_completed_total", "slow"] = float(slow["succeeded"])
+                totals["queue_jobs_failed_total", "slow"] = float(slow["failed"])
                 return Truth(
                     "procrastinate",
                     scraped_at,
@@ -271,17 +322,38 @@ class ProcrastinateAdapter(Adapter):
                     due={"idle": float(due)},
                     ages=ages,
                     exact_ages=True,
-                    sources_up=PROCRASTINATE_SOURCES_UP,
+                    totals=totals,
+                    sources_up=PROCRASTINATE_SOURCES,
+                    extra=lambda series: workers_differ(series, jobs),
                 )
 
-            yield lambda at: truth(at, holding=True)
+            seeded = frozenset(job.id for job in app.job_manager.list_jobs())
+            yield lambda at: truth(at, holding=True, before=seeded)
             # The list_queues totals (Procrastinate's own per-queue counts) agree with list_jobs.
             queues = {queue["name"]: queue for queue in app.job_manager.list_queues()}
             assert queues["reports"]["todo"] == 4 and queues["reports"]["cancelled"] == 1
             assert queues["slow"]["doing"] == 1
             release.touch()  # the held job ends: active drops to 0, and its age goes
             wait_for(lambda: app.job_manager.list_jobs(status="doing") == [], timeout=30)
-            yield lambda at: truth(at, holding=False)
+            # deferred after the events reader's first read: counted as enqueued
+            for n in range(3):
+                app.tasks["send_email"].configure(queue="idle").defer(to=f"after{n}")
+            app.tasks["send_email"].configure(queue="emails").defer(to="after")
+            yield lambda at: truth(at, holding=False, before=seeded)
         finally:
             release.touch()
             stop_process(worker, 15)
+
+
+def workers_differ(series: Series, jobs: list[Any]) -> list[str]:
+    """Procrastinate's live workers, with no queue label (it records no worker's queues): the
+    one the adapter started, busy while a doing job carries its id (list_jobs' worker_id)."""
+    busy = len({job.worker_id for job in jobs if job.status == "doing"})
+    truth = {"busy": float(busy), "idle": float(1 - busy)}
+    served = {
+        labels.get("state", ""): number
+        for (metric, label_set), number in series.items()
+        if metric == "queue_workers"
+        and (labels := dict(label_set)).get("system") == "procrastinate"
+    }
+    return [] if served == truth else [f"workers: served {served}, truth {truth}"]
