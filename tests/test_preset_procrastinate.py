@@ -312,9 +312,10 @@ def test_a_hung_postgresql_costs_only_its_sources(
     procrastinate_app: procrastinate.App, postgres_dsn: str, redis_url: str, run_exporter: Any
 ) -> None:
     """Procrastinate's PostgreSQL frozen behind a proxy (sockets open, nothing answered): its
-        collectors and its native reader are withdrawn within two intervals (timeout, or no connection
-    left in the pool), while
-        a Redis source of the same exporter keeps answering; thawed, they all come back."""
+    collectors and its native reader are withdrawn within two intervals (timeout, or no
+    connection left in the pool), procrastinate_failed too, though it reads only every 60 s
+    (its last read is not served as current while the database does not answer), while a
+    Redis source of the same exporter keeps answering; thawed, they all come back."""
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
     from tests.tcp_proxy import TcpProxy
@@ -337,7 +338,10 @@ def test_a_hung_postgresql_costs_only_its_sources(
                 },
             }
         )
-        ours = (*SOURCES, "native:procrastinate")
+        # every collector, those reading on a longer interval (procrastinate_failed) too
+        collectors = [f"postgres:{collector['name']}" for collector in _preset_collectors()]
+        assert "postgres:procrastinate_failed" in collectors
+        ours = (*collectors, "native:procrastinate")
         redis_sources = [
             dict(labels)["source"]
             for name, labels in _scrape(exporter)

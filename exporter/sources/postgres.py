@@ -27,7 +27,7 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from itertools import islice
 from typing import Any, TypeVar, cast
 
@@ -120,11 +120,25 @@ class PostgresConnector:
             "SELECT set_config('statement_timeout', '"
             f"{max(1, round(timeout * 1000))}', true), set_config('jit', 'off', true)"
         )
+        with self._borrowed() as connection:
+            rows, columns = _read(connection, set_timeout, query, max_rows + 1)
+        return rows[:max_rows], columns, len(rows) > max_rows
+
+    def check_answering(self) -> None:
+        """Borrow a connection and give it back: the pool checks it with a round trip, so this
+        fails as fetch() would while the server does not answer (severable likewise)."""
+        self._open()
+        with self._borrowed():
+            pass
+
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection of the pool, checked, lent to this thread (sever() reaches it)."""
         try:
             with self.pool.connection(timeout=self.config.connect_timeout) as connection:
                 self._lend(connection)
                 try:
-                    rows, columns = _read(connection, set_timeout, query, max_rows + 1)
+                    yield connection
                 finally:
                     self._give_back(connection)
         except PoolTimeout as error:
@@ -132,7 +146,6 @@ class PostgresConnector:
             detail = f": {_first_line(cause)}" if cause is not None else ""
             message = f"no connection within {self.config.connect_timeout:g}s{detail}"
             raise DatabaseUnavailable(message) from (cause or error)
-        return rows[:max_rows], columns, len(rows) > max_rows
 
     def _check(self, connection: psycopg.Connection[Any]) -> None:
         """The pool's check before it lends a connection: a round trip, so severable too."""
@@ -243,10 +256,13 @@ class PostgresCollectorSource:
     """One SQL collector as a Source: postgres:<collector>.
 
     It is sampled every `interval` seconds and runs its query every `read_interval` (the
-    same, unless the collector reads less often than it is sampled: a costly query with ages
-    among its values, SqlValue.age). Between two reads it serves the last read's rows again,
-    its ages grown by the time since, so an age moves on as the clock does instead of standing
-    still for a whole read interval; a failed read withdraws them all, as any failure does.
+    same, unless the collector reads less often than every cycle: a costly query). Between two
+    reads it serves the last read's rows again, its ages (SqlValue.age) grown by the time
+    since, so an age moves on as the clock does instead of standing still for a whole read
+    interval; and only while the database answers (a round trip each cycle), so a database
+    that stops answering withdraws them within a cycle, as it does every other collector's,
+    instead of leaving a read's numbers served as current for the rest of its interval. A
+    failed read withdraws them all, as any failure does.
     """
 
     def __init__(
@@ -291,6 +307,8 @@ class PostgresCollectorSource:
         now = time.monotonic()
         # within half a sampling cycle of the read interval: read now rather than a cycle late
         if last is not None and now - last[0] + self.interval / 2 < self.read_interval:
+            self._sampling_thread = threading.get_ident()  # severable at the deadline
+            self._connector.check_answering()
             samples = SampleSet()
             self._converter_for(last[2]).convert(last[1], samples, since_read=now - last[0])
             return samples
@@ -428,7 +446,7 @@ def build_sources(
 
 
 def sampled_every(collector: SqlCollector, interval: float) -> float:
-    """Seconds between the collector's samples: its own interval, unless it reads less often
-    than `interval` and serves ages, which then move on at every `interval` between reads."""
-    read_every = collector.interval or interval
-    return interval if read_every > interval and collector.has_ages() else read_every
+    """Seconds between the collector's samples: every cycle (`interval`), also when it reads
+    less often, so that its ages move on and an outage withdraws its series between reads;
+    its own interval when that is shorter."""
+    return min(collector.interval or interval, interval)
