@@ -30,11 +30,11 @@ from tests.conformance.adapters.python_queues import (
     Dramatiq,
     Huey,
 )
-from tests.conftest import Series
+from tests.conftest import Series, wait_for
 from tests.real_queues import BeeQueue, Bull, BullMQ, Sidekiq
 from tests.saq_app.control import driver as saq_driver
 from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
-from tests.test_preset_pgboss import PgBoss, library_depths
+from tests.test_preset_pgboss import PgBoss, library_depths, pg_time
 
 ROOT = Path(__file__).resolve().parent.parent
 README_REDIS_URL = "redis://redis:6379/0"
@@ -209,7 +209,16 @@ def pgboss_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, 
     """pg-boss 12's own schema and jobs (tests/node/pgboss.cjs seed): getJobById of each."""
     boss = PgBoss(12, postgres_dsn, tmp_path)
     boss.seed()
-    depths, _due = library_depths(boss.truth())
+
+    def settled() -> dict[str, Any] | None:
+        """pg-boss's jobs once the one sent due a second later is due: read before, the
+        truth would count it scheduled while the exporter, reading later, counts it pending."""
+        truth = boss.truth()
+        starts = [pg_time(job["startAfter"]) or 0 for job in truth["jobs"]]
+        soon = [start for start in starts if truth["now"] < start < truth["now"] + 60]
+        return None if soon else truth
+
+    depths, _due = library_depths(wait_for(settled, timeout=30))
     return {key: int(n) for key, n in depths.items() if key[1] == "pending" and n}
 
 
@@ -217,7 +226,14 @@ def graphile_worker_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tu
     """graphile-worker 0.18's migrations and addJob (tests/node/graphile_worker.cjs seed)."""
     graphile = GraphileWorker("018", postgres_dsn, tmp_path)
     graphile.seed()
-    jobs, now = graphile.jobs()
+
+    def settled() -> tuple[list[dict[str, Any]], float] | None:
+        """Its jobs once the one added due a second later is due (as for pg-boss)."""
+        jobs, now = graphile.jobs()
+        soon = [job for job in jobs if now < job["run_at"] < now + 60]
+        return None if soon else (jobs, now)
+
+    jobs, now = wait_for(settled, timeout=30)
     pending = [job["queue_name"] or job["task_identifier"] for job in jobs if graphile_state(job, now) == "pending"]  # fmt: skip
     return {(queue, "pending"): pending.count(queue) for queue in set(pending)}
 
