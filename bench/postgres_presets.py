@@ -28,18 +28,17 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.postgres_sampling import interleaved_medians  # noqa: E402
+from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
 from exporter import config as config_module  # noqa: E402
 from exporter.app import App  # noqa: E402
 from exporter.samples import SampleSet  # noqa: E402
@@ -157,15 +156,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN)
     args = parser.parse_args()
-    name = f"qe_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(args.admin_dsn, dbname=name)
-    try:
+    with scratch_database(args.admin_dsn) as dsn:
         run(dsn, args)
-    finally:
-        with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def create_procrastinate(dsn: str) -> None:

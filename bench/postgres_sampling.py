@@ -23,7 +23,8 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -87,6 +88,19 @@ def interleaved_medians(actions: list[Callable[[], object]], runs: int) -> list[
     return [statistics.median(series) for series in timings]
 
 
+@contextmanager
+def scratch_database(admin_dsn: str) -> Iterator[str]:
+    """A database of the bench's own, dropped afterwards: its DSN."""
+    name = f"qe_bench_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin_dsn, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield make_conninfo(admin_dsn, dbname=name)
+    finally:
+        with psycopg.connect(admin_dsn, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actions", type=int, default=10_000)
@@ -95,15 +109,8 @@ def main() -> None:
     parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN)
     args = parser.parse_args()
 
-    name = f"qe_bench_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    dsn = make_conninfo(args.admin_dsn, dbname=name)
-    try:
+    with scratch_database(args.admin_dsn) as dsn:
         run(dsn, args)
-    finally:
-        with psycopg.connect(args.admin_dsn, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def run(dsn: str, args: argparse.Namespace) -> None:
