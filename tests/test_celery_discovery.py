@@ -52,8 +52,14 @@ def _publish_routed(redis_url: str, transport: dict[str, str] | None = None) -> 
 
 
 def _pending(app) -> dict[str, float]:
+    """Each queue's pending depth, of the queues the key sampler served (the native reader's
+    active series name queues too, and are there while a sampling cycle's are withdrawn)."""
     series = scrape_series(app)
-    queues = {dict(labels)["queue"] for name, labels in series if name == "queue_depth"}
+    queues = {
+        dict(labels)["queue"]
+        for name, labels in series
+        if name == "queue_depth" and dict(labels)["state"] == "pending"
+    }
     return {
         queue: total(series, "queue_depth", system="celery", queue=queue, state="pending")
         for queue in queues
