@@ -314,13 +314,20 @@ def _timed(signals: Signals) -> int:
 
 
 def _read(system: System, reader: RedisReader, timed: list[int] | None = None) -> float:
-    """One read: the completions it counted; the execution times it observed are added to
-    `timed`."""
+    """One read, which refuses nothing and loses nothing: the completions it counted; the
+    execution times it observed are added to `timed`."""
     signals = Signals(source=system.name)
     reader.read(signals)
+    assert (signals.tally.invalid, signals.tally.lost) == ({}, 0), system.name
     if timed is not None:
         timed.append(_timed(signals))
     return _counted(system, signals)
+
+
+def _baseline(system: System, reader: RedisReader) -> None:
+    """A reader's first read: no completion counted, no execution time observed."""
+    timed: list[int] = []
+    assert (_read(system, reader, timed), timed) == (0, [0]), system.name
 
 
 def _settled(system: System, reader: RedisReader, count: int) -> list[float]:
@@ -359,7 +366,7 @@ def test_a_restart_over_30k_kept_jobs_counts_only_what_finished_after(system):
     for restart in range(2):
         reader = system.reader(system.url)
         try:
-            assert _read(system, reader) == 0, restart  # the baseline (BullMQ: the last read's)
+            _baseline(system, reader)  # BullMQ: from the positions the last read stored
             system.finish(3)
             counted = _settled(system, reader, 3)
             assert sum(counted) == 3 and counted[-1] == 0, (restart, counted)
@@ -371,20 +378,24 @@ def test_a_restart_over_30k_kept_jobs_counts_only_what_finished_after(system):
 def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
     """A leads (token 1) and counts 2; B leads (token 2: its own reader, its own series) and
     counts the 4 that finish while it leads; A leads again (token 3): a new reader, which counts
-    none of the 30,000 kept nor B's 4, and then the 5 that finish after, once."""
+    none of the 30,000 kept nor B's 4, and then the 5 that finish after, once. Served: the
+    completions, and as many execution times (RQ, BullMQ, SAQ)."""
     system.fill(KEPT)
 
-    def replica(token: list[int]) -> tuple[NativeSource, Callable[[], float]]:
+    def replica(token: list[int]) -> tuple[NativeSource, Callable[[], tuple[float, float]]]:
         telemetry = Telemetry(HealthBoard())
         metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
         source = NativeSource(
             lambda: system.reader(system.url), 10.0, metrics, term=lambda: token[0]
         )
 
-        def served() -> float:
+        def served() -> tuple[float, float]:
+            """Completions served, and execution times (as many, with runtimes; else 0)."""
             series = parse_exposition(telemetry.render(False).decode())
-            return total(
-                series, "queue_jobs_completed_total", system=system.name, queue=system.queue
+            labels = {"system": system.name, "queue": system.queue}
+            return (
+                total(series, "queue_jobs_completed_total", **labels),
+                total(series, "queue_job_execution_seconds_count", **labels),
             )
 
         return source, served
@@ -392,15 +403,17 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
     a_token, b_token = [1], [2]
     a, a_served = replica(a_token)
     b, b_served = replica(b_token)
+    runtimes = 1 if system.runtimes else 0
 
-    def settle(source: NativeSource, served: Callable[[], float], count: float) -> None:
+    def settle(source: NativeSource, served: Callable[[], tuple[float, float]], count: int) -> None:
         def counted() -> bool:
             source.sample()
-            return served() >= count
+            completed, timed = served()
+            return completed >= count and timed >= count * runtimes
 
         wait_for(counted, timeout=30, interval=0.3)
         source.sample()
-        assert served() == count
+        assert served() == (count, count * runtimes)
 
     try:
         a.sample()  # the baseline
@@ -411,10 +424,10 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
         settle(b, b_served, 4)
         a_token[0] = 3  # A leads again, after B
         a.sample()  # a new reader
-        assert a_served() == 2
+        assert a_served() == (2, 2 * runtimes)
         system.finish(5)
         settle(a, a_served, 2 + 5)
-        print(f"{system.name}: A counted {a_served()}, B {b_served()}; the library 2 + 4 + 5")
+        print(f"{system.name}: A served {a_served()}, B {b_served()}; the library 2 + 4 + 5")
     finally:
         a.close()
         b.close()
@@ -442,7 +455,7 @@ def test_a_read_that_fails_after_fetching_loses_nothing(private, name):
         url = f"redis://reader:secret@127.0.0.1:{private.port}/0"
         reader = system.reader(url)
         try:
-            assert _read(system, reader) == 0  # the baseline
+            _baseline(system, reader)
             denied = [f"-{system.denied}"]
             if system.name == "saq":  # its workers' stats may still be read
                 denied.append(f"(+get ~saq:{QUEUE}:worker_info:*)")
