@@ -10,7 +10,8 @@ job hashes; BullMQ's completed set, job hashes and `completed` entries of its ev
 The jobs that finish while the readers run are real jobs run by the library's own worker, and
 the library's own API says they finished (RQ's FinishedJobRegistry, BullMQ's getJobCounts,
 SAQ's Queue.info() worker stats, Sidekiq::Stats). The truth is what the library says, never
-what a reader counted.
+what a reader counted. Each reader runs against every installed major of its library (RQ 1-3,
+BullMQ 5 and 6).
 
 A read is made to fail after fetching by the server itself: the reader's ACL user may not send
 the command a read sends after it fetched the new records (the job hashes' HMGET for RQ and
@@ -51,7 +52,7 @@ from tests.conformance.adapters.base import require
 from tests.conformance.adapters.rq import RQ_PYTHONS, rq_driver, rq_worker
 from tests.conftest import parse_exposition, stop_process, total, wait_for
 from tests.private_redis import PrivateRedis
-from tests.real_queues import BullMQ, Sidekiq
+from tests.real_queues import BULLMQ_MAJORS, BullMQ, Sidekiq
 from tests.saq_app.control import driver as saq_driver
 from tests.saq_app.control import worker as saq_worker
 
@@ -70,8 +71,8 @@ class System:
     refused = ""  # what the server's ACL LOG names as refused: the command, or a key's start
     runtimes = True  # observes each finished job's execution time
 
-    def __init__(self, url: str, client: redis.Redis) -> None:
-        self.url, self.client = url, client
+    def __init__(self, url: str, client: redis.Redis, major: str = "") -> None:
+        self.url, self.client, self.major = url, client, major
 
     def start(self) -> None:
         """The queue, as the library makes it, and a worker when one runs all along."""
@@ -104,9 +105,9 @@ class Rq(System):
     name = "rq"
     denied = refused = "hmget"
 
-    def __init__(self, url: str, client: redis.Redis) -> None:
-        super().__init__(url, client)
-        self.python: Path = require(RQ_PYTHONS["3"], "rq", "rq3")
+    def __init__(self, url: str, client: redis.Redis, major: str = "3") -> None:
+        super().__init__(url, client, major)
+        self.python: Path = require(RQ_PYTHONS[major], "rq", f"rq{major}")
 
     # RQ's finished registry scores a job by when its result expires (its end + result_ttl,
     # 500 s by default); its hash as the worker leaves it.
@@ -162,10 +163,10 @@ class Bullmq(System):
     name = "bullmq"
     denied = refused = "hmget"
 
-    def __init__(self, url: str, client: redis.Redis) -> None:
-        super().__init__(url, client)
+    def __init__(self, url: str, client: redis.Redis, major: str = "6") -> None:
+        super().__init__(url, client, major)
         connection = client.connection_pool.connection_kwargs
-        self.driver = BullMQ(6, connection.get("db", 0), port=connection["port"])
+        self.driver = BullMQ(int(major), connection.get("db", 0), port=connection["port"])
 
     # moveToFinished: the job in `completed` scored by finishedOn, its hash, and a `completed`
     # entry on the events stream, trimmed to about 10,000 (maxLenEvents)
@@ -226,8 +227,8 @@ class Saq(System):
     end
     """
 
-    def __init__(self, url: str, client: redis.Redis) -> None:
-        super().__init__(url, client)
+    def __init__(self, url: str, client: redis.Redis, major: str = "") -> None:
+        super().__init__(url, client, major)
         self.worker: Any = None
 
     def start(self) -> None:
@@ -262,8 +263,8 @@ class SidekiqSystem(System):
     denied = refused = "smembers"  # the processes, read after the counters
     runtimes = False  # Sidekiq records no runtime per job
 
-    def __init__(self, url: str, client: redis.Redis) -> None:
-        super().__init__(url, client)
+    def __init__(self, url: str, client: redis.Redis, major: str = "") -> None:
+        super().__init__(url, client, major)
         connection = client.connection_pool.connection_kwargs
         self.driver = Sidekiq(connection.get("db", 0), port=connection["port"])
 
@@ -287,12 +288,18 @@ class SidekiqSystem(System):
         return SidekiqReader(SidekiqReaderConfig(), RedisConnectionConfig(url=url))
 
 
-SYSTEMS: dict[str, type[System]] = {
-    "rq": Rq,
-    "bullmq": Bullmq,
-    "saq": Saq,
-    "sidekiq": SidekiqSystem,
+# Each reader against each installed major of its library: (the system, the major)
+SYSTEMS: dict[str, tuple[type[System], str]] = {
+    **{f"rq{major}": (Rq, major) for major in sorted(RQ_PYTHONS)},
+    **{f"bullmq{major}": (Bullmq, str(major)) for major in BULLMQ_MAJORS},
+    "saq": (Saq, ""),
+    "sidekiq": (SidekiqSystem, ""),
 }
+
+
+def _made(name: str, url: str, client: redis.Redis) -> System:
+    kind, major = SYSTEMS[name]
+    return kind(url, client, major)
 
 
 def _counted(system: System, signals: Signals) -> float:
@@ -350,7 +357,7 @@ def _settled(system: System, reader: RedisReader, count: int) -> list[float]:
 
 @pytest.fixture(params=sorted(SYSTEMS))
 def system(request: pytest.FixtureRequest, redis_url: str, redis_client: redis.Redis) -> Iterator:
-    made = SYSTEMS[request.param](redis_url, redis_client)
+    made = _made(request.param, redis_url, redis_client)
     made.start()
     try:
         yield made
@@ -370,7 +377,9 @@ def test_a_restart_over_30k_kept_jobs_counts_only_what_finished_after(system):
             system.finish(3)
             counted = _settled(system, reader, 3)
             assert sum(counted) == 3 and counted[-1] == 0, (restart, counted)
-            print(f"{system.name}: restart {restart}: counted {counted}, the library 3")
+            print(
+                f"{system.name}{system.major}: restart {restart}: counted {counted}, the library 3"
+            )
         finally:
             reader.close()
 
@@ -427,7 +436,9 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
         assert a_served() == (2, 2 * runtimes)
         system.finish(5)
         settle(a, a_served, 2 + 5)
-        print(f"{system.name}: A served {a_served()}, B {b_served()}; the library 2 + 4 + 5")
+        print(
+            f"{system.name}{system.major}: A served {a_served()}, B {b_served()}; the library 2 + 4 + 5"
+        )
     finally:
         a.close()
         b.close()
@@ -448,7 +459,7 @@ def test_a_read_that_fails_after_fetching_loses_nothing(private, name):
     refuses the command it sends next) and counts nothing; once allowed, the next reads count
     the 20, once."""
     admin = private.client()
-    system = SYSTEMS[name](private.url, admin)
+    system = _made(name, private.url, admin)
     system.start()
     try:
         admin.execute_command("ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all")
@@ -469,7 +480,9 @@ def test_a_read_that_fails_after_fetching_loses_nothing(private, name):
             admin.execute_command("ACL", "SETUSER", "reader", f"+{system.denied}")
             counted = _settled(system, reader, 20)
             assert sum(counted) == 20 and counted[-1] == 0, counted
-            print(f"{system.name}: after a failed read counted {counted}, the library 20")
+            print(
+                f"{system.name}{system.major}: after a failed read counted {counted}, the library 20"
+            )
         finally:
             reader.close()
     finally:
