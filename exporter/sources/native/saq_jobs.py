@@ -133,6 +133,11 @@ class FinishedJobs:
         pipe.time()
         first, *lives, last = pipe.execute(raise_on_error=False)
         began_ms, ended_ms = _clock_ms(first), _clock_ms(last)
+        for life in lives:
+            if isinstance(life, Exception):
+                # PTTL answers for a key of any type: an error is the backend's (NOPERM), and
+                # taken for a record not finished it would leave every runtime unread, silently
+                raise life
         endless = [job for job, life in zip(keys, lives, strict=True) if life == -1]
         pipe = client.pipeline(transaction=False)
         for job in endless:
