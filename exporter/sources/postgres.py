@@ -48,6 +48,19 @@ from exporter.telemetry import Telemetry
 
 Columns = tuple[tuple[str, int], ...]
 log = logging.getLogger(__name__)
+
+
+class _ClosedConnectionReturned(logging.Filter):
+    """psycopg's pool warns when a closed connection comes back to it. Here that is one this
+    module severed (a read past its deadline, a shutdown: sever()) or one whose read failed,
+    and the source reports each with its reason: the pool's line would say it again, as a
+    WARNING with no source, even for a clean shutdown."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("discarding closed connection")
+
+
+logging.getLogger("psycopg.pool").addFilter(_ClosedConnectionReturned())
 _limited = LogLimiter(log)
 _T = TypeVar("_T")
 
