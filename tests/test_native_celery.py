@@ -475,9 +475,17 @@ def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporte
         runs = sum(ok + fail + 2 * retry for ok, fail, retry in OUTCOMES.values())
 
         def all_counted() -> Series | None:
+            """Every run started and ended (a success, a failure or a retry's failure, each
+            with its execution time): a run's end is read after its start."""
             series = scrape_series(app)
-            started = total(series, "queue_jobs_started_total", system="celery")
-            return series if started == runs else None
+            counts = [
+                total(series, name, system="celery")
+                for name in ("queue_jobs_started_total", "queue_job_execution_seconds_count")
+            ]
+            ends = total(series, "queue_jobs_completed_total", system="celery") + total(
+                series, "queue_jobs_failed_total", system="celery"
+            )
+            return series if counts == [runs, runs] and ends == runs else None
 
         series = wait_for(all_counted, timeout=120)
 
