@@ -22,6 +22,10 @@ from exporter.samples import LabelValues, Series
 from exporter.store import OVERFLOW
 from exporter.telemetry import Telemetry
 
+# A queue's workers: busy, idle, busy slots, free slots (None: a worker does not say its slots)
+WorkerTotal = tuple[int, int, int | None, int | None]
+NO_WORKERS: WorkerTotal = (0, 0, 0, 0)
+
 _V = TypeVar("_V")
 
 # Failures after which the job is not retried: its attempts are final.
@@ -335,23 +339,30 @@ class WorkerRegistry:
             for key in gone:
                 del self._workers[key]
 
-    def totals(self, now: float) -> dict[LabelValues, tuple[int, int, int | None, int | None]]:
+    def totals(self, now: float) -> dict[LabelValues, WorkerTotal]:
         """(system, queue[, redis_source]) -> busy workers, idle workers, busy slots, free
         slots (None when a worker of the queue does not say its slots: no slot is invented)."""
         self.prune(now)
-        totals: dict[LabelValues, list[int | None]] = {}
+        totals: dict[LabelValues, WorkerTotal] = {}
         with self._lock:
             beats = list(self._workers.values())
         for beat in beats:
-            entry = totals.setdefault((beat.system, beat.queue, *self.suffix), [0, 0, 0, 0])
+            key = (beat.system, beat.queue, *self.suffix)
             busy = beat.active if beat.capacity is None else min(beat.active, beat.capacity)
-            entry[0 if busy > 0 else 1] += 1  # type: ignore[operator]
-            if beat.capacity is None or entry[2] is None or entry[3] is None:
-                entry[2] = entry[3] = None
+            working = int(busy > 0)
+            if beat.capacity is None:
+                one: WorkerTotal = (working, 1 - working, None, None)
             else:
-                entry[2] += busy
-                entry[3] += beat.capacity - busy
-        return {key: (a, b, c, d) for key, (a, b, c, d) in totals.items()}  # type: ignore[misc]
+                one = (working, 1 - working, busy, beat.capacity - busy)
+            totals[key] = add_worker_totals(totals.get(key, NO_WORKERS), one)
+        return totals
+
+
+def add_worker_totals(a: WorkerTotal, b: WorkerTotal) -> WorkerTotal:
+    """Workers add up; slots add up while every worker says its slots, else none are served."""
+    if a[2] is None or a[3] is None or b[2] is None or b[3] is None:
+        return (a[0] + b[0], a[1] + b[1], None, None)
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
 
 
 def _suffixed(
@@ -525,23 +536,16 @@ class EventMetrics:
         spec = self._store.event_spec
         return [(spec(name), Series((series,))) for name, series in gauges if series]
 
-    def _worker_totals(self) -> dict[LabelValues, tuple[int, int, int | None, int | None]]:
+    def _worker_totals(self) -> dict[LabelValues, WorkerTotal]:
         now = time.time()
-        merged: dict[LabelValues, tuple[int, int, int | None, int | None]] = {}
+        merged: dict[LabelValues, WorkerTotal] = {}
         with self._lock:
             registries = list(self._registries)
         clip = self._store.guard.clip
         for registry in registries:
-            for labels, (busy, idle, busy_slots, free_slots) in registry.totals(now).items():
+            for labels, total in registry.totals(now).items():
                 key = clip(labels)
-                was = merged.get(key, (0, 0, 0, 0))
-                known = None not in (was[2], was[3], busy_slots, free_slots)
-                merged[key] = (
-                    was[0] + busy,
-                    was[1] + idle,
-                    was[2] + busy_slots if known else None,  # type: ignore[operator]
-                    was[3] + free_slots if known else None,  # type: ignore[operator]
-                )
+                merged[key] = add_worker_totals(merged.get(key, NO_WORKERS), total)
         return merged
 
     def _observe_stream(self, index: int) -> Callable[[CallbackOptions], Iterator[Observation]]:
