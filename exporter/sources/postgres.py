@@ -137,6 +137,19 @@ class PostgresConnector:
             rows, columns = _read(connection, set_timeout, query, max_rows + 1)
         return rows[:max_rows], columns, len(rows) > max_rows
 
+    def fetch_text(self, query: str, column: str, timeout: float, owner: str) -> str | None:
+        """The text in `column` of `query`'s first row (None: no row, or NULL): the one-row
+        checks a preset's query is guarded by (`refuse_when`, `unavailable_when`). A query
+        without that column is a QueryShapeError naming `owner`."""
+        rows, columns, _ = self.fetch(query, timeout, 1)
+        names = [name for name, _ in columns]
+        if column not in names:
+            raise QueryShapeError(
+                f"{owner} returns no column '{column}' (it returns {', '.join(names) or 'nothing'})"
+            )
+        found = rows[0][names.index(column)] if rows else None
+        return None if found is None else str(found)
+
     def check_answering(self) -> None:
         """Borrow a connection and give it back: the pool checks it with a round trip, so this
         fails as fetch() would while the server does not answer (severable likewise)."""
@@ -375,16 +388,10 @@ class PostgresCollectorSource:
 
     def _refuse_unless_it_applies(self, check: str) -> None:
         """Raise CollectorRefused with the text `check`'s `refusal` column holds, if any."""
-        rows, columns, _ = self._connector.fetch(check, self.statement_timeout, 1)
-        names = [name for name, _ in columns]
-        if "refusal" not in names:
-            raise QueryShapeError(
-                f"collector {self.collector.name}: refuse_when returns no column 'refusal' "
-                f"(it returns {', '.join(names) or 'nothing'})"
-            )
-        refusal = rows[0][names.index("refusal")] if rows else None
+        owner = f"collector {self.collector.name}: refuse_when"
+        refusal = self._connector.fetch_text(check, "refusal", self.statement_timeout, owner)
         if refusal is not None:
-            raise CollectorRefused(str(refusal))
+            raise CollectorRefused(refusal)
         self._check_due = False
 
     def interrupt(self) -> None:

@@ -189,15 +189,8 @@ class CheckedReader:
             raise
 
     def _unavailable(self) -> str | None:
-        rows, columns, _ = self._connector.fetch(self._check, self._timeout, 1)
-        names = [name for name, _ in columns]
-        if "unavailable" not in names:
-            raise QueryShapeError(
-                f"{self.name}: unavailable_when returns no column 'unavailable' "
-                f"(it returns {', '.join(names) or 'nothing'})"
-            )
-        why = rows[0][names.index("unavailable")] if rows else None
-        return None if why is None else str(why)
+        owner = f"{self.name}: unavailable_when"
+        return self._connector.fetch_text(self._check, "unavailable", self._timeout, owner)
 
     def interrupt(self) -> None:
         self._reader.interrupt()
