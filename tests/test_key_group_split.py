@@ -54,6 +54,47 @@ def test_unreadable_and_unread_items_count_under_unread(redis_client, redis_url,
     assert errors.get("label_unreadable", 0) >= 1 and errors.get("items_unread", 0) >= 1
 
 
+def test_a_split_hash_serves_its_earliest_time_each_refused_alone(
+    redis_client, redis_url, run_exporter
+):
+    """Hash values have no order (Sidekiq's work hashes): each value's time is read and the
+    earliest served per label value; a time before 1970 or unreadable costs only that value."""
+    now = time.time()
+    work = {
+        "t1": {"queue": "mail", "run_at": int(now - 100)},
+        "t2": {"queue": "mail", "run_at": int(now - 40)},
+        "t3": {"queue": "bills", "run_at": int(now - 30)},
+        "t4": {"queue": "bills", "run_at": -5},  # before 1970: refused, bills keeps t3's age
+        "t5": {"queue": "sms", "run_at": "soon"},  # no time: sms has depth, no age
+    }
+    redis_client.hset("proc:work", mapping={k: json.dumps(v) for k, v in work.items()})
+    group = {
+        "system": "custom",
+        "pattern": "proc:work",
+        "type": "hash",
+        "state": "active",
+        "split_by": {"label": "queue", "field": "queue"},
+        "oldest": {"time_in": "json", "field": "run_at", "format": "epoch_s"},
+    }
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="sms")
+
+    def age(queue):
+        return value(series, "queue_oldest_age_seconds", system="custom", queue=queue)
+
+    assert value(series, "queue_depth", system="custom", queue="mail", state="active") == 2
+    assert value(series, "queue_depth", system="custom", queue="bills", state="active") == 2
+    assert 100 <= age("mail") < 130 and 30 <= age("bills") < 60
+    assert age("sms") is None
+    errors = {
+        dict(labels)["reason"]: count
+        for (name, labels), count in series.items()
+        if name == "queue_exporter_source_errors_total" and ("pattern", "proc:work") in labels
+    }
+    assert errors.get("time_out_of_range", 0) >= 1, errors
+    assert sum(errors.values()) >= 2, errors  # and the unreadable time
+
+
 def test_select_narrows_the_split_values_and_names_what_it_leaves_out(
     redis_client, redis_url, run_exporter
 ):

@@ -318,11 +318,13 @@ class Cycle:
         due = BY_NAME[group.due.metric] if group.due is not None else None
         due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
+        # a hash's values have no order: every one is a candidate, the earliest time is served
+        keep_all = group.type == "hash"
         keeps = Selector(group.select.get(split.label, ["*"]))
 
         def on_items(reply: Any) -> None:
             items = listed_items(reply, scored=group.type == "zset")
-            heads: dict[str, tuple[bytes | int, float | None]] = {}
+            heads: dict[str, list[tuple[bytes | int, float | None]]] = {}
             unreadable = too_large = 0
             for item, score in items:
                 if isinstance(item, int):  # its size: over max_item_bytes, left in Redis
@@ -341,8 +343,10 @@ class Cycle:
                     self.samples.add_labelled(
                         due, item_labels.for_metric(due), float(score < due_limit)
                     )
-                if keep_last or value not in heads:
-                    heads[value] = (item, score)
+                if keep_all:
+                    heads.setdefault(value, []).append((item, score))
+                elif keep_last or value not in heads:
+                    heads[value] = [(item, score)]
             unread = depth - len(items)
             if unread > 0:
                 self._add_depth(tally, labels._replace(**{split.label: UNREAD}), unread)
@@ -361,17 +365,13 @@ class Cycle:
             oldest = group.oldest
             if oldest is None:
                 return
-            for value, (item, score) in heads.items():  # each head's age, failing alone
-                if isinstance(item, int):  # too large to read (counted): a score tells its time
-                    if oldest.time_in != "score":
-                        continue
-                    item = b""
-                try:
-                    self._age(
-                        labels._replace(**{split.label: value}), item_time(oldest, item, score)
-                    )
-                except Exception as error:  # hostile data may raise anything
-                    tally.failed(key, exception_reason(error))
+            for value, candidates in heads.items():  # each item's time failing alone
+                times = [
+                    self._split_item_time(tally, key, item, score) for item, score in candidates
+                ]
+                known = [time for time in times if time is not None]
+                if known:
+                    self._add_age(labels._replace(**{split.label: value}), min(known))
 
         return [
             ((DEPTH_COMMAND[group.type], key), on_depth, tally),
@@ -403,6 +403,22 @@ class Cycle:
 
         return on_groups
 
+    def _split_item_time(
+        self, tally: GroupTally, key: bytes, item: bytes | int, score: float | None
+    ) -> float | None:
+        """A split item's time, checked (None: unreadable, counted on its key)."""
+        oldest = tally.group.oldest
+        assert oldest is not None
+        if isinstance(item, int):  # too large to read (counted): a score tells its time
+            if oldest.time_in != "score":
+                return None
+            item = b""
+        try:
+            return checked_time(item_time(oldest, item, score), self.latest)
+        except Exception as error:  # hostile data may raise anything
+            tally.failed(key, exception_reason(error))
+            return None
+
     def _add_depth(self, tally: GroupTally, labels: Labels, depth: float) -> None:
         self.samples.add_labelled(DEPTH, labels, depth)
         tally.series[labels] = None
@@ -411,8 +427,10 @@ class Cycle:
         """The age of a head item's time; a time before 1970 or ahead of `latest` raises
         ItemError time_out_of_range (counted on its key by the caller)."""
         if item_time is not None:
-            at = checked_time(item_time, self.latest)
-            self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - at))
+            self._add_age(labels, checked_time(item_time, self.latest))
+
+    def _add_age(self, labels: Labels, checked: float) -> None:
+        self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - checked))
 
     def kept_time_read(self, tally: GroupTally, labels: Labels, key: bytes, read: Args) -> Command:
         """The read of the time a head item's hash field or string key keeps (the item names

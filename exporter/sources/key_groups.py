@@ -38,7 +38,8 @@ class OldestItem(StrictModel):
     end: Literal["head", "tail"] = Field(
         "head",
         description="lists: head = index 0, tail = index -1 (RPUSH+LPOP producers serve the "
-        "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest",
+        "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest; "
+        "split_by's hash values: the earliest time among them",
     )
     time_in: Literal["score", "item", "json", "hash", "string", "stream_id"] = Field(
         description="score: the zset score is the time; item: the item itself is a time; "
@@ -278,6 +279,8 @@ class KeyGroup(StrictModel):
                 "list": {"item", "json", "hash", "string"},
                 "zset": {"score", "item", "json", "hash", "string"},
                 "stream": {"stream_id"},
+                # split_by's hash values (Sidekiq's work): the earliest time among them
+                "hash": {"json"} if self.split_by is not None else set(),
             }.get(self.type, set())
             if self.oldest.time_in not in allowed:
                 raise ValueError(

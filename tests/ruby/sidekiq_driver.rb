@@ -49,11 +49,15 @@ def truth(_spec)
       "queues" => process["queues"] }
   end
   busy = Hash.new(0)
-  Sidekiq::Workers.new.each { |_process, _thread, work| busy[work["queue"]] += 1 }
+  busy_since = {} # per queue, when its longest-running job started
+  Sidekiq::Workers.new.each do |_process, _thread, work|
+    busy[work["queue"]] += 1
+    busy_since[work["queue"]] = [busy_since[work["queue"]], work["run_at"]].compact.min
+  end
   puts JSON.generate(
     "now" => now, "queues" => queues, "scheduled" => by_queue(scheduled), "scheduled_due" => due,
     "retry" => by_queue(Sidekiq::RetrySet.new), "dead" => by_queue(Sidekiq::DeadSet.new),
-    "dead_oldest" => dead_oldest, "busy" => busy, "processed" => stats.processed,
+    "dead_oldest" => dead_oldest, "busy" => busy, "busy_since" => busy_since, "processed" => stats.processed,
     "failed" => stats.failed, "processes" => processes
   )
 end

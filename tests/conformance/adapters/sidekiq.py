@@ -1,6 +1,6 @@
 """Sidekiq (Debian's ruby-sidekiq), pushed to, scheduled, killed, failed into the retry and dead
 sets and kept busy by Sidekiq itself (tests/ruby/); the truth is its own API: Queue#size and
-#latency, ScheduledSet, RetrySet, DeadSet and Workers, per queue."""
+#latency, ScheduledSet, RetrySet, DeadSet and Workers (with each job's run_at), per queue."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ class SidekiqAdapter(Adapter):
         for sidekiq_set, state in SETS.items():
             for queue, count in library[sidekiq_set].items():
                 depths[queue, state] = count
+        for queue, started in library["busy_since"].items():  # Workers' run_at: seconds
+            ages[queue, "active"] = Age.at(started)
         for queue, died_at in library["dead_oldest"].items():
             ages[queue, "dead_letter"] = Age.at(died_at)
         due = {queue: library["scheduled_due"].get(queue, 0) for queue in library["scheduled"]}
