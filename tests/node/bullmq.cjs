@@ -112,11 +112,14 @@ async function truth() {
       const [job] = await q.getJobs([state], 0, 0, true);
       next[state] = job ? job.timestamp : null;
     }
+    // when the job running longest started (getActive(): each job's processedOn)
+    const started = (await q.getActive()).map(job => job.processedOn);
+    const running_since_ms = started.length ? Math.min(...started) : null;
     const delayed = await q.getDelayed();
     const due = delayed.filter(job => job.timestamp + job.delay <= result.now_ms).length;
     // getWorkers() lists every database's connections named for the queue: this one's only
     const workers = (await q.getWorkers()).filter(c => Number(c.db) === (spec.db || 0)).length;
-    result.queues[name] = { counts, next_timestamp_ms: next, due, paused: await q.isPaused(), workers };
+    result.queues[name] = { counts, next_timestamp_ms: next, running_since_ms, due, paused: await q.isPaused(), workers };
     await q.close();
   }
   console.log(JSON.stringify(result));

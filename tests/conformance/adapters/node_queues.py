@@ -137,6 +137,9 @@ class BullMQAdapter(Adapter):
                 for queue, view in library["queues"].items()
             }
             truth = node_truth(self.system, BULLMQ_STATES, library, stamps)
+            for queue, view in library["queues"].items():  # from the active jobs' processedOn
+                started = view["running_since_ms"]
+                truth.ages[queue, "active"] = None if started is None else Age.at(started / 1000)
             # the workers BullMQ lists (getWorkers: its named connections) per queue
             truth.totals = {
                 ("queue_workers", queue): view["workers"]
