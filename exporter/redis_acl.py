@@ -27,7 +27,9 @@ CONNECTION_COMMANDS = ("ping", "select")
 # measures a head found too large with MEMORY USAGE instead of copying it again; GET reads the
 # JSON string key a head item names (SAQ's jobs). Which keys built from a group's values exist
 # (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
-# after an XLEN of 0 (STREAM_EXISTS). TYPE names the type of a key that answered WRONGTYPE.
+# after an XLEN of 0 (MEMBER_OR_STREAM_EXISTS). EXISTS also tells which members of a group
+# with a marker have their marker key (arq's running jobs). TYPE names the type of a key that
+# answered WRONGTYPE.
 SAMPLER_COMMANDS = (
     "scan",
     "type",
@@ -69,7 +71,7 @@ EVENTS_COMMANDS = (
     "xack",
     "xautoclaim",
 )
-STREAM_EXISTS = "exists"
+MEMBER_OR_STREAM_EXISTS = "exists"
 RUNNERQ_COMMANDS = ("hmget",)  # activity:{id} hashes, for the type and times of events
 # The leader-election lease (exporter/leader.py: two keys under OWN_KEYS): Lua scripts loaded
 # with SCRIPT LOAD and run with EVALSHA call GET, SET, PEXPIRE, INCR and DEL. Those writes are
@@ -95,6 +97,8 @@ def read_key_patterns(config: Config) -> list[str]:
         if group.oldest is not None:
             named = (group.oldest.hash_key, group.oldest.string_key)
             patterns += [scan_glob(key) for key in named if key is not None]
+        if group.marker is not None:
+            patterns.append(scan_glob(group.marker.key))
     events = config.sources.events
     if events is not None and any(stream.format == "runnerq" for stream in events.streams):
         patterns.append(RUNNERQ_ACTIVITY_KEYS)
@@ -158,8 +162,8 @@ def acl_rules(config: Config) -> list[str]:
     commands = [*CONNECTION_COMMANDS, *SCRIPT_COMMANDS]
     if read_key_patterns(config):
         commands += SAMPLER_COMMANDS
-    if any(_reads_built_stream(group) for group in _key_groups(config)):
-        commands.append(STREAM_EXISTS)
+    if any(_sends_exists(group) for group in _key_groups(config)):
+        commands.append(MEMBER_OR_STREAM_EXISTS)
     if stream_keys(config):
         commands += EVENTS_COMMANDS
         if RUNNERQ_ACTIVITY_KEYS in read_key_patterns(config):
@@ -190,10 +194,12 @@ def _key_groups(config: Config) -> list[KeyGroup]:
     return [group for redis in config.sources.redis_list() for group in redis.key_groups]
 
 
-def _reads_built_stream(group: KeyGroup) -> bool:
-    """A group whose keys are streams built from known values and read by XLEN (no consumer
-    group): an XLEN of 0 is followed by EXISTS (key_commands.Cycle._counts)."""
-    return group.enumerated and group.type == "stream" and not group.stream_group
+def _sends_exists(group: KeyGroup) -> bool:
+    """A group whose members' marker keys are checked (key_commands.Cycle._marked), or whose
+    keys are streams built from known values and read by XLEN (no consumer group): an XLEN of
+    0 is followed by EXISTS (key_commands.Cycle._counts)."""
+    built_stream = group.enumerated and group.type == "stream" and not group.stream_group
+    return built_stream or group.marker is not None
 
 
 def value_reads(config: Config) -> list[tuple[str, str]]:

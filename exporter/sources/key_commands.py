@@ -27,7 +27,7 @@ from exporter.redis_cluster import ClusterNodes
 from exporter.redis_connection import redis_error_reason
 from exporter.redis_pipeline import Args, bound_each, bounded_reads, probe_first, script_read
 from exporter.samples import SampleSet
-from exporter.sources.key_groups import DueCount, KeyGroup, OldestItem
+from exporter.sources.key_groups import DueCount, KeyGroup, OldestItem, fill
 from exporter.sources.key_items import (
     ItemError,
     as_map,
@@ -211,8 +211,9 @@ class GroupReads:
 
     @staticmethod
     def suits(group: KeyGroup) -> bool:
-        """Whether the group is read in bulk: all but split_by's and a consumer group's."""
-        return group.split_by is None and group.stream_group is None
+        """Whether the group is read in bulk: all but split_by's, marker's and a consumer
+        group's."""
+        return group.split_by is None and group.marker is None and group.stream_group is None
 
     def commands(
         self, keys: list[bytes], large_heads: set[bytes]
@@ -293,6 +294,8 @@ class Cycle:
             self.samples.add_labelled(MAX_DEPTH, match.queue, group.max_depth)
         if group.split_by is not None:
             return self._split(tally, key, labels)
+        if group.marker is not None:
+            return self._marked(tally, key, match)
         return [(("XINFO", "GROUPS", key), self._stream_group(tally, key, labels), tally)]
 
     def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> list[Command]:
@@ -377,6 +380,100 @@ class Cycle:
             ((DEPTH_COMMAND[group.type], key), on_depth, tally),
             ((ITEM_READ, key, bound_each(read)), on_items, tally),
         ]
+
+    def _marked(self, tally: GroupTally, key: bytes, match: KeyMatch) -> list[Command]:
+        """Depth per state of a key whose members a key of their own may mark (marker: arq's
+        running jobs): its counts (parts_of), its first max_items members, then one EXISTS per
+        member's marker key, pipelined. When every reply is in, the marked members count in
+        the marker's state and the rest in the group's, whose oldest item is the first
+        unmarked member. A read that failed (counted on its key) leaves the key without series
+        this cycle: a depth with its marked members left in would be made up."""
+        group, labels = tally.group, match.labels
+        marker = group.marker
+        assert marker is not None
+        parts = parts_of(group, self.now)
+        depth_part = next(part for part in parts if part.spec is DEPTH)
+        if group.type == "list":
+            read = script_read("LRANGE", 0, marker.max_items - 1)
+        elif depth_part.bounds:  # a score window
+            low, high = depth_part.bounds
+            read = script_read(
+                "ZRANGEBYSCORE", low, high, "LIMIT", 0, marker.max_items, "WITHSCORES"
+            )
+        else:
+            read = script_read("ZRANGE", 0, marker.max_items - 1, "WITHSCORES")
+        counts: dict[int, int] = {}  # per part (its position)
+        members: list[tuple[bytes | int, float | None]] = []
+        marked: set[int] = set()  # the positions of the members whose marker key exists
+        waiting = len(parts) + 1  # replies still to come: the counts, the members, the EXISTS
+
+        def replied() -> None:
+            nonlocal waiting
+            waiting -= 1
+            if waiting == 0:
+                finished()
+
+        def on_count(at: int, reply: Any) -> None:
+            counts[at] = int(reply)
+            if tally.enumerated and counts[at] and parts[at].command in _TELLS_PRESENCE:
+                tally.present(key)
+            replied()
+
+        def on_members(reply: Any) -> list[Command]:
+            nonlocal waiting
+            members.extend(listed_items(reply, scored=group.type == "zset"))
+            checks: list[Command] = []
+            unchecked = 0
+            for at, (item, _) in enumerate(members):
+                try:  # an int is its size: over max_item_bytes, left in Redis
+                    named = None if isinstance(item, int) else item.decode()
+                except UnicodeDecodeError:
+                    named = None
+                if named is None:  # no marker key can be named: counted in the group's state
+                    unchecked += 1
+                    continue
+                marker_key = fill(marker.key, {**match.captured, "item": named}).encode()
+                checks.append((("EXISTS", marker_key), partial(on_exists, at), tally))
+            if unchecked:
+                tally.failed(key, "items_unchecked", f"{unchecked} too large or not UTF-8")
+            waiting += len(checks)
+            replied()
+            return checks
+
+        def on_exists(at: int, reply: Any) -> None:
+            if reply:
+                marked.add(at)
+            replied()
+
+        def finished() -> None:
+            depth = counts[parts.index(depth_part)]
+            self._add_depth(tally, labels, max(depth - len(marked), 0))
+            self._add_depth(tally, labels._replace(state=marker.state), len(marked))
+            for at, part in enumerate(parts):
+                if part.spec is not None and part is not depth_part:  # a due count
+                    self.samples.add_labelled(part.spec, match.queue, counts[at])
+            beyond = depth - len(members)
+            if beyond > 0:
+                tally.failed(key, "items_unchecked", f"{beyond} beyond marker.max_items")
+            oldest = group.oldest
+            head = next((m for at, m in enumerate(members) if at not in marked), None)
+            if oldest is None or head is None:
+                return
+            item, score = head
+            if isinstance(item, int):  # too large to read (counted): a score tells its time
+                if oldest.time_in != "score":
+                    return
+                item = b""
+            try:
+                self._age(labels, item_time(oldest, item, score))
+            except Exception as error:  # hostile data may raise anything
+                tally.failed(key, exception_reason(error))
+
+        commands: list[Command] = [
+            ((part.command, key, *part.bounds), partial(on_count, at), tally)
+            for at, part in enumerate(parts)
+        ]
+        return [*commands, ((ITEM_READ, key, bound_each(read)), on_members, tally)]
 
     def _stream_group(self, tally: GroupTally, key: bytes, labels: Labels) -> OnReply:
         """A consumer group's lag (depth), pending entries (active) and oldest undelivered

@@ -156,6 +156,25 @@ class LabelFromItems(StrictModel):
     )
 
 
+class MemberMarker(StrictModel):
+    """Members whose own key exists are in another state than the group's: arq keeps a running
+    job in its queue's zset and marks it with an `arq:in-progress:<job id>` key."""
+
+    key: str = Field(
+        min_length=1,
+        description="the marker key's pattern: {item} is the member, other placeholders the "
+        "key's labels (as hash_key)",
+    )
+    state: State = Field(description="the state of the members whose marker key exists")
+    max_items: int = Field(
+        1000,
+        ge=1,
+        description="members checked per key and cycle, one EXISTS each (pipelined), from the "
+        "head (a zset's lowest scores: arq's workers take those first, so its running jobs "
+        "are there); the rest count in the group's state, counted as items_unchecked",
+    )
+
+
 class KeyGroup(StrictModel):
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
@@ -205,6 +224,11 @@ class KeyGroup(StrictModel):
         None, description="zsets: depth (and head) of the members due by now, or still ahead"
     )
     priority_bands: PriorityBands | None = None
+    marker: MemberMarker | None = Field(
+        None,
+        description="lists and zsets: members marked by a key of their own count in the "
+        "marker's state; the oldest item is the first unmarked one",
+    )
     max_depth: int | None = Field(
         None, ge=0, description="backpressure limit, exported as queue_max_depth"
     )
@@ -270,6 +294,8 @@ class KeyGroup(StrictModel):
             raise ValueError("scores excludes split_by and priority_bands")
         if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
             raise ValueError("scores: the oldest item is the head (lowest score) of the window")
+        if self.marker is not None:
+            self._check_marker(self.marker, names)
         if self.stream_group and self.type != "stream":
             raise ValueError(f"stream_group applies to stream keys only, not {self.type}")
         if self.priority_bands and ("priority" in names or "priority" in self.labels):
@@ -287,6 +313,23 @@ class KeyGroup(StrictModel):
                     f"oldest.time_in: {self.oldest.time_in} does not apply to {self.type} keys"
                 )
         return self
+
+    def _check_marker(self, marker: MemberMarker, names: list[str]) -> None:
+        if self.type not in ("list", "zset"):
+            raise ValueError(f"marker applies to list and zset keys, not {self.type}")
+        if self.split_by is not None or self.priority_bands is not None:
+            raise ValueError("marker excludes split_by and priority_bands")
+        if marker.state == self.state:
+            raise ValueError(f"marker.state is the group's own state {self.state!r}")
+        named = placeholders(marker.key)
+        if "item" not in named:
+            raise ValueError("marker.key must contain {item}")
+        for name in named:
+            if name != "item" and name not in names:
+                raise ValueError(f"marker.key: {{{name}}} is not a placeholder of the pattern")
+        oldest = self.oldest
+        if oldest is not None and (oldest.end != "head" or oldest.time_in in ("hash", "string")):
+            raise ValueError("marker: the oldest item's time is read from the head's members")
 
     @property
     def enumerated(self) -> bool:

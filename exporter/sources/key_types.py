@@ -36,6 +36,8 @@ REASON_WORDS = {
     "stream_missing": "the stream does not exist",
     "stream_group_missing": "the stream has no such consumer group",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
+    "items_unchecked": "holds members whose marker key was not checked (beyond "
+    "marker.max_items, too large or not UTF-8): they count in the group's state",
     "label_unreadable": "items without the split_by field count as __unread__",
     "slot_moved": "its cluster slot moved or is not served (MOVED, CLUSTERDOWN, TRYAGAIN, or ASK "
     "to an unknown node): "

@@ -24,7 +24,6 @@ ARQ_PYTHON = ROOT / ".venv/tools/arq/bin/python"
 # arq's job statuses -> ours: a running job stays in its queue's zset (arq removes it when it
 # ends) and carries an `in-progress` key; deferred ones are scheduled
 ARQ_STATES = {"queued": "pending", "in_progress": "active", "deferred": "scheduled"}
-RUNNING_AS_PENDING = "issue 39: arq's running jobs (in-progress keys) are counted as pending"
 UNLISTED = "issue 39: arq's queue with jobs and no live worker is found only when listed"
 
 
@@ -90,20 +89,16 @@ class ArqAdapter(Adapter):
         for queue, jobs in library["queues"].items():
             for state in ("pending", "active", "scheduled"):
                 depths[queue, state] = sum(1 for job in jobs if ARQ_STATES[job["status"]] == state)
-            # the oldest due job: arq's score is when it is due (ms); a running job is among
-            # them until it ends, as long queued as the ones behind it
-            scores = [job["score"] for job in jobs if job["status"] != "deferred"]
+            # the oldest queued job: arq's score is when it is due (ms); a running one is
+            # active, its wait over
+            scores = [job["score"] for job in jobs if job["status"] == "queued"]
             ages[queue, "pending"] = Age.at(min(scores) / 1000) if scores else None
-        emails = Counter(job["status"] for job in library["queues"]["arq:emails"])
         gaps = (
             Gap("queues", UNLISTED, ["arq:emails", "arq:queue"]),
             Gap("depth arq:unlisted", UNLISTED),
             Gap("age arq:unlisted", UNLISTED),
-            Gap("depth arq:emails pending", RUNNING_AS_PENDING, emails["queued"] + emails["in_progress"]),
-            Gap("depth arq:emails active", RUNNING_AS_PENDING),
-            Gap("depth arq:queue active", RUNNING_AS_PENDING),
-            # the sum of pending holds by chance: the running job stands in for arq:unlisted's
-            Gap("sum active", RUNNING_AS_PENDING, 0),
+            Gap("sum pending", UNLISTED, sum(n for (q, s), n in depths.items()
+                                            if s == "pending" and q != "arq:unlisted")),
         )  # fmt: skip
         return Truth("arq", library["now_ms"] / 1000, depths, ages=ages, gaps=gaps)
 
