@@ -182,10 +182,17 @@ def _group_row(group: dict[str, Any]) -> str:
                 "positive": "depth of scores above 0",
             }[window]
         ]
+    marker = group.get("marker")
+    if marker:
+        checked = marker.get("max_items", 1000)
+        reads.append(
+            f"`{marker['state']}`: of the first {checked}, those whose `{marker['key']}` exists"
+        )
     oldest = group.get("oldest")
     if oldest:
         where = oldest.get("field") or oldest["time_in"]
-        reads.append(f"head age ({oldest.get('end', 'head')}, {where})")
+        unmarked = ", unmarked" if marker else ""
+        reads.append(f"head age ({oldest.get('end', 'head')}{unmarked}, {where})")
     if group.get("due"):
         reads.append(f"`{group['due']['metric']}`")
     if group.get("max_depth") is not None:
