@@ -197,7 +197,9 @@ def _key_group_warnings(sampler: RedisKeySampler, report: KeyGroupReport) -> Ite
         )
     for reason in sorted(set(report.errors) - {"wrong_type", "no_keys"}):
         words = REASON_WORDS.get(reason, reason)
-        yield f"{group}: {report.errors[reason]} key(s): {words} [{reason}]"
+        keys = tuple(key for failed, key in report.failed_keys if failed == reason)
+        named = f" ({_some(keys)})" if keys else ""
+        yield f"{group}: {report.errors[reason]} key(s){named}: {words} [{reason}]"
 
 
 def _type_of(connection: RedisConnectionConfig, key: str) -> str:

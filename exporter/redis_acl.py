@@ -28,7 +28,8 @@ CONNECTION_COMMANDS = ("ping", "select")
 # JSON string key a head item names (SAQ's jobs). Which keys built from a group's values exist
 # (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
 # after an XLEN of 0 (MEMBER_OR_STREAM_EXISTS). EXISTS also tells which members of a group
-# with a marker have their marker key (arq's running jobs). TYPE names the type of a key that
+# with a marker have their marker key (arq's running jobs), and which keys look like queues
+# left out (look_alikes: arq's job keys). TYPE names the type of a key that
 # answered WRONGTYPE.
 SAMPLER_COMMANDS = (
     "scan",
@@ -99,6 +100,8 @@ def read_key_patterns(config: Config) -> list[str]:
             patterns += [scan_glob(key) for key in named if key is not None]
         if group.marker is not None:
             patterns.append(scan_glob(group.marker.key))
+        if group.look_alikes is not None:  # every key of the pattern is looked at
+            patterns += [scan_glob(group.pattern), scan_glob(group.look_alikes.member_key)]
     events = config.sources.events
     if events is not None and any(stream.format == "runnerq" for stream in events.streams):
         patterns.append(RUNNERQ_ACTIVITY_KEYS)
@@ -195,11 +198,12 @@ def _key_groups(config: Config) -> list[KeyGroup]:
 
 
 def _sends_exists(group: KeyGroup) -> bool:
-    """A group whose members' marker keys are checked (key_commands.Cycle._marked), or whose
+    """A group whose members' marker keys are checked (key_commands.Cycle._marked), or its
+    look-alikes' member keys (key_look_alikes.py), or whose
     keys are streams built from known values and read by XLEN (no consumer group): an XLEN of
     0 is followed by EXISTS (key_commands.Cycle._counts)."""
     built_stream = group.enumerated and group.type == "stream" and not group.stream_group
-    return built_stream or group.marker is not None
+    return built_stream or group.marker is not None or group.look_alikes is not None
 
 
 def value_reads(config: Config) -> list[tuple[str, str]]:

@@ -195,6 +195,9 @@ def _group_row(group: dict[str, Any]) -> str:
         reads.append(f"head age ({oldest.get('end', 'head')}{unmarked}, {where})")
     if group.get("due"):
         reads.append(f"`{group['due']['metric']}`")
+    if group.get("look_alikes"):
+        member_key = group["look_alikes"]["member_key"]
+        reads.append(f"names keys left out whose first member's `{member_key}` exists")
     if group.get("max_depth") is not None:
         reads.append("`queue_max_depth`")
     # ${param|pattern} (the param as literal text of the pattern) reads as ${param} here

@@ -157,8 +157,8 @@ def test_check_config_connect_shows_what_each_backend_holds(
     assert "postgres:backlog: 2 row(s); series: queue_depth 2" in out
     # the item without a time and the typo: each warning named on its own line, then the verdict
     assert out.splitlines()[-3] == (
-        "WARNING: key group jobs:{queue}:p{priority} (billing, list): 1 key(s): the head item "
-        "carries no time [time_missing]"
+        "WARNING: key group jobs:{queue}:p{priority} (billing, list): 1 key(s) (jobs:sms:p2): "
+        "the head item carries no time [time_missing]"
     )
     assert out.splitlines()[-2].startswith(
         "WARNING: key group job:{queue}:p{priority} (billing, list): matched no keys: a typo"

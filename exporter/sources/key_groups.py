@@ -175,6 +175,33 @@ class MemberMarker(StrictModel):
     )
 
 
+class LookAlikes(StrictModel):
+    """Keys the group's values leave out that look like its queues, named (never counted): of
+    its type and pattern, their first member naming a key that exists (arq's job ids, each
+    with an arq:job:<id> key). Looking so does not make a key a queue (arq's own arq:abort
+    holds job ids too; an app may keep some in a zset), so each is named for listing, as
+    unlisted_queue, on the status page and by check-config."""
+
+    member_key: str = Field(
+        min_length=1, description="the key a queue's first member names: {member} is the member"
+    )
+    exclude: list[str] = Field(
+        default_factory=list, description="keys that look like queues and are not (arq:abort)"
+    )
+    max_keys: int = Field(
+        100,
+        ge=1,
+        description="keys left out checked per cycle (a first member read and an EXISTS each, "
+        "pipelined); the rest are counted as look_alikes_unchecked",
+    )
+
+    @model_validator(mode="after")
+    def _member_placeholder(self) -> LookAlikes:
+        if placeholders(self.member_key) != ["member"]:
+            raise ValueError("member_key needs exactly one {member} and no other placeholder")
+        return self
+
+
 class KeyGroup(StrictModel):
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
@@ -228,6 +255,12 @@ class KeyGroup(StrictModel):
         None,
         description="lists and zsets: members marked by a key of their own count in the "
         "marker's state; the oldest item is the first unmarked one",
+    )
+    look_alikes: LookAlikes | None = Field(
+        None,
+        description="groups whose keys are built from values: name the keys of its type and "
+        "pattern they leave out whose first member names a member_key (one SCAN ... TYPE a "
+        "cycle)",
     )
     max_depth: int | None = Field(
         None, ge=0, description="backpressure limit, exported as queue_max_depth"
@@ -296,6 +329,8 @@ class KeyGroup(StrictModel):
             raise ValueError("scores: the oldest item is the head (lowest score) of the window")
         if self.marker is not None:
             self._check_marker(self.marker, names)
+        if self.look_alikes is not None and not (self.enumerated and self.type in ("list", "zset")):
+            raise ValueError("look_alikes applies to list and zset keys built from values")
         if self.stream_group and self.type != "stream":
             raise ValueError(f"stream_group applies to stream keys only, not {self.type}")
         if self.priority_bands and ("priority" in names or "priority" in self.labels):

@@ -38,6 +38,11 @@ REASON_WORDS = {
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "items_unchecked": "holds members whose marker key was not checked (beyond "
     "marker.max_items, too large or not UTF-8): they count in the group's state",
+    "unlisted_queue": "looks like a queue of the group (its first member names a look_alikes "
+    "member_key that exists) but is none of its queues: not counted; list it (the preset's "
+    "queues param) if it is one",
+    "look_alikes_unchecked": "keys left out beyond look_alikes.max_keys, not checked",
+    "look_alikes_unread": "the look for keys that look like the group's queues failed",
     "label_unreadable": "items without the split_by field count as __unread__",
     "slot_moved": "its cluster slot moved or is not served (MOVED, CLUSTERDOWN, TRYAGAIN, or ASK "
     "to an unknown node): "

@@ -40,10 +40,11 @@ from exporter.sources.key_groups import (
     scan_glob,
 )
 from exporter.sources.key_items import response_reason
+from exporter.sources.key_look_alikes import look_alikes
 from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.key_types import FoundKey, GroupTally, Route, key_match, text
-from exporter.sources.key_values import built_keys, member_values, select
+from exporter.sources.key_values import BuiltKeys, built_keys, member_values, select
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -305,7 +306,34 @@ class RedisKeySampler:
             group, choices, self.config.scan_count, cycle.before.built.get(id(group))
         )
         cycle.learned.built[id(group)] = built
+        if group.look_alikes is not None:
+            self._name_look_alikes(tally, built, rounds.client)
         yield from built.pages
+
+    def _name_look_alikes(self, tally: GroupTally, built: BuiltKeys, client: redis.Redis) -> None:
+        """Name the keys that look like the group's queues and are not among its keys
+        (key_look_alikes.py): each as unlisted_queue, those left unchecked beyond its max_keys
+        as look_alikes_unchecked. A failure to look is counted; the group's keys are read."""
+        group, nodes = tally.group, self._nodes
+        known = {key for page in built.pages for key, _ in page}
+        shards = [client] if nodes is None else [shard for _, shard in nodes.shards()]
+
+        def node_of(key: bytes) -> redis.Redis:
+            return client if nodes is None else nodes.node_of(key)[1]
+
+        glob = scan_glob(group.pattern).encode()
+        config = self.config
+        try:
+            found, unchecked = look_alikes(
+                group, known, shards, node_of, config.scan_count, config.max_item_bytes, bool(nodes)
+            )
+        except redis.RedisError as error:
+            tally.failed(glob, "look_alikes_unread", redis_error_reason(error))
+            return
+        for key in found:
+            tally.failed(key, "unlisted_queue")
+        if unchecked:
+            tally.failed(glob, "look_alikes_unchecked", f"{unchecked} key(s)")
 
     def _values_from_set(
         self, cycle: Cycle, members: SetMembers, tally: GroupTally, rounds: Transport

@@ -1,6 +1,8 @@
-"""marker: members a key of their own marks count in another state (arq's running jobs stay in
-the queue's zset, marked by an arq:in-progress:<id> key), checked for the first max_items
-members only, the rest counted in the group's state and named; bad settings are refused."""
+"""What a key group tells from its members' own keys. marker: members a key of their own
+marks count in another state (arq's running jobs stay in the queue's zset, marked by an
+arq:in-progress:<id> key), checked for the first max_items members only, the rest counted in
+the group's state and named. look_alikes: keys its values leave out whose first member names
+a key of the system (arq's arq:job:<id>) are named, never counted. Bad settings are refused."""
 
 from __future__ import annotations
 
@@ -97,3 +99,50 @@ def test_bad_marker_settings_are_refused_with_their_place(change, message):
         config_module.from_dict(raw)
     assert "sources.redis.key_groups[0]" in str(error.value)
     assert message in str(error.value)
+
+
+LISTED = {
+    "system": "custom",
+    "pattern": "q:{queue}",
+    "type": "zset",
+    "state": "pending",
+    "values": {"queue": ["listed"]},
+    "look_alikes": {"member_key": "job:{member}", "exclude": ["q:abort"], "max_keys": 2},
+}
+
+
+def test_look_alikes_are_named_not_counted_and_those_unchecked_counted(
+    redis_client, redis_url, run_exporter
+):
+    for key, member in (("listed", "a"), ("other", "b"), ("abort", "c"), ("plain", "d")):
+        redis_client.zadd(f"q:{key}", {member: 1})
+    redis_client.rpush("q:alist", "a")  # another type: not looked at (SCAN ... TYPE zset)
+    for member in ("a", "b", "c"):  # d names no job key: not a look-alike
+        redis_client.set(f"job:{member}", 1)
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [LISTED]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="listed")
+    assert value(series, "queue_depth", queue="other") is None
+    report = next(r for r in app.health.key_groups() if r.pattern == "q:{queue}")
+    assert report.errors.get("unlisted_queue") == 1
+    assert ("unlisted_queue", "q:other") in report.failed_keys
+    assert "look_alikes_unchecked" not in report.errors  # other and plain: max_keys 2
+
+    redis_client.zadd("q:more", {"b": 1})  # a third key left out: beyond max_keys
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [LISTED]}}})
+    scrape_when(app, "queue_depth", system="custom", queue="listed")
+    report = next(r for r in app.health.key_groups() if r.pattern == "q:{queue}")
+    assert report.errors.get("look_alikes_unchecked") == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"values": {}}, "look_alikes applies to list and zset keys built from values"),
+        ({"look_alikes": {"member_key": "job:{item}"}}, "exactly one {member}"),
+    ],
+)
+def test_bad_look_alikes_settings_are_refused(change, message):
+    group = {**LISTED, **change}
+    raw = {"sources": {"redis": {"url": "redis://localhost", "key_groups": [group]}}}
+    with pytest.raises(ConfigError, match=message.replace("{", r"\{").replace("}", r"\}")):
+        config_module.from_dict(raw)
