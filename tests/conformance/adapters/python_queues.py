@@ -56,7 +56,9 @@ class ArqAdapter(Adapter):
         ]))  # fmt: skip
         # "arq:emails", not listed: found through its worker's health-check key. One job at a
         # time: two complete, one fails, one is retried an hour later, then a long one runs and
-        # holds the last two queued behind it.
+        # holds the last two queued behind it. Each due since a while, in that order: the
+        # running one since 560 s, the two queued since 30 and 20 s (the pending age is 30 s)
+        ages = iter((600, 590, 580, 570, 560, 30, 20))
         plan = [
             *({"queue": "arq:emails", "function": "succeed"} for _ in range(2)),
             {"queue": "arq:emails", "function": "fail"},
@@ -64,6 +66,7 @@ class ArqAdapter(Adapter):
             {"queue": "arq:emails", "function": "sleep_for", "args": [600]},
             *({"queue": "arq:emails", "function": "succeed"} for _ in range(2)),
         ]
+        plan = [{**step, "defer_until": -next(ages)} for step in plan]
         self._driver("enqueue", json.dumps(plan))
         worker = subprocess.Popen(  # the real `arq` command (settings: tests/arq_app/jobs.py)
             [ARQ_PYTHON.parent / "arq", "tests.arq_app.jobs.WorkerSettings"],
