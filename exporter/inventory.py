@@ -106,7 +106,7 @@ def take(config: Config) -> Inventory:
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
         sources=tuple(sources),
         key_groups=tuple(
-            f"{g.system} {printable(g.pattern)} ({g.type}, {g.state})" for g in groups
+            f"{g.system} {printable(g.pattern)} ({g.type_name}, {g.state})" for g in groups
         ),
         streams=tuple(
             f"{printable(s.key)} ({s.format}, group {printable(s.group)}"

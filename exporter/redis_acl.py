@@ -95,9 +95,10 @@ def read_key_patterns(config: Config) -> list[str]:
         patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
         for keys in group.values_from_keys.values():
             patterns += [scan_glob(key) for key in ([keys] if isinstance(keys, str) else keys)]
-        if group.oldest is not None:
-            named = (group.oldest.hash_key, group.oldest.string_key)
-            patterns += [scan_glob(key) for key in named if key is not None]
+        for oldest in (view.oldest for view in group.views()):
+            if oldest is not None:
+                named = (oldest.hash_key, oldest.string_key)
+                patterns += [scan_glob(key) for key in named if key is not None]
         if group.marker is not None:
             patterns.append(scan_glob(group.marker.key))
         if group.look_alikes is not None:  # every key of the pattern is looked at
@@ -212,9 +213,9 @@ def value_reads(config: Config) -> list[tuple[str, str]]:
     `*`), and GET granted with them would read any string, secrets included."""
     reads: list[tuple[str, str]] = []
     groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
-    for group in groups:
-        if group.oldest is not None and group.oldest.string_key is not None:
-            reads.append(("get", scan_glob(group.oldest.string_key)))
+    for oldest in (view.oldest for group in groups for view in group.views()):
+        if oldest is not None and oldest.string_key is not None:
+            reads.append(("get", scan_glob(oldest.string_key)))
     for reader in _native_readers(config):
         reads += reader.acl_value_reads()
     return list(dict.fromkeys(reads))

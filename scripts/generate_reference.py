@@ -202,7 +202,9 @@ def _group_row(group: dict[str, Any]) -> str:
         reads.append("`queue_max_depth`")
     # ${param|pattern} (the param as literal text of the pattern) reads as ${param} here
     pattern = repr(group["pattern"].replace("|pattern}", "}"))[1:-1].replace("|", "\\|")
-    return f"| `{pattern}` | {group['type']} | {group['state']} | {', '.join(reads)} |"
+    types = group["type"]
+    shown = " or ".join(types) if isinstance(types, list) else types
+    return f"| `{pattern}` | {shown} | {group['state']} | {', '.join(reads)} |"
 
 
 def configuration_page() -> str:

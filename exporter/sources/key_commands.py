@@ -136,10 +136,10 @@ def parts_of(group: KeyGroup, now: float) -> list[Part]:
     oldest, bands, window = group.oldest, group.priority_bands, group.scores
     end = "head" if oldest is None else oldest.end
     if bands is None and window is None:
-        read = END_READS.get((group.type, end)) if oldest is not None else None
+        read = END_READS.get((group.key_type, end)) if oldest is not None else None
         # a head found too large last cycle is probed before it is copied (probe_first)
-        probe = probe_first(read) if read and end == "head" and group.type != "stream" else read
-        return [Part(DEPTH_COMMAND[group.type], (), DEPTH, None, read, probe), *due]
+        probe = probe_first(read) if read and end == "head" and group.key_type != "stream" else read
+        return [Part(DEPTH_COMMAND[group.key_type], (), DEPTH, None, read, probe), *due]
     ranges: list[tuple[str | None, str, str]]  # each part's priority, low and high score
     if bands is not None:
         width = bands.width
@@ -188,8 +188,8 @@ class GroupReads:
         "time_of",
     )
 
-    def __init__(self, tally: GroupTally, cycle: Cycle) -> None:
-        group = tally.group
+    def __init__(self, tally: GroupTally, cycle: Cycle, group: KeyGroup) -> None:
+        """`group`: the tally's, or (a group of several types) its view of one type."""
         self.tally, self.max_depth = tally, group.max_depth
         self.built = group.enumerated  # its keys' depths tell which exist (GroupTally.present)
         self.parts = parts_of(group, cycle.now)
@@ -203,7 +203,7 @@ class GroupReads:
         if oldest is not None and oldest.time_in in ("hash", "string"):
             self.kept_in = oldest
         elif oldest is not None:
-            self.time_of = stream_head_time if group.type == "stream" else head_time(oldest)
+            self.time_of = stream_head_time if group.key_type == "stream" else head_time(oldest)
         # where the times its head items name are kept, as last cycle found them and as this
         # one does: kept_where cost about 10% of a bull cycle's CPU (docs/benchmarks.md)
         self.places_before = cycle.before.places.get(id(group), {})
@@ -270,7 +270,9 @@ class Cycle:
         # node's part of it is missing
         self._found: dict[str, tuple[list[str], bool]] = {}
         # (group, key) whose WRONGTYPE reply asked its TYPE this cycle: asked once for its reads
-        self._typed: set[tuple[int, bytes]] = set()
+        self._wrong_typed: set[tuple[int, bytes]] = set()
+        # a group of several types' reads of each type (by the group's id and the type)
+        self._typed: dict[tuple[int, str], GroupReads] = {}
 
     def answered(self) -> None:
         """A cluster node answered a round."""
@@ -287,21 +289,51 @@ class Cycle:
 
     # -- the two layouts read a command and a handler per read ------------------------------
 
-    def commands_for_key(self, tally: GroupTally, key: bytes, match: KeyMatch) -> list[Command]:
-        """The reads of a key of a group not read in bulk (GroupReads.suits)."""
-        group, labels = tally.group, match.labels
+    def commands_for_key(
+        self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
+    ) -> list[Command]:
+        """The reads of a key of a group not read in bulk (GroupReads.suits); `group`: the
+        tally's, or its view of the key's type."""
+        labels = match.labels
         if group.max_depth is not None:
             self.samples.add_labelled(MAX_DEPTH, match.queue, group.max_depth)
         if group.split_by is not None:
-            return self._split(tally, key, labels)
+            return self._split(tally, group, key, labels)
         if group.marker is not None:
-            return self._marked(tally, key, match)
-        return [(("XINFO", "GROUPS", key), self._stream_group(tally, key, labels), tally)]
+            return self._marked(tally, group, key, match)
+        return [(("XINFO", "GROUPS", key), self._stream_group(tally, group, key, labels), tally)]
 
-    def _split(self, tally: GroupTally, key: bytes, labels: Labels) -> list[Command]:
+    def typed_reads(self, tally: GroupTally, page: list[FoundKey]) -> list[Command]:
+        """The keys of a group of several types: each one's TYPE, its reads following as the
+        type it holds (KeyGroup.of_type)."""
+        return [(("TYPE", found[0]), partial(self._read_as, tally, found), tally) for found in page]
+
+    def _read_as(self, tally: GroupTally, found: FoundKey, reply: Any) -> list[Command]:
+        """The reads of a key as the type its TYPE reply names."""
+        group, key = tally.group, found[0]
+        held = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+        if held == "none":  # gone since, or a queue named and empty: it reads 0
+            held = group.types[0]
+        key_type = next((name for name in group.types if name == held), None)
+        if key_type is None:
+            if tally.enumerated:  # a key exists, of another type
+                tally.present(key)
+            tally.failed(key, "wrong_type", f"a {held}")
+            return []
+        view = group.of_type(key_type)
+        if not GroupReads.suits(view):
+            return self.commands_for_key(tally, view, *found)
+        reads = self._typed.get((id(tally), key_type))
+        if reads is None:
+            reads = self._typed[id(tally), key_type] = GroupReads(tally, self, view)
+        counts = [self._one_read_of(reads, part, found, False) for part in reads.parts]
+        return counts + [self._one_read_of(reads, part, found, True) for part in reads.reads]
+
+    def _split(
+        self, tally: GroupTally, group: KeyGroup, key: bytes, labels: Labels
+    ) -> list[Command]:
         """Depth (and head age, due count) per label value read from each item. The key's
         depth comes first, so items beyond max_items still count, under __unread__."""
-        group = tally.group
         split = group.split_by
         assert split is not None
         depth = 0
@@ -317,16 +349,16 @@ class Cycle:
             "list": script_read("LRANGE", 0, last),
             "zset": script_read("ZRANGE", 0, last, "WITHSCORES"),
             "hash": script_read("HVALS"),
-        }[group.type]
+        }[group.key_type]
         due = BY_NAME[group.due.metric] if group.due is not None else None
         due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
         # a hash's values have no order: every one is a candidate, the earliest time is served
-        keep_all = group.type == "hash"
+        keep_all = group.key_type == "hash"
         keeps = Selector(group.select.get(split.label, ["*"]))
 
         def on_items(reply: Any) -> None:
-            items = listed_items(reply, scored=group.type == "zset")
+            items = listed_items(reply, scored=group.key_type == "zset")
             heads: dict[str, list[tuple[bytes | int, float | None]]] = {}
             unreadable = too_large = 0
             for item, score in items:
@@ -377,23 +409,25 @@ class Cycle:
                     self._add_age(labels._replace(**{split.label: value}), min(known))
 
         return [
-            ((DEPTH_COMMAND[group.type], key), on_depth, tally),
+            ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),
             ((ITEM_READ, key, bound_each(read)), on_items, tally),
         ]
 
-    def _marked(self, tally: GroupTally, key: bytes, match: KeyMatch) -> list[Command]:
+    def _marked(
+        self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
+    ) -> list[Command]:
         """Depth per state of a key whose members a key of their own may mark (marker: arq's
         running jobs): its counts (parts_of), its first max_items members, then one EXISTS per
         member's marker key, pipelined. When every reply is in, the marked members count in
         the marker's state and the rest in the group's, whose oldest item is the first
         unmarked member. A read that failed (counted on its key) leaves the key without series
         this cycle: a depth with its marked members left in would be made up."""
-        group, labels = tally.group, match.labels
+        labels = match.labels
         marker = group.marker
         assert marker is not None
         parts = parts_of(group, self.now)
         depth_part = next(part for part in parts if part.spec is DEPTH)
-        if group.type == "list":
+        if group.key_type == "list":
             read = script_read("LRANGE", 0, marker.max_items - 1)
         elif depth_part.bounds:  # a score window
             low, high = depth_part.bounds
@@ -421,7 +455,7 @@ class Cycle:
 
         def on_members(reply: Any) -> list[Command]:
             nonlocal waiting
-            members.extend(listed_items(reply, scored=group.type == "zset"))
+            members.extend(listed_items(reply, scored=group.key_type == "zset"))
             checks: list[Command] = []
             unchecked = 0
             for at, (item, _) in enumerate(members):
@@ -475,11 +509,13 @@ class Cycle:
         ]
         return [*commands, ((ITEM_READ, key, bound_each(read)), on_members, tally)]
 
-    def _stream_group(self, tally: GroupTally, key: bytes, labels: Labels) -> OnReply:
+    def _stream_group(
+        self, tally: GroupTally, group: KeyGroup, key: bytes, labels: Labels
+    ) -> OnReply:
         """A consumer group's lag (depth), pending entries (active) and oldest undelivered
         entry (its first after the group's last delivered id)."""
-        wanted = (tally.group.stream_group or "").encode()
-        oldest = tally.group.oldest
+        wanted = (group.stream_group or "").encode()
+        oldest = group.oldest
 
         def on_groups(reply: Any) -> Command | None:
             if tally.enumerated:  # answered: the stream exists
@@ -529,30 +565,30 @@ class Cycle:
     def _add_age(self, labels: Labels, checked: float) -> None:
         self.samples.add_labelled(OLDEST_AGE, labels, max(0.0, self.now - checked))
 
-    def kept_time_read(self, tally: GroupTally, labels: Labels, key: bytes, read: Args) -> Command:
+    def kept_time_read(
+        self, tally: GroupTally, oldest: OldestItem, labels: Labels, key: bytes, read: Args
+    ) -> Command:
         """The read of the time a head item's hash field or string key keeps (the item names
         it, kept_where: RQ's, BullMQ's and Bull's job ids)."""
-        oldest = tally.group.oldest
-        assert oldest is not None
 
         def on_time(reply: Any) -> None:
             self._age(labels, kept_time(oldest, reply))
 
         return (ITEM_READ, key, read), on_time, tally
 
-    def _kept_times(self, tally: GroupTally, reads: list[tuple[bytes, KeyMatch, Args]]) -> Command:
+    def _kept_times(
+        self, tally: GroupTally, oldest: OldestItem, reads: list[tuple[bytes, KeyMatch, Args]]
+    ) -> Command:
         """One command reading the times a group's head items name (one bounded_reads), and
         its handler: each time an age, each read failing alone as in handle. A bull cycle at
         10k queues cost 1.19-1.28x its floor's CPU this way, 1.26-1.38x with a command and a
         handler per read (docs/benchmarks.md)."""
-        oldest = tally.group.oldest
-        assert oldest is not None
         keys = [key for key, _, _ in reads]
         args = bounded_reads(keys, [read for _, _, read in reads], self.max_item_bytes)
         time_of = partial(kept_time, oldest)
 
         def read_again(read: tuple[bytes, KeyMatch, Args]) -> Command:
-            return self.kept_time_read(tally, read[1].labels, read[0], read[2])
+            return self.kept_time_read(tally, oldest, read[1].labels, read[0], read[2])
 
         def on_times(replies: Any) -> list[Command]:
             return self._ages(tally, reads, replies, time_of, read_again)
@@ -610,8 +646,8 @@ class Cycle:
                 if self.nodes is not None and self.nodes.noticed(reply):
                     # the key is served elsewhere now: its series would be a partial sum
                     self.lose_group(tally, key_of(args), str(reply)[:80], reason)
-                elif args[0] == "TYPE":  # not read: unnamed
-                    tally.failed(key_of(args), "wrong_type")
+                elif args[0] == "TYPE" and (id(tally), key_of(args)) in self._wrong_typed:
+                    tally.failed(key_of(args), "wrong_type")  # its type not read: unnamed
                 elif reason == "wrong_type":
                     yield from self.wrong_type(tally, key_of(args))
                 else:
@@ -630,9 +666,9 @@ class Cycle:
     def wrong_type(self, tally: GroupTally, key: bytes) -> Iterator[Command]:
         """A key of another type than its group's: its TYPE is read, so that the failure names
         the type found. Read only after a WRONGTYPE reply (rare), once per group and key."""
-        if (id(tally), key) in self._typed:
+        if (id(tally), key) in self._wrong_typed:
             return
-        self._typed.add((id(tally), key))
+        self._wrong_typed.add((id(tally), key))
 
         def on_type(reply: Any) -> None:
             found = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
@@ -766,10 +802,10 @@ class Cycle:
                 continue
             places[key, item[0]] = where
             if on_cluster:
-                again.append(self.kept_time_read(tally, match[1], *where))
+                again.append(self.kept_time_read(tally, kept_in, match[1], *where))
             else:
                 kept.append((where[0], match, where[1]))
-        return [*again, self._kept_times(tally, kept)] if kept else again
+        return [*again, self._kept_times(tally, kept_in, kept)] if kept else again
 
     def _ages(
         self,

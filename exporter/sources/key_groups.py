@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from typing import Literal, get_args
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from exporter.catalog import STATES
 from exporter.models import StrictModel
@@ -202,6 +202,18 @@ class LookAlikes(StrictModel):
         return self
 
 
+class TypeReads(StrictModel):
+    """How a key group of several types reads its keys of one type: the options that apply to
+    that type alone (PriorityRedisHuey's zset members carry their enqueue time, RedisHuey's
+    list items do not)."""
+
+    oldest: OldestItem | None = None
+    due: DueCount | None = None
+    scores: ScoreWindow | None = None
+    priority_bands: PriorityBands | None = None
+    split_by: LabelFromItems | None = None
+
+
 class KeyGroup(StrictModel):
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
@@ -209,7 +221,17 @@ class KeyGroup(StrictModel):
         description="key pattern; {queue} and {priority} become labels, {_name} is a wildcard, "
         "{{ and }} are literal braces (a hash tag: {{bull}}:{queue}:wait)",
     )
-    type: KeyType = Field(description="the Redis type of the keys")
+    type: KeyType | list[KeyType] = Field(
+        description="the Redis type of the keys; a list: keys of any of those types, each read "
+        "as the type it holds (its TYPE asked first: one more command per key, one more round "
+        "trip per cycle), as Huey's queue is a list under RedisHuey and a zset under "
+        "PriorityRedisHuey"
+    )
+    by_type: dict[KeyType, TypeReads] = Field(
+        default_factory=dict,
+        description="a group of several types: options for its keys of one type alone "
+        "({zset: {oldest: ...}}); the group's own options apply to every type",
+    )
     state: State = Field(description="the state label of the items the keys hold")
     labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
     values: dict[str, list[str]] = Field(
@@ -268,6 +290,7 @@ class KeyGroup(StrictModel):
     stream_group: str | None = Field(
         None, description="streams: depth is this consumer group's lag, active its pending"
     )
+    _views: dict[str, KeyGroup] = PrivateAttr(default_factory=dict)  # of_type's
 
     @model_validator(mode="after")
     def _consistent(self) -> KeyGroup:
@@ -309,30 +332,58 @@ class KeyGroup(StrictModel):
                     raise ValueError(
                         f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
                     )
+        if isinstance(self.type, list):
+            if self.look_alikes is not None:  # a look-alike is told by its one type
+                raise ValueError("look_alikes applies to a group of one type")
+            self._several_types(self.type)
+        elif self.by_type:
+            raise ValueError("by_type applies to a group of several types (type: [list, zset])")
+        else:
+            self._options_fit(self.type, names)
+        return self
+
+    def _several_types(self, types: list[KeyType]) -> None:
+        """A group of several types: each type's view of it (of_type) must hold."""
+        if len(set(types)) != len(types) or len(types) < 2:
+            raise ValueError("type: a list names two types or more, each once")
+        if "stream" in types:
+            raise ValueError("type: a stream is read by its own commands, not among others")
+        for key_type in self.by_type:
+            if key_type not in types:
+                raise ValueError(f"by_type: {key_type} is not one of the group's types")
+        for key_type in types:
+            try:
+                self.of_type(key_type)
+            except ValidationError as error:
+                problems = "; ".join(p["msg"].removeprefix("Value error, ") for p in error.errors())
+                raise ValueError(f"its {key_type} keys: {problems}") from None
+
+    def _options_fit(self, key_type: KeyType, names: list[str]) -> None:
+        """The reading options hold for keys of this one type."""
         if self.split_by is not None:
             label = self.split_by.label
             if label in names or label in self.labels:
                 raise ValueError(f"split_by: {label!r} is already a pattern placeholder or label")
-            if self.type not in ("list", "zset", "hash"):
-                raise ValueError(f"split_by applies to list, zset and hash keys, not {self.type}")
+            if key_type not in ("list", "zset", "hash"):
+                raise ValueError(f"split_by applies to list, zset and hash keys, not {key_type}")
             if self.priority_bands is not None:
                 raise ValueError("split_by and priority_bands exclude each other")
             if self.oldest is not None and self.oldest.time_in in ("hash", "string"):
                 raise ValueError(f"split_by: oldest.time_in {self.oldest.time_in} is not supported")
         zset_only = {"due": self.due, "priority_bands": self.priority_bands, "scores": self.scores}
         for option, value in zset_only.items():
-            if value is not None and self.type != "zset":
-                raise ValueError(f"{option} applies to zset keys only, not {self.type}")
+            if value is not None and key_type != "zset":
+                raise ValueError(f"{option} applies to zset keys only, not {key_type}")
         if self.scores is not None and (self.split_by or self.priority_bands):
             raise ValueError("scores excludes split_by and priority_bands")
         if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
             raise ValueError("scores: the oldest item is the head (lowest score) of the window")
         if self.marker is not None:
-            self._check_marker(self.marker, names)
-        if self.look_alikes is not None and not (self.enumerated and self.type in ("list", "zset")):
+            self._check_marker(self.marker, names, key_type)
+        if self.look_alikes is not None and not (self.enumerated and key_type in ("list", "zset")):
             raise ValueError("look_alikes applies to list and zset keys built from values")
-        if self.stream_group and self.type != "stream":
-            raise ValueError(f"stream_group applies to stream keys only, not {self.type}")
+        if self.stream_group and key_type != "stream":
+            raise ValueError(f"stream_group applies to stream keys only, not {key_type}")
         if self.priority_bands and ("priority" in names or "priority" in self.labels):
             raise ValueError("priority_bands and a priority label exclude each other")
         if self.oldest:
@@ -342,16 +393,50 @@ class KeyGroup(StrictModel):
                 "stream": {"stream_id"},
                 # split_by's hash values (Sidekiq's work): the earliest time among them
                 "hash": {"json"} if self.split_by is not None else set(),
-            }.get(self.type, set())
+            }.get(key_type, set())
             if self.oldest.time_in not in allowed:
                 raise ValueError(
-                    f"oldest.time_in: {self.oldest.time_in} does not apply to {self.type} keys"
+                    f"oldest.time_in: {self.oldest.time_in} does not apply to {key_type} keys"
                 )
-        return self
 
-    def _check_marker(self, marker: MemberMarker, names: list[str]) -> None:
-        if self.type not in ("list", "zset"):
-            raise ValueError(f"marker applies to list and zset keys, not {self.type}")
+    @property
+    def types(self) -> tuple[KeyType, ...]:
+        """The Redis types its keys may hold."""
+        return tuple(self.type) if isinstance(self.type, list) else (self.type,)
+
+    @property
+    def key_type(self) -> KeyType:
+        """The type of a group of one type (as of_type's views are)."""
+        if isinstance(self.type, list):
+            raise TypeError(f"key group {self.pattern!r} holds several types: read of_type's")
+        return self.type
+
+    @property
+    def type_name(self) -> str:
+        """Its type in words: "list", or "list or zset"."""
+        return " or ".join(self.types)
+
+    def of_type(self, key_type: KeyType) -> KeyGroup:
+        """The group as its keys of one type are read: its own options and that type's
+        by_type ones (itself, for a group of one type). Made once per type and kept: the
+        readers key what they learn by it."""
+        if not isinstance(self.type, list):
+            return self
+        views = self._views
+        if key_type not in views:
+            fields = self.model_dump(exclude={"type", "by_type"}, exclude_defaults=True)
+            own = self.by_type.get(key_type)
+            extra = {} if own is None else own.model_dump(exclude_none=True)
+            views[key_type] = KeyGroup.model_validate({**fields, **extra, "type": key_type})
+        return views[key_type]
+
+    def views(self) -> list[KeyGroup]:
+        """How each of its types is read (of_type): itself alone for a group of one type."""
+        return [self.of_type(key_type) for key_type in self.types]
+
+    def _check_marker(self, marker: MemberMarker, names: list[str], key_type: KeyType) -> None:
+        if key_type not in ("list", "zset"):
+            raise ValueError(f"marker applies to list and zset keys, not {key_type}")
         if self.split_by is not None or self.priority_bands is not None:
             raise ValueError("marker excludes split_by and priority_bands")
         if marker.state == self.state:

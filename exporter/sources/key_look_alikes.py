@@ -47,7 +47,7 @@ def look_alikes(
     candidates: list[bytes] = []
     unchecked = 0
     for shard in shards:
-        for key in shard.scan_iter(match=glob, count=scan_count, _type=group.type):
+        for key in shard.scan_iter(match=glob, count=scan_count, _type=group.key_type):
             if key in known or key in excluded or not regex.match(text(key)):
                 continue
             if len(candidates) < rule.max_keys:
@@ -55,7 +55,7 @@ def look_alikes(
             else:
                 unchecked += 1
     named: dict[bytes, bytes] = {}  # a key left out -> the member_key its first member names
-    read = _FIRST_MEMBER[group.type]
+    read = _FIRST_MEMBER[group.key_type]
     heads = _first_members(node_of, candidates, read, max_item_bytes, cluster)
     for key, head in zip(candidates, heads, strict=True):
         member = _member(head)

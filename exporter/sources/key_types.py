@@ -181,7 +181,7 @@ class GroupTally:
             "key group %r (system %s, %s): %s [%s]",
             group.pattern,
             group.system,
-            group.type,
+            group.type_name,
             problem,
             reason,
         )
@@ -192,7 +192,7 @@ class GroupTally:
             source=self.source,
             system=group.system,
             pattern=group.pattern,
-            type=group.type,
+            type=group.type_name,
             keys_matched=self.keys,
             keys_named=self.named,
             queues=len({labels.queue for labels in self.series}),

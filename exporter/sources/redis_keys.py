@@ -136,15 +136,22 @@ class RedisKeySampler:
     def _sample_groups(self, cycle: Cycle, rounds: Transport) -> None:
         """Find and read every key group's keys."""
         tallies = cycle.tallies
-        bulk = {id(t): GroupReads(t, cycle) for t in tallies if GroupReads.suits(t.group)}
+        bulk = {
+            id(t): GroupReads(t, cycle, t.group)
+            for t in tallies
+            if GroupReads.suits(t.group) and len(t.group.types) == 1
+        }
 
         def read(tally: GroupTally, page: list[FoundKey]) -> None:
+            if len(tally.group.types) > 1:  # each key's TYPE first
+                rounds.add(cycle.typed_reads(tally, page))
+                return
             reads = bulk.get(id(tally))
             if reads is not None:
                 rounds.add_run(reads, page)
                 return
             # a page's commands added at once: routed and sent in full rounds once a page
-            commands = (cycle.commands_for_key(tally, *found) for found in page)
+            commands = (cycle.commands_for_key(tally, tally.group, *found) for found in page)
             rounds.add(itertools.chain.from_iterable(commands))
 
         for scan in self._scan_plan.scans():
