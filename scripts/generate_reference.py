@@ -167,10 +167,24 @@ def _library_lines(library: dict[str, Any] | None) -> list[str]:
 
 
 def _group_row(group: dict[str, Any]) -> str:
+    reads = _reads(group)
+    for key_type, options in group.get("by_type", {}).items():  # a group of several types
+        reads = [*reads[:-1], f"{reads[-1]}; its {key_type} keys: {', '.join(_reads(options))}"]
+    # ${param|pattern} (the param as literal text of the pattern) reads as ${param} here
+    pattern = repr(group["pattern"].replace("|pattern}", "}"))[1:-1].replace("|", "\\|")
+    types = group["type"]
+    shown = " or ".join(types) if isinstance(types, list) else types
+    return f"| `{pattern}` | {shown} | {group['state']} | {', '.join(reads)} |"
+
+
+def _reads(group: dict[str, Any]) -> list[str]:
+    """What a group's options read, in words (a group of several types: one type's)."""
     reads = ["depth"]
     if group.get("split_by"):
         split = group["split_by"]
-        reads = [f"depth per {split['label']} (each item's `{split['field']}`)"]
+        score = {"as_is": "score", "negated": "score, negated"}.get(split.get("score"))
+        source = f"each member's {score}" if score else f"each item's `{split['field']}`"
+        reads = [f"depth per {split['label']} ({source})"]
     if group.get("priority_bands"):
         reads.append("priority from score bands")
     if group.get("scores"):
@@ -200,11 +214,7 @@ def _group_row(group: dict[str, Any]) -> str:
         reads.append(f"names keys left out whose first member's `{member_key}` exists")
     if group.get("max_depth") is not None:
         reads.append("`queue_max_depth`")
-    # ${param|pattern} (the param as literal text of the pattern) reads as ${param} here
-    pattern = repr(group["pattern"].replace("|pattern}", "}"))[1:-1].replace("|", "\\|")
-    types = group["type"]
-    shown = " or ".join(types) if isinstance(types, list) else types
-    return f"| `{pattern}` | {shown} | {group['state']} | {', '.join(reads)} |"
+    return reads
 
 
 def configuration_page() -> str:

@@ -77,3 +77,61 @@ def test_each_key_is_read_as_the_type_it_holds(
     assert report.errors == {"wrong_type": 1}
     assert report.failed_keys == (("wrong_type", "jobs:odd"),)
     assert report.last_warning is not None and "(a hash)" in report.last_warning
+
+
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ({"label": "priority"}, "from a field or from the score: one"),
+        ({"label": "priority", "field": "p", "score": "as_is"}, "from a field or from the score"),
+    ],
+)
+def test_split_by_takes_a_field_or_the_score(split: dict[str, object], message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        KeyGroup.model_validate(_group(type="zset", split_by=split))
+
+
+def test_split_by_score_reads_zsets_alone() -> None:
+    split = {"split_by": {"label": "priority", "score": "negated"}}
+    with pytest.raises(ValidationError, match=r"its list keys: split_by\.score applies to zset"):
+        KeyGroup.model_validate(_group(**split))
+    KeyGroup.model_validate(_group(by_type={"zset": split}))
+
+
+def _prefixed(at: float, data: bytes) -> bytes:
+    """A member as PriorityRedisHuey writes it: its enqueue time (µs, 8 bytes big-endian)
+    before the message."""
+    return int(at * 1e6).to_bytes(8, "big") + data
+
+
+def test_a_zset_split_by_its_score_with_each_value_s_oldest_prefix(
+    redis_client, redis_url, run_exporter
+) -> None:
+    now = time.time()
+    redis_client.zadd(
+        "jobs:vip",
+        {
+            _prefixed(now - 300, b"a"): -10,  # priority 10, its oldest
+            _prefixed(now - 30, b"b"): -10,
+            _prefixed(now - 600, b"c"): 0,  # priority 0
+            _prefixed(now - 60, b"d"): -2.5,
+            b"short": -7,  # no time in it: counted, its priority still counted
+        },
+    )
+    oldest = {"time_in": "prefix", "format": "epoch_s", "divisor": 1e6}
+    split = {"split_by": {"label": "priority", "score": "negated"}, "oldest": oldest}
+    group = _group(by_type={"zset": split})
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", queue="vip", priority="10")
+
+    def served(name: str, priority: str) -> float | None:
+        return value(series, name, system="mixed", queue="vip", priority=priority)
+
+    depths = {p: served("queue_depth", p) for p in ("10", "0", "2.5", "7")}
+    assert depths == {"10": 2, "0": 1, "2.5": 1, "7": 1}
+    for priority, since in (("10", 300), ("0", 600), ("2.5", 60)):
+        age = served("queue_oldest_age_seconds", priority)
+        assert age is not None and since <= age < since + 30, (priority, age)
+    assert served("queue_oldest_age_seconds", "7") is None
+    report = wait_for(lambda: {r.pattern: r for r in app.health.key_groups()}.get("jobs:{queue}"))
+    assert report.errors == {"time_missing": 1}

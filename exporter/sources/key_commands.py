@@ -36,12 +36,12 @@ from exporter.sources.key_items import (
     head_item,
     head_time,
     item_time,
-    json_field,
     kept_time,
     kept_where,
     listed_items,
     response_reason,
     scores_now,
+    split_value,
     stream_head_time,
 )
 from exporter.sources.key_types import (
@@ -364,10 +364,10 @@ class Cycle:
             for item, score in items:
                 if isinstance(item, int):  # its size: over max_item_bytes, left in Redis
                     too_large += 1
-                    value: str | None = UNREAD
-                else:
-                    value = json_field(item, split.field)
-                if value is None:
+                value = split_value(split, item, score)
+                if value is None and isinstance(item, int):
+                    value = UNREAD  # counted as too large, not as unreadable
+                elif value is None:
                     unreadable += 1
                     value = UNREAD
                 elif not keeps(value):

@@ -41,8 +41,10 @@ class OldestItem(StrictModel):
         "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest; "
         "split_by's hash values: the earliest time among them",
     )
-    time_in: Literal["score", "item", "json", "hash", "string", "stream_id"] = Field(
+    time_in: Literal["score", "item", "prefix", "json", "hash", "string", "stream_id"] = Field(
         description="score: the zset score is the time; item: the item itself is a time; "
+        "prefix: the item's first 8 bytes, a big-endian unsigned integer (PriorityRedisHuey's "
+        "enqueue time in microseconds: divisor 1000000); "
         "json: a field of the item's JSON; hash: a field of a hash the item names; string: "
         "json_field of the JSON string key the item names; stream_id: the entry id's "
         "millisecond part"
@@ -144,16 +146,30 @@ class SetMembers(StrictModel):
 
 class LabelFromItems(StrictModel):
     """Split one key's items among label values read from each item (Sidekiq's retry, dead and
-    schedule sets hold the jobs of every queue; the queue is a field of each member's JSON)."""
+    schedule sets hold the jobs of every queue; the queue is a field of each member's JSON), or
+    from each zset member's score (PriorityRedisHuey scores a task by its priority, negated)."""
 
     label: Literal["queue", "priority"] = Field(description="the label the value goes to")
-    field: str = Field(min_length=1, description="the JSON field of each item holding the value")
+    field: str | None = Field(
+        None, min_length=1, description="the JSON field of each item holding the value"
+    )
+    score: Literal["as_is", "negated"] | None = Field(
+        None,
+        description="zsets, instead of a field: the value is each member's score (negated: "
+        "its sign turned), an integer written without a fraction",
+    )
     max_items: int = Field(
         10000,
         ge=1,
         description="items read per key and cycle (Sidekiq keeps at most 10,000 dead jobs); "
         "the rest count under the label value __unread__",
     )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LabelFromItems:
+        if (self.field is None) == (self.score is None):
+            raise ValueError("split_by takes its value from a field or from the score: one")
+        return self
 
 
 class MemberMarker(StrictModel):
@@ -366,6 +382,8 @@ class KeyGroup(StrictModel):
                 raise ValueError(f"split_by: {label!r} is already a pattern placeholder or label")
             if key_type not in ("list", "zset", "hash"):
                 raise ValueError(f"split_by applies to list, zset and hash keys, not {key_type}")
+            if self.split_by.score is not None and key_type != "zset":
+                raise ValueError(f"split_by.score applies to zset keys only, not {key_type}")
             if self.priority_bands is not None:
                 raise ValueError("split_by and priority_bands exclude each other")
             if self.oldest is not None and self.oldest.time_in in ("hash", "string"):
@@ -388,8 +406,8 @@ class KeyGroup(StrictModel):
             raise ValueError("priority_bands and a priority label exclude each other")
         if self.oldest:
             allowed = {
-                "list": {"item", "json", "hash", "string"},
-                "zset": {"score", "item", "json", "hash", "string"},
+                "list": {"item", "prefix", "json", "hash", "string"},
+                "zset": {"score", "item", "prefix", "json", "hash", "string"},
                 "stream": {"stream_id"},
                 # split_by's hash values (Sidekiq's work): the earliest time among them
                 "hash": {"json"} if self.split_by is not None else set(),

@@ -19,7 +19,10 @@ import redis
 from exporter import numbers
 from exporter.redis_pipeline import Args, script_read
 from exporter.sources.item_time import TimeParseError, parse_time
-from exporter.sources.key_groups import DueCount, OldestItem, ScoreWindow, fill
+from exporter.sources.key_groups import DueCount, LabelFromItems, OldestItem, ScoreWindow, fill
+
+# time_in prefix: the bytes of the big-endian unsigned integer an item starts with
+PREFIX_BYTES = 8
 
 
 class ItemError(Exception):
@@ -66,6 +69,19 @@ def listed_items(reply: Any, scored: bool) -> list[tuple[bytes | int, float | No
     return [(member, float(score)) for member, score in zip(reply[::2], reply[1::2], strict=True)]
 
 
+def split_value(split: LabelFromItems, item: bytes | int, score: float | None) -> str | None:
+    """The label value split_by reads from an item (an int: its size, the item over
+    max_item_bytes and left in Redis) or its score; None when there is none to read."""
+    if split.score is not None:
+        if score is None:
+            return None
+        number = -score if split.score == "negated" else score
+        return str(int(number)) if number.is_integer() else repr(number)
+    if isinstance(item, int) or split.field is None:
+        return None
+    return json_field(item, split.field)
+
+
 def json_field(item: bytes, field: str) -> str | None:
     """A field of the item's JSON as a label value; None when there is none to read (not JSON,
     nested past the recursion limit, no such string field): the item counts as __unread__."""
@@ -104,6 +120,10 @@ def item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
         return parse_time(score, oldest.format, oldest.divisor)
     if oldest.time_in == "item":
         return parse_time(item, oldest.format, oldest.divisor)
+    if oldest.time_in == "prefix":
+        if len(item) < PREFIX_BYTES:
+            raise ItemError("time_missing")
+        return parse_time(int.from_bytes(item[:PREFIX_BYTES], "big"), oldest.format, oldest.divisor)
     text = item.decode("utf-8", "replace")
     if oldest.json_after is not None:
         _, separator, text = text.partition(oldest.json_after)

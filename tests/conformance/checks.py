@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from tests.conftest import Series, value
 
 State = tuple[str, str]  # (queue, state)
+# (queue, state), or (queue, state, priority) for a state split by priority (PriorityRedisHuey)
+Where = tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -73,12 +75,12 @@ class Truth:
 
     system: str
     taken_at: float  # epoch seconds when the library was read
-    depths: dict[State, float] | None  # None: a phase that checks no depth
+    depths: dict[Where, float] | None  # None: a phase that checks no depth
     # every (queue, state) served must be in depths; else only the queues must be the same
     exact_states: bool = False
     due: dict[str, float] = field(default_factory=dict)
     exact_due: bool = False  # no due count served for a queue not in due
-    ages: dict[State, Age | ReadAge | None] = field(default_factory=dict)  # None: no age served
+    ages: dict[Where, Age | ReadAge | None] = field(default_factory=dict)  # None: no age served
     exact_ages: bool = False  # no age served for a (queue, state) not in ages
     # (metric, queue, "label=value"...) -> the sum of the metric over the queue's series with
     # those labels (counters, workers); no series counts as 0
@@ -183,21 +185,27 @@ def mismatches(
     return checker.found + extra + checker.unused()
 
 
+def _labels(where: Where) -> dict[str, str]:
+    """A (queue, state[, priority]) key's labels."""
+    return dict(zip(("queue", "state", "priority"), where, strict=False))
+
+
 def _queues_and_depths(
-    checker: _Checker, series: Series, truth: Truth, depths: dict[State, float]
+    checker: _Checker, series: Series, truth: Truth, depths: dict[Where, float]
 ) -> None:
     system = truth.system
     served = served_keys(series, system, "queue_depth")
     if truth.exact_states:
-        extra = sorted(served - set(depths))
+        extra = sorted(served - {(queue, state) for queue, state, *_ in depths})
         checker.check("states", extra, not extra, "served for no state the library has")
     queues = sorted({queue for queue, _ in served})
-    expected = sorted({queue for queue, _ in depths})
+    expected = sorted({queue for queue, *_ in depths})
     checker.check("queues", queues, queues == expected, f"truth {expected}")
     per_state: dict[str, float] = {}
-    for (queue, state), count in sorted(depths.items()):
-        depth = served_value(series, system, "queue_depth", queue=queue, state=state)
-        checker.check(f"depth {queue} {state}", depth, depth == count, f"truth {count}")
+    for where, count in sorted(depths.items()):
+        state = where[1]
+        depth = served_value(series, system, "queue_depth", **_labels(where))
+        checker.check(f"depth {' '.join(where)}", depth, depth == count, f"truth {count}")
         per_state[state] = per_state.get(state, 0) + count
     for state, count in sorted(per_state.items()):  # the totals over queues, as a sum query
         summed = served_sum(series, system, "queue_depth", state=state) or 0
@@ -217,11 +225,9 @@ def _due(checker: _Checker, series: Series, truth: Truth) -> None:
 def _ages(
     checker: _Checker, series: Series, truth: Truth, scraped_at: float, reads: ReadTimes | None
 ) -> None:
-    for (queue, state), age in sorted(truth.ages.items()):
-        key = f"age {queue} {state}"
-        served = served_value(
-            series, truth.system, "queue_oldest_age_seconds", queue=queue, state=state
-        )
+    for where, age in sorted(truth.ages.items()):
+        key = f"age {' '.join(where)}"
+        served = served_value(series, truth.system, "queue_oldest_age_seconds", **_labels(where))
         if age is None:
             checker.check(key, served, served is None, "no such job")
             continue
@@ -234,6 +240,6 @@ def _ages(
         shown = "no read" if window is None else f"{window[0]:.2f} to {window[1]:.2f}"
         checker.check(key, served, agrees, f"truth {shown}")
     if truth.exact_ages:
-        expected = {key for key, age in truth.ages.items() if age is not None}
+        expected = {(key[0], key[1]) for key, age in truth.ages.items() if age is not None}
         extra = sorted(served_keys(series, truth.system, "queue_oldest_age_seconds") - expected)
         checker.check("age states", extra, not extra, "ages served for no such job")

@@ -4,8 +4,10 @@
     python -m tests.huey_app.driver truth
 
 A plan is a list of {"task", optional "args", "priority", "delay" (seconds; negative: an eta
-already past)}, on the huey of $HUEY_NAME / $HUEY_PRIORITY. `truth` prints its
-pending_count(), scheduled_count() and how many scheduled() tasks are due.
+already past)}, on the huey of $HUEY_NAME / $HUEY_PRIORITY; `enqueue` prints each step's
+enqueue window, [epoch seconds before, after]. `truth` prints its pending_count(),
+scheduled_count(), how many scheduled() tasks are due and how many pending() tasks wait at each
+priority.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import time
+from collections import Counter
 from typing import Any
 
 import huey as huey_package
@@ -25,8 +29,10 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC).replace(tzinfo=None)
 
 
-def enqueue(plan: list[dict[str, Any]]) -> None:
+def enqueue(plan: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    windows = []
     for step in plan:
+        before = time.time()
         task = TASKS[step["task"]]
         options: dict[str, Any] = {}
         if "priority" in step:
@@ -36,6 +42,8 @@ def enqueue(plan: list[dict[str, Any]]) -> None:
             task.schedule(args=tuple(step.get("args", [])), eta=eta, **options)
         else:
             task(*step.get("args", []), **options)
+        windows.append((before, time.time()))
+    return windows
 
 
 def truth() -> dict[str, Any]:
@@ -45,13 +53,15 @@ def truth() -> dict[str, Any]:
         "pending": huey.pending_count(),
         "scheduled": huey.scheduled_count(),
         "due": sum(1 for task in huey.scheduled() if task.eta <= now),
+        # a task enqueued without a priority is put at 0 (RedisPriorityQueue.enqueue)
+        "priorities": Counter(str(task.priority or 0) for task in huey.pending()),
     }
 
 
 def main() -> None:
     command, *args = sys.argv[1:]
     if command == "enqueue":
-        enqueue(json.loads(args[0]))
+        print(json.dumps(enqueue(json.loads(args[0]))))
     elif command == "truth":
         print(json.dumps(truth()))
     else:

@@ -23,7 +23,7 @@ from tests.conformance.adapters.base import (
     require,
     run_json,
 )
-from tests.conformance.checks import Age, Gap, Truth
+from tests.conformance.checks import Age, Gap, ReadAge, Truth
 from tests.conftest import stop_process, wait_for
 from tests.saq_app.control import driver as saq_driver
 from tests.saq_app.control import worker as saq_worker
@@ -265,8 +265,10 @@ class Huey:
     def run(self, *args: str) -> Any:
         return run_json([self.python, "-m", "tests.huey_app.driver", *args], self.env)
 
-    def enqueue(self, *steps: dict[str, Any]) -> None:
-        self.run("enqueue", json.dumps(list(steps)))
+    def enqueue(self, *steps: dict[str, Any]) -> list[tuple[float, float]]:
+        """Each step's enqueue window: epoch seconds before and after Huey's call."""
+        windows: list[tuple[float, float]] = self.run("enqueue", json.dumps(list(steps)))
+        return windows
 
     def truth(self) -> dict[str, Any]:
         """pending_count(), scheduled_count() and the due tasks among scheduled()."""
@@ -334,24 +336,40 @@ class HueyAdapter(Adapter):
         reports.enqueue(
             {"task": "succeed"}, {"task": "succeed"}, {"task": "succeed", "delay": 3600}
         )
-        # a PriorityRedisHuey: its queue is a zset
+        # a PriorityRedisHuey: its queue is a zset, each member prefixed with its enqueue time
+        # and scored by its priority (negated); two at priority 5, one at none (0)
         vip = Huey(python, self.backend_url, "vip", priority=True)
-        vip.enqueue(*({"task": "succeed", "priority": p} for p in (1, 5, 10)))
+        plan = [{"task": "succeed", "priority": p} for p in (1, 5, None, 5, 10)]
+        windows = vip.enqueue(*({k: v for k, v in s.items() if v is not None} for s in plan))
+        oldest: dict[str, Age] = {}  # per priority, its first task's enqueue window
+        for step, (before, after) in zip(plan, windows, strict=True):
+            oldest.setdefault(str(step["priority"] or 0), Age(before, after))
         library = {"emails": emails_truth, "reports": reports.truth(), "vip": vip.truth()}
-        assert library["reports"]["pending"] == 3 and library["vip"]["pending"] == 3
-        yield self.truth(library), ("defaults",)
+        assert library["reports"]["pending"] == 3 and library["vip"]["pending"] == len(plan)
+        assert library["vip"]["priorities"] == {"1": 1, "5": 2, "0": 1, "10": 1}
+        yield self.truth(library, oldest), ("defaults",)
         named = {queue: library[queue] for queue in ("emails", "reports")}
-        yield self.truth(named), ("named",)
+        yield self.truth(named, {}), ("named",)
 
     @staticmethod
-    def truth(library: dict[str, dict[str, Any]]) -> TruthAt:
-        depths = {
-            (queue, state): view[state]
-            for queue, view in library.items()
-            for state in ("pending", "scheduled")
-        }
+    def truth(library: dict[str, dict[str, Any]], vip_oldest: dict[str, Age]) -> TruthAt:
+        """Huey's counts; a PriorityRedisHuey's pending tasks per priority (its pending()), and
+        the age of the first enqueued at each; a RedisHuey's list records no enqueue time."""
+        depths: dict[tuple[str, ...], float] = {}
+        for queue, view in library.items():
+            depths[queue, "scheduled"] = view["scheduled"]
+            if queue == "vip":
+                depths.update({(queue, "pending", p): n for p, n in view["priorities"].items()})
+            else:
+                depths[queue, "pending"] = view["pending"]
         due = {queue: view["due"] for queue, view in library.items()}
-        return fixed(Truth("huey", time.time(), depths, due=due, exact_due=True))
+        ages: dict[tuple[str, ...], Age | ReadAge | None] = {
+            ("vip", "pending", priority): age for priority, age in vip_oldest.items()
+        }
+        truth = Truth(
+            "huey", time.time(), depths, due=due, exact_due=True, ages=ages, exact_ages=True
+        )
+        return fixed(truth)
 
 
 SAQ_STATES = {"queued": "pending", "active": "active", "scheduled": "scheduled"}
