@@ -29,8 +29,8 @@ CONNECTION_COMMANDS = ("ping", "select")
 # (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
 # after an XLEN of 0 (MEMBER_OR_STREAM_EXISTS). EXISTS also tells which members of a group
 # with a marker have their marker key (arq's running jobs), and which keys look like queues
-# left out (look_alikes: arq's job keys). TYPE names the type of a key that
-# answered WRONGTYPE.
+# left out (look_alikes: arq's job keys). TYPE names the type of a key that answered
+# WRONGTYPE, and tells how each key of a group of several types is read (Huey's list or zset).
 SAMPLER_COMMANDS = (
     "scan",
     "type",
