@@ -8,7 +8,10 @@ replies are read in one loop per command, not a tuple and a closure per key: a b
 (docs/benchmarks.md). Two layouts read each key differently (split_by: every item read and
 counted by a label inside it; a stream consumer group's XINFO), and every follow-up (the time
 a head item names, a WRONGTYPE key's TYPE, a read sent again after ASK or MOVED) is a Command:
-its arguments, its reply handler, its group. Sending them is the rounds' (key_rounds.py),
+its arguments, its reply handler, its group. A key of a group of several types (Huey's list or
+zset) is asked its TYPE first, and its reads follow as such commands of its own, as the type it
+holds (Cycle.typed_reads): not in bulk, a handler per read (Huey's few instances; a group of
+many keys and several types would pay that). Sending them is the rounds' (key_rounds.py),
 which key groups and keys there are is the sampler's (redis_keys.py).
 """
 
