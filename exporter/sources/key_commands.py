@@ -405,7 +405,8 @@ class Cycle:
                 return
             for value, candidates in heads.items():  # each item's time failing alone
                 times = [
-                    self._split_item_time(tally, key, item, score) for item, score in candidates
+                    self._split_item_time(tally, key, oldest, item, score)
+                    for item, score in candidates
                 ]
                 known = [time for time in times if time is not None]
                 if known:
@@ -540,11 +541,14 @@ class Cycle:
         return on_groups
 
     def _split_item_time(
-        self, tally: GroupTally, key: bytes, item: bytes | int, score: float | None
+        self,
+        tally: GroupTally,
+        key: bytes,
+        oldest: OldestItem,
+        item: bytes | int,
+        score: float | None,
     ) -> float | None:
         """A split item's time, checked (None: unreadable, counted on its key)."""
-        oldest = tally.group.oldest
-        assert oldest is not None
         if isinstance(item, int):  # too large to read (counted): a score tells its time
             if oldest.time_in != "score":
                 return None
