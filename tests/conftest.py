@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import psycopg
@@ -125,6 +126,27 @@ def stop_process(process: subprocess.Popen[bytes], signum: int, timeout: float =
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (its children and theirs), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry.name))
+    found: set[int] = set()
+    pending = [pid]
+    while pending:
+        for child in children.get(pending.pop(), []):
+            found.add(child)
+            pending.append(child)
+    return found
 
 
 # The sample interval (and each read's deadline) of tests whose native reader follows real

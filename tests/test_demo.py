@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from exporter import catalog
-from tests.conftest import parse_exposition, scrape
+from tests.conftest import descendants, parse_exposition, scrape
 
 IN_CI = os.environ.get("CI") == "true"
 FAMILY_TIMEOUT = 120.0
@@ -74,23 +74,7 @@ class Demo:
 
     def descendants(self) -> set[int]:
         """Every process below the demo (the embedded servers and their children)."""
-        children: dict[int, list[int]] = {}
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parent = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(parent, []).append(int(entry.name))
-        found: set[int] = set()
-        pending = [self.process.pid]
-        while pending:
-            for child in children.get(pending.pop(), []):
-                found.add(child)
-                pending.append(child)
-        return found
+        return descendants(self.process.pid)
 
     def wait_for_every_family(self) -> set[str]:
         # The demo runs no native reader: a family only such a reader serves has no series.

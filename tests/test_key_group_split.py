@@ -74,7 +74,7 @@ def test_a_split_hash_serves_its_earliest_time_each_refused_alone(
         "type": "hash",
         "state": "active",
         "split_by": {"label": "queue", "field": "queue"},
-        "oldest": {"time_in": "json", "field": "run_at", "format": "epoch_s"},
+        "oldest": {"end": "earliest", "time_in": "json", "field": "run_at", "format": "epoch_s"},
     }
     app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
     series = scrape_when(app, "queue_depth", system="custom", queue="sms")
@@ -147,6 +147,14 @@ def test_queues_from_keys_read_zero_once_their_jobs_are_gone(redis_client, redis
         ({"labels": {"queue": "all"}}, "split_by: 'queue' is already a pattern placeholder"),
         ({"values_from_keys": {"queue": "x"}}, "values: {queue} is not a placeholder"),
         ({"select": {"priority": ["1"]}}, "select: {priority} takes no values from a set, keys"),
+        (  # the earliest of a key's items is read on its own, not with a due count
+            {"split_by": None, "oldest": {"end": "earliest", "time_in": "score"}},
+            "oldest.end: earliest excludes due",
+        ),
+        (  # a hash's values have no order: only the earliest of them is a truth
+            {"type": "hash", "due": None, "oldest": {"time_in": "json", "field": "at"}},
+            "oldest.time_in: json does not apply to hash keys",
+        ),
     ],
 )
 def test_bad_split_settings_are_refused_with_their_place(change, message):

@@ -216,7 +216,8 @@ class GroupReads:
     def suits(group: KeyGroup) -> bool:
         """Whether the group is read in bulk: all but split_by's, marker's and a consumer
         group's."""
-        return group.split_by is None and group.marker is None and group.stream_group is None
+        earliest = group.oldest is not None and group.oldest.end == "earliest"
+        return not (group.split_by or group.marker or group.stream_group or earliest)
 
     def commands(
         self, keys: list[bytes], large_heads: set[bytes]
@@ -304,6 +305,8 @@ class Cycle:
             return self._split(tally, group, key, labels)
         if group.marker is not None:
             return self._marked(tally, group, key, match)
+        if group.oldest is not None and group.oldest.end == "earliest":
+            return self._earliest(tally, group, key, match)
         return [(("XINFO", "GROUPS", key), self._stream_group(tally, group, key, labels), tally)]
 
     def typed_reads(self, tally: GroupTally, page: list[FoundKey]) -> list[Command]:
@@ -356,8 +359,7 @@ class Cycle:
         due = BY_NAME[group.due.metric] if group.due is not None else None
         due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
-        # a hash's values have no order: every one is a candidate, the earliest time is served
-        keep_all = group.key_type == "hash"
+        keep_all = group.oldest is not None and group.oldest.end == "earliest"
         keeps = Selector(group.select.get(split.label, ["*"]))
 
         def on_items(reply: Any) -> None:
@@ -411,6 +413,63 @@ class Cycle:
                 known = [time for time in times if time is not None]
                 if known:
                     self._add_age(labels._replace(**{split.label: value}), min(known))
+
+        return [
+            ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),
+            ((ITEM_READ, key, bound_each(read)), on_items, tally),
+        ]
+
+    def _earliest(
+        self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
+    ) -> list[Command]:
+        """Depth, and the earliest time among the key's first oldest.max_items items
+        (oldest.end: earliest): for an order that is not by that time, as RQ's started
+        registry, scored by each job's deadline, which its heartbeats move. A time kept where
+        the item points (RQ's job hash) is read for each item, in one bounded read; the
+        series' age is the largest of them (_ages). Items beyond are counted, not guessed."""
+        oldest, labels = group.oldest, match.labels
+        assert oldest is not None
+        scored = group.key_type == "zset"
+        last = oldest.max_items - 1
+        read = (
+            script_read("ZRANGE", 0, last, "WITHSCORES")
+            if scored
+            else script_read("LRANGE", 0, last)
+        )
+        depth = 0
+
+        def on_depth(reply: Any) -> None:
+            nonlocal depth
+            depth = int(reply)
+            if depth and tally.enumerated:
+                tally.present(key)
+            self._add_depth(tally, labels, depth)
+
+        def on_items(reply: Any) -> list[Command]:
+            items = listed_items(reply, scored)
+            if depth > len(items):
+                tally.failed(
+                    key, "items_unchecked", f"{depth - len(items)} beyond oldest.max_items"
+                )
+            if oldest.time_in not in ("hash", "string"):
+                known = [self._split_item_time(tally, key, oldest, *item) for item in items]
+                times = [time for time in known if time is not None]
+                if times:
+                    self._add_age(labels, min(times))
+                return []
+            kept: list[tuple[bytes, KeyMatch, Args]] = []
+            for item, _ in items:
+                try:
+                    if isinstance(item, int):  # its size: over max_item_bytes, left in Redis
+                        raise ItemError("item_too_large")
+                    where = kept_where(oldest, match.captured, item)
+                except Exception as error:  # hostile data may raise anything
+                    _unreadable(tally, key, error)
+                    continue
+                kept.append((where[0], match, where[1]))
+            if self.nodes is not None:  # each read on its own: handle follows ASK
+                return [self.kept_time_read(tally, oldest, labels, *place[::2]) for place in kept]
+            return [self._kept_times(tally, oldest, kept)] if kept else []
 
         return [
             ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),

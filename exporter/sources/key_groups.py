@@ -35,11 +35,12 @@ _GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
 class OldestItem(StrictModel):
     """Where the time of the item at the head of the queue is kept."""
 
-    end: Literal["head", "tail"] = Field(
+    end: Literal["head", "tail", "earliest"] = Field(
         "head",
         description="lists: head = index 0, tail = index -1 (RPUSH+LPOP producers serve the "
         "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest; "
-        "split_by's hash values: the earliest time among them",
+        "earliest: the earliest time among the first max_items items, for an order that is "
+        "not by that time (RQ's started registry, scored by deadline; split_by's hash values)",
     )
     time_in: Literal["score", "item", "prefix", "json", "hash", "string", "stream_id"] = Field(
         description="score: the zset score is the time; item: the item itself is a time; "
@@ -59,6 +60,12 @@ class OldestItem(StrictModel):
     string_key: str | None = Field(
         None, description="time_in string: the key pattern; {item} is the item (SAQ's job ids)"
     )
+    item_until: str | None = Field(
+        None,
+        min_length=1,
+        description="time_in hash or string: {item} is the item up to this separator (RQ 2+ "
+        "keeps <job id>:<execution id> in its started registry, a job id holding no colon)",
+    )
     json_field: str | None = Field(
         None,
         description="time_in hash: the hash field's value is JSON and this field of it holds "
@@ -68,6 +75,12 @@ class OldestItem(StrictModel):
         "auto", description="auto: numbers above 1e11 are ms, else s; strings ISO-8601"
     )
     divisor: float = Field(1.0, gt=0, description="the stored number is divided by this first")
+    max_items: int = Field(
+        1000,
+        ge=1,
+        description="end: earliest: items whose time is read per key and cycle (one read "
+        "each where the time is kept apart); the rest are counted as items_unchecked",
+    )
 
     @model_validator(mode="after")
     def _fields_for_source(self) -> OldestItem:
@@ -77,6 +90,8 @@ class OldestItem(StrictModel):
             raise ValueError("time_in: hash needs 'hash_key'")
         if self.hash_key and "{item}" not in self.hash_key + (self.field or ""):
             raise ValueError("hash_key or field must contain {item}")
+        if self.item_until is not None and self.time_in not in ("hash", "string"):
+            raise ValueError("item_until applies to time_in: hash and string only")
         if self.json_field is not None and self.time_in not in ("hash", "string"):
             raise ValueError("json_field applies to time_in: hash and string only")
         if self.time_in == "string" and (not self.string_key or not self.json_field):
@@ -396,6 +411,8 @@ class KeyGroup(StrictModel):
             raise ValueError("scores excludes split_by and priority_bands")
         if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
             raise ValueError("scores: the oldest item is the head (lowest score) of the window")
+        if self.oldest is not None and self.oldest.end == "earliest":
+            self._check_earliest(key_type)
         if self.marker is not None:
             self._check_marker(self.marker, names, key_type)
         if self.look_alikes is not None and not (self.enumerated and key_type in ("list", "zset")):
@@ -410,7 +427,7 @@ class KeyGroup(StrictModel):
                 "zset": {"score", "item", "prefix", "json", "hash", "string"},
                 "stream": {"stream_id"},
                 # split_by's hash values (Sidekiq's work): the earliest time among them
-                "hash": {"json"} if self.split_by is not None else set(),
+                "hash": {"json"} if self.split_by and self.oldest.end == "earliest" else set(),
             }.get(key_type, set())
             if self.oldest.time_in not in allowed:
                 raise ValueError(
@@ -451,6 +468,22 @@ class KeyGroup(StrictModel):
     def views(self) -> list[KeyGroup]:
         """How each of its types is read (of_type): itself alone for a group of one type."""
         return [self.of_type(key_type) for key_type in self.types]
+
+    def _check_earliest(self, key_type: KeyType) -> None:
+        """end: earliest reads a key's items on their own, for its depth and their times."""
+        if key_type not in ("list", "zset", "hash"):
+            raise ValueError(
+                f"oldest.end: earliest applies to list, zset and hash keys, not {key_type}"
+            )
+        others: dict[str, object] = {
+            "scores": self.scores,
+            "due": self.due,
+            "priority_bands": self.priority_bands,
+            "marker": self.marker,
+        }
+        excluded = [name for name, value in others.items() if value is not None]
+        if excluded:
+            raise ValueError(f"oldest.end: earliest excludes {', '.join(excluded)}")
 
     def _check_marker(self, marker: MemberMarker, names: list[str], key_type: KeyType) -> None:
         if key_type not in ("list", "zset"):

@@ -183,7 +183,10 @@ def head_time(oldest: OldestItem) -> Callable[[Any], float | None]:
 def kept_where(oldest: OldestItem, captured: dict[str, str], item: bytes) -> tuple[bytes, Args]:
     """The key, and its read, of the time a head item names (its hash's field, or a string
     key's JSON): RQ's, BullMQ's and Bull's job ids."""
-    values = {**captured, "item": item.decode()}
+    named = item.decode()
+    if oldest.item_until is not None:
+        named = named.partition(oldest.item_until)[0]
+    values = {**captured, "item": named}
     if oldest.time_in == "hash":
         key, field = fill(oldest.hash_key or "", values), oldest.field or ""
         if "{" in field:  # else a field of every hash alike (Bull's timestamp): no fill each

@@ -6,7 +6,8 @@
 A plan is a list of {"queue", "call": "sleep_for"|"fail_after", "seconds", optional
 "timeout", "retries", "in" (seconds: scheduled), "after" (index of a job it depends on),
 "cancel": true, "rate_limit": [key, concurrency] (RQ 3)}. `truth` prints, per queue, Queue.count and each registry's count, the scheduled jobs already
-due, the head job's enqueue time, and the names of all queues (Queue.all).
+due, the head job's enqueue time, the earliest start among the started registry's jobs, and
+the names of all queues (Queue.all).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from datetime import UTC, timedelta
 import rq
 from redis import Redis
 from rq import Queue, Retry
+from rq.job import Job
 from rq.registry import (
     CanceledJobRegistry,
     DeferredJobRegistry,
@@ -30,7 +32,6 @@ from rq.registry import (
 from tests.rq_app import jobs
 
 try:  # RQ 3
-    from rq.job import Job
     from rq.rate_limit import RateLimit, RateLimitRegistry
 except ImportError:
     RateLimit = RateLimitRegistry = None  # type: ignore[assignment,misc]
@@ -84,7 +85,14 @@ def truth(connection: Redis, names: list[str]) -> dict:
                 origin = Job.fetch(job_id, connection=connection).origin
                 if origin in counts:
                     counts[origin]["rate_limited"] = counts[origin].get("rate_limited", 0) + 1
-    due, oldest = {}, {}
+    due, oldest, running_since = {}, {}, {}
+    for name in names:
+        started = StartedJobRegistry(name, connection=connection).get_job_ids()
+        jobs_running = [job for job in Job.fetch_many(started, connection=connection) if job]
+        times = [
+            job.started_at.replace(tzinfo=UTC).timestamp() for job in jobs_running if job.started_at
+        ]
+        running_since[name] = min(times, default=None)
     for name in names:
         queue = Queue(name, connection=connection)
         due[name] = len(ScheduledJobRegistry(name, connection=connection).get_jobs_to_schedule())
@@ -96,6 +104,7 @@ def truth(connection: Redis, names: list[str]) -> dict:
         "runtimes": _runtimes(connection, names),
         "due": due,
         "oldest_enqueued_at": oldest,
+        "running_since": running_since,  # the earliest started_at of the started registry
         "all_queues": sorted(queue.name for queue in Queue.all(connection=connection)),
     }
 
@@ -103,8 +112,6 @@ def truth(connection: Redis, names: list[str]) -> dict:
 def _runtimes(connection: Redis, names: list[str]) -> dict[str, dict[str, list[float]]]:
     """Per queue and function, the seconds each finished job ran, by its own started_at and
     ended_at (RQ's Job)."""
-    from rq.job import Job
-
     runtimes: dict[str, dict[str, list[float]]] = {}
     for name in names:
         ids = FinishedJobRegistry(name, connection=connection).get_job_ids()

@@ -3,6 +3,7 @@ the truth is RQ's own Queue.count and registries, read by the same RQ version.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -15,7 +16,14 @@ from typing import Any, ClassVar
 
 from tests.conformance.adapters.base import ROOT, Adapter, Phase, fixed, require, run_json
 from tests.conformance.checks import Age, Truth
-from tests.conftest import Series, assert_runtimes_bucketed, stop_process, total
+from tests.conftest import (
+    Series,
+    assert_runtimes_bucketed,
+    descendants,
+    stop_process,
+    total,
+    wait_for,
+)
 
 RQ_PYTHONS = {
     "3": Path(sys.executable),
@@ -71,6 +79,15 @@ def stop_rq_worker(worker: subprocess.Popen[bytes]) -> None:
     stop_process(worker, signal.SIGINT)  # warm shutdown: RQ deregisters the worker
 
 
+def stop_rq_worker_now(worker: subprocess.Popen[bytes]) -> None:
+    """Its running job's work horse killed (a process group of its own, which a second
+    SIGINT does not reach in RQ 3), then the worker stopped: it fails the job and exits."""
+    for horse in descendants(worker.pid) if worker.poll() is None else ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(horse, signal.SIGKILL)
+    stop_rq_worker(worker)
+
+
 class RqAdapter(Adapter):
     system = "rq"
     versions: ClassVar[tuple[Any, ...]] = ("1", "2", "3")
@@ -98,8 +115,33 @@ class RqAdapter(Adapter):
             rq_worker(python, url, "default", burst=True).wait(timeout=120)
             completed = ("queue_jobs_completed_total", "default")
             yield fixed(Truth("rq", time.time(), None, totals={completed: 6}))
+            yield from self._running(python, url)
         finally:
             stop_rq_worker(idle)
+
+    @staticmethod
+    def _running(python: Path, url: str) -> Iterator[Phase]:
+        """Two jobs running on two workers: the first started with a long timeout, the second
+        with a short one. RQ scores its started registry by each job's deadline, so the second
+        heads it; the longest running is the first, by RQ's own started_at."""
+        workers = []
+        try:
+            for running, timeout in ((1, 900), (2, 120)):
+                step = {"queue": "slow", "call": "sleep_for", "seconds": 600, "timeout": timeout}
+                rq_driver(python, url, "enqueue", json.dumps([step]))
+                workers.append(rq_worker(python, url, "slow", burst=False))
+
+                def started(running: int = running) -> dict[str, Any] | None:
+                    library = rq_driver(python, url, "truth", "slow")
+                    return library if library["queues"]["slow"]["started"] == running else None
+
+                library = wait_for(started, timeout=60, interval=0.3)
+            since = library["running_since"]["slow"]
+            ages = {("slow", "active"): Age.at(since)}
+            yield fixed(Truth("rq", time.time(), None, ages=ages))
+        finally:
+            for worker in workers:
+                stop_rq_worker_now(worker)
 
     @staticmethod
     def truth(library: dict[str, Any]) -> Truth:
