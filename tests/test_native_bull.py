@@ -189,6 +189,9 @@ def _workers_served_as_bull_lists_them(
     except AssertionError:
         raise AssertionError(f"served {seen['served']}, Bull {seen['bull']}") from None
     assert seen["bull"] == {"busy": {"busy": 1, "idle": 0}, "idle": {"busy": 0, "idle": 2}}
+    # CLIENT LIST does not tell a worker's concurrency: no slots, none made up
+    made_up = {"queue_worker_slots", "queue_worker_utilization_ratio"}
+    assert not [name for name, _ in scrape_series(app) if name in made_up]
     bull.stop(held)  # its workers leave: none listed, none served
     wait_for(lambda: _bull_workers(bull, queues) == {q: {"busy": 0, "idle": 0} for q in queues})
     wait_for(lambda: all(_workers(scrape_series(app), q) == {"busy": 0, "idle": 0} for q in queues))

@@ -346,6 +346,9 @@ def test_workers_counted_as_bullmq_counts_them(bullmq, redis_url, run_exporter):
         return counted if same and counted == settled else None
 
     wait_for(as_bullmq_counts, timeout=120)
+    # CLIENT LIST does not tell a worker's concurrency: no slots, none made up
+    made_up = {"queue_worker_slots", "queue_worker_utilization_ratio"}
+    assert not [name for name, _ in scrape_series(app) if name in made_up]
 
     for worker in idle:
         bullmq.stop(worker)

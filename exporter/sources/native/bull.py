@@ -37,7 +37,8 @@ counts connections, not workers: Bull 4 names a worker's blocking connection onl
 every connection of every Queue (a producer's too, a worker's three). So a worker here is a
 named connection whose last command is BRPOPLPUSH, the blocking one each worker has, in the
 reader's database (CLIENT LIST lists every database's): idle while blocked waiting for its
-next job, else busy (one slot each: CLIENT LIST does not tell a worker's concurrency).
+next job, else busy. No slots: CLIENT LIST does not tell a worker's concurrency, so no
+queue_worker_slots or utilization is served (none made up).
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ class BullReader(RedisReader):
         database = self.connection.database
         for worker in worker_connections(blocking, self._prefix, queues, database):
             busy = int(not worker.waiting)
-            signals.worker(self.config.system, worker.queue, worker.identity, busy, 1)
+            # capacity None: CLIENT LIST does not tell the worker's concurrency (no slot series)
+            signals.worker(self.config.system, worker.queue, worker.identity, busy, None)
 
     def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
         pattern = f"{literal(self._prefix)}:{{value}}:id"

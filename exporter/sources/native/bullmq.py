@@ -231,7 +231,8 @@ class BullmqReader(RedisReader):
         database = self.connection.database
         lists = [worker_connections(reply, prefix, queues, database) for reply in replies]
         for worker in max(lists, key=len, default=[]):
-            signals.worker(system, worker.queue, worker.identity, int(not worker.waiting), 1)
+            # capacity None: CLIENT LIST does not tell the worker's concurrency (no slot series)
+            signals.worker(system, worker.queue, worker.identity, int(not worker.waiting), None)
 
     # -- following the streams ----------------------------------------------------------------
 

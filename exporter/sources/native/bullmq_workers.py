@@ -9,8 +9,8 @@ the node listing the most worker connections is read, as BullMQ does.
 
 Busy or idle: an idle worker waits for its next job blocked on that connection (CLIENT LIST
 flags `b`, in BZPOPMIN); a worker whose slots are all taken does not wait. So a worker blocked
-is idle, one not blocked is busy (one slot each: CLIENT LIST does not tell a worker's
-concurrency). A worker between two jobs reads as busy for that instant.
+is idle, one not blocked is busy. No slots are served: CLIENT LIST does not tell a worker's
+concurrency (none made up). A worker between two jobs reads as busy for that instant.
 
 CLIENT LIST refused (an ACL without `+client|list`, a server without CLIENT or with it
 renamed) costs the worker count alone: the reader goes on, says why `queue_workers` is left out
