@@ -203,14 +203,36 @@ def job_alerts(c: RulesConfig) -> list[AlertRule]:
     ]
 
 
+def no_workers(c: RulesConfig) -> str:
+    """The queue's workers, once seen, are all gone (QueueNoWorkers's condition)."""
+    n = Names(c)
+    return f"({n.workers} == 0 or (max_over_time({n.workers}[{c.workers_lookback}]) unless {n.workers}))"
+
+
+def not_processing(c: RulesConfig) -> str:
+    """Work waited for the whole window and nothing processed it: nothing finished, where
+    finished jobs are counted, else the head did not move while the backlog did not shrink.
+    Left to the alert that says more: QueueJobsStuckActive while jobs are active,
+    QueueNoWorkers while the queue's workers are gone."""
+    n, w = Names(c), c.stalled_window
+    head_still = (
+        f"(deriv({n.oldest_age}[{w}]) > {c.stalled_age_growth} "
+        f"and deriv({n.backlog}[{w}]) >= 0 unless {n.finished_rate})"
+    )
+    return (
+        f"(min_over_time({n.backlog}[{w}]) > 0 "
+        f"and (max_over_time({n.finished_rate}[{w}]) == 0 or {head_still})) "
+        f"unless {n.active} > 0 unless {no_workers(c)}"
+    )
+
+
 def worker_alerts(c: RulesConfig) -> list[AlertRule]:
     n = Names(c)
     return [
         AlertRule(
             "QueueNoWorkers",
             "critical",
-            f"{n.backlog} > 0 and ({n.workers} == 0 or "
-            f"(max_over_time({n.workers}[{c.workers_lookback}]) unless {n.workers}))",
+            f"{n.backlog} > 0 and {no_workers(c)}",
             c.no_workers_for,
             f"{QUEUE} has work but no workers.",
             f"{QUEUE} holds {{{{ $value | humanize }}}} pending items and no worker has sent a "
@@ -219,6 +241,27 @@ def worker_alerts(c: RulesConfig) -> list[AlertRule]:
             "nothing will be processed.",
             "Workers dashboard: *Workers busy and idle*; the workers' deployment and logs.",
             "Start or scale the workers; check their connection to the broker.",
+        ),
+        AlertRule(
+            "QueueNotProcessing",
+            "critical",
+            not_processing(c),
+            c.not_processing_for,
+            f"{QUEUE} has work but nothing processes it.",
+            f"{QUEUE} has held at least {{{{ $value | humanize }}}} pending items for "
+            f"{c.stalled_window} and none was processed.",
+            "Work waits and nothing takes it: no worker consumes the queue (for systems that "
+            "record no workers per queue this is the only sign of it), or the workers cannot "
+            "reach it. Nothing finished in the window where the system counts finished jobs; "
+            "where it does not, the oldest pending item stayed at the head (its age grew "
+            f"by more than {c.stalled_age_growth} s a second) and the backlog did not shrink. "
+            "An idle empty queue, or one holding only scheduled work, does not fire; nor does a "
+            "queue with active jobs (QueueJobsStuckActive) or whose workers are gone "
+            "(QueueNoWorkers).",
+            "Queues dashboard: *Depth* and *Oldest item age* (a flat depth and an age rising "
+            "with the clock); Jobs dashboard: *Throughput* at zero; the workers' deployment.",
+            "Start or scale the workers for the queue; check that they consume this queue "
+            "(routing, queue names) and can reach the broker or database.",
         ),
         AlertRule(
             "QueueWorkersSaturated",

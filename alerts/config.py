@@ -53,6 +53,13 @@ class RulesConfig:
     # never page for "no workers").
     workers_lookback: str = "1h"
     no_workers_for: str = "5m"
+    # Work waiting this long while nothing finishes (where jobs that end are counted), or while
+    # the head of the queue does not move (where they are not), is a stalled queue.
+    stalled_window: str = "15m"
+    # Seconds the oldest pending item's age gains per second (its slope over stalled_window)
+    # above which the head counts as not moving: 1 while one item stays at the head.
+    stalled_age_growth: float = 0.9
+    not_processing_for: str = "5m"
     saturation_ratio: float = 0.95
     saturation_for: str = "15m"
 

@@ -16,12 +16,16 @@ from alerts.alerting import (
     worker_alerts,
 )
 from alerts.config import DEFAULTS, RulesConfig, tokenized
+from alerts.recorded import recordings
 from alerts.recording import recording_rules
+from alerts.systems import render_table, render_tests
 
 ALERTS_DIR = Path(__file__).resolve().parent
 REPO = ALERTS_DIR.parent
 RULES_PATH = ALERTS_DIR / "queue-exporter.rules.yml"
 RUNBOOK_PATH = REPO / "docs" / "runbook.md"
+ALERTS_TABLE_PATH = REPO / "docs" / "alerts.md"
+SYSTEM_TESTS_DIR = ALERTS_DIR / "tests" / "systems"
 # The Helm chart's copy: the same rules with each setting a token its PrometheusRule template
 # replaces with prometheusRule.job, .runbookUrlBase and .thresholds (alerts.config.tokenized).
 CHART_RULES_PATH = REPO / "helm" / "queue-exporter" / "files" / "rules" / "queue-exporter.rules.yml"
@@ -113,9 +117,19 @@ def render_runbook(config: RulesConfig = DEFAULTS) -> str:
     return "\n".join(lines)
 
 
+def system_outputs() -> dict[Path, str]:
+    """docs/alerts.md and each recording's promtool tests (alerts/systems.py), on the
+    committed rules: the tests read alerts/queue-exporter.rules.yml."""
+    found = recordings()
+    order = [group["name"] for group in rules_document()["groups"]]
+    tests = {SYSTEM_TESTS_DIR / f"{r.case}.test.yml": render_tests(r, order) for r in found}
+    return {ALERTS_TABLE_PATH: render_table(found), **tests}
+
+
 def outputs(config: RulesConfig = DEFAULTS) -> dict[Path, str]:
     return {
         RULES_PATH: render_rules(config),
         RUNBOOK_PATH: render_runbook(config),
         CHART_RULES_PATH: render_rules(tokenized(config)).replace(_HEADER, _CHART_HEADER),
+        **system_outputs(),
     }

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from alerts.recorded import record_or_compare
 from exporter.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
@@ -36,7 +37,7 @@ from tests.conformance.adapters.python_queues import (
 from tests.conformance.adapters.rq import RqAdapter
 from tests.conformance.adapters.sidekiq import SidekiqAdapter
 from tests.conformance.checks import ReadTimes, mismatches
-from tests.conftest import Series, wait_until_served_as_truth
+from tests.conftest import Series, scrape_series, wait_until_served_as_truth
 
 ADAPTERS: list[type[Adapter]] = [
     RqAdapter,
@@ -93,6 +94,7 @@ def test_served_as_the_library_says(
         where = {"postgres_dsn": backend}
     adapter = case.adapter(case.version, backend, redis_db, tmp_path)
     phases = adapter.phases()
+    served: list[Series] = []  # the defaults run's series: alerts/recorded.py
     try:
         first = next(phases)
         started = time.time()
@@ -104,5 +106,9 @@ def test_served_as_the_library_says(
             truth_at, only = phase if isinstance(phase, tuple) else (phase, tuple(runs))
             checked = {name: app for name, app in runs.items() if name in only}
             _served_as_truth(checked, truth_at, reads, adapter.timeout)
+            if "defaults" in checked:  # what the alerts read, once the phase agreed
+                served.append(scrape_series(runs["defaults"]))
     finally:
         phases.close()
+    stale = record_or_compare(str(case), adapter.system, "conformance", served)
+    assert stale is None, stale

@@ -1,0 +1,156 @@
+"""What each queue system's exporter serves that the alerts read, recorded from a real run.
+
+tests/conformance/test_conformance.py hands every case's defaults run (the preset's defaults
+against the real library and workers) to `record_or_compare`: with QE_RECORD_SERIES=1 the
+series it served (each phase's scrape once the phase agreed with the library) are written to
+alerts/tests/recorded/<case>.json; otherwise they are compared with that file, and a change in
+what the system serves fails the run, saying how to record it again. Only the series the alerts
+read are kept (`alert_inputs`), by name and labels: values change from run to run, and the
+promtool tests built on them (alerts/systems.py) script values of their own.
+
+The comparison is of shapes: each series' name and label names, and the values of the labels
+that select what an alert means (system, state). Which queues or job types a run named is the
+adapter's choice, not what the system serves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from alerts.alerting import alerting_rules
+from alerts.config import DEFAULTS
+from alerts.recording import recording_rules
+from exporter.catalog import BY_NAME
+
+RECORDED_DIR = Path(__file__).resolve().parent / "tests" / "recorded"
+RECORD_ENV = "QE_RECORD_SERIES"
+# The labels whose values are part of a series' shape: what an alert means depends on them.
+SHAPE_VALUES = ("system", "state")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+
+Labels = Mapping[str, str]
+LabelPairs = tuple[tuple[str, str], ...]
+Shape = tuple[str, LabelPairs]
+# A scrape's series, as tests/conftest.py parses them: (name, label pairs) -> value.
+Scraped = Iterable[tuple[str, Iterable[tuple[str, str]]]]
+
+
+@dataclass(frozen=True)
+class Recording:
+    """One case's recorded series: `system` as the exporter names it, `case` the conformance
+    case (system and major), `source` how it was recorded."""
+
+    system: str
+    case: str
+    source: str
+    series: tuple[tuple[str, LabelPairs], ...]
+
+    def of(self, name: str) -> list[dict[str, str]]:
+        return [dict(labels) for metric, labels in self.series if metric == name]
+
+
+# Records every case at once (a few minutes on two workers).
+RECORD_ALL = f"{RECORD_ENV}=1 bash scripts/test.sh -n 2 tests/conformance"
+
+
+def record_command(case: str) -> str:
+    return f"{RECORD_ENV}=1 bash scripts/test.sh tests/conformance -k {case}"
+
+
+@cache
+def alert_inputs() -> frozenset[str]:
+    """The exported series the alerts read, directly or through recording rules."""
+    recorded = {rule.record: rule.expr for rule in recording_rules(DEFAULTS)}
+    exported = set(BY_NAME) | {f"{name}_bucket" for name in BY_NAME}
+    found: set[str] = set()
+
+    def read(expr: str) -> None:
+        for name in _NAME.findall(expr):
+            if name in recorded:
+                read(recorded.pop(name))
+            elif name in exported:
+                found.add(name)
+        # {__name__=~"a|b"}: the names inside the regular expression
+        for alternatives in re.findall(r'__name__=~"([^"]+)"', expr):
+            found.update(name for name in alternatives.split("|") if name in exported)
+
+    for alert in alerting_rules(DEFAULTS):
+        read(alert.expr)
+    return frozenset(found)
+
+
+def kept(served: Scraped) -> list[tuple[str, LabelPairs]]:
+    """The served series the alerts read, each once, sorted."""
+    inputs = alert_inputs()
+    unique = {(name, tuple(sorted(labels))) for name, labels in served if name in inputs}
+    return sorted(unique)
+
+
+def shapes(series: Scraped) -> set[Shape]:
+    return {
+        (name, tuple(sorted((k, v if k in SHAPE_VALUES else "*") for k, v in labels)))
+        for name, labels in series
+    }
+
+
+def path_of(case: str) -> Path:
+    return RECORDED_DIR / f"{case}.json"
+
+
+def write(recording: Recording) -> None:
+    document = {
+        "system": recording.system,
+        "case": recording.case,
+        "source": recording.source,
+        "series": [{"name": name, "labels": dict(labels)} for name, labels in recording.series],
+    }
+    RECORDED_DIR.mkdir(parents=True, exist_ok=True)
+    path_of(recording.case).write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
+
+
+def load(path: Path) -> Recording:
+    document = json.loads(path.read_text())
+    series = tuple(
+        (entry["name"], tuple(sorted(entry["labels"].items()))) for entry in document["series"]
+    )
+    return Recording(document["system"], document["case"], document["source"], series)
+
+
+def recordings() -> list[Recording]:
+    return [load(path) for path in sorted(RECORDED_DIR.glob("*.json"))]
+
+
+def record_or_compare(
+    case: str, system: str, source: str, scrapes: Iterable[Scraped]
+) -> str | None:
+    """Record the series of `scrapes` (QE_RECORD_SERIES=1), or compare their shapes with the
+    recording: None when they agree (or were recorded), else what differs and how to record."""
+    served = kept((name, labels) for scrape in scrapes for name, labels in scrape)
+    recording = Recording(system, case, source, tuple(served))
+    if os.environ.get(RECORD_ENV) == "1":
+        write(recording)
+        return None
+    path = path_of(case)
+    if not path.exists():
+        return f"no recording of {case} in {path.name}: record it with `{record_command(case)}`"
+    before, now = shapes(load(path).series), shapes(served)
+    if before == now:
+        return None
+    gone = "; ".join(map(_shown, sorted(before - now))) or "none"
+    new = "; ".join(map(_shown, sorted(now - before))) or "none"
+    return (
+        f"{case} serves other series than alerts/tests/recorded/{path.name} (the alerts' table "
+        f"and promtool tests are built on it): no longer served: {gone}; newly served: {new}. "
+        f"Record again with `{record_command(case)}`, then run `python -m alerts`."
+    )
+
+
+def _shown(shape: Shape) -> str:
+    name, labels = shape
+    return name + "{" + ",".join(f"{k}={v}" if v != "*" else k for k, v in labels) + "}"
