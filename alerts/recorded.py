@@ -1,7 +1,8 @@
 """What each queue system's exporter serves that the alerts read, recorded from a real run.
 
 tests/conformance/test_conformance.py hands every case's defaults run (the preset's defaults
-against the real library and workers) to `record_or_compare`: with QE_RECORD_SERIES=1 the
+against the real library and workers) to `record_or_compare`, as tests/test_demo.py does for the
+seed systems (Attune, Orchestrata, Runner-Q: on no conformance harness, fed by the demo): with QE_RECORD_SERIES=1 the
 series it served (each phase's scrape once the phase agreed with the library) are written to
 alerts/tests/recorded/<case>.json; otherwise they are compared with that file, and a change in
 what the system serves fails the run, saying how to record it again. Only the series the alerts
@@ -59,8 +60,14 @@ class Recording:
 RECORD_ALL = f"{RECORD_ENV}=1 bash scripts/test.sh -n 2 tests/conformance"
 
 
-def record_command(case: str) -> str:
-    return f"{RECORD_ENV}=1 bash scripts/test.sh tests/conformance -k {case}"
+# Where a recording comes from, other than a conformance case: the seed systems, on no
+# conformance harness, from the demo's run (tests/test_demo.py).
+RECORDED_BY = {"demo": "tests/test_demo.py -k embedded"}
+
+
+def record_command(case: str, source: str = "conformance") -> str:
+    where = RECORDED_BY.get(source, f"tests/conformance -k {case}")
+    return f"{RECORD_ENV}=1 bash scripts/test.sh {where}"
 
 
 @cache
@@ -138,7 +145,8 @@ def record_or_compare(
         return None
     path = path_of(case)
     if not path.exists():
-        return f"no recording of {case} in {path.name}: record it with `{record_command(case)}`"
+        command = record_command(case, source)
+        return f"no recording of {case} in {path.name}: record it with `{command}`"
     before, now = shapes(load(path).series), shapes(served)
     if before == now:
         return None
@@ -147,7 +155,7 @@ def record_or_compare(
     return (
         f"{case} serves other series than alerts/tests/recorded/{path.name} (the alerts' table "
         f"and promtool tests are built on it): no longer served: {gone}; newly served: {new}. "
-        f"Record again with `{record_command(case)}`, then run `python -m alerts`."
+        f"Record again with `{record_command(case, source)}`, then run `python -m alerts`."
     )
 
 

@@ -49,7 +49,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
 )
 # Why a system has no recording yet.
 NOT_RECORDED: dict[str, str] = {
-    "celery": "no conformance adapter yet (issue 39)",
+    "celery": "no conformance adapter yet: issue 39",
 }
 
 # What a scenario misses, short for the table's cells; the legend says it in full.
@@ -628,12 +628,14 @@ def render_table(recordings: list[Recording]) -> str:
             "",
             "`tests/conformance/test_conformance.py` records what each case's defaults run "
             "served that the alerts read",
-            f"(`{record_command('<case>')}`; every case: `{RECORD_ALL}`),",
-            "and otherwise compares each run with its recording: a system that starts or stops "
+            f"(`{record_command('<case>')}`; every case: `{RECORD_ALL}`);",
+            "the seed systems, on no conformance harness, are recorded from the demo's run "
+            f"(`{record_command('<system>', 'demo')}`).",
+            "Otherwise each run is compared with its recording: a system that starts or stops "
             "serving a series the",
-            "alerts read fails its conformance case, naming the series and this command. "
-            "Then `python -m alerts`",
-            "rewrites this page and the promtool tests. docs/testing.md has the steps.",
+            "alerts read fails its run, naming the series and the command. Then "
+            "`python -m alerts` rewrites this page",
+            "and the promtool tests. docs/testing.md has the steps.",
             "",
         ]
     )

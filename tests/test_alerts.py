@@ -301,10 +301,11 @@ def test_a_stalled_queue_is_caught_for_every_recorded_system_but_those_named():
 
 
 def test_saturation_fires_only_where_workers_say_their_slots():
-    """RQ workers run one job at a time, Sidekiq processes say their concurrency (Celery's
-    pool max-concurrency and event heartbeats' capacity are not recorded here): no system's
-    slot count is made up (Bull's and BullMQ's CLIENT LIST does not tell one)."""
-    assert _firing("QueueWorkersSaturated") == {"rq", "sidekiq"}
+    """RQ workers run one job at a time, Sidekiq processes say their concurrency, Orchestrata's
+    workers their capacity in each heartbeat event (Celery's pool max-concurrency is not
+    recorded yet): no system's slot count is made up (Bull's and BullMQ's CLIENT LIST does not
+    tell one)."""
+    assert _firing("QueueWorkersSaturated") == {"rq", "sidekiq", "orchestrata"}
 
 
 def test_the_alerts_table_covers_every_alert_and_the_16_systems():

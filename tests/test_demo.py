@@ -21,8 +21,10 @@ import psycopg
 import pytest
 import redis
 
+from alerts.recorded import RECORD_ENV, kept, load, path_of, record_or_compare, shapes
 from exporter import catalog
-from tests.conftest import descendants, parse_exposition, scrape
+from exporter.demo.command import exporter_config
+from tests.conftest import Series, descendants, parse_exposition, scrape
 
 IN_CI = os.environ.get("CI") == "true"
 FAMILY_TIMEOUT = 120.0
@@ -152,6 +154,7 @@ def test_demo_with_embedded_servers_serves_every_family_and_leaves_nothing(
         assert any(entry.name.startswith("queue-exporter-demo-") for entry in demo_tmp.iterdir())
         demo.wait_for_every_family()
         series = parse_exposition(scrape(demo.port))
+        assert_seed_systems_serve_what_the_alerts_recorded(demo, series)
         depth_systems = {dict(labels)["system"] for name, labels in series if name == "queue_depth"}
         assert depth_systems == {"orchestrata", "runnerq", "attune", "legacy"}
         # only the legacy app's per-key operations overflow the demo's series cap
@@ -166,6 +169,60 @@ def test_demo_with_embedded_servers_serves_every_family_and_leaves_nothing(
     assert_only_staged_warnings(demo.output)
     assert [pid for pid in servers if _alive(pid)] == []
     assert list(demo_tmp.iterdir()) == []
+
+
+# The seed systems are on no conformance harness: the demo's run is their recording of what
+# the alerts read (alerts/recorded.py; QE_RECORD_SERIES=1 records it again).
+SEED_SYSTEMS = ("attune", "orchestrata", "runnerq")
+# Whose the demo's sources are (an events source is its stream's system's).
+DEMO_SOURCES = {"postgres": ("attune",), "redis": ("orchestrata", "runnerq")}
+RECORD_SECONDS = 60.0
+
+
+def assert_seed_systems_serve_what_the_alerts_recorded(demo: Demo, first: Series) -> None:
+    """Each seed system's series (its `system`, its streams' and sources', and the exporter's
+    own), compared with its recording. The demo's workload is random: a counter is served from
+    its first event (Runner-Q's first dead letter), so the scrapes go on, 2.5 s apart, for
+    RECORD_SECONDS when recording, else until every recorded series was served (at most as
+    long)."""
+    events = exporter_config("redis://x", "dbname=x", "127.0.0.1:0", 1.0, "info")["sources"]
+    stream_system = {stream["key"]: stream["system"] for stream in events["events"]["streams"]}
+
+    def of(system: str, scraped: Series) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        return {key: 0.0 for key in scraped if system in _seed_systems(key[1], stream_system)}
+
+    scrapes = [first]
+    recording = os.environ.get(RECORD_ENV) == "1"
+    deadline = time.monotonic() + RECORD_SECONDS
+    while time.monotonic() < deadline:
+        if not recording and all(
+            path_of(system).exists()
+            and shapes(load(path_of(system)).series)
+            <= shapes(kept(key for scraped in scrapes for key in of(system, scraped)))
+            for system in SEED_SYSTEMS
+        ):
+            break
+        time.sleep(2.5)
+        scrapes.append(parse_exposition(scrape(demo.port)))
+    for system in SEED_SYSTEMS:
+        stale = record_or_compare(system, system, "demo", [of(system, s) for s in scrapes])
+        assert stale is None, stale
+
+
+def _seed_systems(labels: frozenset[tuple[str, str]], stream_system: dict[str, str]) -> set[str]:
+    """The seed systems a served series is one of: by its system, stream or source; the
+    exporter's own (build_info, series_overflow_total) are every system's."""
+    named = dict(labels)
+    if "system" in named:
+        return {named["system"]}
+    if "stream" in named:
+        return {stream_system.get(named["stream"], "")}
+    if "source" in named:  # events:<stream>, postgres:<collector>, redis
+        kind, _, stream = named["source"].partition(":")
+        if kind == "events":
+            return {stream_system.get(stream, "")}
+        return set(DEMO_SOURCES.get(kind, ()))
+    return set(SEED_SYSTEMS)
 
 
 # The warnings the demo's staged faults raise, by a marker each: the banner names them.
