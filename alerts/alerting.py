@@ -238,7 +238,9 @@ def worker_alerts(c: RulesConfig) -> list[AlertRule]:
             f"{QUEUE} holds {{{{ $value | humanize }}}} pending items and no worker has sent a "
             f"heartbeat for it; workers were seen within {c.workers_lookback}.",
             "Every worker of the queue is gone (crashed, scaled to zero, cannot reach Redis); "
-            "nothing will be processed.",
+            "nothing will be processed. Only systems that record their workers per queue can "
+            "say so; for the others QueueNotProcessing catches the same outage "
+            "(docs/alerts.md).",
             "Workers dashboard: *Workers busy and idle*; the workers' deployment and logs.",
             "Start or scale the workers; check their connection to the broker.",
         ),
@@ -271,7 +273,10 @@ def worker_alerts(c: RulesConfig) -> list[AlertRule]:
             f"Workers of {QUEUE} are saturated.",
             f"The workers of {QUEUE} use {{{{ $value | humanizePercentage }}}} of their slots "
             f"for {c.saturation_for}.",
-            "All worker slots are busy: anything more that arrives waits.",
+            "All worker slots are busy: anything more that arrives waits. Only systems whose "
+            "workers say their slots serve the ratio (RQ: one job per worker; Sidekiq, Celery: "
+            "their concurrency; event heartbeats: their capacity); none is made up where a "
+            "system does not say them (docs/alerts.md).",
             "Workers dashboard: *Utilisation*; Queues dashboard: is the backlog growing and "
             "*Wait time* rising?",
             "Add workers or slots; look for slower executions that hold slots longer.",
