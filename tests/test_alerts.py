@@ -24,7 +24,7 @@ from alerts.generate import (
     render_rules,
     rules_document,
 )
-from alerts.recorded import recordings
+from alerts.recorded import RECORD_ENV, load, path_of, record_or_compare, recordings
 from alerts.recording import JOB_COUNTERS, JOB_TIMINGS, recording_rules
 from alerts.systems import SYSTEMS, Proof, outcomes
 from tests.tools import run
@@ -315,3 +315,28 @@ def test_the_alerts_table_covers_every_alert_and_the_16_systems():
     for alert in alerting_rules(DEFAULTS):
         row = next(line for line in table.splitlines() if line.startswith(f"| [{alert.name}]"))
         assert row.count("|") - 2 == len(SYSTEMS), alert.name
+
+
+def test_a_change_in_what_a_system_serves_makes_its_recording_stale(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """alerts/recorded.py as the conformance hook calls it, on SAQ's recording: a series gone
+    or a new one is stale (naming the command); a counter a run did not reach is not."""
+    monkeypatch.delenv(RECORD_ENV, raising=False)  # compare, never write
+    recorded = load(path_of("saq"))
+
+    def compared(*leave_out: str, add: tuple[str, dict[str, str]] | None = None) -> str | None:
+        served = {(n, frozenset(ls)): 0.0 for n, ls in recorded.series if n not in leave_out}
+        if add is not None:
+            served[(add[0], frozenset(add[1].items()))] = 1.0
+        return record_or_compare("saq", "saq", "conformance", [served])
+
+    assert compared() is None
+    assert compared("queue_jobs_failed_total") is None
+    gone = compared("queue_oldest_age_seconds")
+    assert gone is not None
+    assert "no longer served: queue_oldest_age_seconds{priority,queue,state=pending" in gone
+    assert "QE_RECORD_SERIES=1 bash scripts/test.sh tests/conformance -k saq" in gone
+    workers = ("queue_workers", {"system": "saq", "queue": "default", "state": "busy"})
+    new = compared(add=workers)
+    assert new is not None and "newly served: queue_workers{queue,state=busy,system=saq}" in new
