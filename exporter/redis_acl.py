@@ -25,18 +25,21 @@ CONNECTION_COMMANDS = ("ping", "select")
 # LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
 # reads of head items run inside one EVAL_RO per round (redis_pipeline.bounded_reads), which
 # measures a head found too large with MEMORY USAGE instead of copying it again; GET reads the
-# JSON string key a head item names (SAQ's jobs). Which keys built from a group's values exist
-# (its keys matched) their depths tell, except for a stream, which may exist empty: EXISTS
-# after an XLEN of 0 (MEMBER_OR_STREAM_EXISTS). EXISTS also tells which members of a group
-# with a marker have their marker key (arq's running jobs), and which keys look like queues
-# left out (look_alikes: arq's job keys). TYPE names the type of a key that answered
-# WRONGTYPE, and tells how each key of a group of several types is read (Huey's list or zset).
+# JSON string key a head item names (SAQ's jobs); SSCAN (ZSCAN: a sorted set) reads, a page at
+# a time, the sets that name a group's queues (sources/members.py). Which keys built from a
+# group's values exist (its keys matched) their depths tell, except for a stream, which may
+# exist empty: EXISTS after an XLEN of 0 (MEMBER_OR_STREAM_EXISTS). EXISTS also tells which
+# members of a group with a marker have their marker key (arq's running jobs), and which keys
+# look like queues left out (look_alikes: arq's job keys). TYPE names the type of a key that
+# answered WRONGTYPE, and tells how each key of a group of several types is read (Huey's list
+# or zset).
 SAMPLER_COMMANDS = (
     "scan",
     "type",
     "eval_ro",
     "memory|usage",
-    "smembers",
+    "sscan",
+    "zscan",
     "llen",
     "lindex",
     "lrange",
@@ -254,7 +257,7 @@ def _quoted(word: str) -> str:
 # around another of the reader's commands, PSUBSCRIBE on a connection of its own (probe.py).
 COMMAND_TRIALS: dict[str, tuple[str, ...]] = {
     "scan": ("SCAN", "0", "MATCH", "{key}", "COUNT", "1"),
-    "smembers": ("SMEMBERS", "{key}"),
+    "sscan": ("SSCAN", "{key}", "0", "COUNT", "1"),
     "zrange": ("ZRANGE", "{key}", "0", "0"),
     "zrangebyscore": ("ZRANGEBYSCORE", "{key}", "+inf", "+inf", "LIMIT", "0", "0"),
     "zscore": ("ZSCORE", "{key}", "-"),

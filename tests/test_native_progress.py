@@ -42,7 +42,7 @@ def _completed(signals: Signals) -> float:
 
 def test_sidekiq_counts_of_a_read_failing_after_them_are_counted_by_the_next(tmp_path):
     """Sidekiq's counters are read first, its processes after: with the processes refused
-    (SMEMBERS not allowed, as a severed read fails), the read fails after its counters were
+    (SSCAN not allowed, as a severed read fails), the read fails after its counters were
     read. Before, their increments became the baseline anyway: 30 completions never counted.
     Now the next read counts all 30 (Sidekiq's layout: stat:processed, written as its
     heartbeat flushes it)."""
@@ -55,10 +55,10 @@ def test_sidekiq_counts_of_a_read_failing_after_them_are_counted_by_the_next(tmp
         reader = SidekiqReader(SidekiqReaderConfig(), RedisConnectionConfig(url=url))
         reader.read(Signals())  # the baseline
         admin.set("stat:processed", 130)
-        admin.execute_command("ACL", "SETUSER", "reader", "-smembers")
+        admin.execute_command("ACL", "SETUSER", "reader", "-sscan")
         with pytest.raises(redis.exceptions.NoPermissionError):
             reader.read(Signals())
-        admin.execute_command("ACL", "SETUSER", "reader", "+smembers")
+        admin.execute_command("ACL", "SETUSER", "reader", "+sscan")
         counted = []
         for _ in range(2):
             signals = Signals()

@@ -15,7 +15,7 @@ BullMQ 5 and 6).
 
 A read is made to fail after fetching by the server itself: the reader's ACL user may not send
 the command a read sends after it fetched the new records (the job hashes' HMGET for RQ and
-BullMQ, the finished records' GET for SAQ, SMEMBERS of the processes after the counters for
+BullMQ, the finished records' GET for SAQ, SSCAN of the processes after the counters for
 Sidekiq), as a command severed at the read's deadline fails.
 """
 
@@ -260,7 +260,7 @@ class Saq(System):
 class SidekiqSystem(System):
     name = "sidekiq"
     queue = "all"  # Sidekiq's counters carry no queue
-    denied = refused = "smembers"  # the processes, read after the counters
+    denied = refused = "sscan"  # the processes, read after the counters
     runtimes = False  # Sidekiq records no runtime per job
 
     def __init__(self, url: str, client: redis.Redis, major: str = "") -> None:

@@ -50,6 +50,8 @@ REASON_WORDS = {
     "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
     "this cycle",
     "too_many_keys": "the group has read its share of max_keys: its other keys are not read",
+    "too_many_members": "the set names more queues than max_keys: its other members are not "
+    "read (raise max_keys together with the memory limit, docs/security.md)",
 }
 
 

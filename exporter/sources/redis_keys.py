@@ -22,7 +22,6 @@ import math
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
 
 import redis
 
@@ -45,6 +44,7 @@ from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.key_types import FoundKey, GroupTally, Route, key_match, text
 from exporter.sources.key_values import BuiltKeys, built_keys, member_values, select
+from exporter.sources.members import members_of
 from exporter.sources.redis_keys_config import RedisSourceConfig
 from exporter.telemetry import Telemetry
 
@@ -346,21 +346,31 @@ class RedisKeySampler:
         self, cycle: Cycle, members: SetMembers, tally: GroupTally, rounds: Transport
     ) -> set[str] | None:
         """The values a set's members name; with a key pattern, every matching set's (kombu's
-        bindings: one set per exchange). None: the one set is not a set, the group is lost."""
+        bindings: one set per exchange). None: the one set is not a set, the group is lost.
+        No more than max_keys members are read over the sets, SSCAN (ZSCAN) a page at a time:
+        more values than that could not become keys the cycle reads, and a set flooded with
+        a million members costs the cycle max_keys (the rest named: too_many_members). Those
+        read are the first SSCAN gives (Redis's hash order: the same each cycle while the set
+        is unchanged)."""
         pattern = bool(placeholders(members.key))
         keys = self._scanned(cycle, members.key, tally, rounds, 0) if pattern else [members.key]
-        stored: list[Any] = []
+        limit = self.config.max_keys
+        stored: list[bytes] = []
         for key in keys:
             node = rounds.client if self._nodes is None else self._nodes.node_of(key.encode())[1]
-            try:
-                if members.type == "zset":
-                    stored += node.zrange(key, 0, -1)
-                else:
-                    stored += node.smembers(key)
+            listing = members_of(node, key, members.type)
+            try:  # one past the room left tells a set that holds more
+                stored += itertools.islice(listing, limit - len(stored) + 1)
             except redis.ResponseError as error:  # not a set: this key (this group) alone is lost
                 tally.failed(key.encode(), response_reason(error))
                 if not pattern:
                     return None
+            if len(stored) > limit:  # named with its size: a count, not a read of the rest
+                size = node.zcard(key) if members.type == "zset" else node.scard(key)
+                del stored[limit:]
+                detail = f"{size} members, {limit} (max_keys) read over the group's sets"
+                tally.failed(key.encode(), "too_many_members", detail)
+                break
         return member_values(stored, members.member)
 
     def _scanned(

@@ -78,6 +78,7 @@ from exporter.numbers import InvalidValue
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import parse_time
 from exporter.sources.key_values import member_values, names, selects
+from exporter.sources.members import members_of
 from exporter.sources.native.celery_inspect import CONF, HeldTask, Inspector, Routes, WorkerReport
 from exporter.sources.native.config import CeleryReaderConfig
 from exporter.sources.native.framework import (
@@ -340,12 +341,16 @@ class CeleryReader(RedisReader):
         runs and the reader hears events (a queue found before any of its tasks ran)."""
         if time.monotonic() - self._declared_at < BINDINGS_REFRESH:
             return
-        connection, members = self._connect(), list[bytes | str]()
+        connection = self._connect()
         scan = connection.scan_iter(match=BINDINGS, count=1000)
-        for key in signals.names(scan, MAX_KEYS, f"keys {BINDINGS}"):
-            with signals.record(key):  # not a set: counted, the rest goes on
-                bindings = connection.smembers(key)
-                members.extend(signals.names(bindings, MAX_KEYS, f"members of {key!r}"))
+
+        def bindings() -> Iterator[bytes]:
+            """Every binding set's members, one listing: MAX_KEYS members over all the sets."""
+            for key in signals.names(scan, MAX_KEYS, f"keys {BINDINGS}"):
+                with signals.record(key):  # not a set: counted, the rest goes on
+                    yield from members_of(connection, key)  # SSCAN: as they are taken
+
+        members = list(signals.names(bindings(), MAX_KEYS, f"members of {BINDINGS}"))
         sep = self.config.sep
         found = member_values(members, f"{{_routing_key}}{sep}{{_pattern}}{sep}{{value}}")
         skipped = re.compile(self.config.not_task_queues or "(?!)")  # (?!): matches nothing

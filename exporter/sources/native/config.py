@@ -74,7 +74,7 @@ class RqReaderConfig(ReaderConfig):
         "when not found) and globs ('*': every queue found)",
     )
 
-    ACL_COMMANDS = ("smembers", "zrange", "hmget", "hget", "xrevrange")
+    ACL_COMMANDS = ("sscan", "zrange", "hmget", "hget", "xrevrange")
 
     def acl_read_keys(self) -> list[str]:
         registries = [f"rq:{registry}:*" for registry in RQ_REGISTRIES]
@@ -150,7 +150,7 @@ class CeleryReaderConfig(ReaderConfig):
         "(default: kombu's /<db>.celeryev/*)",
     )
 
-    ACL_COMMANDS = ("hscan", "psubscribe", "scan", "smembers")
+    ACL_COMMANDS = ("hscan", "psubscribe", "scan", "sscan")
 
     @field_validator("not_task_queues")
     @classmethod
@@ -239,7 +239,7 @@ class SidekiqReaderConfig(ReaderConfig):
         "names and globs ('*': every queue)",
     )
 
-    ACL_COMMANDS = ("smembers", "hmget")
+    ACL_COMMANDS = ("sscan", "hmget")
 
     def acl_read_keys(self) -> list[str]:
         # process hashes are named by identity (hostname:pid:nonce): any key of the namespace

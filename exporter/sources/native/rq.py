@@ -48,6 +48,7 @@ from exporter.events.wire import Event
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_values import select
+from exporter.sources.members import members_of
 from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
 from exporter.sources.native.framework import (
     MAX_KEYS,
@@ -136,9 +137,8 @@ class RqReader(RedisReader):
         """The queues rq:queues names; while it cannot be read, those of the previous read."""
         names = list(self._listed)
         with signals.record(self.config.queues_set):
-            members = signals.names(
-                sorted(_members(client, self.config.queues_set)), MAX_QUEUES, "queues"
-            )
+            listing = members_of(client, self.config.queues_set)  # SSCAN: up to the limit
+            members = signals.names(listing, MAX_QUEUES, "queues")
             names = sorted(
                 key.removeprefix("rq:queue:")
                 for key in (member.decode("utf-8", "replace") for member in members)
@@ -176,9 +176,7 @@ class RqReader(RedisReader):
     def _workers(self, client: redis.Redis, signals: Signals) -> None:
         keys: list[bytes] = []
         with signals.record("rq:workers"):
-            keys = list(
-                signals.names(sorted(_members(client, "rq:workers")), MAX_WORKERS, "workers")
-            )
+            keys = sorted(signals.names(members_of(client, "rq:workers"), MAX_WORKERS, "workers"))
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.hmget(key, ("state", "queues"))
@@ -201,9 +199,7 @@ class RqReader(RedisReader):
         """RQ 3: jobs held back by a concurrency limit, as pending depth of their queue."""
         limits: list[bytes] = []
         with signals.record("rq:rl-keys"):
-            limits = list(
-                signals.names(sorted(_members(client, "rq:rl-keys")), MAX_KEYS, "rl-keys")
-            )
+            limits = sorted(signals.names(members_of(client, "rq:rl-keys"), MAX_KEYS, "rl-keys"))
         if not limits:
             return
         keys = [b"rq:rl:" + limit + b":rate_limited" for limit in limits]
@@ -344,11 +340,6 @@ def _job(fields: list[bytes | None], results: list[Any]) -> _Job:
         status=(status or b"").decode("utf-8", "replace"),
         exc_text=exc_text,
     )
-
-
-def _members(client: redis.Redis, key: str) -> set[bytes]:
-    members: set[bytes] = client.smembers(key)  # type: ignore[assignment]  # bytes replies
-    return members
 
 
 def _job_id(member: str) -> str:

@@ -24,6 +24,7 @@ import redis
 from exporter import numbers
 from exporter.events.wire import ERROR_TYPES
 from exporter.redis_connection import RedisConnectionConfig
+from exporter.sources.members import members_of
 from exporter.sources.native.config import SidekiqReaderConfig
 from exporter.sources.native.framework import (
     MAX_QUEUES_PER_WORKER,
@@ -87,8 +88,8 @@ class SidekiqReader(RedisReader):
         namespace = self.config.namespace
         identities: list[bytes] = []
         with signals.record(f"{namespace}processes"):
-            members: set[bytes] = client.smembers(f"{namespace}processes")  # type: ignore[assignment]
-            identities = list(signals.names(sorted(members), MAX_WORKERS, "processes"))
+            listing = members_of(client, f"{namespace}processes")  # SSCAN: up to the limit
+            identities = sorted(signals.names(listing, MAX_WORKERS, "processes"))
         pipe = client.pipeline(transaction=False)
         for identity in identities:
             pipe.hmget(namespace.encode() + identity, ("info", "busy"))
