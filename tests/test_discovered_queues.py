@@ -1,11 +1,21 @@
-"""The keys one key-sampler cycle reads are bounded by the source's max_keys, shared by its key
-groups: queues discovered beyond a group's share are not read (nor built: no memory for them),
-and counted and named once a cycle (reason too_many_keys); the queues within it read exactly.
-bench/discovered_queues.py measures what 100,000 queues of each system cost (docs/security.md).
+"""The keys one key-sampler cycle reads are bounded by the source's max_keys, over its key groups
+(sources/key_room.py): each group is sure of an even share, and what a group leaves unused is
+lent to the groups that found more, evenly. Queues beyond what a group may read are not read
+(nor built: no memory for them), and counted exactly and named once a cycle (reason
+too_many_keys); the queues within it read exactly. bench/discovered_queues.py measures what
+100,000 queues of each system cost (docs/security.md).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
+import redis
+
+from exporter import config as config_module
+from exporter.health import HealthBoard
+from exporter.sources.redis_keys import RedisKeySampler
+from exporter.telemetry import Telemetry
 from tests.conftest import scrape_series, total, wait_for
 
 QUEUES = 300
@@ -62,3 +72,79 @@ def test_queues_beyond_max_keys_are_counted_not_read(redis_client, redis_url, ru
     assert reports["built"].errors["too_many_keys"] == QUEUES - MAX_KEYS // 2
     assert reports["scanned"].errors["too_many_keys"] == QUEUES - MAX_KEYS // 2
     assert "max_keys" in (reports["built"].last_warning or "")
+
+
+def _sampler(redis_url: str, max_keys: int, *groups: dict) -> tuple[RedisKeySampler, Telemetry]:
+    settings = {"url": redis_url, "key_groups": list(groups), "max_keys": max_keys}
+    config = config_module.from_dict({"sources": {"redis": settings}})
+    telemetry = Telemetry(HealthBoard())
+    return RedisKeySampler(config.sources.redis, telemetry, 15.0), telemetry
+
+
+def _cycle(sampler: RedisKeySampler, telemetry: Telemetry) -> tuple[Counter[str], dict]:
+    """One cycle: per system, the queues whose depth was read (their depth each checked), and
+    each group's errors."""
+    read: Counter[str] = Counter()
+    for spec, series in sampler.sample().metrics():
+        if spec.name == "queue_depth":
+            for labels, depth in series.items():
+                system = labels[spec.labels.index("system")]
+                assert depth == DEPTHS.get(system, 1), (labels, depth)
+                read[system] += 1
+    return read, {report.system: dict(report.errors) for report in telemetry.health.key_groups()}
+
+
+def _scanned(system: str) -> dict:
+    return {"system": system, "pattern": f"{system}:{{queue}}", "type": "list", "state": "pending"}
+
+
+def _built(system: str) -> dict:
+    return {**_scanned(system), "values_from_set": {"queue": {"key": f"{system}-queues"}}}
+
+
+def _queues(client: redis.Redis, system: str, count: int, named: bool = False) -> None:
+    pipe = client.pipeline(transaction=False)
+    for n in range(count):
+        pipe.rpush(f"{system}:q{n}", *["job"] * DEPTHS.get(system, 1))
+        if named:
+            pipe.sadd(f"{system}-queues", f"q{n}")
+    pipe.execute()
+
+
+DEPTHS = {"few": 3}  # jobs per queue, 1 unless named; built queues not named read 0
+
+
+def test_a_share_a_group_leaves_unused_is_lent_to_the_group_that_needs_it(redis_client, redis_url):
+    """max_keys 2,000 over four groups (500 each): a group of 1,500 queues beside an idle
+    group, one of 20 queues and one of 5 built queues is read in full, nothing counted (before:
+    500 read, 1,000 counted too_many_keys)."""
+    _queues(redis_client, "busy", 1_500)
+    _queues(redis_client, "few", 20)
+    _queues(redis_client, "built", 5, named=True)
+    groups = (_scanned("busy"), _scanned("idle"), _scanned("few"), _built("built"))
+    sampler, telemetry = _sampler(redis_url, 2_000, *groups)
+    for _ in range(2):  # the second cycle goes by the routes the first learned
+        read, errors = _cycle(sampler, telemetry)
+        assert read == {"busy": 1_500, "few": 20, "built": 5}
+        assert errors == {"busy": {}, "idle": {}, "few": {}, "built": {}}
+
+
+def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, redis_url):
+    """max_keys 600 over four groups (150 each) that found 500, 320, 60 and 400 (built from a
+    set): the group of 60 reads all, the room left (540) is split evenly, 180 each, and what is
+    not read is counted exactly per group."""
+    _queues(redis_client, "busy", 500)
+    _queues(redis_client, "other", 320)
+    _queues(redis_client, "few", 60)
+    _queues(redis_client, "built", 400, named=True)
+    groups = (_scanned("busy"), _scanned("other"), _scanned("few"), _built("built"))
+    sampler, telemetry = _sampler(redis_url, 600, *groups)
+    for _ in range(2):
+        read, errors = _cycle(sampler, telemetry)
+        assert read == {"busy": 180, "other": 180, "few": 60, "built": 180}
+        assert errors == {
+            "busy": {"too_many_keys": 320},
+            "other": {"too_many_keys": 140},
+            "few": {},
+            "built": {"too_many_keys": 220},
+        }

@@ -174,6 +174,7 @@ def test_a_flooded_queue_set_costs_a_key_group_max_keys_members(server, kind):
     (report,) = telemetry.health.key_groups()
     assert report.errors == {"too_many_members": 1}
     assert report.failed_keys == (("too_many_members", "known"),)
+    assert f"{FLOOD} members, {max_keys} (max_keys) read" in (report.last_warning or "")
     scan = "zscan" if kind == "zset" else "sscan"
     assert cost.calls[scan] <= 4
     assert cost.bytes < 2 * max_keys * MEMBER_BYTES * (2 if kind == "zset" else 1) + 200_000

@@ -49,7 +49,8 @@ REASON_WORDS = {
     "the group's series are withdrawn this cycle and the slot map is read again",
     "node_down": "the cluster node holding it did not answer: the group's series are withdrawn "
     "this cycle",
-    "too_many_keys": "the group has read its share of max_keys: its other keys are not read",
+    "too_many_keys": "the key groups together found more keys than max_keys: this group read "
+    "its part (all it found up to a level even for the groups that found more), not the rest",
     "too_many_members": "the set names more queues than max_keys: its other members are not "
     "read (raise max_keys together with the memory limit, docs/security.md)",
 }
@@ -148,8 +149,8 @@ class GroupTally:
         self.warn(reason, f"key {text(key)[:200]!r}: {words}")
 
     def over_limit(self, unread: int, limit: int) -> None:
-        """Count (once a cycle) and name the keys the group did not read: the cycle had read
-        its share, `limit` keys, of the source's max_keys."""
+        """Count (once a cycle) and name the keys the group did not read: the groups together
+        found more than the source's max_keys, `limit` (sources/key_room.py)."""
         group = self.group
         self.errors["too_many_keys"] += unread
         self.telemetry.count_error(
@@ -157,8 +158,9 @@ class GroupTally:
         )
         self.warn(
             "too_many_keys",
-            f"{unread} key(s) not read: the group read its share of max_keys ({limit} keys; "
-            "raise max_keys together with the memory limit, docs/security.md)",
+            f"{unread} key(s) not read: the key groups found more than max_keys ({limit}) "
+            "together, this one read its part (raise max_keys together with the memory limit, "
+            "docs/security.md)",
         )
 
     def left_out(self, name: str, values: list[str]) -> None:

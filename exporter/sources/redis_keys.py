@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import re
 import time
 from collections.abc import Iterator
@@ -40,6 +39,7 @@ from exporter.sources.key_groups import (
 )
 from exporter.sources.key_items import response_reason
 from exporter.sources.key_look_alikes import look_alikes
+from exporter.sources.key_room import Fate, KeyRoom
 from exporter.sources.key_rounds import Transport
 from exporter.sources.key_scans import KeyScan, ScanPlan
 from exporter.sources.key_types import FoundKey, GroupTally, Route, key_match, text
@@ -154,15 +154,26 @@ class RedisKeySampler:
             commands = (cycle.commands_for_key(tally, tally.group, *found) for found in page)
             rounds.add(itertools.chain.from_iterable(commands))
 
+        # the values of the groups whose keys are built from them first: what each will build
+        # is known before any SCAN, so the room lends to the others what they leave unused
+        enumerated: list[tuple[GroupTally, dict[str, list[str]]]] = []
+        for tally in tallies:
+            choices = self._choices(cycle, tally, rounds)
+            if choices is not None:
+                self._room.claim(tally, choices)
+                enumerated.append((tally, choices))
         for scan in self._scan_plan.scans():
             members = [tallies[index] for index in scan.groups]
             for tally, page in self._scanned_pages(cycle, scan, members, rounds):
                 tally.matched(page)
                 read(tally, page)
-        for tally in (tally for tally in tallies if tally.group.enumerated):
-            for page in self._enumerated_pages(cycle, tally, rounds):
+        for tally, choices in enumerated:
+            for page in self._built_pages(cycle, tally, choices):
                 tally.built(page)  # which exist, their depth reads tell
                 read(tally, page)
+        for tally, page in self._room.lent():  # scanned keys beyond a share, read with the
+            tally.matched(page)  # room the other groups left unused
+            read(tally, page)
         rounds.flush()
         self._room.report()
 
@@ -241,10 +252,11 @@ class RedisKeySampler:
         # (a key found last cycle gives what it gave then, no regex and no new labels: at 100k
         # keys a cycle cost 1.2-1.4x the floor's CPU this way, 2.2-2.5x matched anew;
         # docs/benchmarks.md)
+        # this cycle's keys read or kept (KeyRoom), which also tells a key seen already
         routes: dict[bytes, Route] = {}
         cycle.learned.routes[scan.groups] = routes
         last_cycle = cycle.before.routes.get(scan.groups, {})
-        unclaimed = 0  # keys no group took: not kept, a shared SCAN may return many
+        claimed = unclaimed = 0  # keys some group took, and none: a shared SCAN's price
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
         for keys in self._scan(cycle, scan.glob, tallies, rounds):
             pages: list[list[FoundKey]] = [[] for _ in tallies]
@@ -257,16 +269,20 @@ class RedisKeySampler:
                     if not route:
                         unclaimed += 1
                         continue
-                if not self._room.take([tallies[index] for index, _ in route]):
-                    continue
-                routes[key] = route
+                claimed += 1
+                placed = False  # read now, or kept to be read once every SCAN is done
                 for index, found in route:
-                    pages[index].append(found)
+                    fate = self._room.take(tallies[index], found)
+                    if fate is Fate.READ:
+                        pages[index].append(found)
+                    placed = placed or fate is not Fate.DROPPED
+                if placed:  # a key not read is not remembered: a group may find millions
+                    routes[key] = route
             for tally, page in zip(tallies, pages, strict=True):
                 if page:
                     yield tally, page
         if len(tallies) > 1:
-            self._scan_plan.shared_scan_found(scan, len(routes), unclaimed)
+            self._scan_plan.shared_scan_found(scan, claimed, unclaimed)
 
     def _route(self, key: bytes, tallies: list[GroupTally]) -> Route:
         """The groups (positions in `tallies`) whose pattern the key matches, and what it gives
@@ -283,17 +299,19 @@ class RedisKeySampler:
                 route.append((index, (key, key_match(tally.group, captured))))
         return tuple(route)
 
-    def _enumerated_pages(
+    def _choices(
         self, cycle: Cycle, tally: GroupTally, rounds: Transport
-    ) -> Iterator[list[FoundKey]]:
-        """The keys built from the group's values and what each gives, a page at a time: a
-        queue that is empty (its key gone) still reads 0."""
+    ) -> dict[str, list[str]] | None:
+        """The values each placeholder of a group built from values takes this cycle (None: a
+        group whose keys are scanned, or whose one set is not a set: lost)."""
         group = tally.group
+        if not group.enumerated:
+            return None
         choices = {name: list(values) for name, values in group.values.items()}
         for name, members in group.values_from_set.items():
             from_set = self._values_from_set(cycle, members, tally, rounds)
             if from_set is None:
-                return
+                return None
             choices[name] = sorted(from_set.union(choices.get(name, [])))
         for name, keys in group.values_from_keys.items():
             patterns = [keys] if isinstance(keys, str) else keys
@@ -308,6 +326,14 @@ class RedisKeySampler:
             if name in choices:  # else split_by's label: selected item by item (key_commands)
                 choices[name], left_out = select(choices[name], selection)
                 tally.left_out(name, left_out)
+        return choices
+
+    def _built_pages(
+        self, cycle: Cycle, tally: GroupTally, choices: dict[str, list[str]]
+    ) -> Iterator[list[FoundKey]]:
+        """The keys built from the group's values (as many as the room gave it) and what each
+        gives, a page at a time: a queue that is empty (its key gone) still reads 0."""
+        group = tally.group
         self._room.fit(choices, tally)
         built = built_keys(
             group, choices, self.config.scan_count, cycle.before.built.get(id(group))
@@ -402,50 +428,3 @@ class RedisKeySampler:
         if partial:  # a node's keys are missing: so are the queues they name
             cycle.lose_group(tally, pattern.encode(), "scanned without a node")
         return found
-
-
-class KeyRoom:
-    """The keys one cycle may still read: the source's max_keys, shared evenly by its key
-    groups (so a group naming 100,000 queues leaves the other groups their share, and a
-    queue's keys of every group are read for the same first queues). What a group found beyond
-    its share is not read, and is counted and named once a cycle (reason too_many_keys). The
-    keys built from a group's values are fitted before they are built (the values of its
-    largest placeholder cut, in their order), so a set naming 100,000 queues costs no more
-    memory than the share."""
-
-    def __init__(self, limit: int, groups: int) -> None:
-        self.limit = limit
-        self.share = max(limit // max(groups, 1), 1)
-        self._left: dict[int, int] = {}
-        self._unread: dict[int, tuple[GroupTally, int]] = {}
-
-    def take(self, tallies: list[GroupTally]) -> bool:
-        """Whether one more key of these groups is read; if not, it is counted for them."""
-        if all(self._left.get(id(tally), self.share) > 0 for tally in tallies):
-            for tally in tallies:
-                self._left[id(tally)] = self._left.get(id(tally), self.share) - 1
-            return True
-        self._count(1, tallies)
-        return False
-
-    def fit(self, choices: dict[str, list[str]], tally: GroupTally) -> None:
-        """Cut a group's values (in place) so that the keys built from them fit its share."""
-        left = self._left.get(id(tally), self.share)
-        keys = math.prod(len(values) for values in choices.values())
-        if keys > left:
-            largest = max(choices, key=lambda name: len(choices[name]))
-            others = keys // len(choices[largest])
-            choices[largest] = choices[largest][: left // others]
-            self._count(keys - len(choices[largest]) * others, [tally])
-            keys = len(choices[largest]) * others
-        self._left[id(tally)] = left - keys
-
-    def _count(self, unread: int, tallies: list[GroupTally]) -> None:
-        for tally in tallies:
-            _, before = self._unread.get(id(tally), (tally, 0))
-            self._unread[id(tally)] = (tally, before + unread)
-
-    def report(self) -> None:
-        """Count and name, once for the cycle, each group's keys not read."""
-        for tally, unread in self._unread.values():
-            tally.over_limit(unread, self.share)

@@ -38,7 +38,8 @@ class RedisSourceConfig(RedisConnectionConfig):
         100_000,
         ge=1,
         description="keys one cycle reads, over every key group (scanned, or built from "
-        "discovered queues): the rest are not read, counted once a cycle per group as reason "
+        "discovered queues; each group sure of an even share, what a group leaves unused lent "
+        "to the others): the rest are not read, counted once a cycle per group as reason "
         "too_many_keys and named; about 1 KiB of memory a key (docs/security.md)",
     )
     cycle_timeout: float | None = Field(
