@@ -148,3 +148,19 @@ def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, re
             "few": {},
             "built": {"too_many_keys": 220},
         }
+
+
+def test_keys_naming_more_queues_than_max_keys_are_taken_up_to_it(redis_client, redis_url):
+    """Queues named by keys (values_from_keys, as BullMQ's meta hashes): 300 of them under
+    max_keys 100 take 100 (before: every key found was kept, a million of them too, and
+    remembered for the next cycle), the others counted and named once a cycle."""
+    _queues(redis_client, "named", 300)
+    redis_client.mset({f"meta:q{n}": 1 for n in range(300)})
+    group = {**_scanned("named"), "values_from_keys": {"queue": "meta:{value}"}}
+    sampler, telemetry = _sampler(redis_url, 100, group)
+    for _ in range(2):
+        read, errors = _cycle(sampler, telemetry)
+        assert read == {"named": 100}
+        assert errors == {"named": {"too_many_values": 1}}
+    (report,) = telemetry.health.key_groups()
+    assert "200 more keys match, 100 (max_keys) taken" in (report.last_warning or "")

@@ -53,6 +53,8 @@ REASON_WORDS = {
     "its part (all it found up to a level even for the groups that found more), not the rest",
     "too_many_members": "the set names more queues than max_keys: its other members are not "
     "read (raise max_keys together with the memory limit, docs/security.md)",
+    "too_many_values": "more keys name the group's queues than max_keys: the others are not "
+    "taken (raise max_keys together with the memory limit, docs/security.md)",
 }
 
 

@@ -404,13 +404,18 @@ class RedisKeySampler:
     ) -> list[str]:
         """What a SCAN of `pattern` (its placeholders wildcards) finds: each key that matches
         it (part 0), or the {value} each names (part "value"). One SCAN a cycle per pattern,
-        shared by the groups that name it (Celery's two groups, one SCAN of kombu's bindings)."""
+        shared by the groups that name it (Celery's two groups, one SCAN of kombu's bindings).
+        No more than max_keys keys are taken (more could not become keys the cycle reads, and
+        each is remembered for the next cycle); the others are counted and named once a
+        cycle (too_many_values)."""
 
         def find() -> list[str]:
             rounds.flush()  # what is queued is read first: a node lost from here is the SCAN's
             # a key found last cycle names what it did (a regex per key was about 10% of a
             # bull cycle at 10k queues: docs/benchmarks.md)
-            regex, last, named = key_regex(pattern), cycle.before.named.get(name, {}), {}
+            regex, last = key_regex(pattern), cycle.before.named.get(name, {})
+            named: dict[bytes, str] = {}
+            limit, beyond = self.config.max_keys, 0
             for page in self._scan(cycle, scan_glob(pattern), [tally], rounds):
                 for key in page:
                     value = last.get(key)
@@ -419,7 +424,13 @@ class RedisKeySampler:
                         if match is None:
                             continue
                         value = match.group(part)
-                    named[key] = value
+                    if len(named) < limit or key in named:
+                        named[key] = value
+                    else:
+                        beyond += 1  # a key SCAN returns twice may count twice: a bound
+            if beyond:
+                detail = f"{beyond} more keys match, {limit} (max_keys) taken"
+                tally.failed(pattern.encode(), "too_many_values", detail)
             cycle.learned.named[name] = named
             return sorted(set(named.values()))
 
