@@ -63,11 +63,18 @@ class KeyRoom:
         self._held = 0  # keys read within shares, and kept beyond them
         self._most: _Beyond | None = None  # the group keeping most beyond its share
         self._unread: dict[int, tuple[GroupTally, int]] = {}
+        # per group of keys built from values: its values (cut as the room shrinks) and how
+        # many keys they built when claimed
+        self._claimed: dict[int, tuple[GroupTally, dict[str, list[str]], int]] = {}
 
     def claim(self, tally: GroupTally, choices: dict[str, list[str]]) -> None:
         """A group whose keys are built from the values found this cycle (`choices`) claims
-        them: within its share they are sure, beyond it kept as room allows (before any SCAN)."""
+        them: within its share they are sure, beyond it kept as room allows (before any SCAN).
+        The values of every group claimed so far are cut (in place) to what the room keeps for
+        it now, which only shrinks: nine RQ groups of 100,000 queues each do not hold 900,000
+        values until their keys are built."""
         keys = _keys(choices)
+        self._claimed[id(tally)] = (tally, choices, keys)
         within = min(keys, self.share)
         self._within[id(tally)] = within
         self._held += within
@@ -87,6 +94,8 @@ class KeyRoom:
             self._held += moved
             wanted -= moved
         self._grew(beyond)
+        for claimed, values, _ in self._claimed.values():
+            _cut(values, self._left(claimed))
 
     def take(self, tally: GroupTally, found: FoundKey) -> Fate:
         """What becomes of a key a SCAN found for the group."""
@@ -110,14 +119,11 @@ class KeyRoom:
 
     def fit(self, choices: dict[str, list[str]], tally: GroupTally) -> None:
         """Cut a group's values (in place) so that the keys built from them are those it
-        claimed and the room kept (the values of its largest placeholder cut, in their order)."""
-        left = self._within.get(id(tally), 0) + self._beyond_of(tally).built
-        keys = _keys(choices)
-        if keys > left:
-            largest = max(choices, key=lambda name: len(choices[name]))
-            others = keys // len(choices[largest])
-            choices[largest] = choices[largest][: left // others]
-            self._count(keys - len(choices[largest]) * others, tally)
+        claimed and the room kept (the values of its largest placeholder cut, in their order),
+        and count those it found beyond."""
+        _, _, found = self._claimed.pop(id(tally))
+        _cut(choices, self._left(tally))
+        self._count(found - _keys(choices), tally)
 
     def lent(self) -> Iterator[tuple[GroupTally, list[FoundKey]]]:
         """The scanned keys kept beyond their groups' shares, a page at a time: read once every
@@ -132,6 +138,10 @@ class KeyRoom:
         """Count and name, once for the cycle, each group's keys not read."""
         for tally, unread in self._unread.values():
             tally.over_limit(unread, self.limit)
+
+    def _left(self, tally: GroupTally) -> int:
+        """The keys a group built from values may build: its share's and those kept for it."""
+        return self._within.get(id(tally), 0) + self._beyond_of(tally).built
 
     def _beyond_of(self, tally: GroupTally) -> _Beyond:
         beyond = self._beyond.get(id(tally))
@@ -168,6 +178,8 @@ class KeyRoom:
         self._most = max(self._beyond.values(), key=len)
 
     def _count(self, unread: int, tally: GroupTally) -> None:
+        if not unread:
+            return
         _, before = self._unread.get(id(tally), (tally, 0))
         self._unread[id(tally)] = (tally, before + unread)
 
@@ -175,3 +187,13 @@ class KeyRoom:
 def _keys(choices: dict[str, list[str]]) -> int:
     """How many keys the values build: one per combination."""
     return math.prod(len(values) for values in choices.values())
+
+
+def _cut(choices: dict[str, list[str]], left: int) -> None:
+    """Cut the values of the largest placeholder (in their order) so that the keys they build
+    are at most `left`."""
+    keys = _keys(choices)
+    if keys > left:
+        largest = max(choices, key=lambda name: len(choices[name]))
+        others = keys // len(choices[largest])
+        choices[largest] = choices[largest][: left // others]

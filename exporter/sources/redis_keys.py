@@ -276,7 +276,7 @@ class RedisKeySampler:
                     if fate is Fate.READ:
                         pages[index].append(found)
                     placed = placed or fate is not Fate.DROPPED
-                if placed:  # a key not read is not remembered: a group may find millions
+                if placed:  # a key dropped at once is not remembered: a group may find millions
                     routes[key] = route
             for tally, page in zip(tallies, pages, strict=True):
                 if page:
