@@ -248,11 +248,10 @@ class RedisKeySampler:
         self, cycle: Cycle, scan: KeyScan, tallies: list[GroupTally], rounds: Transport
     ) -> Iterator[tuple[GroupTally, list[FoundKey]]]:
         """The keys one SCAN finds, each group's with what each gives, a page at a time."""
-        # this cycle's keys, which also tells a key seen already: SCAN may return one twice
-        # (a key found last cycle gives what it gave then, no regex and no new labels: at 100k
-        # keys a cycle cost 1.2-1.4x the floor's CPU this way, 2.2-2.5x matched anew;
-        # docs/benchmarks.md)
-        # this cycle's keys read or kept (KeyRoom), which also tells a key seen already
+        # this cycle's keys read or kept (KeyRoom), which also tells a key seen already: SCAN
+        # may return one twice (a key found last cycle gives what it gave then, no regex and no
+        # new labels: at 100k keys a cycle cost 1.2-1.4x the floor's CPU this way, 2.2-2.5x
+        # matched anew; docs/benchmarks.md)
         routes: dict[bytes, Route] = {}
         cycle.learned.routes[scan.groups] = routes
         last_cycle = cycle.before.routes.get(scan.groups, {})
