@@ -168,7 +168,7 @@ class RedisKeySampler:
                 tally.matched(page)
                 read(tally, page)
         for tally, choices in enumerated:
-            for page in self._built_pages(cycle, tally, choices):
+            for page in self._built_pages(cycle, tally, choices, rounds):
                 tally.built(page)  # which exist, their depth reads tell
                 read(tally, page)
         for tally, page in self._room.lent():  # scanned keys beyond a share, read with the
@@ -328,7 +328,7 @@ class RedisKeySampler:
         return choices
 
     def _built_pages(
-        self, cycle: Cycle, tally: GroupTally, choices: dict[str, list[str]]
+        self, cycle: Cycle, tally: GroupTally, choices: dict[str, list[str]], rounds: Transport
     ) -> Iterator[list[FoundKey]]:
         """The keys built from the group's values (as many as the room gave it) and what each
         gives, a page at a time: a queue that is empty (its key gone) still reads 0."""
