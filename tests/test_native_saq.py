@@ -276,3 +276,34 @@ def test_a_hostile_worker_record_costs_itself_only(redis_client, redis_url, host
         assert completed == 2
     finally:
         reader.close()
+
+
+def test_a_job_taken_before_its_start_is_written_has_no_running_age(
+    saq_installed, redis_client, redis_url, run_exporter
+):
+    """SAQ's dequeue moves a job to the active list (BLMOVE) and its worker writes `started`
+    a moment later: until then the longest running age has no time to come from, and is not
+    served (no age of 56 years from a start of 0), nor counted as an error. Once the start is
+    written, the age is the job's, as SAQ's Job.duration("running") tells it."""
+    driver(redis_url, "enqueue", json.dumps([{"queue": "work", "function": "succeed"}]))
+    job_key = redis_client.lmove("saq:work:queued", "saq:work:active", "LEFT", "RIGHT")
+    assert "started" not in json.loads(redis_client.get(job_key))  # SAQ leaves out a 0
+    config = {"presets": [{"name": "saq", "params": {"queues": ["work"], "native": False}}]}
+    app = run_exporter({**config, "sources": {"redis": {"url": redis_url}}})
+
+    def read() -> Any:
+        series = scrape_series(app)
+        active = value(series, "queue_depth", system="saq", queue="work", state="active")
+        return series if active == 1 else None
+
+    series = wait_for(read)
+    labels = {"system": "saq", "queue": "work", "state": "active"}
+    assert value(series, "queue_oldest_age_seconds", **labels) is None
+    assert total(series, "queue_exporter_source_errors_total", source="redis") == 0
+    started_ms = int(time.time() * 1000) - 30_000  # as the worker's update writes it
+    job = json.loads(redis_client.get(job_key))
+    redis_client.set(job_key, json.dumps({**job, "started": started_ms, "status": "active"}))
+    running = driver(redis_url, "jobs", "work", job["key"])[job["key"]]
+    assert running["started"] == started_ms
+    age = wait_for(lambda: value(scrape_series(app), "queue_oldest_age_seconds", **labels))
+    assert 30 <= age < 30 + 60

@@ -81,6 +81,12 @@ class OldestItem(StrictModel):
         description="end: earliest: items whose time is read per key and cycle (one read "
         "each where the time is kept apart); the rest are counted as items_unchecked",
     )
+    on_missing: Literal["count", "skip"] = Field(
+        "count",
+        description="time_in hash and string: a time absent, null or 0 (not written yet); "
+        "count: also counted as an error (reason time_missing); skip: expected, no age from "
+        "that item (SAQ writes an active job's `started` once its worker took it)",
+    )
 
     @model_validator(mode="after")
     def _fields_for_source(self) -> OldestItem:
@@ -98,6 +104,8 @@ class OldestItem(StrictModel):
             raise ValueError("time_in: string needs 'string_key' and 'json_field'")
         if self.string_key and "{item}" not in self.string_key:
             raise ValueError("string_key must contain {item}")
+        if self.on_missing == "skip" and self.time_in not in ("hash", "string"):
+            raise ValueError("on_missing: skip applies to time_in: hash and string only")
         return self
 
 

@@ -92,15 +92,18 @@ def json_field(item: bytes, field: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def _json_value(document: str | bytes, path: Iterable[str | None]) -> Any:
+def _json_value(document: str | bytes, path: Iterable[str | None], unwritten: bool = False) -> Any:
     """The value at `path` (the names of nested objects) of a JSON document: a queue item's
-    time, or a kept one (Dramatiq's messages, Bee-Queue's jobs in a hash keyed by id)."""
+    time, or a kept one (Dramatiq's messages, Bee-Queue's jobs in a hash keyed by id).
+    `unwritten`: a value absent, null or 0 (a time not written yet) is None, not an error."""
     try:
         value = json.loads(document)
     except ValueError as error:
         raise ItemError("item_not_json") from error
     for name in path:
         value = value.get(name) if isinstance(value, dict) else None
+    if unwritten and (value is None or (type(value) in (int, float) and value == 0)):
+        return None
     if value is None or isinstance(value, (dict, list)):  # a tuple: no union built per call
         raise ItemError("time_missing")
     return value
@@ -195,12 +198,17 @@ def kept_where(oldest: OldestItem, captured: dict[str, str], item: bytes) -> tup
     return fill(oldest.string_key or "", values).encode(), script_read("GET")
 
 
-def kept_time(oldest: OldestItem, reply: Any) -> float:
-    """The time a hash field or string key keeps: the reply of its read (kept_where)."""
-    if reply is None:
+def kept_time(oldest: OldestItem, reply: Any) -> float | None:
+    """The time a hash field or string key keeps: the reply of its read (kept_where). A time
+    absent, null or 0 (not written yet), or a key gone since its head was read: None where
+    on_missing skips it, else ItemError time_missing."""
+    skip = oldest.on_missing == "skip"
+    if reply is not None and oldest.json_field is not None:
+        reply = _json_value(reply, oldest.json_field.split("."), skip)
+    if reply is None or (skip and reply in (b"0", "0")):
+        if skip:
+            return None
         raise ItemError("time_missing")
-    if oldest.json_field is not None:
-        reply = _json_value(reply, oldest.json_field.split("."))
     return parse_time(reply, oldest.format, oldest.divisor)
 
 

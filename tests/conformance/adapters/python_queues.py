@@ -379,7 +379,6 @@ SAQ_COUNTERS = {  # metric -> the field of SAQ's worker stats, the metric's labe
     "queue_jobs_retried_total": ("retried",),
 }
 SAQ_WORKERS = "issue 39: SAQ's live workers (its stats keys) are not served"
-SAQ_RUNNING_AGE = "issue 39: the longest running job's age is not served for SAQ"
 
 
 class SaqAdapter(Adapter):
@@ -442,7 +441,6 @@ class SaqAdapter(Adapter):
             ages[queue, "pending"] = None if oldest is None else Age.at(oldest / 1000)
             if started is not None:  # the longest running job, from the time SAQ started it
                 ages[queue, "active"] = Age.at(started / 1000)
-                gaps.append(Gap(f"age {queue} active", SAQ_RUNNING_AGE))
             if view["workers"]:
                 gaps.append(Gap(f"total queue_workers {queue}", SAQ_WORKERS, 0))
         # the live workers of each queue, from their stats keys (Queue.info()'s workers), and
