@@ -259,6 +259,7 @@ COMMAND_TRIALS: dict[str, tuple[str, ...]] = {
     "scan": ("SCAN", "0", "MATCH", "{key}", "COUNT", "1"),
     "sscan": ("SSCAN", "{key}", "0", "COUNT", "1"),
     "zrange": ("ZRANGE", "{key}", "0", "0"),
+    "lrange": ("LRANGE", "{key}", "0", "0"),
     "zrangebyscore": ("ZRANGEBYSCORE", "{key}", "+inf", "+inf", "LIMIT", "0", "0"),
     "zscore": ("ZSCORE", "{key}", "-"),
     "hmget": ("HMGET", "{key}", "-"),

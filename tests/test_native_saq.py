@@ -307,3 +307,53 @@ def test_a_job_taken_before_its_start_is_written_has_no_running_age(
     assert running["started"] == started_ms
     age = wait_for(lambda: value(scrape_series(app), "queue_oldest_age_seconds", **labels))
     assert 30 <= age < 30 + 60
+
+
+def _workers_read(redis_url: str) -> tuple[dict[str, int], str | None]:
+    """One read of a new SAQ reader: live workers of `work` by state, and its caveat."""
+    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.sources.native.config import SaqReaderConfig
+    from exporter.sources.native.framework import Signals
+    from exporter.sources.native.saq import SaqReader
+
+    reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=redis_url))
+    try:
+        signals = Signals()
+        reader.read(signals)
+    finally:
+        reader.close()
+    assert signals.tally.invalid == {}
+    states = {"busy": 0, "idle": 0}
+    for beat in signals.tally.heartbeats:
+        assert (beat.system, beat.queue, beat.capacity) == ("saq", "work", None)
+        states["busy" if beat.active else "idle"] += 1
+    return states, signals.caveat
+
+
+def test_live_workers_busy_while_an_active_job_names_them(saq_installed, redis_client, redis_url):
+    """Two real workers, one running a long job: SAQ's Queue.info() lists both, the job's
+    record names the one running it; served one busy, one idle. An active job that names no
+    worker (as SAQ before 0.26.1 writes it) leaves the queue's workers unserved, and says so."""
+    first, first_id = start_worker(redis_url, "work")
+    second, second_id = start_worker(redis_url, "work")
+    try:
+        long_job = {"queue": "work", "function": "sleep_for", "kwargs": {"seconds": 600}}
+        driver(redis_url, "enqueue", json.dumps([long_job]))
+
+        def busy() -> dict[str, Any] | None:
+            view = driver(redis_url, "truth", "work")["queues"]["work"]
+            return view if view["busy"] and len(view["workers"]) == 2 else None
+
+        view = wait_for(busy, timeout=60, interval=0.3)
+        assert sorted(view["workers"]) == sorted([first_id, second_id])
+        assert _workers_read(redis_url) == ({"busy": 1, "idle": 1}, None)
+        job_key = redis_client.lindex("saq:work:active", 0)
+        job = json.loads(redis_client.get(job_key))
+        del job["worker_id"]
+        redis_client.set(job_key, json.dumps(job))
+        states, caveat = _workers_read(redis_url)
+        assert states == {"busy": 0, "idle": 0}
+        assert caveat is not None and "before 0.26.1" in caveat
+    finally:
+        stop_process(first, signal.SIGTERM)
+        stop_process(second, signal.SIGTERM)

@@ -6,8 +6,8 @@
 
 A plan is a list of {"queue", "function", optional "kwargs", "in" (seconds: scheduled that
 far ahead, negative: already due), "retries", "retry_delay", "timeout", "key", "ttl"}.
-`truth` prints each queue's Queue.info() counts and the enqueue time (ms) of the oldest queued
-job; `jobs` each job as SAQ's Queue.job(key) reads it, with its durations (Job.duration, ms).
+`truth` prints each queue's Queue.info() counts, its workers (and those an active job names),
+the enqueue time (ms) of the oldest queued job and the start of the oldest active one; `jobs` each job as SAQ's Queue.job(key) reads it, with its durations (Job.duration, ms).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
         queue = Queue.from_url(url, name=name)
         info = await queue.info(jobs=True, limit=10_000)
         queued = [job["queued"] for job in info["jobs"] if job["status"] == "queued"]
-        started = [job["started"] for job in info["jobs"] if job["status"] == "active"]
+        active = [job for job in info["jobs"] if job["status"] == "active"]
+        started = [job["started"] for job in active]
         views[name] = {
             "queued": info["queued"],
             "active": info["active"],
@@ -52,6 +53,8 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
             "oldest_ms": min(queued, default=None),
             "active_started_ms": min(started, default=None),
             "workers": {worker: info["stats"] for worker, info in info["workers"].items()},
+            # the workers running a job: those its record names (SAQ 0.26.1 and later)
+            "busy": sorted({job["worker_id"] for job in active} & set(info["workers"])),
         }
         await queue.disconnect()
     return {"version": saq.__version__, "now_ms": now_ms, "queues": views}

@@ -265,15 +265,15 @@ class SaqReaderConfig(ReaderConfig):
         description="execution and wait times from each finished job's record (a PTTL per "
         "job key and read, a GET per newly finished job)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore", "pttl", "zscore", "time")
+    ACL_COMMANDS = ("scan", "zrangebyscore", "lrange", "pttl", "zscore", "time")
 
     def acl_read_keys(self) -> list[str]:
-        jobs = ["saq:job:*", "saq:*:incomplete"] if self.runtimes else []
-        return ["saq:*:stats", "saq:*:worker_info:*", *jobs]
+        # the active lists and jobs: which worker runs a job; finished jobs: runtimes
+        jobs = ["saq:*:incomplete"] if self.runtimes else []
+        return ["saq:*:stats", "saq:*:worker_info:*", "saq:*:active", "saq:job:*", *jobs]
 
     def acl_value_reads(self) -> list[tuple[str, str]]:
-        jobs = [("get", "saq:job:*")] if self.runtimes else []
-        return [("get", "saq:*:worker_info:*"), *jobs]
+        return [("get", "saq:*:worker_info:*"), ("get", "saq:job:*")]
 
     def record_globs(self) -> list[str]:
         return ["saq:*:stats"]

@@ -12,7 +12,8 @@ again in full when it shows again.
 
 Runtimes come from each finished job's own record (saq_jobs.py), found by the same SCAN:
 `queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false` turns this off).
-SAQ records no busy/idle per worker, so this reader feeds no `queue_workers`.
+The live workers are `queue_workers` of their queue, busy while an active job names them
+(saq_workers.py).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ from exporter.sources.native.framework import (
     Signals,
 )
 from exporter.sources.native.saq_jobs import JOB_PREFIX, FinishedJobs, JobKey, JobRecord
+from exporter.sources.native.saq_workers import (
+    MAX_ACTIVE_JOBS,
+    SAQ_WITH_WORKER_ID,
+    active_jobs,
+    worker_id,
+)
 
 log = logging.getLogger(__name__)
 # A worker's info JSON: its stats and metadata, a few hundred bytes.
@@ -77,12 +84,13 @@ class SaqReader(RedisReader):
         try:
             queues, job_keys = self._keys(client, signals)
             counts: dict[Hashable, float] = {}
-            room = MAX_WORKERS  # workers read, over every queue
+            room, jobs_room = MAX_WORKERS, MAX_ACTIVE_JOBS  # read over every queue
             for queue in queues:
-                read = self._workers(client, queue, room, signals)
-                room -= len(read)
-                for worker in read:
-                    counts.update(worker)
+                live = self._workers(client, queue, room, signals)
+                room -= len(live)
+                for _, stats in live:
+                    counts.update(stats)
+                jobs_room -= self._busy_or_idle(client, queue, live, jobs_room, signals)
             finished: list[JobRecord] = []
             if self.config.runtimes:
                 finished = self._jobs.read(client, job_keys, signals)
@@ -129,10 +137,11 @@ class SaqReader(RedisReader):
 
     def _workers(
         self, client: redis.Redis, queue: str, room: int, signals: Signals
-    ) -> list[dict[Hashable, float]]:
-        """Each live worker's counts, by (queue, worker key, stat): `room` workers at most,
-        those whose record expires first (a worker writes it every few seconds, so a live
-        one's expiry is near), the rest refused (over_limit, once for the queue)."""
+    ) -> list[tuple[str, dict[Hashable, float]]]:
+        """Each live worker's record key and counts, by (queue, record key, stat): `room`
+        workers at most, those whose record expires first (a worker writes it every few
+        seconds, so a live one's expiry is near), the rest refused (over_limit, once for the
+        queue). A record gone is no live worker; one that cannot be read costs itself."""
         stats_key = f"saq:{queue}:stats"
         keys: list[bytes] = []
         with signals.record(stats_key):
@@ -143,15 +152,44 @@ class SaqReader(RedisReader):
             keys = list(signals.names(found, room, f"workers of {stats_key}"))
         if not keys:
             return []
-        workers: list[dict[Hashable, float]] = []
+        workers: list[tuple[str, dict[Hashable, float]]] = []
         pipe = client.pipeline(transaction=False)
         for key in keys:
             pipe.get(key)  # not MGET: a record of another type must say so (WRONGTYPE)
         for key, raw in zip(keys, pipe.execute(raise_on_error=False), strict=True):
             name = key.decode("utf-8", "replace")
             with signals.record(key):  # a bad record costs itself: its last counts stand in
-                workers.append({(queue, name, stat): n for stat, n in _stats(raw).items()})
+                stats = _stats(raw)
+                if stats is not None:
+                    workers.append((name, {(queue, name, stat): n for stat, n in stats.items()}))
         return workers
+
+    def _busy_or_idle(
+        self,
+        client: redis.Redis,
+        queue: str,
+        live: list[tuple[str, dict[Hashable, float]]],
+        room: int,
+        signals: Signals,
+    ) -> int:
+        """The queue's live workers into queue_workers, busy while an active job names them
+        (saq_workers.py); none when that cannot be told. The active jobs read (`room` at most)."""
+        if not live:
+            return 0
+        if room <= 0:
+            signals.refuse_beyond("over_limit", f"active jobs of {queue}", "no room left")
+            return 0
+        running, read = active_jobs(client, queue, room, signals)
+        if running is None:
+            signals.caveat = (
+                f"an active job of queue {queue!r} names no worker (SAQ before "
+                f"{SAQ_WITH_WORKER_ID}): its workers are not served, busy or idle"
+            )
+            return read
+        for name, _ in live:
+            runs = running.get(worker_id(queue, name), 0)
+            signals.worker(self.config.system, queue, name, runs, None)
+        return read
 
     def _count(self, queues: list[str], deltas: dict[Hashable, float], signals: Signals) -> None:
         added: dict[tuple[str, str], float] = {}
@@ -172,12 +210,12 @@ class SaqReader(RedisReader):
                     signals.tally.consumed += int(amount)
 
 
-def _stats(raw: bytes | str | Exception | None) -> dict[str, float]:
-    """A worker info's counts; none once it expired."""
+def _stats(raw: bytes | str | Exception | None) -> dict[str, float] | None:
+    """A worker info's counts; None once it expired."""
     if isinstance(raw, Exception):
         raise raw
     if raw is None:
-        return {}
+        return None
     if len(raw) > MAX_INFO_BYTES:
         raise numbers.InvalidValue("oversized_field", f"worker info of {len(raw)} bytes")
     stats = json.loads(raw)["stats"]

@@ -378,7 +378,6 @@ SAQ_COUNTERS = {  # metric -> the field of SAQ's worker stats, the metric's labe
     "queue_jobs_failed_total": ("failed", "error_type=non_retryable"),
     "queue_jobs_retried_total": ("retried",),
 }
-SAQ_WORKERS = "issue 39: SAQ's live workers (its stats keys) are not served"
 
 
 class SaqAdapter(Adapter):
@@ -418,7 +417,9 @@ class SaqAdapter(Adapter):
                 stats = [
                     (s["complete"], s["failed"], s["retried"]) for s in view["workers"].values()
                 ]
-                return library if counts == (3, 1, 2) and stats == [(2, 1, 1)] else None
+                # and the long job written as its worker's (its start and worker id)
+                busy = view["busy"] == list(view["workers"])
+                return library if counts == (3, 1, 2) and stats == [(2, 1, 1)] and busy else None
 
             library = wait_for(settled, timeout=60, interval=0.3)
             assert library["queues"]["idle"]["scheduled"] == 1
@@ -435,22 +436,20 @@ class SaqAdapter(Adapter):
             for kind, state in SAQ_STATES.items()
         }
         ages: dict[tuple[str, str], Age | None] = {}
-        gaps: list[Gap] = []
         for queue, view in library["queues"].items():
             oldest, started = view["oldest_ms"], view["active_started_ms"]
             ages[queue, "pending"] = None if oldest is None else Age.at(oldest / 1000)
             if started is not None:  # the longest running job, from the time SAQ started it
                 ages[queue, "active"] = Age.at(started / 1000)
-            if view["workers"]:
-                gaps.append(Gap(f"total queue_workers {queue}", SAQ_WORKERS, 0))
-        # the live workers of each queue, from their stats keys (Queue.info()'s workers), and
-        # what those workers counted: completed, failed for good, retried
+        # the live workers of each queue, from their stats keys (Queue.info()'s workers), busy
+        # those an active job names, and what those workers counted: completed, failed for
+        # good, retried
         totals: dict[tuple[str, ...], float] = {}
         for queue, view in library["queues"].items():
             stats = list(view["workers"].values())
             totals["queue_workers", queue] = len(stats)
+            totals["queue_workers", queue, "state=busy"] = len(view["busy"])
+            totals["queue_workers", queue, "state=idle"] = len(stats) - len(view["busy"])
             for metric, (field, *labels) in SAQ_COUNTERS.items():
                 totals[(metric, queue, *labels)] = sum(s[field] for s in stats)
-        return Truth(
-            "saq", library["now_ms"] / 1000, depths, ages=ages, totals=totals, gaps=tuple(gaps)
-        )
+        return Truth("saq", library["now_ms"] / 1000, depths, ages=ages, totals=totals)
