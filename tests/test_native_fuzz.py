@@ -421,6 +421,15 @@ def _saq_job(now_ms: int, **fields: Any) -> dict[str, Any]:
             **fields}  # fmt: skip
 
 
+def _saq_worker_counted(client: Any, complete: int) -> None:
+    """A live worker's record as SAQ's Queue.worker_info writes it, having counted `complete`
+    jobs: the reader looks for finished records once a worker's counts moved."""
+    key = "saq:q:worker_info:w"
+    client.zadd("saq:q:stats", {key: int(time.time() * 1000) + 600_000})
+    stats = {"complete": complete, "failed": 0, "retried": 0, "aborted": 0, "uptime": 1}
+    client.set(key, json.dumps({"stats": stats, "queue_key": "q", "metadata": None}))
+
+
 _saq_record = st.one_of(
     st.just("list"),  # a job of another type
     st.just("x" * (2 << 20)),  # huge
@@ -443,6 +452,7 @@ def test_saq_observes_every_good_job_whatever_else_is_recorded(
     config = SaqReaderConfig(queues=["q"])
     feed = _Feed(lambda: SaqReader(config, RedisConnectionConfig(url=redis_url)))
     try:
+        _saq_worker_counted(redis_client, 0)
         feed.read()  # the baseline
         for index, record in enumerate(records):
             key = f"saq:job:q:h{index}"
@@ -457,6 +467,7 @@ def test_saq_observes_every_good_job_whatever_else_is_recorded(
             for index in range(good):
                 redis_client.set(f"saq:job:q:g{read}-{index}", json.dumps(_saq_job(now_ms)),
                                  ex=600)  # fmt: skip
+            _saq_worker_counted(redis_client, read * (len(records) + good))
             series = feed.read()
             assert total(series, "queue_job_execution_seconds_count", **job) == good * read
             assert total(series, "queue_job_execution_seconds_sum", **job) == good * 1.5 * read

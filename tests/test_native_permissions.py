@@ -1,12 +1,14 @@
 """A missing permission costs only the figure that needs it, and `check-config --connect` names
 it: a private redis-server whose ACL user has exactly the rules `queue-exporter redis-acl`
-prints for the bullmq preset, less one, and a real BullMQ worker (issue 40: without
-`+client|list` the reader counted 0 of 10 completions, failed every read, `/readyz` 503).
+prints for the bullmq (saq) preset, less one, and a real BullMQ (SAQ) worker (issue 40: without
+`+client|list` the reader counted 0 of 10 completions, failed every read, `/readyz` 503; SAQ's
+reader without `+pttl` failed every read the same way).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +16,11 @@ import pytest
 
 from exporter import config as config_module
 from exporter import redis_acl
-from tests.conftest import scrape_series, value, wait_for
+from tests.conftest import scrape_series, stop_process, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BullMQ
+from tests.saq_app.control import driver as saq_driver
+from tests.saq_app.control import worker as saq_worker
 from tests.test_check_config import run_cli
 
 PASSWORD = "figure-pw"
@@ -30,9 +34,9 @@ def acl_redis(tmp_path):
     server.stop()
 
 
-def _config(server: PrivateRedis) -> dict[str, Any]:
+def _config(server: PrivateRedis, preset: Any = "bullmq") -> dict[str, Any]:
     url = f"redis://queue-exporter:{PASSWORD}@127.0.0.1:{server.port}/0"
-    return {"presets": ["bullmq"], "sources": {"redis": {"url": url}}, "sample_interval": 0.5}
+    return {"presets": [preset], "sources": {"redis": {"url": url}}, "sample_interval": 0.5}
 
 
 def _user_without(server: PrivateRedis, raw: dict[str, Any], refused: str) -> None:
@@ -115,3 +119,53 @@ def test_check_config_says_nothing_refused_under_the_full_acl(acl_redis, tmp_pat
     # no trial was refused (check-config's DBSIZE, for the key groups, is no reader's)
     refused = {entry[b"object"] for entry in admin.execute_command("ACL", "LOG")}
     assert refused <= {b"dbsize"}
+
+
+SAQ_PRESET = {"name": "saq", "params": {"queues": ["work"]}}
+SAQ_STREAM = "native:saq"
+
+
+def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tmp_path):
+    """SAQ's reader under the ACL redis-acl prints, less +pttl: a real worker's 11 completions
+    counted as SAQ's own worker stats say, its live worker served, the reader up and ready;
+    no runtime served (none made up), and the status page says the ACL needs +pttl.
+    check-config --connect says so too, as a warning."""
+    raw = _config(acl_redis, SAQ_PRESET)
+    _user_without(acl_redis, raw, "+pttl")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    result = run_cli("check-config", str(path), "--connect")
+    lines = result.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("WARNING") and "PTTL refused" in line]
+    assert len(refused) == 1 and "the ACL needs +pttl" in refused[0], result.stdout
+    assert "queue_job_execution_seconds" in refused[0] and result.returncode == 0
+    admin_url = acl_redis.url
+    worker, _ = saq_worker(admin_url, "work")
+    try:
+        app = run_exporter(raw)
+        wait_for(lambda: app.health.snapshot()[SAQ_STREAM].up, timeout=30)
+        saq_driver(
+            admin_url, "enqueue", json.dumps([{"queue": "work", "function": "succeed"}] * 11)
+        )
+
+        def completed() -> float:
+            workers = saq_driver(admin_url, "truth", "work")["queues"]["work"]["workers"]
+            return float(sum(stats["complete"] for stats in workers.values()))
+
+        wait_for(lambda: completed() == 11, timeout=60, interval=0.3)
+
+        def counted() -> dict | None:
+            series = scrape_series(app)
+            done = value(series, "queue_jobs_completed_total", system="saq", queue="work")
+            return series if done == 11 else None
+
+        series = wait_for(counted, timeout=30)
+        assert value(series, "queue_exporter_source_up", source=SAQ_STREAM) == 1
+        assert value(series, "queue_exporter_native_silent", stream=SAQ_STREAM) == 1
+        assert value(series, "queue_workers", system="saq", queue="work", state="idle") == 1
+        runtimes = [name for name, _ in series if name.startswith("queue_job_execution_seconds")]
+        assert not runtimes  # none invented
+        assert app.health.ready()
+        assert "+pttl" in (app.health.snapshot()[SAQ_STREAM].silent or "")
+    finally:
+        stop_process(worker, signal.SIGTERM)

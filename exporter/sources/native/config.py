@@ -262,10 +262,22 @@ class SaqReaderConfig(ReaderConfig):
     )
     runtimes: bool = Field(
         True,
-        description="execution and wait times from each finished job's record (a PTTL per "
-        "job key and read, a GET per newly finished job)",
+        description="execution and wait times from each finished job's record (looked for "
+        "once a live worker's counts moved, or 5 minutes after the last look: a SCAN of saq:* "
+        "and a PTTL per job key; a GET per newly finished job)",
     )
     ACL_COMMANDS = ("scan", "zrangebyscore", "lrange", "pttl", "zscore", "time")
+    # sent only to find finished jobs: refused, they cost the runtimes alone (saq_jobs.py)
+    RUNTIME_COMMANDS: ClassVar[tuple[str, ...]] = ("pttl", "zscore", "time")
+    ONE_FIGURE = {
+        command: "job runtime (queue_job_execution_seconds, queue_job_wait_seconds)"
+        for command in RUNTIME_COMMANDS
+    }
+
+    def commands_sent(self) -> tuple[str, ...]:
+        return tuple(
+            c for c in self.ACL_COMMANDS if self.runtimes or c not in self.RUNTIME_COMMANDS
+        )
 
     def acl_read_keys(self) -> list[str]:
         # the active lists and jobs: which worker runs a job; finished jobs: runtimes

@@ -10,8 +10,9 @@ has a new id and counts from zero), a count that went down counts from zero. A w
 record lapsed or cannot be read keeps its last counts for FORGET_AFTER, so it is not counted
 again in full when it shows again.
 
-Runtimes come from each finished job's own record (saq_jobs.py), found by the same SCAN:
-`queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false` turns this off).
+Runtimes come from each finished job's own record (saq_jobs.py), looked for when these counts
+moved: `queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false` turns this
+off).
 The live workers are `queue_workers` of their queue, busy while an active job names them
 (saq_workers.py).
 """
@@ -39,7 +40,7 @@ from exporter.sources.native.framework import (
     RedisReader,
     Signals,
 )
-from exporter.sources.native.saq_jobs import JOB_PREFIX, FinishedJobs, JobKey, JobRecord
+from exporter.sources.native.saq_jobs import SCAN_COUNT, FinishedJobs, JobRecord
 from exporter.sources.native.saq_workers import (
     MAX_ACTIVE_JOBS,
     SAQ_WITH_WORKER_ID,
@@ -51,8 +52,6 @@ log = logging.getLogger(__name__)
 # A worker's info JSON: its stats and metadata, a few hundred bytes.
 MAX_INFO_BYTES = 1 << 20
 STATS_KEYS = "saq:{value}:stats"
-INCOMPLETE_KEYS = "saq:{value}:incomplete"
-SCAN_COUNT = 1000
 # Seconds a worker's last counts are remembered once its record is gone: a record that lapsed
 # between two writes (its ttl is the write interval + 1 s) or could not be read for a while
 # is not counted again in full when it shows again; a restarted worker has a new id.
@@ -82,7 +81,7 @@ class SaqReader(RedisReader):
     def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues, job_keys = self._keys(client, signals)
+            queues = self._queues(client, signals)
             counts: dict[Hashable, float] = {}
             room, jobs_room = MAX_WORKERS, MAX_ACTIVE_JOBS  # read over every queue
             for queue in queues:
@@ -93,7 +92,7 @@ class SaqReader(RedisReader):
                 jobs_room -= self._busy_or_idle(client, queue, live, jobs_room, signals)
             finished: list[JobRecord] = []
             if self.config.runtimes:
-                finished = self._jobs.read(client, job_keys, signals)
+                finished = self._jobs.read(client, queues, counts, signals)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
@@ -114,26 +113,16 @@ class SaqReader(RedisReader):
                 del self._last[identity]
         return {identity: value for identity, (value, _) in self._last.items()}
 
-    def _keys(self, client: redis.Redis, signals: Signals) -> tuple[list[str], list[JobKey]]:
-        """The listed queues and every queue with live workers' stats, MAX_QUEUES at most;
-        and, with runtimes, every job's key of these queues and of those with unfinished jobs
-        (one SCAN, MAX_KEYS keys at most: Signals.names)."""
-        stats, incomplete = key_regex(STATS_KEYS), key_regex(INCOMPLETE_KEYS)
-        found, jobs = set(self.config.queues), set(self.config.queues)
-        job_names: list[str] = []
-        glob = "saq:*" if self.config.runtimes else "saq:*:stats"
-        scan = client.scan_iter(match=glob, count=SCAN_COUNT)
-        for raw in signals.names(scan, MAX_KEYS, f"keys {glob}"):
-            key = raw.decode("utf-8", "replace")
-            if key.startswith(JOB_PREFIX):
-                job_names.append(key)
-            if match := stats.match(key):
+    def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
+        """The listed queues and every queue with live workers' stats, MAX_QUEUES at most (a
+        SCAN of saq:*:stats, MAX_KEYS keys at most: Signals.names)."""
+        stats = key_regex(STATS_KEYS)
+        found = set(self.config.queues)
+        scan = client.scan_iter(match="saq:*:stats", count=SCAN_COUNT)
+        for raw in signals.names(scan, MAX_KEYS, "keys saq:*:stats"):
+            if match := stats.match(raw.decode("utf-8", "replace")):
                 found.add(match.group("value"))
-            elif match := incomplete.match(key):
-                jobs.add(match.group("value"))
-        queues = signals.at_most(sorted(found), MAX_QUEUES, "queues with stats")
-        known = set(queues) | set(signals.at_most(sorted(jobs), MAX_QUEUES, "queues with jobs"))
-        return queues, _job_keys(sorted(set(job_names)), known, signals)
+        return signals.at_most(sorted(found), MAX_QUEUES, "queues with stats")
 
     def _workers(
         self, client: redis.Redis, queue: str, room: int, signals: Signals
@@ -222,20 +211,3 @@ def _stats(raw: bytes | str | Exception | None) -> dict[str, float] | None:
     if not isinstance(stats, dict):
         raise numbers.InvalidValue("bad_value", "stats is not an object")
     return {stat: numbers.total(stats[stat]) for stat in COUNTERS if stat in stats}
-
-
-def _job_keys(names: list[str], queues: set[str], signals: Signals) -> list[JobKey]:
-    """Each job key (`saq:job:<queue>:<key>`) of a known queue: a queue's name and a job's
-    key may both hold colons (SAQ's cron keys are `cron:<function>`), so the longest known
-    queue the key starts with (followed by a colon) is the job's. Each known length is tried
-    once, so a key costs the number of lengths times its length (names are at most
-    MAX_NAME_BYTES: Signals.names), whatever colons it holds."""
-    lengths = sorted({len(queue) for queue in queues if queue}, reverse=True)
-    keys = []
-    for name in signals.names(names, MAX_KEYS, "job keys"):  # the read's deadline checked
-        rest = name[len(JOB_PREFIX) :]
-        for length in lengths:
-            if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
-                keys.append(JobKey(rest[:length], name))
-                break
-    return keys

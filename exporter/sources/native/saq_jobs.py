@@ -9,9 +9,17 @@ until it finishes; the finish (`_finish`, one MULTI) removes it from there and w
 record again with SETEX for the job's `ttl` (600 s by default), SET for ttl 0 (kept for ever)
 or deletes it (ttl -1: no record to read). There is no set of finished jobs.
 
-So every read lists the job keys (the reader's one SCAN), asks the remaining life (PTTL) of
-each between two readings of Redis' clock (TIME), and asks `incomplete` (ZSCORE) about those
-with none: a finished record is one with a ttl, or one without that is no longer incomplete.
+A read looks for finished records only when one may have finished: at the first read, once
+a live worker's counts moved since the last look (a worker counts a job after its `_finish`
+wrote the record, and writes its counts every `worker_info` timer), and LOOK_AGAIN_AFTER after
+the last look whatever the counts (a job finished where no counts show it). A read that does
+not look sends none of what follows: over 30,000 kept jobs an idle read got 2.1 KB from Redis,
+not 1.13 MB (tests/test_native_saq.py). A look lists the job keys (a SCAN of saq:*), asks the
+remaining life (PTTL) of each between two readings of Redis' clock (TIME), and asks
+`incomplete` (ZSCORE) about those with none: a finished record is one with a ttl, or one
+without that is no longer incomplete. PTTL, TIME or ZSCORE refused (an ACL without them)
+costs the runtimes alone: the look is given up, said as the reader's silence (its log, the
+status page, queue_exporter_native_silent), and tried again LOOK_AGAIN_AFTER later.
 A record's expiry is known to within the time Redis took over those PTTLs (Redis' own clock:
 how late this process ran, or how long its SCAN took, does not move it), so a record written
 again a few milliseconds or more after its last finish is told from the same record read
@@ -34,16 +42,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable
+import time
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from exporter import numbers
-from exporter.sources.native.framework import Progress, Signals
+from exporter.sources.key_groups import key_regex
+from exporter.sources.native.framework import MAX_KEYS, MAX_QUEUES, Progress, Signals
 
 JOB_PREFIX = "saq:job:"
+INCOMPLETE_KEYS = "saq:{value}:incomplete"
+SCAN_COUNT = 1000
+# Seconds after which a read looks for finished records whatever the workers' counts: a job
+# finished where no live worker's counts show it (finished by a client, or by a worker gone
+# before it wrote its counts, whose leaving shows) is observed within this, while its record is
+# kept (600 s by default). A look refused (PTTL) is tried again this often, not at every read.
+LOOK_AGAIN_AFTER = 300.0
+RUNTIMES = "queue_job_execution_seconds and queue_job_wait_seconds"
 # Finished records read (GET) per read; the rest at the next read.
 MAX_READS = 10_000
 # A job's JSON: its kwargs and result, usually small; larger is refused, not parsed.
@@ -73,6 +91,30 @@ class Expiry:
 
 
 @dataclass(frozen=True, slots=True)
+class _Look:
+    """The last read that looked for finished records: the live workers' counts it read, when
+    (time.monotonic()), and why the look was refused (None: it was made)."""
+
+    counts: Mapping[Hashable, float]
+    at: float
+    refused: str | None
+
+
+class CommandRefused(Exception):
+    """A command only the runtimes need was refused (the ACL, or a server without it): they
+    are not served, every other series is."""
+
+    def __init__(self, command: str, error: Exception) -> None:
+        lines = str(error).splitlines()
+        first_line = lines[0][:200] if lines else type(error).__name__
+        name = command.upper()
+        super().__init__(
+            f"{name} refused ({first_line}): {RUNTIMES} are not served, every other series is; "
+            f"the ACL needs +{command} on saq:job:* (or the server its {name} command)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class JobKey:
     queue: str
     key: str
@@ -97,16 +139,38 @@ class FinishedJobs:
         # again.
         self._progress: Progress[dict[str, _Seen]] = Progress()
         self._seen: dict[str, _Seen] = {}
+        self._look: Progress[_Look] = Progress()
 
-    def read(self, client: redis.Redis, keys: list[JobKey], signals: Signals) -> list[JobRecord]:
+    def read(
+        self,
+        client: redis.Redis,
+        queues: list[str],
+        counts: Mapping[Hashable, float],
+        signals: Signals,
+    ) -> list[JobRecord]:
         """The records finished since the last read (none on the first read: the baseline,
-        taken as finished now). Backend errors raise."""
-        baseline = self._progress.baseline
+        taken as finished now), looked for only when one may have finished (`_looks`: the
+        live workers' `counts` moved). A command only this needs refused costs this alone
+        (signals.silent says why); other backend errors raise."""
+        now = time.monotonic()
+        last = self._look.at
+        if last is not None and not _looks(last, counts, now):
+            signals.silent = last.refused
+            return []
+        keys = job_keys(client, queues, signals)
         present = {job.key for job in keys}
-        last = self._progress.at or {}
-        self._seen = {key: seen for key, seen in last.items() if key in present}
+        self._seen = {
+            key: seen for key, seen in (self._progress.at or {}).items() if key in present
+        }
+        try:
+            expiries = self._expiries(client, keys)
+        except CommandRefused as refused:
+            signals.silent = str(refused)
+            self._look.move(signals, _Look(dict(counts), now, str(refused)))
+            return []
+        self._look.move(signals, _Look(dict(counts), now, None))
+        baseline = self._progress.baseline
         self._progress.move(signals, self._seen)
-        expiries = self._expiries(client, keys)
         wanted = [job for job in keys if job.key in expiries and self._changed(job, expiries)]
         if baseline:
             for job in wanted:
@@ -123,7 +187,8 @@ class FinishedJobs:
 
     def _expiries(self, client: redis.Redis, keys: list[JobKey]) -> dict[str, Expiry | None]:
         """Each finished record's expiry (None: kept for ever); a key incomplete again (a
-        key enqueued again) is forgotten, to be read once it finished."""
+        key enqueued again) is forgotten, to be read once it finished. TIME, PTTL or ZSCORE
+        refused raises CommandRefused."""
         if not keys:
             return {}
         pipe = client.pipeline(transaction=False)
@@ -137,12 +202,15 @@ class FinishedJobs:
             if isinstance(life, Exception):
                 # PTTL answers for a key of any type: an error is the backend's (NOPERM), and
                 # taken for a record not finished it would leave every runtime unread, silently
-                raise life
+                raise _refusal("pttl", life)
         endless = [job for job, life in zip(keys, lives, strict=True) if life == -1]
         pipe = client.pipeline(transaction=False)
         for job in endless:
             pipe.zscore(f"saq:{job.queue}:incomplete", job.key)
         scores = pipe.execute(raise_on_error=False) if endless else []
+        for score in scores:
+            if isinstance(score, Exception) and _refused(score):
+                raise CommandRefused("zscore", score)
         expiries: dict[str, Expiry | None] = {}
         for job, life in zip(keys, lives, strict=True):
             if isinstance(life, int) and life >= 0:
@@ -187,10 +255,67 @@ class FinishedJobs:
             signals.tally.observe(metric, (self.system, queue, function, ""), value)
 
 
+def _looks(last: _Look, counts: Mapping[Hashable, float], now: float) -> bool:
+    """Whether a read looks for finished records, after the `last` look: once a live worker's
+    counts moved since (a worker counts a job after it wrote its finished record, and writes
+    its counts every few seconds; a worker gone or new moves them too), and LOOK_AGAIN_AFTER
+    after the last look whatever the counts; while a command is refused, only then."""
+    if now - last.at >= LOOK_AGAIN_AFTER:
+        return True
+    return last.refused is None and last.counts != counts
+
+
+def job_keys(client: redis.Redis, queues: list[str], signals: Signals) -> list[JobKey]:
+    """Every job's key of the `queues` and of those with unfinished jobs (one SCAN of saq:*,
+    MAX_KEYS keys at most: Signals.names)."""
+    incomplete = key_regex(INCOMPLETE_KEYS)
+    with_jobs, names = set(), []
+    scan = client.scan_iter(match="saq:*", count=SCAN_COUNT)
+    for raw in signals.names(scan, MAX_KEYS, "keys saq:*"):
+        key = raw.decode("utf-8", "replace")
+        if key.startswith(JOB_PREFIX):
+            names.append(key)
+        elif match := incomplete.match(key):
+            with_jobs.add(match.group("value"))
+    known = set(queues) | set(signals.at_most(sorted(with_jobs), MAX_QUEUES, "queues with jobs"))
+    return _of_known_queues(sorted(set(names)), known, signals)
+
+
+def _of_known_queues(names: list[str], queues: set[str], signals: Signals) -> list[JobKey]:
+    """Each job key (`saq:job:<queue>:<key>`) of a known queue: a queue's name and a job's
+    key may both hold colons (SAQ's cron keys are `cron:<function>`), so the longest known
+    queue the key starts with (followed by a colon) is the job's. Each known length is tried
+    once, so a key costs the number of lengths times its length (names are at most
+    MAX_NAME_BYTES: Signals.names), whatever colons it holds."""
+    lengths = sorted({len(queue) for queue in queues if queue}, reverse=True)
+    keys = []
+    for name in signals.names(names, MAX_KEYS, "job keys"):  # the read's deadline checked
+        rest = name[len(JOB_PREFIX) :]
+        for length in lengths:
+            if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
+                keys.append(JobKey(rest[:length], name))
+                break
+    return keys
+
+
+def _refused(error: Exception) -> bool:
+    """A command refused: by the ACL (NOPERM), or unknown to the server (renamed)."""
+    text = str(error).lower()
+    return isinstance(error, redis.exceptions.NoPermissionError) or text.startswith(
+        ("noperm", "unknown command")
+    )
+
+
+def _refusal(command: str, error: Exception) -> Exception:
+    """What an error reply of a command only runtimes need raises."""
+    return CommandRefused(command, error) if _refused(error) else error
+
+
 def _clock_ms(reply: Any) -> float:
-    """Redis' TIME (seconds, microseconds) in ms; an error reply raises."""
+    """Redis' TIME (seconds, microseconds) in ms; an error reply raises (CommandRefused when
+    TIME was refused)."""
     if isinstance(reply, Exception):
-        raise reply
+        raise _refusal("time", reply)
     seconds, microseconds = reply
     return int(seconds) * 1000 + int(microseconds) / 1000
 
