@@ -128,7 +128,8 @@ SAQ_STREAM = "native:saq"
 def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tmp_path):
     """SAQ's reader under the ACL redis-acl prints, less +pttl: a real worker's 11 completions
     counted as SAQ's own worker stats say, its live worker served, the reader up and ready;
-    no runtime served (none made up), and the status page says the ACL needs +pttl.
+    no runtime nor failed count served (none made up), and the status page says the ACL needs
+    +pttl.
     check-config --connect says so too, as a warning."""
     raw = _config(acl_redis, SAQ_PRESET)
     _user_without(acl_redis, raw, "+pttl")
@@ -165,6 +166,7 @@ def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tm
         assert value(series, "queue_workers", system="saq", queue="work", state="idle") == 1
         runtimes = [name for name, _ in series if name.startswith("queue_job_execution_seconds")]
         assert not runtimes  # none invented
+        assert value(series, "queue_depth", system="saq", queue="work", state="failed") is None
         assert app.health.ready()
         assert "+pttl" in (app.health.snapshot()[SAQ_STREAM].silent or "")
     finally:

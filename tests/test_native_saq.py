@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import signal
 import time
@@ -16,9 +17,12 @@ from typing import Any
 
 import pytest
 
+from exporter.catalog import BY_NAME
 from tests.conftest import scrape_series, stop_process, total, value, wait_for
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker
+
+DEPTH = BY_NAME["queue_depth"]
 
 
 @pytest.fixture
@@ -360,15 +364,18 @@ def test_live_workers_busy_while_an_active_job_names_them(saq_installed, redis_c
 
 
 def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
-    """Issue 40: 30,000 finished jobs kept (SAQ's layout, as test_native_windows writes them)
-    and a live, idle real worker. A read while no live worker's counts moved fetches no job
-    key (no SCAN of them, no PTTL): the bytes the server sends for it are a small part of a
-    read that looks for finished jobs. Then 3 real jobs finish: the next reads count them and
-    observe their 3 execution times, once (SAQ's own worker stats say 3)."""
+    """Issue 40: 30,000 finished jobs kept (SAQ's layout, as test_native_windows writes them;
+    100 of them failed) and a live, idle real worker. The first reads read the kept records'
+    statuses, 10,000 a read, and then serve the failed ones as SAQ's own Queue.iter_jobs
+    counts them. A read while no live worker's counts moved fetches no job key (no SCAN of
+    them, no PTTL): the bytes the server sends for it are a small part of a read that looks
+    for finished jobs. Then 3 real jobs finish: the next reads count them and observe their 3
+    execution times, once (SAQ's own worker stats say 3)."""
     from exporter.redis_connection import RedisConnectionConfig
     from exporter.sources.native.config import SaqReaderConfig
     from exporter.sources.native.framework import Signals
     from exporter.sources.native.saq import SaqReader
+    from exporter.sources.native.saq_jobs import MAX_READS
     from tests.private_redis import PrivateRedis
     from tests.test_native_windows import KEPT, Saq
 
@@ -376,6 +383,7 @@ def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
     admin = server.client()
     system = Saq(server.url, admin)
     reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=server.url))
+    failed: list[float | None] = []
 
     def read() -> tuple[int, float, int]:
         """One read: the bytes the server sent for it, completions, execution times."""
@@ -392,14 +400,25 @@ def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
             for (m, _), v in signals.tally.observations.items()
             if m == "queue_job_execution_seconds"
         )
+        depths = signals.samples.table(DEPTH)
+        failed.append(depths.get(("saq", "work", "", "failed")))
         return sent, completed, timed
 
     try:
         system.start()  # a live worker, which completed one job
         system.fill(KEPT)
-        baseline, _, _ = read()
+        for index in range(100):  # failed for good, kept for their ttl as SAQ's _finish writes
+            key = f"saq:job:work:kept{index}"
+            job = json.loads(admin.get(key))
+            admin.set(key, json.dumps({**job, "status": "failed"}), ex=600)
+        truth = driver(server.url, "truth", "work")["queues"]["work"]["failed"]
+        assert truth == 100
+        # the baseline and the reads that read the statuses of the 30,001 kept records
+        warm = [read() for _ in range(math.ceil((KEPT + 1) / MAX_READS))]
+        assert failed[:-1] == [None] * (len(warm) - 1) and failed[-1] == truth, failed
         idle = [read() for _ in range(3)]
         assert [(c, t) for _, c, t in idle] == [(0, 0)] * 3
+        assert failed[-3:] == [truth] * 3
         before = system.finished()
         system.run(3)
         wait_for(lambda: system.finished() - before == 3, timeout=60, interval=0.3)
@@ -409,11 +428,12 @@ def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
             time.sleep(0.2)
             reads.append(read())
         assert (sum(c for _, c, _ in reads), sum(t for _, _, t in reads)) == (3, 3)
+        assert failed[-1] == truth
         full = max(sent for sent, _, _ in reads)
         idle_bytes = [sent for sent, _, _ in idle]
         print(
-            f"saq over {KEPT} kept jobs: baseline {baseline} B, idle reads {idle_bytes} B, "
-            f"reads counting 3 {[sent for sent, _, _ in reads]} B"
+            f"saq over {KEPT} kept jobs: first reads {[sent for sent, _, _ in warm]} B, idle "
+            f"reads {idle_bytes} B, reads counting 3 {[sent for sent, _, _ in reads]} B"
         )
         assert max(idle_bytes) * 20 < full, (idle_bytes, full)
     finally:

@@ -6,7 +6,7 @@
 
 A plan is a list of {"queue", "function", optional "kwargs", "in" (seconds: scheduled that
 far ahead, negative: already due), "retries", "retry_delay", "timeout", "key", "ttl"}.
-`truth` prints each queue's Queue.info() counts, its workers (and those an active job names),
+`truth` prints each queue's Queue.info() counts, its failed jobs kept (Queue.iter_jobs), its workers (and those an active job names),
 the enqueue time (ms) of the oldest queued job and the start of the oldest active one; `jobs` each job as SAQ's Queue.job(key) reads it, with its durations (Job.duration, ms).
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 
 import saq
 from saq import Queue
+from saq.job import Status
 
 
 async def enqueue(url: str, plan: list[dict[str, Any]]) -> None:
@@ -45,11 +46,13 @@ async def truth(url: str, names: list[str]) -> dict[str, Any]:
         info = await queue.info(jobs=True, limit=10_000)
         queued = [job["queued"] for job in info["jobs"] if job["status"] == "queued"]
         active = [job for job in info["jobs"] if job["status"] == "active"]
+        failed = [job async for job in queue.iter_jobs(statuses=[Status.FAILED])]
         started = [job["started"] for job in active]
         views[name] = {
             "queued": info["queued"],
             "active": info["active"],
             "scheduled": info["scheduled"],
+            "failed": len(failed),  # the failed jobs' records SAQ keeps (for their ttl)
             "oldest_ms": min(queued, default=None),
             "active_started_ms": min(started, default=None),
             "workers": {worker: info["stats"] for worker, info in info["workers"].items()},

@@ -262,15 +262,18 @@ class SaqReaderConfig(ReaderConfig):
     )
     runtimes: bool = Field(
         True,
-        description="execution and wait times from each finished job's record (looked for "
-        "once a live worker's counts moved, or 5 minutes after the last look: a SCAN of saq:* "
-        "and a PTTL per job key; a GET per newly finished job)",
+        description="execution and wait times, and the failed jobs kept, from each finished "
+        "job's record (looked for once a live worker's counts moved, or 5 minutes after the "
+        "last look: a SCAN of saq:* and a PTTL per job key; a GET per newly finished job, and "
+        "of each kept one once)",
     )
     ACL_COMMANDS = ("scan", "zrangebyscore", "lrange", "pttl", "zscore", "time")
-    # sent only to find finished jobs: refused, they cost the runtimes alone (saq_jobs.py)
+    # sent only to find finished jobs: refused, they cost the runtimes and the failed count
+    # alone (saq_jobs.py)
     RUNTIME_COMMANDS: ClassVar[tuple[str, ...]] = ("pttl", "zscore", "time")
     ONE_FIGURE = {
-        command: "job runtime (queue_job_execution_seconds, queue_job_wait_seconds)"
+        command: "the runtimes and failed count (queue_job_execution_seconds, "
+        'queue_job_wait_seconds, queue_depth{state="failed"})'
         for command in RUNTIME_COMMANDS
     }
 

@@ -28,6 +28,7 @@ from typing import cast
 import redis
 
 from exporter import numbers
+from exporter.catalog import BY_NAME
 from exporter.events.wire import ERROR_TYPES
 from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.key_groups import key_regex
@@ -40,7 +41,7 @@ from exporter.sources.native.framework import (
     RedisReader,
     Signals,
 )
-from exporter.sources.native.saq_jobs import SCAN_COUNT, FinishedJobs, JobRecord
+from exporter.sources.native.saq_jobs import MAX_READS, SCAN_COUNT, FinishedJobs, JobRecord
 from exporter.sources.native.saq_workers import (
     MAX_ACTIVE_JOBS,
     SAQ_WITH_WORKER_ID,
@@ -49,6 +50,7 @@ from exporter.sources.native.saq_workers import (
 )
 
 log = logging.getLogger(__name__)
+DEPTH = BY_NAME["queue_depth"]
 # A worker's info JSON: its stats and metadata, a few hundred bytes.
 MAX_INFO_BYTES = 1 << 20
 STATS_KEYS = "saq:{value}:stats"
@@ -101,6 +103,22 @@ class SaqReader(RedisReader):
         for record in finished:
             with signals.record(record.job.key):  # a job of another type or garbled costs itself
                 self._jobs.observe(signals, record)
+        if self.config.runtimes:
+            self._failed(signals)
+
+    def _failed(self, signals: Signals) -> None:
+        """The failed jobs SAQ keeps, as queue_depth{state="failed"} (saq_jobs.py)."""
+        told = self._jobs.failed()
+        if told is None:
+            return
+        failed, unread = told
+        for queue, count in failed.items():
+            signals.samples.add_labelled(DEPTH, (self.config.system, queue, "", "failed"), count)
+        if unread:
+            signals.caveat = (
+                f"failed jobs of {len(unread)} queue(s) ({', '.join(unread[:3])}) not served "
+                f"yet: the statuses of their kept records are read {MAX_READS:,} a read"
+            )
 
     def _remembered(self, counts: dict[Hashable, float], now: float) -> dict[Hashable, float]:
         """This read's counts, and the last ones of workers not read now (their record

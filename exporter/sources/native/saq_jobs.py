@@ -32,6 +32,10 @@ finished before is remembered (its expiry) without being read, with the baseline
 its `completed`. A remembered key that is gone, or seen incomplete again (a key enqueued
 again), is forgotten.
 
+Each kept record is read once for its `status` (those kept before the baseline too, MAX_READS
+a read, a look at every read until all are read), so the failed ones SAQ keeps are counted
+(`failed`): those whose expiry, by Redis' clock, is still ahead.
+
 What is observed, per queue and function (job_type): `queue_job_execution_seconds`
 (completed - started, the last attempt's) for every finished job that started, and
 `queue_job_wait_seconds` (started - max(queued, scheduled)) for a job that finished at its
@@ -61,7 +65,7 @@ SCAN_COUNT = 1000
 # before it wrote its counts, whose leaving shows) is observed within this, while its record is
 # kept (600 s by default). A look refused (PTTL) is tried again this often, not at every read.
 LOOK_AGAIN_AFTER = 300.0
-RUNTIMES = "queue_job_execution_seconds and queue_job_wait_seconds"
+RUNTIMES = 'queue_job_execution_seconds, queue_job_wait_seconds and queue_depth{state="failed"}'
 # Finished records read (GET) per read; the rest at the next read.
 MAX_READS = 10_000
 # A job's JSON: its kwargs and result, usually small; larger is refused, not parsed.
@@ -73,8 +77,10 @@ FINISHED = ("complete", "failed", "aborted")
 
 @dataclass(slots=True)
 class _Seen:
+    queue: str
     expiry: Expiry | None  # when its record expires; None: kept for ever
     completed_ms: float  # its completion time (or the baseline's time) as last read
+    failed: bool | None = None  # its status is failed; None: not read yet (kept before)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,11 +104,12 @@ class _Look:
     counts: Mapping[Hashable, float]
     at: float
     refused: str | None
+    queues: tuple[str, ...] = ()  # the queues whose job keys it listed
 
 
 class CommandRefused(Exception):
-    """A command only the runtimes need was refused (the ACL, or a server without it): they
-    are not served, every other series is."""
+    """A command only the runtimes and the failed count need was refused (the ACL, or a
+    server without it): they are not served, every other series is."""
 
     def __init__(self, command: str, error: Exception) -> None:
         lines = str(error).splitlines()
@@ -122,11 +129,13 @@ class JobKey:
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
-    """A finished job's record as read: its JSON, or the error reply reading it gave."""
+    """A finished job's record as read: its JSON, or the error reply reading it gave;
+    `status_only`: one kept since before the baseline, read for its status alone."""
 
     job: JobKey
     expiry: Expiry | None
     raw: Any
+    status_only: bool = False
 
 
 class FinishedJobs:
@@ -140,6 +149,10 @@ class FinishedJobs:
         self._progress: Progress[dict[str, _Seen]] = Progress()
         self._seen: dict[str, _Seen] = {}
         self._look: Progress[_Look] = Progress()
+        self._unread = False  # kept records' statuses left to read after the last look
+        self._counted = False  # `_seen` tells the failed records (a look made, not refused)
+        self._clock_ms = 0.0  # Redis' clock less this process' (time.time()), as last read
+        self._queues: list[str] = []  # the queues whose job keys the last look listed
 
     def read(
         self,
@@ -154,43 +167,80 @@ class FinishedJobs:
         (signals.silent says why); other backend errors raise."""
         now = time.monotonic()
         last = self._look.at
-        if last is not None and not _looks(last, counts, now):
+        if last is not None and not _looks(last, counts, now, self._unread):
             signals.silent = last.refused
+            self._seen = dict(self._progress.at or {})  # the failed records of the last look
+            self._counted = last.refused is None and self._progress.at is not None
+            self._queues = list(last.queues)
             return []
-        keys = job_keys(client, queues, signals)
+        keys, known = job_keys(client, queues, signals)
         present = {job.key for job in keys}
         self._seen = {
             key: seen for key, seen in (self._progress.at or {}).items() if key in present
         }
         try:
-            expiries = self._expiries(client, keys)
+            expiries, clock_ms = self._expiries(client, keys)
         except CommandRefused as refused:
             signals.silent = str(refused)
             self._look.move(signals, _Look(dict(counts), now, str(refused)))
+            self._counted = False
             return []
-        self._look.move(signals, _Look(dict(counts), now, None))
+        self._counted = True
+        if clock_ms is not None:
+            self._clock_ms = clock_ms
+        self._look.move(signals, _Look(dict(counts), now, None, tuple(known)))
+        self._queues = known
         baseline = self._progress.baseline
         self._progress.move(signals, self._seen)
-        wanted = [job for job in keys if job.key in expiries and self._changed(job, expiries)]
-        if baseline:
-            for job in wanted:
-                self._seen[job.key] = _Seen(expiries[job.key], signals.now * 1000)
-            return []
+        wanted = []
+        for job in keys:
+            if job.key not in expiries:
+                continue
+            if self._changed(job, expiries):
+                if baseline:  # finished before: remembered, its status read, not observed
+                    self._seen[job.key] = _Seen(job.queue, expiries[job.key], signals.now * 1000)
+                wanted.append(JobRecord(job, expiries[job.key], None, status_only=baseline))
+            elif self._seen[job.key].failed is None:
+                wanted.append(JobRecord(job, expiries[job.key], None, status_only=True))
         wanted = wanted[:MAX_READS]
         pipe = client.pipeline(transaction=False)
-        for job in wanted:
-            pipe.get(job.key)  # not MGET: a record of another type must say so (WRONGTYPE)
+        for record in wanted:
+            pipe.get(record.job.key)  # not MGET: a record of another type must say so
         replies = pipe.execute(raise_on_error=False) if wanted else []
         return [
-            JobRecord(job, expiries[job.key], raw) for job, raw in zip(wanted, replies, strict=True)
+            JobRecord(record.job, record.expiry, raw, record.status_only)
+            for record, raw in zip(wanted, replies, strict=True)
         ]
 
-    def _expiries(self, client: redis.Redis, keys: list[JobKey]) -> dict[str, Expiry | None]:
-        """Each finished record's expiry (None: kept for ever); a key incomplete again (a
-        key enqueued again) is forgotten, to be read once it finished. TIME, PTTL or ZSCORE
-        refused raises CommandRefused."""
+    def failed(self) -> tuple[dict[str, int], list[str]] | None:
+        """The failed records kept per queue (each queue of the last look), by Redis' clock
+        (as last measured), of each queue whose every kept record's status was read, and the
+        queues left to read; None when this read tells none (no look made yet, or refused). A
+        record gone without a worker's counts moving (deleted, its key enqueued again) leaves
+        the count at the next look."""
+        if not self._counted:
+            return None
+        redis_ms = time.time() * 1000 + self._clock_ms
+        failed = dict.fromkeys(self._queues, 0)
+        unread: set[str] = set()
+        for seen in self._seen.values():
+            if seen.failed is None:
+                unread.add(seen.queue)
+            elif seen.failed and (seen.expiry is None or seen.expiry.at_ms > redis_ms):
+                failed[seen.queue] = failed.get(seen.queue, 0) + 1
+        self._unread = bool(unread)
+        return {queue: n for queue, n in failed.items() if queue not in unread}, sorted(unread)
+
+    def _expiries(
+        self, client: redis.Redis, keys: list[JobKey]
+    ) -> tuple[dict[str, Expiry | None], float | None]:
+        """Each finished record's expiry (None: kept for ever), and Redis' clock less this
+        process' (ms; None without a key); a key incomplete again (a key enqueued again) is
+        forgotten, to be read once it finished. TIME, PTTL or ZSCORE refused raises
+        CommandRefused."""
         if not keys:
-            return {}
+            return {}, None
+        local_ms = time.time() * 1000
         pipe = client.pipeline(transaction=False)
         pipe.time()
         for job in keys:
@@ -220,7 +270,7 @@ class FinishedJobs:
                 expiries[job.key] = None
             else:
                 self._seen.pop(job.key, None)
-        return expiries
+        return expiries, began_ms - local_ms
 
     def _changed(self, job: JobKey, expiries: dict[str, Expiry | None]) -> bool:
         """A finished record not seen as it is now: new, or written again since."""
@@ -238,10 +288,13 @@ class FinishedJobs:
         key, queue = record.job.key, record.job.queue
         seen = self._seen.get(key)
         before = seen.completed_ms if seen else -math.inf
-        self._seen[key] = _Seen(record.expiry, before)
+        self._seen[key] = _Seen(queue, record.expiry, before, failed=False)  # if unreadable
         job = _job(record.raw)
         if job is None:  # gone, or not finished yet (aborting): read again
             self._seen.pop(key)
+            return
+        self._seen[key].failed = job["status"] == "failed"
+        if record.status_only:
             return
         latest = signals.latest * 1000
         completed = numbers.epoch(job["completed"], latest)
@@ -255,19 +308,22 @@ class FinishedJobs:
             signals.tally.observe(metric, (self.system, queue, function, ""), value)
 
 
-def _looks(last: _Look, counts: Mapping[Hashable, float], now: float) -> bool:
+def _looks(last: _Look, counts: Mapping[Hashable, float], now: float, unread: bool) -> bool:
     """Whether a read looks for finished records, after the `last` look: once a live worker's
     counts moved since (a worker counts a job after it wrote its finished record, and writes
-    its counts every few seconds; a worker gone or new moves them too), and LOOK_AGAIN_AFTER
-    after the last look whatever the counts; while a command is refused, only then."""
+    its counts every few seconds; a worker gone or new moves them too), while kept records'
+    statuses are left to read (MAX_READS a read), and LOOK_AGAIN_AFTER after the last look
+    whatever the counts; while a command is refused, only then."""
     if now - last.at >= LOOK_AGAIN_AFTER:
         return True
-    return last.refused is None and last.counts != counts
+    return last.refused is None and (unread or last.counts != counts)
 
 
-def job_keys(client: redis.Redis, queues: list[str], signals: Signals) -> list[JobKey]:
+def job_keys(
+    client: redis.Redis, queues: list[str], signals: Signals
+) -> tuple[list[JobKey], list[str]]:
     """Every job's key of the `queues` and of those with unfinished jobs (one SCAN of saq:*,
-    MAX_KEYS keys at most: Signals.names)."""
+    MAX_KEYS keys at most: Signals.names), and these queues."""
     incomplete = key_regex(INCOMPLETE_KEYS)
     with_jobs, names = set(), []
     scan = client.scan_iter(match="saq:*", count=SCAN_COUNT)
@@ -278,7 +334,7 @@ def job_keys(client: redis.Redis, queues: list[str], signals: Signals) -> list[J
         elif match := incomplete.match(key):
             with_jobs.add(match.group("value"))
     known = set(queues) | set(signals.at_most(sorted(with_jobs), MAX_QUEUES, "queues with jobs"))
-    return _of_known_queues(sorted(set(names)), known, signals)
+    return _of_known_queues(sorted(set(names)), known, signals), sorted(known)
 
 
 def _of_known_queues(names: list[str], queues: set[str], signals: Signals) -> list[JobKey]:

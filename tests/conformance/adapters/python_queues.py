@@ -372,7 +372,12 @@ class HueyAdapter(Adapter):
         return fixed(truth)
 
 
-SAQ_STATES = {"queued": "pending", "active": "active", "scheduled": "scheduled"}
+SAQ_STATES = {
+    "queued": "pending",
+    "active": "active",
+    "scheduled": "scheduled",
+    "failed": "failed",  # the failed jobs' records SAQ keeps, Queue.iter_jobs([FAILED])
+}
 SAQ_COUNTERS = {  # metric -> the field of SAQ's worker stats, the metric's labels
     "queue_jobs_completed_total": ("complete",),
     "queue_jobs_failed_total": ("failed", "error_type=non_retryable"),
