@@ -171,3 +171,62 @@ def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tm
         assert "+pttl" in (app.health.snapshot()[SAQ_STREAM].silent or "")
     finally:
         stop_process(worker, signal.SIGTERM)
+
+
+def test_saq_runtimes_refused_meanwhile_are_observed_once_pttl_is_allowed(acl_redis, monkeypatch):
+    """A SAQ reader whose PTTL is refused after its baseline: 5 real jobs finish, their
+    completions are counted, no runtime is observed and the reader says why. Once +pttl is
+    allowed, its next look (LOOK_AGAIN_AFTER after the refused one; 0 s here) observes the 5
+    finished meanwhile, once: their records are still kept."""
+    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.sources.native import saq_jobs
+    from exporter.sources.native.config import SaqReaderConfig
+    from exporter.sources.native.framework import Signals
+    from exporter.sources.native.saq import SaqReader
+
+    admin = acl_redis.client()
+    admin.execute_command("ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all")
+    url = f"redis://reader:secret@127.0.0.1:{acl_redis.port}/0"
+    worker, _ = saq_worker(acl_redis.url, "work")
+    reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=url))
+
+    def read() -> tuple[float, int, str | None]:
+        signals = Signals()
+        reader.read(signals)
+        assert signals.tally.invalid == {}
+        completed = sum(
+            n for (m, _), n in signals.tally.counts.items() if m == "queue_jobs_completed_total"
+        )
+        timed = sum(
+            len(v)
+            for (m, _), v in signals.tally.observations.items()
+            if m == "queue_job_execution_seconds"
+        )
+        return completed, timed, signals.silent
+
+    def completed() -> int:
+        workers = saq_driver(acl_redis.url, "truth", "work")["queues"]["work"]["workers"]
+        return sum(stats["complete"] for stats in workers.values())
+
+    try:
+        wait_for(lambda: completed() == 0, timeout=30)  # its stats written: a live worker
+        assert read()[:2] == (0, 0)  # the baseline
+        admin.execute_command("ACL", "SETUSER", "reader", "-pttl")
+        saq_driver(
+            acl_redis.url, "enqueue", json.dumps([{"queue": "work", "function": "succeed"}] * 5)
+        )
+        wait_for(lambda: completed() == 5, timeout=60, interval=0.3)
+        reads = [read()]
+        while sum(c for c, _, _ in reads) < 5:
+            assert len(reads) < 50, reads
+            reads.append(read())
+        assert sum(t for _, t, _ in reads) == 0
+        assert "+pttl" in (reads[-1][2] or "")
+        monkeypatch.setattr(saq_jobs, "LOOK_AGAIN_AFTER", 0.0)
+        admin.execute_command("ACL", "SETUSER", "reader", "+pttl")
+        after = [read(), read()]
+        assert [(c, t) for c, t, _ in after] == [(0, 5), (0, 0)], after
+        assert after[-1][2] is None
+    finally:
+        reader.close()
+        stop_process(worker, signal.SIGTERM)

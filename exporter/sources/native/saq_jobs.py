@@ -153,6 +153,7 @@ class FinishedJobs:
         self._counted = False  # `_seen` tells the failed records (a look made, not refused)
         self._clock_ms = 0.0  # Redis' clock less this process' (time.time()), as last read
         self._queues: list[str] = []  # the queues whose job keys the last look listed
+        self._left: set[str] = set()  # queues of records the last look left to the next
 
     def read(
         self,
@@ -202,6 +203,8 @@ class FinishedJobs:
                 wanted.append(JobRecord(job, expiries[job.key], None, status_only=baseline))
             elif self._seen[job.key].failed is None:
                 wanted.append(JobRecord(job, expiries[job.key], None, status_only=True))
+        # records left to the next read: their queues' failed counts wait for them
+        self._left = {record.job.queue for record in wanted[MAX_READS:]}
         wanted = wanted[:MAX_READS]
         pipe = client.pipeline(transaction=False)
         for record in wanted:
@@ -222,7 +225,7 @@ class FinishedJobs:
             return None
         redis_ms = time.time() * 1000 + self._clock_ms
         failed = dict.fromkeys(self._queues, 0)
-        unread: set[str] = set()
+        unread = set(self._left)
         for seen in self._seen.values():
             if seen.failed is None:
                 unread.add(seen.queue)
