@@ -267,3 +267,38 @@ def test_an_inspection_the_acl_refuses_costs_its_figures_alone(granted, tmp_path
             assert "NOPERM" in signals.caveat or "NoPermission" in signals.caveat
     finally:
         server.stop()
+
+
+def test_a_retry_reported_after_the_next_attempt_ended_counts_on_its_queue(redis_url):
+    """A prefork pool of two processes: one runs the retried attempt while the main process
+    has not yet taken the other's result, so task-retried comes after the next attempt's
+    task-succeeded (seen with real workers, tests/conformance/adapters/celery.py). The retry
+    counts on the task's queue with its name, not under "(unknown)" with none."""
+    feed = _Feed(redis_url)
+    try:
+        _heard(redis_url, feed.consumed)
+        celery = Celery(broker=redis_url)
+        task = {"uuid": str(uuid.uuid4())}
+        with celery.connection_for_write() as connection:
+            dispatcher = celery.events.Dispatcher(connection, hostname="w@test")
+            dispatcher.send("task-sent", name="tests.to_emails", queue="emails", **task)
+            for retries in (0, 1):
+                dispatcher.send("task-received", name="tests.to_emails", retries=retries, **task)
+                dispatcher.send("task-started", **task)
+            dispatcher.send("task-succeeded", runtime=0.01, **task)
+            dispatcher.send("task-retried", exception="Retry('retrying')", **task)
+            dispatcher.close()
+
+        def retried() -> dict[str, float] | None:
+            feed.read()
+            series = parse_exposition(feed.telemetry.render(False).decode())
+            found: dict[str, float] = {}
+            for (name, labels), count in series.items():
+                if name == "queue_jobs_retried_total":
+                    found[f"{dict(labels)['queue']} {dict(labels)['job_type']}"] = count
+            return found or None
+
+        assert wait_for(retried, timeout=30) == {"emails tests.to_emails": 1}
+        assert feed.counted() == (1, 0)
+    finally:
+        feed.close()

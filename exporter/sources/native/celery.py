@@ -24,7 +24,9 @@ it; where those routes cannot be read (a router function or class, no inspection
 queue its task name was seen routed to among those its worker consumes. Else (a task sent with
 a queue= of its own to a worker of several queues) it is counted under `unknown_queue`
 ("(unknown)", no real queue's name), named in the log and on the status page with what would
-tell it.
+tell it. An event that comes after its task's end (the prefork pool may report a retried
+attempt after the next attempt ended) counts on that task's queue, with its name: the tasks
+that ended lately are remembered (MAX_ENDED).
 
 Running tasks: started and not yet ended, per queue, as `queue_depth{state="active"}`; each
 inspection round names what every worker runs (a task that started before the reader
@@ -110,6 +112,10 @@ MAX_QUEUES_PER_NAME = 100
 # Task events after which the task no longer runs on its worker.
 _ENDS = frozenset({"task-succeeded", "task-failed", "task-retried", "task-revoked"})
 _CHANGES = ("started", "ended", "ended_unseen")
+# Tasks that ended lately, kept for their name, queue and worker: the prefork pool may report
+# a retried attempt (task-retried) after its next attempt ended, one pool process having run
+# the retry while the main process had not yet taken the other's result. At most this many.
+MAX_ENDED = 10_000
 MAX_ACTIVE_QUEUES = 10_000  # queues remembered to read 0 once their tasks ended
 # kombu's bindings: a set per exchange, a member "<routing key>SEP<pattern>SEP<queue>" per queue
 # a worker or producer declared, but those config.not_task_queues names (the celery preset's
@@ -162,6 +168,7 @@ class CeleryReader(RedisReader):
         self._confirmed = False  # a subscription was confirmed: any later confirmation is a gap
         self._interrupted = False  # by the watchdog or a shutdown: the drain stops
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
+        self._ended: OrderedDict[str, _Task] = OrderedDict()  # MAX_ENDED lately ended
         self._workers: dict[str, tuple[int, float]] = {}  # hostname -> (active, heartbeat time)
         self._beyond_limit = 0  # heartbeats of new workers beyond MAX_WORKERS in this read
         # Per (worker, change) since its last heartbeat: tasks seen starting, seen running and
@@ -557,10 +564,15 @@ class CeleryReader(RedisReader):
     def _task_event(
         self, kind: str, task_id: str, event: dict[str, Any], ts: float, signals: Signals
     ) -> None:
+        late = task_id not in self._tasks and task_id in self._ended
         task = self._task(task_id)
+        if late:  # an event of an attempt that ended before it came: the task's own queue
+            ended = self._ended[task_id]
+            task.name, task.queue, task.worker = ended.name, ended.queue, ended.worker
         if isinstance(event.get("name"), str):
             task.name = event["name"]
-        self._note_since_beat(kind, task, event)
+        if not late:  # nothing of it runs now
+            self._note_since_beat(kind, task, event)
         system = self.config.system
         hostname = str(event.get("hostname", ""))
         if kind != "task-sent" and len(self._task_events_from) < MAX_WORKERS:
@@ -590,14 +602,14 @@ class CeleryReader(RedisReader):
             duration = runtime if isinstance(runtime, int | float) else self._ran(task, ts)
             attempt = task.retries + 1
             emit("completed", duration=duration, enqueued_at=task.enqueued_at, attempt=attempt)
-            self._tasks.pop(task_id, None)
+            self._end(task_id)
         elif kind == "task-failed":
             error_type = _error_type(str(event.get("exception", "")))
             duration, attempt = self._ran(task, ts), task.retries + 1
             emit("failed", error_type=error_type, duration=duration, attempt=attempt)
             if error_type == "timeout":
                 emit("timed_out")
-            self._tasks.pop(task_id, None)
+            self._end(task_id)
         elif kind == "task-retried":
             emit("failed", error_type="retryable", duration=self._ran(task, ts))
             emit("retried")
@@ -607,9 +619,17 @@ class CeleryReader(RedisReader):
                 emit("requeued", reason="rejected")
             else:
                 emit("failed", error_type="other")
-            self._tasks.pop(task_id, None)
+            self._end(task_id)
         elif kind in ("task-revoked", "task-cancelled"):
-            self._tasks.pop(task_id, None)
+            self._end(task_id)
+
+    def _end(self, task_id: str) -> None:
+        """The task ended: no longer tracked, but remembered among the lately ended."""
+        task = self._tasks.pop(task_id, None)
+        if task is not None:
+            self._ended[task_id] = task
+            if len(self._ended) > MAX_ENDED:
+                self._ended.popitem(last=False)
 
     def _note_since_beat(self, kind: str, task: _Task, event: dict[str, Any]) -> None:
         hostname = event.get("hostname")
