@@ -3,6 +3,8 @@
     python -m tests.celery_app.driver publish PLAN_JSON [--no-sent-event]
     python -m tests.celery_app.driver truth QUEUE...
     python -m tests.celery_app.driver workers
+    python -m tests.celery_app.driver events FILE
+    python -m tests.celery_app.driver outcomes FILE
 
 A plan is a list of {"task": "sleep_for"|"fail_after"|"retry_once"|"held"|"to_<queue>",
 "seconds", optional "queue", "priority", "soft_time_limit", "countdown"; for "held", "release":
@@ -12,6 +14,11 @@ workers say they run, hold prefetched and hold until their ETA (`inspect().activ
 `.reserved()`, `.scheduled()`), by queue. `workers` prints, per queue, the workers that consume
 it and their pools' slots (`inspect().active_queues()`, `.stats()` max-concurrency).
 `publish --no-sent-event` publishes under Celery's default `task_send_sent_event = False`.
+`truth` also prints, per queue, when its longest running task started (`active()`'s
+time_start, epoch seconds). `events` runs Celery's event Receiver until stopped, appending each
+event the workers send to FILE (a JSON line: type, uuid, name, hostname); `outcomes` prints, per
+queue, the tasks FILE saw succeed, fail and retry, each on the queue task_routes route its name
+to (Celery's router).
 """
 
 from __future__ import annotations
@@ -60,9 +67,16 @@ def truth(queues: list[str]) -> dict:
                 counts[task["delivery_info"]["routing_key"]] += 1
         return dict(counts)
 
+    active = inspect.active()
+    started: dict[str, float] = {}
+    for tasks in (active or {}).values():
+        for task in tasks:
+            queue = task["delivery_info"]["routing_key"]
+            started[queue] = min(started.get(queue, task["time_start"]), task["time_start"])
     return {
         "waiting": waiting,
-        "active": by_queue(inspect.active()),
+        "active": by_queue(active),
+        "started": started,
         "reserved": by_queue(inspect.reserved()),
         "scheduled": by_queue(
             {
@@ -89,12 +103,45 @@ def workers() -> dict:
     return found
 
 
+EVENT_FIELDS = ("type", "uuid", "name", "hostname")
+ENDS = {"task-succeeded": "succeeded", "task-failed": "failed", "task-retried": "retried"}
+
+
+def record_events(path: str) -> None:
+    """Every event Celery's workers send, appended to `path` as it comes, until stopped."""
+    with open(path, "a") as out, app.connection_for_read() as connection:
+
+        def write(event: dict) -> None:
+            out.write(json.dumps({field: event.get(field) for field in EVENT_FIELDS}) + "\n")
+            out.flush()
+
+        app.events.Receiver(connection, handlers={"*": write}).capture(limit=None, timeout=None)
+
+
+def outcomes(path: str) -> dict:
+    """{queue: {"succeeded", "failed", "retried"}}: the task events recorded in `path`, each
+    task on the queue its name is routed to (its name from its task-received)."""
+    with open(path) as recorded:
+        events = [json.loads(line) for line in recorded if line.endswith("\n")]
+    names = {e["uuid"]: e["name"] for e in events if e["type"] == "task-received"}
+    found: dict[str, Counter[str]] = {}
+    for event in events:
+        if event["type"] in ENDS:
+            queue = app.amqp.router.route({}, names[event["uuid"]])["queue"].name
+            found.setdefault(queue, Counter())[ENDS[event["type"]]] += 1
+    return {queue: {end: counts[end] for end in ENDS.values()} for queue, counts in found.items()}
+
+
 def main() -> None:
     command, *args = sys.argv[1:]
     if command == "publish":
         print(json.dumps(publish(json.loads(args[0]), "--no-sent-event" not in args)))
     elif command == "workers":
         print(json.dumps(workers()))
+    elif command == "events":
+        record_events(args[0])
+    elif command == "outcomes":
+        print(json.dumps(outcomes(args[0])))
     elif command == "truth":
         print(json.dumps(truth(args)))
     else:

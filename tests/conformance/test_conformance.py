@@ -6,7 +6,6 @@ found, depth per queue and state and their sums, due jobs, the ages of the oldes
 longest running jobs, counters, workers, the sources up. Each system runs with the library's
 defaults and the preset's defaults (no params); where a system needs params today, a second
 run with them beside it, and the defaults run names what it misses as known gaps of issue 39.
-Celery joins when its reader's rewrite (issue 38) lands.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import pytest
 from alerts.recorded import record_or_compare
 from exporter.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
+from tests.conformance.adapters.celery import CeleryAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
 from tests.conformance.adapters.postgres_queues import (
     GraphileWorkerAdapter,
@@ -52,6 +52,7 @@ ADAPTERS: list[type[Adapter]] = [
     PgBossAdapter,
     GraphileWorkerAdapter,
     ProcrastinateAdapter,
+    CeleryAdapter,
 ]
 
 

@@ -1,0 +1,179 @@
+"""Celery on kombu's Redis transport, driven by Celery itself (tests/celery_app) and run by real
+`celery worker -E` processes: tasks routed to their queues by task_routes, published under
+Celery's default task_send_sent_event = False, read with the preset's defaults (no params).
+
+The truth is Celery's own: kombu's message count per queue (every priority list), the workers'
+answers to Celery's inspection (running, prefetched and ETA-held tasks, each with its queue and
+start time; each worker's queues and its pool's max-concurrency), and the task events Celery's
+own Receiver heard (succeeded, failed, retried), each on the queue Celery's router routes its
+task's name to.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, ClassVar
+
+from tests.celery_app import control
+from tests.conformance.adapters.base import Adapter, TruthAt, fixed, require
+from tests.conformance.checks import Age, Gap, Truth
+from tests.conftest import wait_for
+
+# Worker per queue (comma-separated) and its pool's slots: one of one queue, one of two;
+# "billing" has tasks and no worker.
+WORKERS = (("ingest", 1), ("emails,reports", 2))
+QUEUES = ("ingest", "emails", "reports", "billing")
+# Per queue served by a worker: tasks of `tests.to_<queue>` (routed there by task_routes) that
+# succeed, fail, retry once then succeed.
+OUTCOMES = {"ingest": (2, 1, 1), "emails": (3, 1, 1), "reports": (1, 2, 0)}
+LONG = 600  # seconds the long task runs: it runs until its worker is stopped
+BEHIND = 3  # tasks published behind it on its one-slot worker's queue
+UNKNOWN = "(unknown)"  # the reader's unknown_queue: a task whose queue it could not learn
+RUNNING_AGE = "issue 39: the longest running task's age is not served for Celery"
+
+
+class CeleryAdapter(Adapter):
+    system = "celery"
+    timeout: ClassVar[float] = 60.0  # inspection rounds answer within a 0.5 s interval's share
+
+    def phases(self) -> Iterator[TruthAt]:
+        require(control.PYTHON, "celery", "celery (pyproject's dev extra)")
+        env = control.env(self.backend_url)
+        # the reader subscribed to Celery's events before any worker or task exists
+        yield fixed(Truth("celery", time.time(), None, sources_up=("native:celery",)))
+        events = self.tmp_path / "events.jsonl"
+        processes = [control.recorder(env, events)]
+        try:
+            # their logs: what each task did, as Celery took it (read when a phase fails)
+            processes += [
+                control.worker(env, queues, slots, self.tmp_path / f"{queues}.log")
+                for queues, slots in WORKERS
+            ]
+            slots = wait_for(lambda: self._workers(env), timeout=120)
+            # the recorder hears them: subscribed before their first task
+            wait_for(lambda: len(control.heard_from(events)) == len(WORKERS), timeout=60)
+            # each worker on its queues with its slots, as Celery's inspection says: the reader
+            # knows them (and their task_routes) before their first task
+            yield fixed(self.workers_truth(slots))
+            # first what ends (a retry goes back to the end of its queue), and a queue no worker
+            # serves, its tasks at every priority (kombu's priority-step lists)
+            control.driver(env, "publish", json.dumps(self._ending()), "--no-sent-event")
+            billing = [{"task": "to_billing", "seconds": 0, "priority": p} for p in range(10)]
+            control.driver(env, "publish", json.dumps(billing), "--no-sent-event")
+            ended = wait_for(lambda: self._ended(env, events), timeout=120)
+            # then a long task on ingest's one slot, tasks waiting behind it (its worker holds
+            # one prefetched), and a task held by the emails worker until its countdown
+            held = [
+                {"task": "to_ingest", "seconds": LONG},
+                *({"task": "to_ingest", "seconds": 0} for _ in range(BEHIND)),
+                {"task": "to_emails", "seconds": 0, "countdown": 3600},
+            ]
+            control.driver(env, "publish", json.dumps(held), "--no-sent-event")
+            library = wait_for(lambda: self._held(env), timeout=120)
+            yield fixed(self.truth(library, slots, ended))
+        finally:
+            control.stop_recorder(processes[0])
+            for worker in processes[1:]:
+                control.stop(worker)
+
+    @staticmethod
+    def _workers(env: dict[str, str]) -> dict[str, dict[str, int]] | None:
+        found: dict[str, dict[str, int]] = control.driver(env, "workers")
+        return found if len(found) == 3 else None
+
+    @staticmethod
+    def _ending() -> list[dict[str, Any]]:
+        return [
+            {"task": f"to_{queue}", "seconds": 0, "outcome": outcome}
+            for queue, (ok, fail, retry) in OUTCOMES.items()
+            for outcome, times in (("ok", ok), ("fail", fail), ("retry", retry))
+            for _ in range(times)
+        ]
+
+    @staticmethod
+    def _ended(env: dict[str, str], events: Path) -> dict[str, dict[str, int]] | None:
+        """The tasks' ends, per queue, once every one the plan sends has ended (a retried
+        attempt's task-retried may come after the next attempt's end)."""
+        ended: dict[str, dict[str, int]] = control.driver(env, "outcomes", str(events))
+        planned = {
+            queue: {"succeeded": ok + retry, "failed": fail, "retried": retry}
+            for queue, (ok, fail, retry) in OUTCOMES.items()
+        }
+        return ended if ended == planned else None
+
+    @staticmethod
+    def _held(env: dict[str, str]) -> dict[str, Any] | None:
+        """Celery's truth once the long task runs, one task is prefetched behind it and the
+        countdown task is held (every worker answered the same inspection)."""
+        library: dict[str, Any] = control.driver(env, "truth", *QUEUES)
+        held = (
+            library["active"].get("ingest"),
+            library["reserved"].get("ingest"),
+            library["waiting"]["ingest"],
+            library["scheduled"].get("emails"),
+        )
+        return library if held == (1, 1, BEHIND - 1, 1) else None
+
+    @staticmethod
+    def _slots(slots: dict[str, dict[str, int]]) -> dict[tuple[str, ...], float]:
+        """Per queue, the workers that consume it and their pools' max-concurrency (a queue
+        no worker consumes: none)."""
+        totals: dict[tuple[str, ...], float] = {}
+        for queue in QUEUES:
+            here = slots.get(queue, {"workers": 0, "slots": 0})
+            totals["queue_workers", queue] = here["workers"]
+            totals["queue_worker_slots", queue] = here["slots"]
+        return totals
+
+    @staticmethod
+    def workers_truth(slots: dict[str, dict[str, int]]) -> Truth:
+        totals = CeleryAdapter._slots(slots)
+        return Truth("celery", time.time(), None, totals=totals, sources_up=("native:celery",))
+
+    @staticmethod
+    def truth(
+        library: dict[str, Any], slots: dict[str, dict[str, int]], ended: dict[str, dict[str, int]]
+    ) -> Truth:
+        taken_at = time.time()
+        depths: dict[tuple[str, str], float] = {}
+        ages: dict[tuple[str, str], Age | None] = {}
+        gaps: list[Gap] = []
+        for queue in QUEUES:
+            # a message prefetched by a worker is out of its list (kombu's unacked hash): still
+            # waiting for a slot
+            depths[queue, "pending"] = library["waiting"][queue] + library["reserved"].get(queue, 0)
+            depths[queue, "active"] = library["active"].get(queue, 0)
+            if library["scheduled"].get(queue):
+                depths[queue, "scheduled"] = library["scheduled"][queue]
+            # the message records no enqueue time: no pending age
+            ages[queue, "pending"] = None
+            if queue in library["started"]:
+                ages[queue, "active"] = Age.at(library["started"][queue])
+                gaps.append(Gap(f"age {queue} active", RUNNING_AGE))
+        totals = CeleryAdapter._slots(slots)
+        for queue in QUEUES:  # busy: the workers' slots running the queue's tasks
+            totals["queue_worker_slots", queue, "state=busy"] = depths[queue, "active"]
+        totals["queue_workers", "ingest", "state=busy"] = 1  # its one worker runs the long task
+        # each task's end as Celery's events say, on the queue Celery routed it to
+        for queue, ends in ended.items():
+            totals["queue_jobs_completed_total", queue] = ends["succeeded"]
+            failed = ends["failed"]
+            totals["queue_jobs_failed_total", queue, "error_type=non_retryable"] = failed
+            totals["queue_jobs_failed_total", queue, "error_type=retryable"] = ends["retried"]
+            totals["queue_jobs_retried_total", queue] = ends["retried"]
+        for metric in ("queue_jobs_completed_total", "queue_jobs_failed_total"):
+            totals[metric, UNKNOWN] = 0  # every task's queue learned
+        return Truth(
+            "celery",
+            taken_at,
+            depths,
+            exact_states=True,
+            ages=ages,
+            exact_ages=True,
+            totals=totals,
+            sources_up=("native:celery",),
+            gaps=tuple(gaps),
+        )
