@@ -30,7 +30,10 @@ that ended lately are remembered (MAX_ENDED).
 
 Running tasks: started and not yet ended, per queue, as `queue_depth{state="active"}`; each
 inspection round names what every worker runs (a task that started before the reader
-subscribed too) and drops what a worker no longer runs (an end event lost). Without
+subscribed too) and drops what a worker no longer runs (an end event lost). The longest running
+task's age per queue, `queue_oldest_age_seconds{state="active"}`, from its start as Celery
+records it (task-started, `active`'s time_start); left out for a queue while one of its
+running tasks has no recorded start (known from a heartbeat alone). Without
 inspection a task that started before the reader subscribed is known from its worker's
 heartbeat (`active`, every 2 s) beyond the tasks seen starting there, on its worker's queue
 when it consumes one, else under `unknown_queue`. Messages a
@@ -96,6 +99,7 @@ log = logging.getLogger(__name__)
 _limited = LogLimiter(log)
 
 DEPTH = BY_NAME["queue_depth"]
+OLDEST_AGE = BY_NAME["queue_oldest_age_seconds"]
 # Tasks remembered between their events (queue, name, times) at most; the oldest go first.
 MAX_TASKS = 100_000
 # How long one read drains events at most, as a share of the interval.
@@ -135,6 +139,9 @@ class _Task:
     queue: str = ""
     enqueued_at: float | None = None
     started_at: float | None = None
+    # started_at is when it started as Celery recorded it (task-started, `active`'s
+    # time_start), not the inspection round that found it running
+    start_recorded: bool = False
     worker: str = ""
     retries: int = 0
     # Its worker's `active` answer no longer lists it: not running, though its end event may
@@ -426,9 +433,11 @@ class CeleryReader(RedisReader):
         if report.running is None:
             return
         seen.running = len(report.running)
-        self._take_running(hostname, report.running, started)
+        self._take_running(hostname, report.running, started, signals)
 
-    def _take_running(self, hostname: str, running: list[HeldTask], started: float) -> None:
+    def _take_running(
+        self, hostname: str, running: list[HeldTask], started: float, signals: Signals
+    ) -> None:
         """Each task a worker runs now, one that started before the reader subscribed too."""
         for held in running:
             task = self._task(held.task_id)
@@ -436,7 +445,11 @@ class CeleryReader(RedisReader):
             task.name = task.name or held.name
             task.unlisted = False
             if task.started_at is None:
-                task.started_at = held.started_at if held.started_at is not None else started
+                task.started_at, task.start_recorded = started, False
+                if held.started_at is not None:
+                    with signals.record(hostname):  # a time out of range: the round's time
+                        task.started_at = numbers.epoch(held.started_at, signals.latest)
+                        task.start_recorded = True
 
     def _learn(self, task_id: str, name: str, queue: str) -> None:
         """A task's queue as Celery recorded it (task-sent, unacked, inspection), and its
@@ -596,6 +609,7 @@ class CeleryReader(RedisReader):
             emit("dequeued")
         elif kind == "task-started":
             task.started_at, task.worker, task.unlisted = ts, hostname, False
+            task.start_recorded = True
             emit("started", enqueued_at=task.enqueued_at)
         elif kind == "task-succeeded":
             runtime = event.get("runtime")
@@ -695,6 +709,9 @@ class CeleryReader(RedisReader):
         running_ids = set()
         seen_running: Counter[str] = Counter()  # per worker: the running tasks events told of
         on_worker: Counter[tuple[str, str]] = Counter()  # (worker, queue): tasks it runs
+        # per queue, when its longest running task started; None: a running task's start is
+        # not recorded (found by an inspection round, or by a heartbeat alone)
+        since: dict[str, float | None] = {}
         for task_id, task in self._tasks.items():
             if task.started_at is not None and not task.unlisted:
                 queue = self._queue_of(task, task.worker)
@@ -702,17 +719,26 @@ class CeleryReader(RedisReader):
                 running_ids.add(task_id)
                 seen_running[task.worker] += 1
                 on_worker[(task.worker, queue)] += 1
+                earliest = since.get(queue, math.inf)
+                if earliest is None or not task.start_recorded:
+                    since[queue] = None
+                else:
+                    since[queue] = min(earliest, task.started_at)
         for hostname, unseen in self._unseen_running(seen_running).items():
             served = self._served(hostname)
             queue = served[0] if served and len(served) == 1 else self.config.unknown_queue
             running[queue] += unseen
             on_worker[(hostname, queue)] += unseen
+            since[queue] = None
         self._report_workers(signals, on_worker)
         for queue, count in running.items() if not no_events else ():
             if selects(selection, queue):  # the preset's queues param narrows what is served
                 signals.samples.add_labelled(DEPTH, (system, queue, "", "active"), count)
                 if count and len(self._active_queues) < MAX_ACTIVE_QUEUES:
                     self._active_queues.add(queue)
+                if (started_at := since.get(queue)) is not None:
+                    age = max(0.0, signals.now - started_at)  # the worker's clock a bit ahead
+                    signals.samples.add_labelled(OLDEST_AGE, (system, queue, "", "active"), age)
         for (queue, task_id, state), count in unacked.items():
             if task_id not in running_ids and selects(selection, queue):
                 signals.samples.add_labelled(DEPTH, (system, queue, "", state), count)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from tests.celery_app import control
 from tests.conformance.adapters.base import Adapter, TruthAt, fixed, require
-from tests.conformance.checks import Age, Gap, Truth
+from tests.conformance.checks import ReadAge, Truth
 from tests.conftest import wait_for
 
 # Worker per queue (comma-separated) and its pool's slots: one of one queue, one of two;
@@ -32,7 +32,6 @@ OUTCOMES = {"ingest": (2, 1, 1), "emails": (3, 1, 1), "reports": (1, 2, 0)}
 LONG = 600  # seconds the long task runs: it runs until its worker is stopped
 BEHIND = 3  # tasks published behind it on its one-slot worker's queue
 UNKNOWN = "(unknown)"  # the reader's unknown_queue: a task whose queue it could not learn
-RUNNING_AGE = "issue 39: the longest running task's age is not served for Celery"
 
 
 class CeleryAdapter(Adapter):
@@ -139,8 +138,7 @@ class CeleryAdapter(Adapter):
     ) -> Truth:
         taken_at = time.time()
         depths: dict[tuple[str, str], float] = {}
-        ages: dict[tuple[str, str], Age | None] = {}
-        gaps: list[Gap] = []
+        ages: dict[tuple[str, str], ReadAge | None] = {}
         for queue in QUEUES:
             # a message prefetched by a worker is out of its list (kombu's unacked hash): still
             # waiting for a slot
@@ -150,9 +148,8 @@ class CeleryAdapter(Adapter):
                 depths[queue, "scheduled"] = library["scheduled"][queue]
             # the message records no enqueue time: no pending age
             ages[queue, "pending"] = None
-            if queue in library["started"]:
-                ages[queue, "active"] = Age.at(library["started"][queue])
-                gaps.append(Gap(f"age {queue} active", RUNNING_AGE))
+            if queue in library["started"]:  # the longest running task, read by the reader
+                ages[queue, "active"] = ReadAge(library["started"][queue], "native:celery")
         totals = CeleryAdapter._slots(slots)
         for queue in QUEUES:  # busy: the workers' slots running the queue's tasks
             totals["queue_worker_slots", queue, "state=busy"] = depths[queue, "active"]
@@ -175,5 +172,4 @@ class CeleryAdapter(Adapter):
             exact_ages=True,
             totals=totals,
             sources_up=("native:celery",),
-            gaps=tuple(gaps),
         )
