@@ -10,9 +10,9 @@ import time
 
 import pytest
 
+from tests.celery_app import control
 from tests.conftest import is_ready, scrape_series, total, value, wait_for
 from tests.real_queues import BullMQ
-from tests.test_native_celery import _driver, _env, _stop, _worker
 
 EVENTS_TIMEOUT = 2.0  # seconds without a Celery event before the reader says it hears none
 
@@ -32,7 +32,7 @@ def _workers(app) -> dict[str, float]:
 
 
 def test_stopped_workers_leave_the_exporter_ready(redis_url, bullmq, run_exporter):
-    env = _env(redis_url, None, None)
+    env = control.env(redis_url)
     native = {"celery": {"events_timeout": EVENTS_TIMEOUT}}
     # cycles of a second: a loaded host's slow cycle must not pass its deadline (the exporter
     # would then rightly be unready: a backend that does not answer in time)
@@ -41,13 +41,13 @@ def test_stopped_workers_leave_the_exporter_ready(redis_url, bullmq, run_exporte
     bullmq.steps({"op": "add", "queue": "mail"})  # the queue exists: its meta hash
 
     def start() -> tuple:
-        return _worker(env, "celery", 1), bullmq.worker("mail")
+        return control.worker(env, "celery", 1), bullmq.worker("mail")
 
     celery, mail = start()
     wait_for(lambda: all(_workers(app).values()), timeout=60)
     wait_for(lambda: is_ready(app.server.port))
 
-    _stop(celery)
+    control.stop(celery)
     bullmq.stop(mail)
     # three timeouts without a worker (and the time the stops took): ready at every look
     stopped_at, looks = time.monotonic(), 0
@@ -78,7 +78,7 @@ def test_stopped_workers_leave_the_exporter_ready(redis_url, bullmq, run_exporte
             )
         )
         assert app.health.snapshot()["native:celery"].silent is None
-        _driver(env, "publish", json.dumps([{"task": "sleep_for", "seconds": 0}]))
+        control.driver(env, "publish", json.dumps([{"task": "sleep_for", "seconds": 0}]))
         bullmq.steps({"op": "add", "queue": "mail"})
 
         def resumed() -> bool:
@@ -89,5 +89,5 @@ def test_stopped_workers_leave_the_exporter_ready(redis_url, bullmq, run_exporte
         wait_for(resumed, timeout=60)
         assert is_ready(app.server.port)
     finally:
-        _stop(celery)
+        control.stop(celery)
         bullmq.stop(mail)

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import time
 from collections import Counter
@@ -16,57 +15,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.celery_app import control
 from tests.conftest import (
     Series,
     assert_runtimes_bucketed,
     scrape,
     scrape_series,
-    stop_process,
     total,
     value,
     wait_for,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-CELERY = ROOT / ".venv/bin/celery"
 SLEEP = 0.3  # seconds each completing task sleeps: more than the 0.25 bucket
 # The reads' interval (and deadline) with real workers. A read cut off beside busy loops loses
 # no event (tests/test_native_celery_reads.py): the next read counts what it left.
 INTERVAL = 1.0
-
-
-def _env(redis_url: str, sep: str | None, steps: list[int] | None) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QE_CELERY_BROKER": redis_url}
-    if sep is not None:
-        env["QE_CELERY_SEP"] = sep
-    if steps is not None:
-        env["QE_CELERY_STEPS"] = ",".join(map(str, steps))
-    return env
-
-
-def _driver(env: dict[str, str], *args: str) -> object:
-    done = subprocess.run(
-        [str(ROOT / ".venv/bin/python"), "-m", "tests.celery_app.driver", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=True,
-    )
-    return json.loads(done.stdout)
-
-
-def _worker(
-    env: dict[str, str], queues: str, concurrency: int, log: Path | None = None
-) -> subprocess.Popen[bytes]:
-    """A real worker; with `log`, its INFO log goes there (each task's runtime as Celery took
-    it: `_runtimes`)."""
-    args = [CELERY, "-A", "tests.celery_app", "worker", "-E", "-Q", queues]
-    args += ["-c", str(concurrency), "-n", f"{queues}@%h"]
-    args += [f"--logfile={log}", "--loglevel=info"] if log else ["--loglevel=warning"]
-    return subprocess.Popen(
-        args, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
 
 
 def _runtimes(log: Path, task: str) -> list[float]:
@@ -74,10 +38,6 @@ def _runtimes(log: Path, task: str) -> list[float]:
     <seconds>s: <result>"), the same Celery sends in its task-succeeded events."""
     pattern = re.compile(rf"Task {re.escape(task)}\[[^\]]+\] succeeded in ([0-9.e+-]+)s")
     return [float(found) for found in pattern.findall(log.read_text())]
-
-
-def _stop(worker: subprocess.Popen[bytes]) -> None:
-    stop_process(worker, signal.SIGQUIT)  # a worker ignores SIGTERM while a task runs
 
 
 PLAN = [
@@ -88,42 +48,22 @@ PLAN = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("sep", "steps"),
-    [(None, None), (":", list(range(10)))],
-    ids=["default-sep-and-steps", "colon-sep-ten-steps"],
-)
-def test_celery_with_real_workers(sep, steps, redis_url, run_exporter, tmp_path):
-    if not CELERY.exists():
+def test_error_types_runtimes_waits_and_attempts(redis_url, run_exporter, tmp_path):
+    """What tests/conformance does not check of a real worker's tasks: each failure's error
+    type (a timeout too), the runtimes in their buckets as Celery logged them, the waits, and
+    the attempts of the tasks that ended for good. (Queues, depths, workers, slots and the
+    counts per routed queue are the harness's: tests/conformance/adapters/celery.py.)"""
+    if not control.CELERY.exists():
         pytest.fail("celery is in the dev extra: scripts/setup.sh installs it")
-    env = _env(redis_url, sep, steps)
-    params: dict[str, object] = {"queues": ["celery", "emails", "slow"]}
-    if sep is not None:
-        params["sep"] = sep
-    if steps is not None:
-        params["priority_steps"] = [str(step) for step in steps if step]
-    presets = [{"name": "celery", "params": params}]
-    config = {"presets": presets, "sample_interval": INTERVAL}
+    env = control.env(redis_url)
+    config = {"presets": ["celery"], "sample_interval": INTERVAL}
     app = run_exporter(config, redis_url=redis_url)
     # subscribed to the events before any worker or task exists
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
-
-    # a queue nobody serves: every priority list counts, with either separator
-    _driver(
-        env,
-        "publish",
-        json.dumps(
-            [
-                {"task": "sleep_for", "seconds": 0, "queue": "emails", "priority": priority}
-                for priority in range(10)
-            ]
-        ),
-    )
     log = tmp_path / "worker.log"
-    worker = _worker(env, "celery", 2, log)
-    slow = None
+    worker = control.worker(env, "celery", 2, log)
     try:
-        _driver(env, "publish", json.dumps(PLAN))
+        control.driver(env, "publish", json.dumps(PLAN))
 
         def finished() -> Series | None:
             series = scrape_series(app)
@@ -151,46 +91,8 @@ def test_celery_with_real_workers(sep, steps, redis_url, run_exporter, tmp_path)
         # attempts of the jobs that ended for good (a timeout may be retried: not final)
         assert total(series, "queue_job_attempts_count", queue="celery") == 7
         assert total(series, "queue_job_attempts_sum", queue="celery") == 8  # one took two
-        assert total(series, "queue_workers", system="celery") == 1  # busy or idle by now
-
-        # running and prefetched: one worker slot, three long tasks on their own queue
-        slow = _worker(env, "slow", 1)
-        _driver(
-            env,
-            "publish",
-            # long enough that what the workers hold stays put while both sides are read
-            json.dumps([{"task": "sleep_for", "seconds": 30, "queue": "slow"} for _ in range(3)]),
-        )
-
-        def held() -> tuple[dict, Series] | None:
-            truth = _driver(env, "truth", "celery", "emails", "slow")
-            assert isinstance(truth, dict)
-            # one running and one prefetched (kombu's unacked hash), the third waiting
-            if truth["active"].get("slow") != 1 or truth["reserved"].get("slow") != 1:
-                return None
-            series = scrape_series(app)
-            expected = {
-                (queue, "pending"): waiting + truth["reserved"].get(queue, 0)
-                for queue, waiting in truth["waiting"].items()
-            }
-            expected[("slow", "active")] = truth["active"]["slow"]
-            depths = {
-                key: total(series, "queue_depth", system="celery", queue=key[0], state=key[1])
-                for key in expected
-            }
-            busy = value(series, "queue_workers", system="celery", queue="slow", state="busy")
-            return (truth, series) if depths == expected and busy == 1 else None
-
-        truth, series = wait_for(held, timeout=120)
-        assert truth["waiting"]["emails"] == 10
-        # each worker on its own queue, as Celery's inspection says (one -c 1 worker on slow)
-        assert value(series, "queue_workers", system="celery", queue="celery", state="idle") == 1
-        assert value(series, "queue_worker_slots", system="celery", queue="slow", state="busy") == 1
-        assert value(series, "queue_worker_slots", system="celery", queue="slow", state="free") == 0
     finally:
-        _stop(worker)
-        if slow is not None:
-            _stop(slow)
+        control.stop(worker)
 
 
 def test_no_events_is_reported_without_going_down(redis_url, run_exporter):
@@ -222,21 +124,21 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
     """Under late ack a running task's message stays in kombu's unacked hash beside the one
     held for its countdown: active, pending and scheduled each count a task once, as the
     worker reports."""
-    env = {**_env(redis_url, None, None), "QE_CELERY_ACKS_LATE": "1"}
+    env = {**control.env(redis_url), "QE_CELERY_ACKS_LATE": "1"}
     presets = [{"name": "celery", "params": {"queues": ["late"]}}]
     app = run_exporter({"presets": presets, "sample_interval": INTERVAL}, redis_url=redis_url)
     wait_for(lambda: value(scrape_series(app), "queue_exporter_source_up", source="native:celery"))
-    worker = _worker(env, "late", 1)
+    worker = control.worker(env, "late", 1)
     try:
         # first the countdown task, which the worker takes and holds, then three long ones
         countdown = {"task": "sleep_for", "seconds": 0, "queue": "late", "countdown": 3600}
-        _driver(env, "publish", json.dumps([countdown]))
-        wait_for(lambda: _driver(env, "truth", "late")["scheduled"].get("late") == 1)  # type: ignore[index]
+        control.driver(env, "publish", json.dumps([countdown]))
+        wait_for(lambda: control.driver(env, "truth", "late")["scheduled"].get("late") == 1)
         plan = [{"task": "sleep_for", "seconds": 30, "queue": "late"} for _ in range(3)]
-        _driver(env, "publish", json.dumps(plan))
+        control.driver(env, "publish", json.dumps(plan))
 
         def held() -> dict | None:
-            truth = _driver(env, "truth", "late")
+            truth = control.driver(env, "truth", "late")
             assert isinstance(truth, dict)
             held = {key: truth[key].get("late", 0) for key in ("active", "reserved", "scheduled")}
             if held["active"] != 1 or held["scheduled"] != 1:
@@ -256,7 +158,7 @@ def test_tasks_held_by_a_late_ack_worker(redis_url, run_exporter):
         truth = wait_for(held, timeout=40)
         assert truth["waiting"]["late"] + truth["reserved"].get("late", 0) == 2
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 def test_no_events_is_not_reported_where_workers_may_scale_to_zero(redis_url, run_exporter):
@@ -292,15 +194,15 @@ def test_a_task_running_before_the_exporter_started_is_active(
     reaches it, and the producer sent no task-sent (Celery's default). Celery's inspection
     names it, with its queue, on a worker of two queues; without inspection its worker's
     heartbeat (`active`) says it runs, on no queue it can tell (not a made-up one)."""
-    env = _env(redis_url, None, None)
-    worker = _worker(env, queues, 2)
+    env = control.env(redis_url)
+    worker = control.worker(env, queues, 2)
     release = tmp_path / "release"  # the task runs until then (a fixed 30 s ran out under load)
     try:
         task = {"task": "held", "seconds": 600, "release": str(release), "queue": "reports"}
-        _driver(env, "publish", json.dumps([task]), "--no-sent-event")
+        control.driver(env, "publish", json.dumps([task]), "--no-sent-event")
 
         def running() -> int | None:
-            truth = _driver(env, "truth", "reports")
+            truth = control.driver(env, "truth", "reports")
             assert isinstance(truth, dict)
             return truth["active"].get("reports")
 
@@ -320,7 +222,7 @@ def test_a_task_running_before_the_exporter_started_is_active(
         if inspect:
             # a -c 2 worker of emails and reports running one task of reports: its slots as
             # Celery's stats() says (max-concurrency 2), busy on the queue whose task it runs
-            slots = _driver(env, "workers")
+            slots = control.driver(env, "workers")
             assert isinstance(slots, dict) and slots["reports"]["slots"] == 2
             labels = {"system": "celery", "queue": "reports"}
             assert value(series, "queue_worker_slots", state="busy", **labels) == 1
@@ -336,21 +238,21 @@ def test_a_task_running_before_the_exporter_started_is_active(
         wait_for(lambda: active() == 0, timeout=60)
     finally:
         release.touch()
-        _stop(worker)
+        control.stop(worker)
 
 
 def test_without_inspection_no_slot_is_made_up(redis_url, run_exporter):
     """inspect: false (a read-only deployment): workers are known from their heartbeats alone,
     under "(unknown)", with no slot series; tasks whose queue cannot be learned are counted
     under "(unknown)", never "celery", and the status page says what would tell it."""
-    env = _env(redis_url, None, None)
+    env = control.env(redis_url)
     native = {"celery": {"inspect": False}}
     config = {"presets": ["celery"], "sample_interval": INTERVAL, "sources": {"native": native}}
     app = run_exporter(config, redis_url=redis_url)
-    worker = _worker(env, "emails,reports", 3)
+    worker = control.worker(env, "emails,reports", 3)
     try:
         plan = [{"task": "to_emails", "seconds": 0} for _ in range(6)]
-        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        control.driver(env, "publish", json.dumps(plan), "--no-sent-event")
 
         def counted() -> Series | None:
             series = scrape_series(app)
@@ -368,26 +270,19 @@ def test_without_inspection_no_slot_is_made_up(redis_url, run_exporter):
         warnings = " ".join(status["view"]["warnings"])
         assert ("task_send_sent_event" in warnings) == (unknown > 0)
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 def test_a_worker_without_task_events_is_named(redis_url, run_exporter, caplog):
     """A worker started without -E heartbeats but sends no task event: once it has processed
     tasks it is named, with the fix, in the log, on the status page and in
     queue_exporter_native_silent; the exporter stays ready."""
-    env = _env(redis_url, None, None)
+    env = control.env(redis_url)
     app = run_exporter({"presets": ["celery"], "sample_interval": INTERVAL}, redis_url=redis_url)
-    args = [CELERY, "-A", "tests.celery_app", "worker", "-Q", "plain", "-c", "1"]
-    worker = subprocess.Popen(
-        [*args, "-n", "plain@%h", "--loglevel=warning"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    worker = control.worker(env, "plain", 1, events=False)
     try:
         plan = [{"task": "sleep_for", "seconds": 0, "queue": "plain"} for _ in range(3)]
-        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        control.driver(env, "publish", json.dumps(plan), "--no-sent-event")
 
         def named() -> Series | None:
             series = scrape_series(app)
@@ -403,7 +298,7 @@ def test_a_worker_without_task_events_is_named(redis_url, run_exporter, caplog):
         assert "plain@" in warning and "worker_send_task_events" in warning
         assert "plain@" in caplog.text and "without -E" in caplog.text
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 # -- every signal on the queue Celery routed its task to, under Celery's defaults -----------------
@@ -432,22 +327,26 @@ def _logged_outcomes(logs: list[Path]) -> dict[str, Counter[str]]:
     return found
 
 
-@pytest.mark.parametrize("sent_event", [False, True], ids=["sent-event-off", "sent-event-on"])
-def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporter, tmp_path):
-    """Five queues routed by task_routes, three workers (one of one queue, two of two): every
-    completion, failure and retry on the queue Celery routed its task to, with Celery's
-    default task_send_sent_event = False as with it on; workers and slots per queue as
-    Celery's inspection says; nothing under a queue that does not exist."""
-    env = _env(redis_url, None, None)
+def test_each_task_counts_on_its_routed_queue_with_task_sent_events(
+    redis_url, run_exporter, tmp_path
+):
+    """Five queues routed by task_routes, three workers (one of one queue, two of two), the
+    producer sending task-sent events (task_send_sent_event = True; Celery's default, off, is
+    tests/conformance's): every enqueue, start, completion, failure and retry on the queue
+    Celery routed its task to; workers and slots per queue as Celery's inspection says;
+    nothing under a queue that does not exist."""
+    env = control.env(redis_url)
     config = {"presets": ["celery"], "sample_interval": INTERVAL}
     app = run_exporter(config, redis_url=redis_url)
     logs = [tmp_path / f"worker{number}.log" for number in range(len(WORKERS))]
     workers = [
-        _worker(env, queues, concurrency, log)
+        control.worker(env, queues, concurrency, log)
         for (queues, concurrency), log in zip(WORKERS, logs, strict=True)
     ]
     try:
-        truth = wait_for(lambda: t if len(t := _driver(env, "workers")) == 5 else None, timeout=120)  # type: ignore[arg-type]
+        truth = wait_for(
+            lambda: t if len(t := control.driver(env, "workers")) == 5 else None, timeout=120
+        )
         assert isinstance(truth, dict)
 
         def workers_per_queue() -> Series | None:
@@ -471,7 +370,7 @@ def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporte
             for outcome, times in (("ok", ok), ("fail", fail), ("retry", retry))
             for _ in range(times)
         ]
-        _driver(env, "publish", json.dumps(plan), *([] if sent_event else ["--no-sent-event"]))
+        control.driver(env, "publish", json.dumps(plan))
         runs = sum(ok + fail + 2 * retry for ok, fail, retry in OUTCOMES.values())
 
         def all_counted() -> Series | None:
@@ -516,13 +415,12 @@ def test_each_task_counts_on_its_routed_queue(sent_event, redis_url, run_exporte
             if name.startswith("queue_jobs_") and name.endswith("_total")
         }
         assert on_queues <= set(OUTCOMES)  # nothing on "celery" nor "(unknown)"
-        if sent_event:
-            # the producer's task-sent events (a worker's retry is sent by the worker, which
-            # keeps Celery's default)
-            assert total(series, "queue_jobs_enqueued_total", system="celery") == len(plan)
+        # the producer's task-sent events (a worker's retry is sent by the worker, which keeps
+        # Celery's default)
+        assert total(series, "queue_jobs_enqueued_total", system="celery") == len(plan)
     finally:
         for worker in workers:
-            _stop(worker)
+            control.stop(worker)
 
 
 def _check_config(redis_url: str, tmp_path: Path) -> str:
@@ -549,25 +447,18 @@ def test_check_config_names_a_worker_without_task_events(redis_url, tmp_path):
     """check-config --connect watches the Celery reader for two heartbeats: the workers its
     inspection found, with their queues and slots, and a WARNING for a worker that processes
     tasks without sending task events, with the fix."""
-    env = _env(redis_url, None, None)
-    args = [CELERY, "-A", "tests.celery_app", "worker", "-Q", "plain", "-c", "1"]
-    worker = subprocess.Popen(
-        [*args, "-n", "plain@%h", "--loglevel=warning"],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    env = control.env(redis_url)
+    worker = control.worker(env, "plain", 1, events=False)
     try:
-        wait_for(lambda: "plain" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        wait_for(lambda: "plain" in control.driver(env, "workers"), timeout=120)
         # busy for longer than check-config watches: its heartbeats' processed count rises
         plan = [{"task": "sleep_for", "seconds": 0.2, "queue": "plain"} for _ in range(60)]
-        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        control.driver(env, "publish", json.dumps(plan), "--no-sent-event")
         out = _check_config(redis_url, tmp_path)
         assert re.search(r"celery worker plain@\S+: queues plain; slots 1", out), out
         assert any("plain@" in w and "without -E" in w for w in _warnings(out)), out
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 # -- a task whose queue cannot be learned: under unknown_queue, and named ---------------------------
@@ -585,11 +476,11 @@ def test_a_task_whose_queue_cannot_be_learned_counts_under_unknown(redis_url, ru
     under "celery" nor under the other queue, and the log and the status page say what would
     tell it. (A task the reader saw held in kombu's unacked hash or in an inspection's answer
     is learned exactly: on its own queue.)"""
-    env = _env(redis_url, None, None)
+    env = control.env(redis_url)
     app = run_exporter({"presets": ["celery"], "sample_interval": INTERVAL}, redis_url=redis_url)
-    worker = _worker(env, ",".join(OWN_QUEUES), 2)
+    worker = control.worker(env, ",".join(OWN_QUEUES), 2)
     try:
-        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        wait_for(lambda: "emails" in control.driver(env, "workers"), timeout=120)
         # the exporter's inspection read the worker's queues and routes before any task came
         wait_for(
             lambda: value(scrape_series(app), "queue_workers", queue="emails", state="idle"),
@@ -598,7 +489,7 @@ def test_a_task_whose_queue_cannot_be_learned_counts_under_unknown(redis_url, ru
         # one of them seen running on emails: the name was seen routed there, which tells
         # nothing of the next one's queue (its caller names it)
         long = {"task": "unrouted", "seconds": 60, "queue": "emails"}
-        _driver(env, "publish", json.dumps([long]), "--no-sent-event")
+        control.driver(env, "publish", json.dumps([long]), "--no-sent-event")
         wait_for(
             lambda: value(scrape_series(app), "queue_depth", queue="emails", state="active") == 1,
             timeout=120,
@@ -609,7 +500,7 @@ def test_a_task_whose_queue_cannot_be_learned_counts_under_unknown(redis_url, ru
             for queue, outcome in OWN_QUEUES.items()
         ]
         with caplog.at_level(logging.WARNING):
-            _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+            control.driver(env, "publish", json.dumps(plan), "--no-sent-event")
 
             def counted() -> Series | None:
                 series = scrape_series(app)
@@ -642,7 +533,7 @@ def test_a_task_whose_queue_cannot_be_learned_counts_under_unknown(redis_url, ru
         assert said in warning
         assert 'queue="(unknown)"' in caplog.text and said in caplog.text
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 def test_check_config_names_tasks_whose_queue_cannot_be_learned(redis_url, tmp_path):
@@ -650,24 +541,24 @@ def test_check_config_names_tasks_whose_queue_cannot_be_learned(redis_url, tmp_p
     events, while check-config --connect watches: a WARNING that they count under
     "(unknown)", naming what would tell their queue; the worker's routes (a map) are read,
     so no warning about them."""
-    env = _env(redis_url, None, None)
-    worker = _worker(env, ",".join(OWN_QUEUES), 2)
+    env = control.env(redis_url)
+    worker = control.worker(env, ",".join(OWN_QUEUES), 2)
     try:
-        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        wait_for(lambda: "emails" in control.driver(env, "workers"), timeout=120)
         # busy for longer than check-config watches, on both queues
         plan = [
             {"task": "unrouted", "seconds": 0.2, "queue": queue, "outcome": outcome}
             for _ in range(30)
             for queue, outcome in OWN_QUEUES.items()
         ]
-        _driver(env, "publish", json.dumps(plan), "--no-sent-event")
+        control.driver(env, "publish", json.dumps(plan), "--no-sent-event")
         out = _check_config(redis_url, tmp_path)
         assert re.search(r"celery worker emails,reports@\S+: queues emails, reports; slots 2", out)
         warning = next(w for w in _warnings(out) if 'queue="(unknown)"' in w)
         assert "task_send_sent_event = True" in warning, out
         assert not [w for w in _warnings(out) if "task_routes cannot be read" in w], out
     finally:
-        _stop(worker)
+        control.stop(worker)
 
 
 @pytest.mark.parametrize("router", ["function", "class"])
@@ -675,13 +566,13 @@ def test_check_config_names_a_worker_whose_routes_cannot_be_read(router, redis_u
     """A worker of two queues whose task_routes are a router function or class (Celery's
     `conf` reply gives their repr or path, not where each name goes): check-config --connect
     warns that its tasks' queue is told only by task-sent events, else "(unknown)"."""
-    env = {**_env(redis_url, None, None), "QE_CELERY_ROUTER": router}
-    worker = _worker(env, "emails,reports", 2)
+    env = {**control.env(redis_url), "QE_CELERY_ROUTER": router}
+    worker = control.worker(env, "emails,reports", 2)
     try:
-        wait_for(lambda: "emails" in _driver(env, "workers"), timeout=120)  # type: ignore[operator]
+        wait_for(lambda: "emails" in control.driver(env, "workers"), timeout=120)
         out = _check_config(redis_url, tmp_path)
         warning = next(w for w in _warnings(out) if "task_routes cannot be read" in w)
         assert "celery worker emails,reports@" in warning, out
         assert "task_send_sent_event = True" in warning and 'queue="(unknown)"' in warning
     finally:
-        _stop(worker)
+        control.stop(worker)
