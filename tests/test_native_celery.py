@@ -192,8 +192,9 @@ def test_a_task_running_before_the_exporter_started_is_active(
 ):
     """A rolling update: the task started before the reader subscribed, so no task-started
     reaches it, and the producer sent no task-sent (Celery's default). Celery's inspection
-    names it, with its queue, on a worker of two queues; without inspection its worker's
-    heartbeat (`active`) says it runs, on no queue it can tell (not a made-up one)."""
+    names it, with its queue and its start (the longest running task's age); without
+    inspection its worker's heartbeat (`active`) says it runs, on no queue it can tell, and
+    when it started, which it does not tell (no made-up queue nor age)."""
     env = control.env(redis_url)
     worker = control.worker(env, queues, 2)
     release = tmp_path / "release"  # the task runs until then (a fixed 30 s ran out under load)
@@ -207,8 +208,10 @@ def test_a_task_running_before_the_exporter_started_is_active(
             return truth["active"].get("reports")
 
         wait_for(lambda: running() == 1, timeout=120)
+        started = control.driver(env, "truth", "reports")["started"]["reports"]  # time_start
         native = {"celery": {"inspect": inspect}}
         config = {"presets": ["celery"], "sample_interval": INTERVAL, "sources": {"native": native}}
+        exporter_started = time.time()
         app = run_exporter(config, redis_url=redis_url)
 
         def active() -> float | None:
@@ -218,7 +221,13 @@ def test_a_task_running_before_the_exporter_started_is_active(
         wait_for(lambda: active() == 1, timeout=120)
         assert running() == 1 == active()
         series = scrape_series(app)
+        scraped_at = time.time()
         assert not total(series, "queue_depth", system="celery", queue="celery", state="active")
+        age = value(series, "queue_oldest_age_seconds", queue=counted_on, state="active")
+        if inspect:  # read after the exporter started, before the scrape
+            assert age is not None and exporter_started - started <= age <= scraped_at - started
+        else:
+            assert age is None
         if inspect:
             # a -c 2 worker of emails and reports running one task of reports: its slots as
             # Celery's stats() says (max-concurrency 2), busy on the queue whose task it runs
