@@ -17,8 +17,8 @@ it and their pools' slots (`inspect().active_queues()`, `.stats()` max-concurren
 `truth` also prints, per queue, when its longest running task started (`active()`'s
 time_start, epoch seconds). `events` runs Celery's event Receiver until stopped, appending each
 event the workers send to FILE (a JSON line: type, uuid, name, hostname); `outcomes` prints, per
-queue, the tasks FILE saw succeed, fail and retry, each on the queue task_routes route its name
-to (Celery's router).
+queue, the tasks FILE saw start, succeed, fail and retry, each on the queue task_routes route
+its name to (Celery's router).
 """
 
 from __future__ import annotations
@@ -104,7 +104,12 @@ def workers() -> dict:
 
 
 EVENT_FIELDS = ("type", "uuid", "name", "hostname")
-ENDS = {"task-succeeded": "succeeded", "task-failed": "failed", "task-retried": "retried"}
+OUTCOMES = {
+    "task-started": "started",
+    "task-succeeded": "succeeded",
+    "task-failed": "failed",
+    "task-retried": "retried",
+}
 
 
 def record_events(path: str) -> None:
@@ -119,17 +124,18 @@ def record_events(path: str) -> None:
 
 
 def outcomes(path: str) -> dict:
-    """{queue: {"succeeded", "failed", "retried"}}: the task events recorded in `path`, each
-    task on the queue its name is routed to (its name from its task-received)."""
+    """{queue: {"started", "succeeded", "failed", "retried"}}: the task events recorded in
+    `path`, each task on the queue its name is routed to (its name from its task-received)."""
     with open(path) as recorded:
         events = [json.loads(line) for line in recorded if line.endswith("\n")]
     names = {e["uuid"]: e["name"] for e in events if e["type"] == "task-received"}
     found: dict[str, Counter[str]] = {}
     for event in events:
-        if event["type"] in ENDS:
+        if event["type"] in OUTCOMES:
             queue = app.amqp.router.route({}, names[event["uuid"]])["queue"].name
-            found.setdefault(queue, Counter())[ENDS[event["type"]]] += 1
-    return {queue: {end: counts[end] for end in ENDS.values()} for queue, counts in found.items()}
+            found.setdefault(queue, Counter())[OUTCOMES[event["type"]]] += 1
+    kinds = OUTCOMES.values()
+    return {queue: {kind: counts[kind] for kind in kinds} for queue, counts in found.items()}
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ QUEUES = ("ingest", "emails", "reports", "billing")
 # succeed, fail, retry once then succeed.
 OUTCOMES = {"ingest": (2, 1, 1), "emails": (3, 1, 1), "reports": (1, 2, 0)}
 LONG = 600  # seconds the long task runs: it runs until its worker is stopped
+LONG_TASKS = {"ingest": 1}
 BEHIND = 3  # tasks published behind it on its one-slot worker's queue
 UNKNOWN = "(unknown)"  # the reader's unknown_queue: a task whose queue it could not learn
 
@@ -62,7 +63,7 @@ class CeleryAdapter(Adapter):
             control.driver(env, "publish", json.dumps(self._ending()), "--no-sent-event")
             billing = [{"task": "to_billing", "seconds": 0, "priority": p} for p in range(10)]
             control.driver(env, "publish", json.dumps(billing), "--no-sent-event")
-            ended = wait_for(lambda: self._ended(env, events), timeout=120)
+            wait_for(lambda: self._recorded(env, events), timeout=120)
             # then a long task on ingest's one slot, tasks waiting behind it (its worker holds
             # one prefetched), and a task held by the emails worker until its countdown
             held = [
@@ -72,7 +73,8 @@ class CeleryAdapter(Adapter):
             ]
             control.driver(env, "publish", json.dumps(held), "--no-sent-event")
             library = wait_for(lambda: self._held(env), timeout=120)
-            yield fixed(self.truth(library, slots, ended))
+            recorded = wait_for(lambda: self._recorded(env, events, LONG_TASKS), timeout=60)
+            yield fixed(self.truth(library, slots, recorded))
         finally:
             control.stop_recorder(processes[0])
             for worker in processes[1:]:
@@ -93,15 +95,19 @@ class CeleryAdapter(Adapter):
         ]
 
     @staticmethod
-    def _ended(env: dict[str, str], events: Path) -> dict[str, dict[str, int]] | None:
-        """The tasks' ends, per queue, once every one the plan sends has ended (a retried
-        attempt's task-retried may come after the next attempt's end)."""
-        ended: dict[str, dict[str, int]] = control.driver(env, "outcomes", str(events))
-        planned = {
-            queue: {"succeeded": ok + retry, "failed": fail, "retried": retry}
-            for queue, (ok, fail, retry) in OUTCOMES.items()
-        }
-        return ended if ended == planned else None
+    def _recorded(
+        env: dict[str, str], events: Path, long: dict[str, int] | None = None
+    ) -> dict[str, dict[str, int]] | None:
+        """The task events Celery's Receiver heard, per queue, once every task the plan sends
+        has ended (a retried attempt's task-retried may come after the next attempt's end) and
+        the `long` tasks started on their queues."""
+        recorded: dict[str, dict[str, int]] = control.driver(env, "outcomes", str(events))
+        for queue, (ok, fail, retry) in OUTCOMES.items():
+            runs = ok + fail + 2 * retry + (long or {}).get(queue, 0)
+            planned = {"started": runs, "succeeded": ok + retry, "failed": fail, "retried": retry}
+            if recorded.get(queue) != planned:
+                return None
+        return recorded
 
     @staticmethod
     def _held(env: dict[str, str]) -> dict[str, Any] | None:
@@ -134,7 +140,9 @@ class CeleryAdapter(Adapter):
 
     @staticmethod
     def truth(
-        library: dict[str, Any], slots: dict[str, dict[str, int]], ended: dict[str, dict[str, int]]
+        library: dict[str, Any],
+        slots: dict[str, dict[str, int]],
+        recorded: dict[str, dict[str, int]],
     ) -> Truth:
         taken_at = time.time()
         depths: dict[tuple[str, str], float] = {}
@@ -154,15 +162,16 @@ class CeleryAdapter(Adapter):
         for queue in QUEUES:  # busy: the workers' slots running the queue's tasks
             totals["queue_worker_slots", queue, "state=busy"] = depths[queue, "active"]
         totals["queue_workers", "ingest", "state=busy"] = 1  # its one worker runs the long task
-        # each task's end as Celery's events say, on the queue Celery routed it to
-        for queue, ends in ended.items():
-            totals["queue_jobs_completed_total", queue] = ends["succeeded"]
-            failed = ends["failed"]
+        # each run's start and end as Celery's events say, on the queue Celery routed it to
+        for queue, runs in recorded.items():
+            totals["queue_jobs_started_total", queue] = runs["started"]
+            totals["queue_jobs_completed_total", queue] = runs["succeeded"]
+            failed = runs["failed"]
             totals["queue_jobs_failed_total", queue, "error_type=non_retryable"] = failed
-            totals["queue_jobs_failed_total", queue, "error_type=retryable"] = ends["retried"]
-            totals["queue_jobs_retried_total", queue] = ends["retried"]
-        for metric in ("queue_jobs_completed_total", "queue_jobs_failed_total"):
-            totals[metric, UNKNOWN] = 0  # every task's queue learned
+            totals["queue_jobs_failed_total", queue, "error_type=retryable"] = runs["retried"]
+            totals["queue_jobs_retried_total", queue] = runs["retried"]
+        for counted in ("started", "completed", "failed"):  # every task's queue learned
+            totals[f"queue_jobs_{counted}_total", UNKNOWN] = 0
         return Truth(
             "celery",
             taken_at,
