@@ -5,7 +5,7 @@ Celery's default task_send_sent_event = False, read with the preset's defaults (
 The truth is Celery's own: kombu's message count per queue (every priority list), the workers'
 answers to Celery's inspection (running, prefetched and ETA-held tasks, each with its queue and
 start time; each worker's queues and its pool's max-concurrency), and the task events Celery's
-own Receiver heard (succeeded, failed, retried), each on the queue Celery's router routes its
+own Receiver heard (started, succeeded, failed, retried), each on the queue Celery's router routes its
 task's name to.
 """
 
@@ -30,14 +30,16 @@ QUEUES = ("ingest", "emails", "reports", "billing")
 # succeed, fail, retry once then succeed.
 OUTCOMES = {"ingest": (2, 1, 1), "emails": (3, 1, 1), "reports": (1, 2, 0)}
 LONG = 600  # seconds the long task runs: it runs until its worker is stopped
-LONG_TASKS = {"ingest": 1}
+LONG_TASKS = {"ingest": 1}  # queue -> long tasks started there (and running)
 BEHIND = 3  # tasks published behind it on its one-slot worker's queue
 UNKNOWN = "(unknown)"  # the reader's unknown_queue: a task whose queue it could not learn
 
 
 class CeleryAdapter(Adapter):
     system = "celery"
-    timeout: ClassVar[float] = 60.0  # inspection rounds answer within a 0.5 s interval's share
+    # a loaded host's inspection rounds (a quarter of the 0.5 s interval) miss a worker now and
+    # then: a phase may take longer than the default to be served
+    timeout: ClassVar[float] = 60.0
 
     def phases(self) -> Iterator[TruthAt]:
         require(control.PYTHON, "celery", "celery (pyproject's dev extra)")
@@ -83,7 +85,7 @@ class CeleryAdapter(Adapter):
     @staticmethod
     def _workers(env: dict[str, str]) -> dict[str, dict[str, int]] | None:
         found: dict[str, dict[str, int]] = control.driver(env, "workers")
-        return found if len(found) == 3 else None
+        return found if set(found) == set(OUTCOMES) else None  # every worker answered
 
     @staticmethod
     def _ending() -> list[dict[str, Any]]:
