@@ -409,6 +409,13 @@ class EventMetrics:
         for name, bounds in buckets.items():
             self._store.set_buckets(name, bounds)
         self._store.guard.set_samples_per_series(WORKER_QUEUES, 2, folds=False)
+        self._registries: list[WorkerRegistry] = []
+        # (stream, group, redis_source or None) -> the group's lag and pending entries.
+        self._stream_stats: dict[
+            tuple[str, str, str | None], tuple[float | None, float | None]
+        ] = {}
+        self._lock = threading.Lock()
+        # the readers last: a render may call them from another thread at once
         self._store.add_gauge_reader(self._worker_gauges)
         meter = telemetry.meter
 
@@ -418,12 +425,6 @@ class EventMetrics:
         self._events = counter("queue_exporter_events_total")
         self._invalid = counter("queue_exporter_events_invalid_total")
         self._lost = counter("queue_exporter_events_lost_total")
-        self._registries: list[WorkerRegistry] = []
-        # (stream, group, redis_source or None) -> the group's lag and pending entries.
-        self._stream_stats: dict[
-            tuple[str, str, str | None], tuple[float | None, float | None]
-        ] = {}
-        self._lock = threading.Lock()
         for name, callback in (
             ("queue_exporter_stream_lag", self._observe_stream(0)),
             ("queue_exporter_stream_pending", self._observe_stream(1)),
