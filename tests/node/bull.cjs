@@ -86,7 +86,8 @@ async function steps() {
   await new Promise(resolve => process.once('SIGTERM', resolve));
 }
 
-// The library's own view: counts per state, the next waiting jobs, the due delayed jobs.
+// The library's own view: counts per state, the next waiting jobs, the due delayed jobs, the
+// active jobs' starts, the waiting jobs per priority.
 async function truth() {
   const result = { now_ms: Date.now(), version: require(path.resolve(installDir, 'node_modules', 'bull', 'package.json')).version, queues: {} };
   for (const name of spec.queues) {
@@ -105,7 +106,17 @@ async function truth() {
     const workers = ((await q.getWorkers()) || [])
       .filter(c => Number(c.db) === spec.db)
       .map(c => ({ id: c.id, flags: c.flags, cmd: c.cmd }));
-    result.queues[name] = { counts, next_timestamps_ms: next, due, workers };
+    // the start of each job a worker runs (processedOn: set when a worker took it)
+    const started = (await q.getActive()).filter(Boolean).map(job => job.processedOn);
+    // the waiting jobs per the priority they were added with (0: none)
+    const priorities = {};
+    for (const job of (await q.getWaiting()).filter(Boolean)) {
+      const priority = job.opts.priority || 0;
+      priorities[priority] = (priorities[priority] || 0) + 1;
+    }
+    result.queues[name] = {
+      counts, next_timestamps_ms: next, due, workers, active_processed_on_ms: started, priorities,
+    };
     await q.close();
   }
   console.log(JSON.stringify(result));
