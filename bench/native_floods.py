@@ -15,9 +15,9 @@ before the limit existed), against a private redis-server or the given PostgreSQ
   query of max_rows rows (collector max_rows, 10,000 here);
 - unacked: kombu's `unacked` hash flooded with --entries entries; peak RSS and time of a read,
   against a read of a handful (entries per read: MAX_UNACKED);
-- registry: --entries members flooded into RQ's finished registry between two reads; peak RSS
-  and time of the read that meets them, against a read of empty registries (members per
-  registry and read: MAX_REGISTRY).
+- registry: --entries members flooded into RQ's finished registry between two reads, scored
+  below the newest it counted (a shorter TTL's); peak RSS and time of the read that meets them,
+  against a read of empty registries (new members per registry and read: rq_windows.MAX_NEW).
 """
 
 from __future__ import annotations
@@ -234,12 +234,13 @@ def registry(entries: int, bounded: bool) -> dict[str, float]:
 
     from exporter.redis_connection import RedisConnectionConfig
     from exporter.sources.native import rq as rq_module
+    from exporter.sources.native import rq_windows
     from exporter.sources.native.config import RqReaderConfig
     from exporter.sources.native.framework import Signals
     from tests.private_redis import PrivateRedis
 
     if not bounded:
-        rq_module.MAX_REGISTRY = entries + 1
+        rq_windows.MAX_NEW = rq_windows.MAX_REMEMBERED = entries + 1
     with tempfile.TemporaryDirectory() as directory:
         server = PrivateRedis(Path(directory)).start()
         try:

@@ -74,7 +74,17 @@ class RqReaderConfig(ReaderConfig):
         "when not found) and globs ('*': every queue found)",
     )
 
-    ACL_COMMANDS = ("sscan", "zrange", "hmget", "hget", "xrevrange")
+    ACL_COMMANDS = (
+        "sscan",
+        "zrange",
+        "zrangebyscore",
+        "zrevrangebyscore",
+        "zcount",
+        "zrank",
+        "hmget",
+        "hget",
+        "xrevrange",
+    )
 
     def acl_read_keys(self) -> list[str]:
         registries = [f"rq:{registry}:*" for registry in RQ_REGISTRIES]

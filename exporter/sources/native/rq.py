@@ -21,13 +21,13 @@ they can, so its changes are counted once, then.
 A started member in RQ 2+ is `<job id>:<execution id>` (RQ job ids hold no colon), so a job
 retried and started again between two reads is still seen leaving; RQ 1 writes the job id.
 
-Each registry is read up to MAX_REGISTRY members, its highest scored: RQ scores a member by
-when it expires (its end or start plus its TTL), so with a common TTL the newest. A registry
-that holds more is read as a window of its newest: a member scored below the lowest of a full
-read was not read (neither new when it shows later, nor gone when it is no longer read), and
-a full read whose lowest member is new may have left new members unread: counted once per read
-as over_limit. So what a read holds and remembers is bounded per registry; registries within
-the limit are read whole, as before.
+The finished and failed registries are read from where the last read got to
+(rq_windows.py): what is new since, MAX_NEW members a read at most, never again what was
+counted; an idle registry costs a few small replies, whatever it keeps (30,000 kept jobs: 401
+KB a read before, bench figures in docs/native.md). The started registry holds the running
+jobs: it is read whole up to MAX_REGISTRY members, its highest scored (RQ scores a member by
+when its lease ends), and compared with the previous read; a full read whose lowest member is
+new may have left new members unread: counted once per read as over_limit.
 """
 
 from __future__ import annotations
@@ -49,22 +49,25 @@ from exporter.redis_connection import RedisConnectionConfig
 from exporter.sources.item_time import TimeParseError, parse_time
 from exporter.sources.key_values import select
 from exporter.sources.members import members_of
-from exporter.sources.native.config import RQ_REGISTRIES, RqReaderConfig
+from exporter.sources.native.config import RqReaderConfig
 from exporter.sources.native.framework import (
     MAX_KEYS,
     MAX_QUEUES,
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
+    Progress,
     RedisReader,
     Signals,
 )
+from exporter.sources.native.rq_windows import RegistryWindow, baseline_windows, read_windows
 
 DEPTH = BY_NAME["queue_depth"]
 _JOB_FIELDS = ("description", "enqueued_at", "started_at", "ended_at", "status", "exc_info")
 # Failure text read to classify a failure (a traceback); beyond it nothing is decompressed.
 _MAX_EXC_TEXT = 65536
-# Members read and remembered per registry and read: the highest scored.
+# Members of the started registry read and remembered per read: the highest scored.
 MAX_REGISTRY = 10_000
+FINISHED = ("finished", "failed")  # the registries read from where the last read got to
 # Jobs whose hashes one pipeline reads: a read of 10,000 changes holds 1,000 replies at a time.
 JOBS_PER_PIPELINE = 1_000
 
@@ -94,6 +97,31 @@ class _Registry:
         return any(score == floor for score in (self.members[m] for m in self.added(before)))
 
 
+@dataclass(frozen=True, slots=True)
+class _QueueState:
+    """A queue's registries as the last read that read them all left them."""
+
+    wip: _Registry
+    finished: RegistryWindow
+    failed: RegistryWindow
+
+    def window(self, registry: str) -> RegistryWindow:
+        return self.finished if registry == "finished" else self.failed
+
+
+@dataclass(frozen=True, slots=True)
+class _Position:
+    """Where the reader got to: the queues rq:queues named, and each one's registries as the
+    last read that read them all left them."""
+
+    listed: list[str]
+    states: dict[str, _QueueState]
+
+
+# A queue's finished and failed registries after a read: each one's window and new members.
+_Ended = dict[str, tuple[RegistryWindow, list[str]]]
+
+
 @dataclass(slots=True)
 class _Job:
     job_type: str = ""
@@ -109,33 +137,53 @@ class RqReader(RedisReader):
         super().__init__(connection)
         self.name = "native:rq"
         self.config = config
-        # (queue, registry) -> members at the previous read; None before the first read.
-        self._previous: dict[tuple[str, str], _Registry] | None = None
-        self._listed: list[str] = []  # the queues rq:queues named at the previous read
+        self._position: Progress[_Position] = Progress()  # moved once a read succeeded
 
     def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
             queues = self._queues(client, signals)
-            current = self._registries(client, queues, signals)
+            running = self._running(client, queues, signals)
+            ended = self._ended(client, queues, signals)
             self._workers(client, signals)
             self._rate_limited(client, signals)
-            if self._previous is not None:
-                self._transitions(client, queues, current, signals)
+            at = self._position.at
+            states = {} if at is None else dict(at.states)
+            baseline = set(self._baseline(queues))
+            counted = []  # the queues read whole, after a read of them (not their baseline)
+            for queue in queues:
+                if queue in running and queue in ended:
+                    if queue not in baseline:
+                        counted.append(queue)
+                    windows = ended[queue]
+                    states[queue] = _QueueState(
+                        running[queue], windows["finished"][0], windows["failed"][0]
+                    )
+            if counted:
+                self._transitions(client, counted, running, ended, signals)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
+        kept = {queue: states[queue] for queue in queues if queue in states}
+        self._position.move(signals, _Position(queues, kept))
 
-        def moved() -> None:  # once the whole read succeeded (framework.Progress)
-            self._listed, self._previous = queues, current
+    def _states(self) -> dict[str, _QueueState]:
+        at = self._position.at
+        return {} if at is None else at.states
 
-        signals.on_success(moved)
+    def _baseline(self, queues: list[str]) -> list[str]:
+        """The queues this read takes the baseline of: all at the first read; later, those
+        listed before but never read whole (a queue listed since counts in full)."""
+        at = self._position.at
+        if at is None:
+            return queues
+        return [q for q in queues if q not in at.states and q in at.listed]
 
     # -- reading ------------------------------------------------------------------------------
 
     def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
         """The queues rq:queues names; while it cannot be read, those of the previous read."""
-        names = list(self._listed)
+        names = [] if self._position.at is None else list(self._position.at.listed)
         with signals.record(self.config.queues_set):
             listing = members_of(client, self.config.queues_set)  # SSCAN: up to the limit
             members = signals.names(listing, MAX_QUEUES, "queues")
@@ -146,32 +194,49 @@ class RqReader(RedisReader):
             )
         return select(names, self.config.queues)[0]  # the preset's queues param narrows them
 
-    def _registries(
+    def _running(
         self, client: redis.Redis, queues: list[str], signals: Signals
-    ) -> dict[tuple[str, str], _Registry]:
-        """Each queue's registries, MAX_REGISTRY members each at most. A queue with one that
-        cannot be read keeps its previous state (none: it is left out), so its changes are
-        counted once, when all can be read."""
+    ) -> dict[str, _Registry]:
+        """Each queue's started registry, MAX_REGISTRY members at most (a queue whose registry
+        cannot be read is left out)."""
         pipe = client.pipeline(transaction=False)
         for queue in queues:
-            for registry in RQ_REGISTRIES:
-                pipe.zrange(f"rq:{registry}:{queue}", -MAX_REGISTRY, -1, withscores=True)
-        replies = iter(pipe.execute(raise_on_error=False))
-        previous = self._previous or {}
-        current: dict[tuple[str, str], _Registry] = {}
-        for queue in queues:
-            read = {}
-            for registry in RQ_REGISTRIES:
-                reply = next(replies)
-                with signals.record(f"rq:{registry}:{queue}"):
-                    if isinstance(reply, Exception):
-                        raise reply
-                    members = {m.decode("utf-8", "replace"): float(s) for m, s in reply}
-                    read[registry] = _Registry(members, len(members) >= MAX_REGISTRY)
-            if len(read) < len(RQ_REGISTRIES):
-                read = {r: previous[(queue, r)] for r in RQ_REGISTRIES if (queue, r) in previous}
-            current.update(((queue, registry), members) for registry, members in read.items())
-        return current
+            pipe.zrange(f"rq:wip:{queue}", -MAX_REGISTRY, -1, withscores=True)
+        running = {}
+        for queue, reply in zip(queues, pipe.execute(raise_on_error=False), strict=True):
+            with signals.record(f"rq:wip:{queue}"):
+                if isinstance(reply, Exception):
+                    raise reply
+                members = {m.decode("utf-8", "replace"): float(s) for m, s in reply}
+                running[queue] = _Registry(members, len(members) >= MAX_REGISTRY)
+        return running
+
+    def _ended(self, client: redis.Redis, queues: list[str], signals: Signals) -> dict[str, _Ended]:
+        """Each queue's finished and failed registries read from its windows (rq_windows.py):
+        the baseline's at their newest, a new queue's from their start. A queue with one that
+        cannot be read is left out: its windows stay, so its changes count once, when both
+        can be read."""
+        baseline = set(self._baseline(queues))
+        states = self._states()
+        key = "rq:{}:{}".format
+        based = baseline_windows(
+            client,
+            [((q, r), key(r, q)) for q in queues if q in baseline for r in FINISHED],
+            signals,
+        )
+        olds = {
+            (q, r): (key(r, q), states[q].window(r) if q in states else RegistryWindow())
+            for q in queues
+            if q not in baseline
+            for r in FINISHED
+        }
+        read = read_windows(client, olds, signals)
+        results = {**{name: (window, []) for name, window in based.items()}, **read}
+        return {
+            q: {r: results[q, r] for r in FINISHED}
+            for q in queues
+            if all((q, r) in results for r in FINISHED)
+        }
 
     def _workers(self, client: redis.Redis, signals: Signals) -> None:
         keys: list[bytes] = []
@@ -232,32 +297,31 @@ class RqReader(RedisReader):
         self,
         client: redis.Redis,
         queues: list[str],
-        current: dict[tuple[str, str], _Registry],
+        running: dict[str, _Registry],
+        ended: dict[str, _Ended],
         signals: Signals,
     ) -> None:
-        previous = self._previous or {}
+        states = self._states()
         changes: list[tuple[str, str, str]] = []  # (queue, what, job id)
-        unread = False  # a registry had more new members than MAX_REGISTRY lets a read take
+        unread = False  # the started registry had more new members than a read takes
         for queue in queues:
-            if (queue, "wip") not in current:
-                continue  # not read yet: counted from the first read of all its registries
-            if queue in self._listed and (queue, "wip") not in previous:
-                continue  # listed before but never read: this read is its baseline
-            now = {r: current[(queue, r)] for r in RQ_REGISTRIES}
-            before = {r: previous.get((queue, r)) or _Registry() for r in RQ_REGISTRIES}
-            unread = unread or any(now[r].lost_unread(before[r]) for r in RQ_REGISTRIES)
-            new_finished = now["finished"].added(before["finished"])
-            new_failed = now["failed"].added(before["failed"])
-            ended = new_finished | new_failed
-            seen_running = {_job_id(member) for member in before["wip"].members}
+            now = running[queue]
+            before = states[queue].wip if queue in states else _Registry()
+            unread = unread or now.lost_unread(before)
+            new_finished = set(ended[queue]["finished"][1])
+            new_failed = set(ended[queue]["failed"][1])
+            ended_ids = new_finished | new_failed
+            seen_running = {_job_id(member) for member in before.members}
             changes += [(queue, "completed", job_id) for job_id in new_finished]
             changes += [(queue, "failed", job_id) for job_id in new_failed]
             # A job may start and end between two reads: its end implies its start.
-            starts = {_job_id(member) for member in now["wip"].added(before["wip"])}
-            changes += [(queue, "started", job_id) for job_id in starts | (ended - seen_running)]
+            starts = {_job_id(member) for member in now.added(before)}
+            changes += [
+                (queue, "started", job_id) for job_id in starts | (ended_ids - seen_running)
+            ]
             # what is no longer read because newer members pushed it out did not leave
-            gone = before["wip"].added(now["wip"])
-            left = {_job_id(member) for member in gone} - ended
+            gone = before.added(now)
+            left = {_job_id(member) for member in gone} - ended_ids
             changes += [(queue, "left", job_id) for job_id in left]
         if unread:
             signals.tally.refuse("over_limit")
