@@ -489,3 +489,40 @@ def test_a_read_that_fails_after_fetching_loses_nothing(private, name, denied):
             reader.close()
     finally:
         system.stop()
+
+
+FLOOD = 300_000
+
+
+@pytest.mark.parametrize(
+    "name", [name for name in ("rq3", "bullmq6", "sidekiq") if name in SYSTEMS]
+)
+def test_a_flood_between_two_reads_is_counted_or_lost_never_silently(private, name):
+    """300,000 jobs finish between two reads, written in the library's layout (RQ: its
+    finished registry, scored below the newest job counted; BullMQ: `completed` events on the
+    stream it trims to about 10,000; Sidekiq: its processed counter). The reads that follow
+    count every one, or what the library discarded before a read could get to it is counted as
+    lost (BullMQ's trimmed events, queue_exporter_events_lost_total): counted + lost is
+    300,000, and nothing else is refused. A private server: the flood holds 300,000 keys."""
+    admin = private.client()
+    system = _made(name, private.url, admin)
+    system.start()
+    reader = system.reader(private.url)
+    try:
+        _baseline(system, reader)
+        system.fill(FLOOD)
+        counted: list[float] = []
+        lost = 0
+        for _ in range(FLOOD // 10_000 + 5):
+            signals = Signals(source=system.name)
+            reader.read(signals)
+            assert signals.tally.invalid == {}, (name, len(counted), signals.tally.invalid)
+            counted.append(_counted(system, signals))
+            lost += signals.tally.lost
+            if not counted[-1] and not signals.tally.lost:
+                break
+        assert sum(counted) + lost == FLOOD, (name, counted, lost)
+        print(f"{name}: {len(counted)} reads counted {sum(counted):.0f}, lost {lost}")
+    finally:
+        reader.close()
+        system.stop()

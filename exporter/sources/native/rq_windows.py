@@ -20,13 +20,16 @@ read asks, one pipeline for every registry:
 - ZCOUNT floor (S against `below`, after forgetting the members ordered before the registry's
   lowest (ZRANGE 0 0: RQ's cleanup removes the lowest scores): a member added below S (a job of
   a shorter TTL) is found by a count that changed, and that range is read again, MAX_NEW past
-  what it remembers.
+  what it remembers; when more are late than that, the next reads read it again for the
+  rest, and the members after S wait until the late ones are counted.
 So an idle registry costs seven small replies, whatever it keeps. A range read again returns
 what was counted too: a member added below S is rare (a shorter TTL than the newest jobs'), a
 read of S again rarer (a member added before `last` in the second the reader read). What cannot
 be told counted or not is counted once per registry and read as `over_limit`, never silently:
-members of S removed before they were read, more late members than a read takes (they are
-counted by later reads), a score read again whose counted members were more than it remembers.
+members of S removed before they were read (its second expired: RQ's cleanup), late members
+left unread that fell below what it remembers, a score read again whose counted members were
+more than it remembers. Not seen: a member added below `floor` (a TTL much shorter than the
+others', in a registry keeping more than MAX_REMEMBERED).
 The window moves only once the whole read succeeded (framework.Progress).
 
 The first read is the baseline, at the newest members: the MAX_REMEMBERED newest (ZRANGE -N
@@ -61,6 +64,7 @@ class RegistryWindow:
     last: tuple[float, str] | None = None
     at_last: int = 0
     at_members: frozenset[str] = frozenset()
+    at_complete: bool = True  # at_members holds every member of last's score it counted
     # members of last's score at the last read; None: more than a read took, not counted yet
     at_count: int | None = 0
     below: Mapping[str, float] = field(default_factory=dict)
@@ -80,14 +84,17 @@ class RegistryWindow:
 
     @property
     def knows_at_last(self) -> bool:
-        """Whether it remembers every member of last's score it counted."""
-        return len(self.at_members) == self.at_last
+        """Whether it remembers every member of last's score it counted (some may sort after
+        `last`: counted before a read of the score again found members added before them)."""
+        return self.at_complete
 
-    def after(self, members: _Scored, at_count: int | None = None) -> RegistryWindow:
+    def after(
+        self, members: _Scored, at_count: int | None = None, cut: bool = False
+    ) -> RegistryWindow:
         """This window moved past `members` (new, in the registry's order): last's score
         gets those of its own score, `below` those before the new last's. `at_count`: how many
-        members the new last's score holds, if read; else all of it was taken unless a read's
-        MAX_NEW cut it."""
+        members the new last's score holds, if read; else all of it was taken unless the read
+        was `cut` at its limit."""
         if not members:
             return replace(self, at_count=self.at_count if at_count is None else at_count)
         last = members[-1][1], members[-1][0]
@@ -103,25 +110,31 @@ class RegistryWindow:
             elif self.last is not None:  # not all of last's score remembered: from past it
                 floor, below = math.nextafter(self.last[0], math.inf), {}
             below.update((m, s) for m, s in members if s < last[0])
-        if at_count is None and len(members) < MAX_NEW:
+        if at_count is None and not cut:
             at_count = at_last
-        window = RegistryWindow(last, at_last, at_members, at_count, below, floor)
+        complete = self.at_complete if self.last is not None and last[0] == self.last[0] else True
+        window = RegistryWindow(last, at_last, at_members, complete, at_count, below, floor)
         return _trimmed(window)
 
 
 def _trimmed(window: RegistryWindow) -> RegistryWindow:
     """At most MAX_REMEMBERED members below and at last's score: below, the newest whole
     scores (the floor rises past the rest, so that ZCOUNT from it stays comparable); at it,
-    the first counted (beyond, they are not told from new ones if the score is read again)."""
-    at_members = window.at_members
-    if len(at_members) > MAX_REMEMBERED:
-        at_members = frozenset(sorted(at_members)[:MAX_REMEMBERED])
+    the last counted (the others are not told from new ones if the score is read again)."""
+    at_members, complete = window.at_members, window.at_complete
+    if len(at_members) > MAX_REMEMBERED and window.last is not None:
+        # those sorting after `last` (counted before a read again) are kept: its next pages
+        # would count them again; they are fewer than MAX_REMEMBERED (what it remembered)
+        after = {m for m in at_members if m > window.last[1]}
+        room = max(MAX_REMEMBERED - len(after), 0)
+        before = sorted(at_members - after)[-room:] if room else []
+        at_members, complete = frozenset(after.union(before)), False
     below, floor = dict(window.below), window.floor
     if len(below) > MAX_REMEMBERED:
         cut = sorted(below.values(), reverse=True)[MAX_REMEMBERED]  # this score and lower go
         floor = math.nextafter(cut, math.inf)
         below = {m: s for m, s in below.items() if s > cut}
-    return replace(window, at_members=at_members, below=below, floor=floor)
+    return replace(window, at_members=at_members, at_complete=complete, below=below, floor=floor)
 
 
 def _bound(score: float, exclusive: bool = False) -> str:
@@ -169,7 +182,8 @@ def baseline_windows(
             below = {m: s for m, s in members if floor <= s < score}
             at = frozenset(m for m, s in members if s == score)
             # all of the newest score is taken as counted, read or not
-            window = RegistryWindow((score, members[-1][0]), count, at, count, below, floor)
+            last, complete = (score, members[-1][0]), len(at) == count
+            window = RegistryWindow(last, count, at, complete, count, below, floor)
             windows[name] = _trimmed(window)
     return windows
 
@@ -181,7 +195,9 @@ class _Read:
     key: str
     old: RegistryWindow
     page: _Scored = field(default_factory=list)  # of last's score, after the counted
-    after: _Scored = field(default_factory=list)  # after last's score (asked if not behind)
+    after: _Scored = field(default_factory=list)  # after last's score
+    after_limit: int = MAX_NEW  # how many of them were asked for
+    after_again: bool = False  # asked after the page read last's score to its end
     at_count: int = 0  # members of last's score now
     again_at: bool = False  # last's score is read again
     again_below: bool = False  # the members below it are read again
@@ -222,7 +238,7 @@ def read_windows(
         rank, before_score, at_count, from_floor, lowest = (next(replies) for _ in range(5))
         with signals.record(key):
             _checked(page, after, rank, before_score, at_count, from_floor, lowest)
-            one = _Read(key, old, _scored(page), _scored(after), int(at_count))
+            one = _Read(key, old, _scored(page), _scored(after), at_count=int(at_count))
             one.below = _without_trimmed(old.below, _scored(lowest))
             # nothing counted of last's score (all of it gone): its page is all new
             one.again_at = old.at_last > 0 and (
@@ -238,8 +254,10 @@ def read_windows(
         if one.again_at and not one.old.knows_at_last:
             at.append(next(replies))
         below = next(replies) if one.again_below else None
+        after = next(replies) if one.after_again else []
         with signals.record(one.key):
-            _checked(*at, below)
+            _checked(*at, below, after)
+            one.after = one.after or _scored(after)
             moved[name] = _moved(one, at, below, signals)
     return moved
 
@@ -258,6 +276,10 @@ def _ask_again(again: Any, one: _Read) -> None:
     if one.again_below:
         limit = len(one.below) + MAX_NEW
         again.zrangebyscore(one.key, _bound(old.floor), _bound(score, True), 0, limit, True)
+    ended = old.at_last + len(one.page) >= one.at_count  # this page read the score to its end
+    if old.behind and not one.again_at and ended and len(one.page) < MAX_NEW:
+        one.after_again, one.after_limit = True, MAX_NEW - len(one.page)
+        again.zrangebyscore(one.key, _bound(score, True), "+inf", 0, one.after_limit, True)
 
 
 def _without_trimmed(below: Mapping[str, float], lowest: _Scored) -> dict[str, float]:
@@ -282,27 +304,31 @@ def _moved(
         if len(members) >= len(one.below) + MAX_NEW:  # more may be late than a read takes
             unread_from = members[-1][1]
         window = replace(window, below={**one.below, **dict(members)})
-    moved, found = _moved_on(one, window, at, signals)
-    if moved.floor > unread_from:  # late members left unread fell below what it remembers
+    # the members after last's score wait while late ones are left: MAX_NEW new a read
+    room = MAX_NEW - len(new) if unread_from == math.inf else 0
+    moved, found, lost = _moved_on(one, window, at, room)
+    # late members left unread fell below what it remembers
+    if lost or moved.floor > unread_from:  # said once per registry and read
         signals.tally.refuse("over_limit")
     return moved, new + found
 
 
 def _moved_on(
-    one: _Read, window: RegistryWindow, at: list[Any], signals: Signals
-) -> tuple[RegistryWindow, list[str]]:
-    """The window moved on from last's score (`at`: its replies when read again), and the
-    members new there and after it."""
+    one: _Read, window: RegistryWindow, at: list[Any], room: int
+) -> tuple[RegistryWindow, list[str], bool]:
+    """The window moved on from last's score (`at`: its replies when read again), the
+    members new there and after it (`room` of those after it at most), and whether some
+    could not be counted."""
     old, new = one.old, []
     if old.last is None:  # read from the registry's start
-        return _trimmed(window.after(one.after)), [m for m, _ in one.after]
-    if old.lost(one.at_count):  # removed before they were read
-        signals.tally.refuse("over_limit")
+        cut = len(one.after) >= MAX_NEW
+        return _trimmed(window.after(one.after, cut=cut)), [m for m, _ in one.after], False
+    lost = old.lost(one.at_count)  # removed before they were read
     if at and window.knows_at_last:
         window, found = _read_again(window, _scored(at[0]), one.at_count)
         new += found
     elif at:  # what it counted of last's score cannot be told from the rest: past its end
-        signals.tally.refuse("over_limit")
+        lost = True
         greatest, count = at
         last = old.last if not greatest else (old.last[0], _scored(greatest)[0][0])
         window = replace(window, last=last, at_last=int(count), at_count=int(count))
@@ -310,9 +336,11 @@ def _moved_on(
         window = window.after(one.page, one.at_count)  # a read took
         new += [m for m, _ in one.page if m not in old.at_members]
     if not window.behind and one.after:  # last's score read to its end: the members after
-        window = window.after(one.after)
-        new += [m for m, _ in one.after]
-    return _trimmed(window), new
+        taken = one.after[: max(room - len(new), 0)]  # MAX_NEW new a read in all
+        cut = len(taken) < len(one.after) or len(one.after) >= one.after_limit
+        window = window.after(taken, cut=cut)
+        new += [m for m, _ in taken]
+    return _trimmed(window), new, lost
 
 
 def _read_again(
@@ -323,8 +351,7 @@ def _read_again(
     assert window.last is not None
     names = [m for m, _ in members]
     new = [m for m in names if m not in window.at_members]
+    at_members = window.at_members | set(names)  # those counted that sort after it too
     last = window.last if not names else (window.last[0], names[-1])
-    moved = replace(
-        window, last=last, at_last=len(names), at_members=frozenset(names), at_count=at_count
-    )
+    moved = replace(window, last=last, at_last=len(names), at_members=at_members, at_count=at_count)
     return _trimmed(moved), new
