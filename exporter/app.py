@@ -57,7 +57,10 @@ class App:
         self._listening = False
         host, port = config.host_port
         status = StatusPage(
-            self.health, self.telemetry.own_samples, self.telemetry.store.snapshot_series
+            self.health,
+            self.telemetry.own_samples,
+            self.telemetry.store.snapshot_series,
+            config.not_recorded,
         )
         self.server = MetricsServer(
             host,

@@ -404,3 +404,31 @@ NATIVE_ONLY: frozenset[str] = frozenset({"queue_exporter_native_silent"})
 # graphile_worker) serves: a configuration that turns neither on (the demo) has no series of
 # them, which is no gap.
 OPT_IN: frozenset[str] = NATIVE_ONLY | {"queue_depth_estimate"}
+
+
+@dataclass(frozen=True)
+class Signal:
+    """What operators page on, as the series that carry it: a series of `metric` with a queue
+    label (and a `state` among `states`, when given). A system serves each signal or names it
+    as not recorded (the configuration's `not_recorded`, which the presets fill): never a
+    value made up in its place."""
+
+    name: str
+    metric: str
+    states: tuple[str, ...]
+    what: str
+
+
+SIGNALS: tuple[Signal, ...] = (
+    Signal("waiting", "queue_depth", ("pending",), "jobs waiting to run"),
+    Signal("running", "queue_depth", ("active",), "jobs running"),
+    Signal("failed_kept", "queue_depth", ("failed", "dead_letter"), "failed jobs kept"),
+    Signal("oldest_waiting", "queue_oldest_age_seconds", ("pending",), "oldest waiting job's age"),
+    Signal("longest_running", "queue_oldest_age_seconds", ("active",), "longest running job's age"),
+    Signal("completed", "queue_jobs_completed_total", (), "jobs completed"),
+    Signal("failed", "queue_jobs_failed_total", (), "jobs failed"),
+    Signal("retried", "queue_jobs_retried_total", (), "jobs retried"),
+    Signal("workers", "queue_workers", (), "live workers per queue"),
+    Signal("slots", "queue_worker_slots", (), "job slots of the live workers per queue"),
+)
+SIGNAL_WHAT: dict[str, str] = {signal.name: signal.what for signal in SIGNALS}

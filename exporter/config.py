@@ -17,6 +17,7 @@ import yaml
 from pydantic import Discriminator, Field, Tag, ValidationError, field_validator, model_validator
 
 from exporter import nesting, presets
+from exporter.catalog import SIGNAL_WHAT
 from exporter.events.config import EventsSourceConfig
 from exporter.http_config import HttpConfig
 from exporter.leader_config import LeaderElectionConfig
@@ -145,6 +146,25 @@ class Config(StrictModel):
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
     sources: SourcesConfig = Field(default_factory=SourcesConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
+    not_recorded: dict[str, dict[str, str]] = Field(
+        default_factory=dict,
+        description="per system, the signals (catalog.SIGNALS) it does not record and why; "
+        "the presets fill it: named on the status page and by check-config, never made up",
+    )
+
+    @field_validator("not_recorded")
+    @classmethod
+    def _known_signals(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for system, signals in value.items():
+            for name in signals:
+                if name not in SIGNAL_WHAT:
+                    guess = difflib.get_close_matches(name, list(SIGNAL_WHAT), n=1)
+                    hint = f"did you mean {guess[0]!r}? " if guess else ""
+                    raise ValueError(
+                        f"{system}: unknown signal {name!r} ({hint}signals: "
+                        f"{', '.join(SIGNAL_WHAT)})"
+                    )
+        return value
 
     @field_validator("listen_address")
     @classmethod

@@ -40,6 +40,8 @@ class Inventory:
     streams: tuple[str, ...]  # "key (format, group)"
     sql_collectors: tuple[str, ...]
     native_readers: tuple[str, ...]  # the systems whose own records are read
+    # "system signal: why": what a system does not record, so nothing serves it
+    not_recorded: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -68,6 +70,7 @@ class Inventory:
         lines += [f"events stream {stream}" for stream in self.streams]
         lines += [f"SQL collector {collector}" for collector in self.sql_collectors]
         lines += [f"native reader {system}" for system in self.native_readers]
+        lines += [f"not recorded by {entry}" for entry in self.not_recorded]
         return lines
 
 
@@ -116,6 +119,11 @@ def take(config: Config) -> Inventory:
         ),
         sql_collectors=tuple(_collector(c, cycle) for c in collectors),
         native_readers=(*readers, *(rows.name for rows in finished)),
+        not_recorded=tuple(
+            f"{system} {signal}: {why}"
+            for system, signals in sorted(config.not_recorded.items())
+            for signal, why in signals.items()
+        ),
     )
 
 

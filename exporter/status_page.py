@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from exporter import __version__
-from exporter.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
+from exporter.catalog import BY_NAME, SIGNAL_WHAT, SOURCE_LABEL, MetricSpec
 from exporter.events.config import CONSUMER_PREFIX, stream_name
 from exporter.health import HealthBoard, KeyGroupReport, SourceStatus
 from exporter.printable import printable
@@ -61,12 +61,19 @@ class StatusPage:
         health: HealthBoard,
         own_samples: Callable[[], list[Sample]],
         sampled: Callable[[], dict[MetricSpec, Series]],
+        not_recorded: dict[str, dict[str, str]] | None = None,
     ) -> None:
         """`own_samples` returns the exporter's own instruments' samples (Telemetry.own_samples),
-        `sampled` the sampled series as served."""
+        `sampled` the sampled series as served, `not_recorded` the configuration's signals each
+        system does not record, and why."""
         self.health = health
         self.own_samples = own_samples
         self.sampled = sampled
+        self.not_recorded = [
+            {"system": system, "signal": name, "why": why}
+            for system, signals in sorted((not_recorded or {}).items())
+            for name, why in signals.items()
+        ]
         self._lock = threading.Lock()  # one build at a time; the others wait and share it
         self._built: tuple[float, dict[str, Any], bytes, bytes] | None = None
 
@@ -106,6 +113,7 @@ class StatusPage:
             "top_oldest_age": _top(sampled, "queue_oldest_age_seconds"),
             "streams": _streams(samples),
             "overflow": _by_label(samples, "queue_exporter_series_overflow_total", "metric"),
+            "not_recorded": self.not_recorded,
         }
         facts["view"] = {
             "summary": _summary(facts),
@@ -301,6 +309,15 @@ def _tables(facts: dict[str, Any], now: float) -> list[Table]:
                 + [_number(stream[field]) for field in ("lag", "pending", "lost", "invalid")]
                 + [_number(stream["consumed"])]
                 for stream in facts["streams"]
+            ],
+        ),
+        Table(
+            "not-recorded",
+            "Signals the systems do not record (no series: never made up)",
+            ["system", "signal", "what", "why"],
+            [
+                [entry["system"], entry["signal"], SIGNAL_WHAT[entry["signal"]], entry["why"]]
+                for entry in facts["not_recorded"]
             ],
         ),
     ]

@@ -85,6 +85,14 @@ def presets_page() -> str:
         "found, and a queue found but left out is named in the log, on the status page and by",
         "check-config.",
         "",
+        "Each preset's **Not recorded** list names the signals operators page on (waiting,",
+        "running, failed jobs kept, oldest waiting and longest running ages, completed, failed,",
+        "retried, workers, slots: `exporter/catalog.py` SIGNALS) that its system does not record,",
+        "and why: nothing serves them, no value is made up in their place, and the exporter's",
+        "log, status page and check-config name them (the preset's `not_recorded`). Every other",
+        "signal is served, which the conformance harness checks against the real library",
+        "(tests/conformance). docs/alerts.md says which alert can fire for which system.",
+        "",
     ]
     for name in presets.available():
         document = presets.read(name)
@@ -96,6 +104,7 @@ def presets_page() -> str:
             )
             lines.append("")
         lines += _library_lines(document.get("library"))
+        lines += _not_recorded_lines(document.get("not_recorded", {}).get(name, {}))
         groups = document.get("sources", {}).get("redis", {}).get("key_groups", [])
         if groups:
             expanded = (
@@ -163,6 +172,19 @@ def _library_lines(library: dict[str, Any] | None) -> list[str]:
     lines += [
         f"| {holds} | {served} | {versions} |" for holds, served, versions in library["holds"]
     ]
+    return [*lines, ""]
+
+
+def _not_recorded_lines(signals: dict[str, str]) -> list[str]:
+    """The signals (exporter.catalog.SIGNALS) the system does not record: no series, and why."""
+    if not signals:
+        return []
+    lines = [
+        "Not recorded by the system, so never served (the status page and check-config "
+        "name them too):",
+        "",
+    ]
+    lines += [f"- {name} ({catalog.SIGNAL_WHAT[name]}): {why}" for name, why in signals.items()]
     return [*lines, ""]
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from exporter.catalog import SIGNALS
 from tests.conftest import Series, value
 
 State = tuple[str, str]  # (queue, state)
@@ -243,3 +244,37 @@ def _ages(
         expected = {(key[0], key[1]) for key, age in truth.ages.items() if age is not None}
         extra = sorted(served_keys(series, truth.system, "queue_oldest_age_seconds") - expected)
         checker.check("age states", extra, not extra, "ages served for no such job")
+
+
+def served_signals(series: Series, system: str) -> set[str]:
+    """The signals (exporter.catalog.SIGNALS) served for `system`: a series of the signal's
+    metric with a queue (a label not empty), in one of its states."""
+    found = set()
+    for metric, label_set in series:
+        labels = dict(label_set)
+        if labels.get("system") != system or not labels.get("queue"):
+            continue
+        for signal in SIGNALS:
+            if metric == signal.metric and (
+                not signal.states or labels.get("state") in signal.states
+            ):
+                found.add(signal.name)
+    return found
+
+
+def unnamed_signals(
+    served: set[str], not_recorded: dict[str, str], not_served: dict[str, str]
+) -> list[str]:
+    """Each signal operators page on is served or named as not recorded (the preset's
+    `not_recorded`), never both: one neither served nor named is missing silently, one named
+    and served is documented wrongly. `not_served`: the adapter's signals the system records
+    that its run may not show (a version's cost, a scenario whose events can fall before the
+    reader's first read), each with why: excused when absent, never needed when served."""
+    found = []
+    for signal in SIGNALS:
+        name = signal.name
+        if name in served and name in not_recorded:
+            found.append(f"signal {name}: served, yet named not recorded")
+        elif name not in served and name not in not_recorded and name not in not_served:
+            found.append(f"signal {name}: neither served nor named not recorded")
+    return found

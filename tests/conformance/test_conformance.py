@@ -36,7 +36,7 @@ from tests.conformance.adapters.python_queues import (
 )
 from tests.conformance.adapters.rq import RqAdapter
 from tests.conformance.adapters.sidekiq import SidekiqAdapter
-from tests.conformance.checks import ReadTimes, mismatches
+from tests.conformance.checks import ReadTimes, mismatches, served_signals, unnamed_signals
 from tests.conftest import Series, scrape_series, wait_until_served_as_truth
 
 ADAPTERS: list[type[Adapter]] = [
@@ -109,6 +109,11 @@ def test_served_as_the_library_says(
             _served_as_truth(checked, truth_at, reads, adapter.timeout)
             if "defaults" in checked:  # what the alerts read, once the phase agreed
                 served.append(scrape_series(runs["defaults"]))
+        # the scenario played out: each signal served in some phase, or named
+        not_recorded = runs["defaults"].config.not_recorded.get(adapter.system, {})
+        signals = set().union(*(served_signals(scrape, adapter.system) for scrape in served))
+        unnamed = unnamed_signals(signals, not_recorded, adapter.not_served(case.version))
+        assert not unnamed, f"{case}: " + "; ".join(unnamed)
     finally:
         phases.close()
     stale = record_or_compare(str(case), adapter.system, "conformance", served)

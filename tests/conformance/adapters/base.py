@@ -51,6 +51,14 @@ class Adapter:
     def phases(self) -> Iterator[Phase]:
         raise NotImplementedError
 
+    @classmethod
+    def not_served(cls, version: Any) -> dict[str, str]:
+        """Signals (exporter.catalog.SIGNALS) the system records that no phase of this run
+        shows, each with why: a version the exporter does not read it from, a scenario that
+        does not play it yet. A signal the system does not record at all is named in its
+        preset's `not_recorded` instead (status page, check-config, docs/presets.md)."""
+        return {}
+
 
 def fixed(truth: Truth) -> TruthAt:
     """A truth read once."""

@@ -66,4 +66,18 @@ class SidekiqAdapter(Adapter):
         for queue, died_at in library["dead_oldest"].items():
             ages[queue, "dead_letter"] = Age.at(died_at)
         due = {queue: library["scheduled_due"].get(queue, 0) for queue in library["scheduled"]}
-        return Truth("sidekiq", now, depths, exact_states=True, due=due, ages=ages)
+        # each live process is a worker of every queue it serves, its threads its slots
+        totals: dict[tuple[str, ...], float] = {}
+        for process in library["processes"]:
+            for queue in process["queues"]:
+                workers, slots = ("queue_workers", queue), ("queue_worker_slots", queue)
+                totals[workers] = totals.get(workers, 0) + 1
+                totals[slots] = totals.get(slots, 0) + process["concurrency"]
+        return Truth("sidekiq", now, depths, exact_states=True, due=due, ages=ages, totals=totals)
+
+    @classmethod
+    def not_served(cls, version: Any) -> dict[str, str]:
+        """Sidekiq's stat:processed and stat:failed count every queue as one (served under
+        queue="all"), and its scenario finishes jobs before the reader's first read."""
+        why = "the scenario finishes its jobs before the native reader's first read"
+        return {"completed": why, "failed": why}
