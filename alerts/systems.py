@@ -492,7 +492,8 @@ def outcomes(recording: Recording) -> dict[str, Outcome]:
 def _check(alert: str, by: Labels | None) -> dict[str, Any]:
     labels = ", ".join(sorted(by or {}))
     firing = f'ALERTS{{alertname="{alert}",alertstate="firing"}}'
-    shown = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted((by or {}).items()))
+    # an empty label is no label to Prometheus (Sidekiq's counters name no queue)
+    shown = ",".join(f'{k}="{_escaped(v)}"' for k, v in sorted((by or {}).items()) if v)
     return {
         "expr": f"count by ({labels}) ({firing})",
         "eval_time": EVAL,

@@ -52,11 +52,11 @@ def test_counts_equal_sidekiqs_stats_and_processes_are_workers(sidekiq, redis_ur
 
     def counted() -> Series | None:
         series = scrape_series(app)
-        completed = _sidekiq(series, "queue_jobs_completed_total", queue="all")
+        completed = _sidekiq(series, "queue_jobs_completed_total", queue="")
         return series if completed == truth["processed"] - truth["failed"] else None
 
     series = wait_for(counted, timeout=20)
-    assert _sidekiq(series, "queue_jobs_failed_total", queue="all") == truth["failed"]
+    assert _sidekiq(series, "queue_jobs_failed_total", queue="") == truth["failed"]
     for queue in ("default", "low"):  # the process serves both: one busy worker of each
         assert _sidekiq(series, "queue_workers", queue=queue, state="busy") == 1
         assert _sidekiq(series, "queue_worker_slots", queue=queue, state="busy") == 3

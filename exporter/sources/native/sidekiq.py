@@ -10,8 +10,8 @@ into a worker of every queue it serves (of those the preset's queues param selec
 (`queue_oldest_age_seconds`), and jobs being worked on its work-hash group.
 
 Sidekiq 6 records no runtime per job in Redis (7.1's metrics do), so this reader feeds no
-execution-time histogram; the counters carry no queue, so they are served under `queue="all"`
-and a failure's class is unknown (`error_type="other"`: retried or dead alike).
+execution-time histogram; the counters carry no queue, so they are served with none (an empty
+`queue` label: no queue that does not exist is named) and a failure's class is unknown (`error_type="other"`: retried or dead alike).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 # A process's info JSON (hostname, queues, labels, ...): a few hundred bytes, a KiB or two.
 MAX_INFO_BYTES = 1 << 20
 
-ALL_QUEUES = "all"
+# Sidekiq counts every queue as one: the counters name no queue (an empty label, as absent)
+NO_QUEUE = ""
 FAILURE_CLASS = "other"
 if FAILURE_CLASS not in ERROR_TYPES:
     raise RuntimeError(
@@ -79,7 +80,7 @@ class SidekiqReader(RedisReader):
         new_completed = max(deltas.get("processed", 0.0) - new_failed, 0.0)
         # counted even when 0: the series exist from the first read, so the first jobs show
         # as an increase (a series born at its value has no rate)
-        queue = (self.config.system, ALL_QUEUES, "", "")
+        queue = (self.config.system, NO_QUEUE, "", "")
         signals.tally.count("queue_jobs_completed_total", queue, new_completed)
         signals.tally.count("queue_jobs_failed_total", (*queue, FAILURE_CLASS), new_failed)
         signals.tally.consumed += int(new_completed + new_failed)

@@ -74,10 +74,3 @@ class SidekiqAdapter(Adapter):
                 totals[workers] = totals.get(workers, 0) + 1
                 totals[slots] = totals.get(slots, 0) + process["concurrency"]
         return Truth("sidekiq", now, depths, exact_states=True, due=due, ages=ages, totals=totals)
-
-    @classmethod
-    def not_served(cls, version: Any) -> dict[str, str]:
-        """Sidekiq's stat:processed and stat:failed count every queue as one (served under
-        queue="all"), and its scenario finishes jobs before the reader's first read."""
-        why = "the scenario finishes its jobs before the native reader's first read"
-        return {"completed": why, "failed": why}
