@@ -265,7 +265,9 @@ def test_a_hostile_finished_row_costs_only_itself(
     procrastinate_app: procrastinate.App, postgres_dsn: str, run_exporter: Any
 ) -> None:
     """A job whose events say it ended before it started (a clock gone wrong, a hand-made row)
-    is refused alone, counted as negative_duration; the jobs around it are counted."""
+    is refused alone, counted as negative_duration; the jobs around it are counted. A job
+    started before its deferral (a retry's `now()` later than the next attempt's start, which
+    a retry at once can give) is counted, its wait as 0 s, as a v1 event's."""
     app = procrastinate_app
     exporter = run_exporter(postgres_dsn=postgres_dsn, preset=["procrastinate"])
     source = "native:procrastinate"
@@ -282,6 +284,18 @@ def test_a_hostile_finished_row_costs_only_itself(
             "(%(id)s, 'succeeded', now() - interval '20 seconds')",
             {"id": row[0]},
         )
+        row = connection.execute(
+            "INSERT INTO procrastinate_jobs (queue_name, task_name, status, attempts) "
+            "VALUES ('emails', 'early_start', 'succeeded', 1) RETURNING id"
+        ).fetchone()
+        assert row is not None
+        connection.execute(
+            "INSERT INTO procrastinate_events (job_id, type, at) VALUES "
+            "(%(id)s, 'deferred', now() - interval '9 seconds'), "
+            "(%(id)s, 'started', now() - interval '10 seconds'), "
+            "(%(id)s, 'succeeded', now() - interval '8 seconds')",
+            {"id": row[0]},
+        )
     for n in range(3):
         app.tasks["send_email"].configure(queue="emails").defer(to=f"user{n}")
     run_once = [sys.executable, "-m", "procrastinate", "--app", "tests.procrastinate_app.tasks.app",
@@ -290,6 +304,7 @@ def test_a_hostile_finished_row_costs_only_itself(
     subprocess.run(run_once, env=env, check=True, timeout=60, capture_output=True)
     succeeded = len(app.job_manager.list_jobs(status="succeeded", task="send_email"))
     assert succeeded == 4  # the three the worker ran, and the hostile one
+    assert len(app.job_manager.list_jobs(status="succeeded", task="early_start")) == 1
 
     def mismatches(series: Series, _: float) -> list[str]:
         found = []
@@ -298,9 +313,18 @@ def test_a_hostile_finished_row_costs_only_itself(
         )
         if refused != 1:
             found.append(f"refused rows: {refused}")
-        completed = _family(series, "queue_jobs_completed_total", queue="emails")
+        emails = {"queue": "emails", "job_type": "send_email"}
+        completed = _family(series, "queue_jobs_completed_total", **emails)
         if completed != succeeded - 1:
             found.append(f"completed {completed}: Procrastinate says {succeeded}, one hostile")
+        early = {"queue": "emails", "job_type": "early_start"}
+        counted = (
+            _family(series, "queue_jobs_completed_total", **early),
+            _family(series, "queue_job_wait_seconds_count", **early),
+            _family(series, "queue_job_wait_seconds_sum", **early),
+        )
+        if counted != (1, 1, 0):
+            found.append(f"early start: completed, waits, wait sum {counted}, truth (1, 1, 0)")
         if value(series, "queue_exporter_source_up", source=source) != 1:
             found.append(f"{source} is not up")
         return found

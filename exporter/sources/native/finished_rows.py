@@ -17,13 +17,15 @@ query ordered it (SQL's order, e.g. a text column's collation, not Python's); `c
 moves back. A baseline without `cursor_<name>` columns leaves them NULL, which the query must
 read as "every row at `cursor` counted" (a row comparison with NULL is not true).
 
-A row it cannot read (an unknown outcome, a NULL queue, a negative duration) costs that row
-alone (framework.Signals.record), named with the preset's table and the column at fault.
+A row it cannot read (an unknown outcome, a NULL queue, a negative execution time) costs that
+row alone (framework.Signals.record), named with the preset's table and the column at fault; a
+negative wait counts as 0 s (`_wait`).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -124,7 +126,7 @@ class FinishedRowsReader:
         labels = (self.config.system, queue, job_type, "")
         tally = signals.tally
         execution = self._seconds(column("execution_seconds"), "execution_seconds")
-        wait = self._seconds(column("wait_seconds"), "wait_seconds")
+        wait = self._wait(column("wait_seconds"))
         if outcome == "enqueued":
             tally.count("queue_jobs_enqueued_total", labels)
         elif outcome == "completed":
@@ -140,6 +142,16 @@ class FinishedRowsReader:
             tally.observe("queue_job_execution_seconds", labels, execution)
         if wait is not None:
             tally.observe("queue_job_wait_seconds", labels, wait)
+
+    def _wait(self, value: Any) -> float | None:
+        """A wait compares times no one clock orders: a worker's (a retry's `scheduled_at`)
+        with the database's, or two transactions' start times (`now()`: the one that
+        committed first may have begun later). A negative one counts as 0 s, as a v1 event's
+        wait does (exporter/events/metrics.py); an execution time, one transaction's start to
+        a later one's, is refused when negative, as anything not a finite number is."""
+        if isinstance(value, float | int) and math.isfinite(value) and value < 0:
+            return 0.0
+        return self._seconds(value, "wait_seconds")
 
     def _seconds(self, value: Any, name: str) -> float | None:
         if value is None:
