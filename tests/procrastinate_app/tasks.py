@@ -1,5 +1,5 @@
-"""Tasks a real `procrastinate worker` runs: succeed, fail, fail into a long retry wait, and hold
-(running until a file appears). The database comes from PROCRASTINATE_DSN."""
+"""Tasks a real `procrastinate worker` runs: succeed, fail, fail into a long retry wait, fail
+once and succeed on the retry, fail on the retry too, and hold (running until a file appears). The database comes from PROCRASTINATE_DSN."""
 
 from __future__ import annotations
 
@@ -28,6 +28,21 @@ def explode() -> None:
 @app.task(name="flaky", retry=procrastinate.RetryStrategy(max_attempts=3, wait=3600))
 def flaky() -> None:
     raise ConnectionError("the task fails on purpose, and is retried")
+
+
+# Fails on its first attempt (Procrastinate's `attempts` counts the attempts that ended), is
+# retried at once and succeeds.
+@app.task(name="flaky_once", pass_context=True, retry=procrastinate.RetryStrategy(max_attempts=1))
+def flaky_once(context: procrastinate.JobContext) -> None:
+    assert context.job is not None
+    if context.job.attempts == 0:
+        raise ConnectionError("the first attempt fails on purpose")
+
+
+# Fails, is retried at once, and fails for good.
+@app.task(name="give_up", retry=procrastinate.RetryStrategy(max_attempts=1))
+def give_up() -> None:
+    raise ConnectionError("every attempt fails on purpose")
 
 
 @app.task(name="hold")

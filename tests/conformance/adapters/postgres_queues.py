@@ -13,7 +13,7 @@ import procrastinate
 import psycopg
 
 from exporter import presets
-from tests.conformance.adapters.base import Adapter, Phase
+from tests.conformance.adapters.base import Adapter, Phase, fixed
 from tests.conformance.checks import Age, ReadAge, Truth
 from tests.conftest import Series, stop_process, wait_for
 from tests.test_preset_graphile_worker import STATES as GRAPHILE_STATES
@@ -238,9 +238,11 @@ class GraphileWorkerAdapter(Adapter):
 class ProcrastinateAdapter(Adapter):
     """Jobs deferred through Procrastinate's tasks and run by a real `procrastinate worker`:
     they succeed, fail, fail into an hour-long retry wait, wait for a schedule, are cancelled,
-    and one keeps running until released, then more are deferred; the truth is
-    JobManager.list_jobs / list_queues (statuses, the doing job's worker_id), the one worker
-    the adapter started and the times it saw around each defer and start."""
+    and one keeps running until released; then, after the events reader's first read, more are
+    deferred: they succeed, fail for good, fail once and succeed on the retry, fail on the
+    retry too. The truth is JobManager.list_jobs / list_queues (statuses, attempts, the doing
+    job's worker_id), the one worker the adapter started and the times it saw around each
+    defer and start."""
 
     system = "procrastinate"
     backend = "postgres"
@@ -296,7 +298,7 @@ class ProcrastinateAdapter(Adapter):
             started_after = time.time()
             wait_for(lambda: time.time() > deferred_after + 1.5)  # the scheduled "idle" job is due
 
-            def truth(scraped_at: float, holding: bool, before: frozenset[int]) -> Truth:
+            def truth(scraped_at: float, holding: bool, before: dict[int, Seen]) -> Truth:
                 depths: Counter[tuple[str, str]] = Counter()
                 queues = [queue["name"] for queue in app.job_manager.list_queues()]
                 for queue in queues:
@@ -318,16 +320,6 @@ class ProcrastinateAdapter(Adapter):
                         Age(started_before, started_after, 1, 1) if holding else None
                     ),
                 }
-                # The events reader counts what happens after its first read (up, before the
-                # first phase passes): the jobs deferred since (not in `before`), and the held
-                # job, which ends only once released.
-                totals: dict[tuple[str, ...], float] = {}
-                for queue in queues:
-                    new = [job for job in jobs if job.queue == queue and job.id not in before]
-                    totals["queue_jobs_enqueued_total", queue] = float(len(new))
-                slow = Counter(job.status for job in jobs if job.queue == "slow")
-                totals["queue_jobs_completed_total", "slow"] = float(slow["succeeded"])
-                totals["queue_jobs_failed_total", "slow"] = float(slow["failed"])
                 return Truth(
                     "procrastinate",
                     scraped_at,
@@ -336,12 +328,12 @@ class ProcrastinateAdapter(Adapter):
                     due={"idle": float(due)},
                     ages=ages,
                     exact_ages=True,
-                    totals=totals,
+                    totals=counted_since(before, jobs, queues),
                     sources_up=PROCRASTINATE_SOURCES,
                     extra=lambda series: workers_differ(series, jobs),
                 )
 
-            seeded = frozenset(job.id for job in app.job_manager.list_jobs())
+            seeded = {job.id: (job.status, job.attempts) for job in app.job_manager.list_jobs()}
             yield lambda at: truth(at, holding=True, before=seeded)
             # The list_queues totals (Procrastinate's own per-queue counts) agree with list_jobs.
             queues = {queue["name"]: queue for queue in app.job_manager.list_queues()}
@@ -354,9 +346,65 @@ class ProcrastinateAdapter(Adapter):
                 app.tasks["send_email"].configure(queue="idle").defer(to=f"after{n}")
             app.tasks["send_email"].configure(queue="emails").defer(to="after")
             yield lambda at: truth(at, holding=False, before=seeded)
+            # Failures and retries after that read (a retry waits 0 s: run again at once).
+            # Failed jobs are counted every failed_interval (60 s): this phase checks counters.
+            counted = [
+                app.tasks[task].configure(queue="emails").defer()
+                for task in ("explode", "flaky_once", "give_up")
+            ]
+
+            def ended() -> bool:
+                jobs = {job.id: job for job in app.job_manager.list_jobs(queue="emails")}
+                return all(jobs[job].status in ("succeeded", "failed") for job in counted)
+
+            wait_for(ended, timeout=60)
+            jobs = app.job_manager.list_jobs()
+            queues = [queue["name"] for queue in app.job_manager.list_queues()]
+            totals = counted_since(seeded, jobs, queues)
+            assert totals["queue_jobs_retried_total", "emails"] == 2, totals
+            assert totals["queue_jobs_failed_total", "emails", "error_type=other"] == 2, totals
+            yield fixed(Truth("procrastinate", time.time(), None, totals=totals))
         finally:
             release.touch()
             stop_process(worker, 15)
+
+
+Seen = tuple[str, int]  # a job's status and attempts, as list_jobs gave them
+
+
+def counted_since(
+    before: dict[int, Seen], jobs: list[Any], queues: list[str]
+) -> dict[tuple[str, ...], float]:
+    """What the events reader counts after its first read (taken once the exporter starts,
+    after `before` was read with nothing moving: every job then had ended, waited an hour, or
+    was held), per queue, from Procrastinate's jobs: every job deferred since (not in
+    `before`) an enqueue; every job ended since (succeeded: completed; failed: a final failure,
+    `error_type="other"`); every attempt ended since that was not its last, a retry
+    (`attempts` counts each ended attempt: a retried one, then the last), which the reader
+    counts as a retryable failure too (docs/native.md)."""
+    names = ("enqueued", "completed", "failed", "retryable", "retried")
+    counts = {(queue, name): 0 for queue in queues for name in names}
+    for job in jobs:
+        status, attempts = before.get(job.id, ("new", 0))
+        if status not in ("new", "todo", "doing"):
+            continue  # ended before the reader's first read
+        ended = job.status in ("succeeded", "failed")
+        retries = job.attempts - attempts - (1 if ended else 0)
+        counts[job.queue, "enqueued"] += status == "new"
+        counts[job.queue, "completed"] += job.status == "succeeded"
+        counts[job.queue, "failed"] += job.status == "failed"
+        counts[job.queue, "retryable"] += retries
+        counts[job.queue, "retried"] += retries
+    totals: dict[tuple[str, ...], float] = {}
+    for queue in queues:
+        n = {name: float(counts[queue, name]) for name in names}
+        totals["queue_jobs_enqueued_total", queue] = n["enqueued"]
+        totals["queue_jobs_completed_total", queue] = n["completed"]
+        totals["queue_jobs_failed_total", queue] = n["failed"] + n["retryable"]
+        totals["queue_jobs_failed_total", queue, "error_type=other"] = n["failed"]
+        totals["queue_jobs_failed_total", queue, "error_type=retryable"] = n["retryable"]
+        totals["queue_jobs_retried_total", queue] = n["retried"]
+    return totals
 
 
 def workers_differ(series: Series, jobs: list[Any]) -> list[str]:
