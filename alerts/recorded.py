@@ -11,9 +11,8 @@ promtool tests built on them (alerts/systems.py) script values of their own.
 
 The comparison is of structure: each metric served both in the recording and in the run must
 carry the same label names (an alert matches on them: a queue label gone from the workers
-silences QueueNoWorkers). Which series a run shows at all is timing (whether a worker was busy
-at a scrape, whether the scenario's events fell after the exporter's first read: pg-boss 12
-counts its scenario's failures in one run, not in the next), so presence is not compared: the
+silences QueueNoWorkers). Which series a run shows at all can be timing (whether a worker was
+busy at a scrape), so presence is not compared: the
 conformance truths and the signals check hold it, and recording again updates it.
 """
 

@@ -83,10 +83,14 @@ class PgBoss:
             self._argv(command, *args), capture_output=True, text=True, timeout=120, check=False
         )
         assert done.returncode == 0, done.stderr[-2000:]
-        return json.loads(done.stdout)
+        return json.loads(done.stdout) if done.stdout.strip() else None
 
     def seed(self) -> None:
         self.ids.write_text(json.dumps(self.run("seed")))
+
+    def send_more(self) -> None:
+        """To 'emails': three jobs that complete, one that fails, one that fails after a retry."""
+        self.run("more", str(self.ids))
 
     def truth(self) -> dict[str, Any]:
         result: dict[str, Any] = self.run("truth", str(self.ids))

@@ -3,6 +3,8 @@
 //                                                 and jobs; prints {"ids": {queue: [id...]}}
 //   node pgboss.cjs <major> work  DSN SCHEMA RELEASE_FILE   -> real workers until killed
 //   node pgboss.cjs <major> truth DSN SCHEMA IDS_JSON       -> getQueueSize and getJobById, as JSON
+//   node pgboss.cjs <major> more  DSN SCHEMA IDS_JSON       -> send() to 'emails' jobs that complete,
+//                                                 fail, and fail after a retry; their ids added
 //   node pgboss.cjs 10 bulk DSN SCHEMA COUNTS_JSON  -> queue 'bulk': insert() `sent` jobs, fetch()
 //                                                 `fetched` of them (active), complete() `completed`;
 //                                                 prints its getQueueSize (waiting, unfinished)
@@ -58,6 +60,18 @@ async function work (release) {
   console.error('working')
 }
 
+async function more (idsFile) {
+  const b = boss()
+  await b.start()
+  const { ids } = JSON.parse(fs.readFileSync(idsFile, 'utf8'))
+  for (let n = 0; n < 3; n++) ids.emails.push(await b.send('emails', { ok: true }))
+  ids.emails.push(await b.send('emails', { ok: false }, { retryLimit: 0 }))
+  // fails, is retried at once (a retry pg-boss counts in retry_count only) and fails for good
+  ids.emails.push(await b.send('emails', { ok: false }, { retryLimit: 1, retryDelay: 0 }))
+  await b.stop({ graceful: false, wait: true })
+  fs.writeFileSync(idsFile, JSON.stringify({ ids }))
+}
+
 async function truth (idsFile) {
   const b = boss({ migrate: false })
   await b.start()
@@ -79,7 +93,9 @@ async function truth (idsFile) {
         state: job.state,
         createdOn: job.createdOn ?? job.created_on,
         startAfter: job.startAfter ?? job.start_after,
-        startedOn: job.startedOn ?? job.started_on
+        startedOn: job.startedOn ?? job.started_on,
+        completedOn: job.completedOn ?? job.completed_on ?? null,
+        retryCount: job.retryCount ?? job.retry_count ?? null
       })
     }
   }
@@ -113,5 +129,11 @@ async function bulk (counts) {
   process.stdout.write(JSON.stringify(sizes))
 }
 
-const commands = { seed, bulk: () => bulk(extra), work: () => work(extra), truth: () => truth(extra) }
+const commands = {
+  seed,
+  bulk: () => bulk(extra),
+  work: () => work(extra),
+  truth: () => truth(extra),
+  more: () => more(extra)
+}
 commands[command]().catch((error) => { console.error(error); process.exit(1) })

@@ -18,6 +18,7 @@ from tests.conformance.checks import Age, ReadAge, Truth
 from tests.conftest import Series, stop_process, wait_for
 from tests.test_preset_graphile_worker import STATES as GRAPHILE_STATES
 from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
+from tests.test_preset_pgboss import QUEUES as PGBOSS_QUEUES
 from tests.test_preset_pgboss import PgBoss, library_depths, pg_time
 from tests.test_preset_procrastinate import SOURCES as PROCRASTINATE_SAMPLED
 from tests.test_preset_procrastinate import WORKED_QUEUES, procrastinate_state
@@ -51,7 +52,8 @@ def interval_of(system: str, collector: str) -> float:
 
 class PgBossAdapter(Adapter):
     """send() jobs (some for later, one cancelled); work() handlers complete, fail, fail into an
-    hour-long retry wait and hold one job running, then let it complete."""
+    hour-long retry wait and hold one job running, then let it complete; then more jobs
+    complete, fail, and fail after a retry."""
 
     system = "pgboss"
     backend = "postgres"
@@ -94,6 +96,19 @@ class PgBossAdapter(Adapter):
                 return library if done else None
 
             running = wait_for(settled, timeout=60)
+
+            # pg-boss 12's reader takes as its baseline the rows finished a second before its
+            # first read: the seed's last finish more than a second ago (database clock), the
+            # baseline counts them all, whenever the exporter starts.
+            def all_settled() -> dict[str, Any] | None:
+                library = boss.truth()
+                return library if library["now"] > last_finish(library) + 1.0 else None
+
+            ended_before = frozenset(
+                (job["queue"], job["id"])
+                for job in wait_for(all_settled, timeout=10)["jobs"]
+                if job["state"] in ENDED
+            )
             started = next(
                 pg_time(job["startedOn"]) for job in running["jobs"] if job["state"] == "active"
             )
@@ -131,21 +146,41 @@ class PgBossAdapter(Adapter):
 
             def finished(library: dict[str, Any], holding: bool) -> dict[tuple[str, ...], float]:
                 """pg-boss 12's finished-rows reader (on by default) counts what finishes after
-                its first read: the held job, completed once released (getJobById), is the
-                one job of the scenario known to finish after the exporter started. pg-boss 10
+                its first read, per queue, as getJobById says: the jobs unfinished before the
+                exporter started (the held one) or sent since, completed or failed by now (a
+                job failing after a retry once: pg-boss keeps no row per attempt). pg-boss 10
                 has no index to read them by: its reader reads nothing (test_postgres_states)."""
                 if self.version < 12:
                     return {}
-                ended = Counter(job["state"] for job in library["jobs"] if job["queue"] == "slow")
-                assert not holding or ended["completed"] + ended["failed"] == 0, ended
+                ended = Counter(
+                    (job["queue"], job["state"])
+                    for job in library["jobs"]
+                    if job["state"] in ENDED and (job["queue"], job["id"]) not in ended_before
+                )
+                assert not holding or ended["slow", "completed"] == 0, ended
                 return {
-                    ("queue_jobs_completed_total", "slow"): float(ended["completed"]),
-                    ("queue_jobs_failed_total", "slow"): float(ended["failed"]),
+                    (f"queue_jobs_{state}_total", queue, *labels): float(ended[queue, state])
+                    for queue in PGBOSS_QUEUES
+                    for state, labels in (("completed", ()), ("failed", ("error_type=other",)))
                 }
 
             yield lambda _at: truth(holding=True)
             boss.release.touch()  # the held job completes: active drops to 0, its age goes
             if self.version >= 12:
+                yield lambda _at: truth(holding=False)
+                boss.send_more()  # after the reader's first read: counted
+
+                def more_ended() -> bool:
+                    jobs = boss.truth()["jobs"]
+                    states = Counter(job["state"] for job in jobs)
+                    retried = [job for job in jobs if job["retryCount"] == 1]
+                    return (
+                        states["completed"] == 4 + 1 + 3
+                        and states["failed"] == 2 + 2
+                        and [job["state"] for job in retried] == ["failed"]
+                    )
+
+                wait_for(more_ended, timeout=60)
                 yield lambda _at: truth(holding=False)
             else:
                 interval = interval_of("pgboss", "pgboss_active")
@@ -154,6 +189,14 @@ class PgBossAdapter(Adapter):
         finally:
             boss.release.touch()
             stop_process(worker, 15)
+
+
+ENDED = ("completed", "failed", "cancelled")  # pg-boss's states of a job that ended
+
+
+def last_finish(library: dict[str, Any]) -> float:
+    """The latest completedOn of pg-boss's jobs (getJobById), epoch seconds (0: none)."""
+    return max((pg_time(job["completedOn"]) or 0.0 for job in library["jobs"]), default=0.0)
 
 
 class GraphileWorkerAdapter(Adapter):
