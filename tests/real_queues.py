@@ -131,6 +131,14 @@ class BullMQ(Driver):
         )
         return result
 
+    def finished(self, queues: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per queue, every completed and failed job BullMQ keeps, by id: state, name,
+        attemptsMade (every attempt, the last included) and failedReason."""
+        result: dict[str, Any] = json.loads(
+            self.run("finished", {**self.connection, "queues": queues})
+        )
+        return dict(result["queues"])
+
 
 class NodeQueues(Driver):
     """A Node queue library (tests/node/<folder>, run by tests/node/<script>): steps through its

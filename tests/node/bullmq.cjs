@@ -6,6 +6,9 @@
 //          workers kept busy), print "ready", then keep held workers busy until SIGTERM
 //   truth  print what the library itself says about spec.queues, as JSON (getWorkers() too)
 //   work   a worker on spec.queue until SIGTERM, one JSON line per finished job
+//   finished  every completed and failed job of spec.queues, as BullMQ's own Job objects read
+//          them (getJobs): its state, name, attemptsMade (every attempt, the last included)
+//          and failedReason
 // Jobs behave as their data says: {sleep_ms, fail: "always" | <attempts that fail>}.
 'use strict';
 const path = require('path');
@@ -125,6 +128,22 @@ async function truth() {
   console.log(JSON.stringify(result));
 }
 
+async function finished() {
+  const result = { queues: {} };
+  for (const name of spec.queues) {
+    const q = new Queue(name, { connection, prefix });
+    const jobs = {};
+    for (const state of ['completed', 'failed']) {
+      for (const job of (await q.getJobs([state])).filter(Boolean)) {
+        jobs[job.id] = { state, name: job.name, attemptsMade: job.attemptsMade, failedReason: job.failedReason || null };
+      }
+    }
+    result.queues[name] = jobs;
+    await q.close();
+  }
+  console.log(JSON.stringify(result));
+}
+
 async function work() {
   const w = worker(spec.queue, spec.options);
   w.on('completed', job => console.log(JSON.stringify({ id: job.id, result: 'completed' })));
@@ -135,7 +154,7 @@ async function work() {
   await w.close();
 }
 
-const commands = { steps, truth, work };
+const commands = { steps, truth, work, finished };
 commands[command]().then(
   () => process.exit(0),
   error => { console.error(error); process.exit(1); },

@@ -87,6 +87,16 @@ FAILING_WORK = [
     },
     {"op": "work", "queue": "work", "completed": 3, "failed": 3},
 ]
+# Run after the native reader's first read (its baseline), in a queue new to it: two complete,
+# one fails for good, one fails once and completes on its retry, one fails on its retry too
+# (no backoff: retried at once). The worker stops after 3 completions and 4 failed attempts.
+COUNTED_WORK = [
+    {"op": "add", "queue": "counted", "count": 2},
+    {"op": "add", "queue": "counted", "data": {"fail": "always"}},
+    {"op": "add", "queue": "counted", "data": {"fail": 1}, "opts": {"attempts": 2}},
+    {"op": "add", "queue": "counted", "data": {"fail": "always"}, "opts": {"attempts": 2}},
+    {"op": "work", "queue": "counted", "completed": 3, "failed": 4},
+]
 # a queue whose only job completed and was removed, and one job kept active until the end
 DRAINED_AND_BUSY = [
     {"op": "add", "queue": "drained", "opts": {"removeOnComplete": True}},
@@ -156,9 +166,40 @@ class BullMQAdapter(Adapter):
                 for queue, view in library["queues"].items()
             }
             assert truth.totals["queue_workers", "busy"] == 1
+            truth.sources_up = ("native:bullmq",)  # its first read: the baseline
             yield fixed(truth)
+            bullmq.steps(*COUNTED_WORK)
+            counted = bullmq.finished(["counted"])["counted"]
+            yield fixed(Truth(self.system, time.time(), None, totals=bullmq_counts(counted)))
         finally:
             bullmq.stop_all()
+
+
+def bullmq_counts(jobs: dict[str, dict[str, Any]]) -> dict[tuple[str, ...], float]:
+    """What BullMQ's events stream counts for the queue `counted`, read from its start (a
+    queue new to the reader), per BullMQ's finished jobs: each added, each completed, each
+    failed for good (non_retryable: none stalled), and each attempt before a job's last
+    (attemptsMade counts them all) a retryable failure and a retry (docs/native.md)."""
+    states = [job["state"] for job in jobs.values()]
+    retries = sum(job["attemptsMade"] - 1 for job in jobs.values())
+    assert all(
+        job["failedReason"].startswith("planned failure")
+        for job in jobs.values()
+        if job["state"] == "failed"
+    ), jobs
+    assert (len(states), states.count("completed"), retries) == (5, 3, 2), jobs
+    counts = {
+        "queue_jobs_enqueued_total": len(states),
+        "queue_jobs_completed_total": states.count("completed"),
+        "queue_jobs_failed_total": states.count("failed") + retries,
+        "queue_jobs_failed_total error_type=non_retryable": states.count("failed"),
+        "queue_jobs_failed_total error_type=retryable": retries,
+        "queue_jobs_retried_total": retries,
+    }
+    return {
+        (metric, "counted", *labels): float(n)
+        for (metric, *labels), n in ((key.split(), n) for key, n in counts.items())
+    }
 
 
 class BullAdapter(Adapter):
