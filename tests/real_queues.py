@@ -178,6 +178,14 @@ class Bull(NodeQueues):
         super().__init__("bull", f"bull{major}", "bull.cjs", db, prefix, port)
         self.major = major
 
+    def finished(self, queues: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per queue, every completed and failed job Bull keeps (getCompleted, getFailed), by
+        id: state, name, attemptsMade (the attempts that failed), failedReason, ..."""
+        result: dict[str, Any] = json.loads(
+            self.run("finished", {**self.connection, "queues": queues})
+        )
+        return dict(result["queues"])
+
 
 class BeeQueue(NodeQueues):
     """The `bee-queue` package, 1.x or 2.x."""

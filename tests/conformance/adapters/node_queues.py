@@ -4,7 +4,7 @@ the truth is each library's own job counts, next waiting jobs and due delayed on
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar
 
 from tests.conformance.adapters.base import Adapter, TruthAt, fixed
@@ -169,19 +169,27 @@ class BullMQAdapter(Adapter):
             truth.sources_up = ("native:bullmq",)  # its first read: the baseline
             yield fixed(truth)
             bullmq.steps(*COUNTED_WORK)
-            counted = bullmq.finished(["counted"])["counted"]
-            yield fixed(Truth(self.system, time.time(), None, totals=bullmq_counts(counted)))
+            # BullMQ's attemptsMade counts every attempt: all but the last were retried
+            totals = counted(
+                bullmq.finished(["counted"])["counted"],
+                lambda job: job["attemptsMade"] - 1,
+                added=True,
+            )
+            yield fixed(Truth(self.system, time.time(), None, totals=totals))
         finally:
             bullmq.stop_all()
 
 
-def bullmq_counts(jobs: dict[str, dict[str, Any]]) -> dict[tuple[str, ...], float]:
-    """What BullMQ's events stream counts for the queue `counted`, read from its start (a
-    queue new to the reader), per BullMQ's finished jobs: each added, each completed, each
-    failed for good (non_retryable: none stalled), and each attempt before a job's last
-    (attemptsMade counts them all) a retryable failure and a retry (docs/native.md)."""
+def counted(
+    jobs: dict[str, dict[str, Any]], retries_of: Callable[[dict[str, Any]], int], added: bool
+) -> dict[tuple[str, ...], float]:
+    """What the native reader counts for the queue `counted` (COUNTED_WORK), new to it so read
+    in full, per the library's finished jobs: each completed, each failed for good
+    (non_retryable: none stalled or timed out), each earlier failed attempt (`retries_of` a
+    job, from its attemptsMade) a retryable failure and a retry (docs/native.md), and with
+    `added` (BullMQ's events stream) each job added."""
     states = [job["state"] for job in jobs.values()]
-    retries = sum(job["attemptsMade"] - 1 for job in jobs.values())
+    retries = sum(retries_of(job) for job in jobs.values())
     assert all(
         job["failedReason"].startswith("planned failure")
         for job in jobs.values()
@@ -189,13 +197,14 @@ def bullmq_counts(jobs: dict[str, dict[str, Any]]) -> dict[tuple[str, ...], floa
     ), jobs
     assert (len(states), states.count("completed"), retries) == (5, 3, 2), jobs
     counts = {
-        "queue_jobs_enqueued_total": len(states),
         "queue_jobs_completed_total": states.count("completed"),
         "queue_jobs_failed_total": states.count("failed") + retries,
         "queue_jobs_failed_total error_type=non_retryable": states.count("failed"),
         "queue_jobs_failed_total error_type=retryable": retries,
         "queue_jobs_retried_total": retries,
     }
+    if added:
+        counts["queue_jobs_enqueued_total"] = len(states)
     return {
         (metric, "counted", *labels): float(n)
         for (metric, *labels), n in ((key.split(), n) for key, n in counts.items())
@@ -260,7 +269,17 @@ class BullAdapter(Adapter):
             assert library["version"].split(".")[0] == str(bull.major)
             later, busy = library["queues"]["later"], library["queues"]["busy"]
             assert later["due"] == 1 and busy["counts"]["active"] == 2
-            yield fixed(self.truth(library))
+            truth = self.truth(library)
+            truth.sources_up = ("native:bull",)  # its first read: the baseline
+            yield fixed(truth)
+            bull.steps(*COUNTED_WORK)
+            # Bull's attemptsMade counts the attempts that failed: a failed job's last one too
+            totals = counted(
+                bull.finished(["counted"])["counted"],
+                lambda job: job["attemptsMade"] - (job["state"] == "failed"),
+                added=False,  # Bull writes no events: nothing counts its adds
+            )
+            yield fixed(Truth(self.system, time.time(), None, totals=totals))
         finally:
             bull.stop_all()
 
