@@ -110,13 +110,6 @@ class BullMQAdapter(Adapter):
     system = "bullmq"
     versions: ClassVar[tuple[Any, ...]] = BULLMQ_MAJORS
 
-    @classmethod
-    def not_served(cls, version: Any) -> dict[str, str]:
-        """Its scenario runs before the exporter starts (issue 39: counters not yet played
-        after the native reader's first read)."""
-        why = "the scenario finishes its jobs before the native reader's first read"
-        return {signal: why for signal in ("completed", "failed", "retried")}
-
     def phases(self) -> Iterator[TruthAt]:
         assert self.redis_db is not None
         bullmq = BullMQ(self.version, self.redis_db)
@@ -214,13 +207,6 @@ def counted(
 class BullAdapter(Adapter):
     system = "bull"
     versions: ClassVar[tuple[Any, ...]] = BULL_MAJORS
-
-    @classmethod
-    def not_served(cls, version: Any) -> dict[str, str]:
-        """Its scenario runs before the exporter starts (issue 39: counters not yet played
-        after the native reader's first read)."""
-        why = "the scenario finishes its jobs before the native reader's first read"
-        return {signal: why for signal in ("completed", "failed", "retried")}
 
     @staticmethod
     def truth(library: dict[str, Any]) -> Truth:

@@ -62,11 +62,11 @@ class PgBossAdapter(Adapter):
     @classmethod
     def not_served(cls, version: Any) -> dict[str, str]:
         """pg-boss 10 has no index on completed_on: its finished jobs are not read (the
-        reader says so, silent); 12's failures may fall before the reader's first read."""
+        reader says so, silent)."""
         if version == 10:
             why = "pg-boss 10: no index on completed_on, finished rows not read (docs/presets.md)"
             return {"completed": why, "failed": why}
-        return {"failed": "the scenario's failures may fall before the reader's first read"}
+        return {}
 
     def variants(self) -> dict[str, list[Any]]:
         if self.version >= 12:  # job_i14 holds active and failed jobs: read every cycle
@@ -289,11 +289,6 @@ class ProcrastinateAdapter(Adapter):
 
     system = "procrastinate"
     backend = "postgres"
-
-    @classmethod
-    def not_served(cls, version: Any) -> dict[str, str]:
-        why = "the scenario's failures fall before the reader's first read (issue 39)"
-        return {"failed": why, "retried": why}
 
     def phases(self) -> Iterator[Phase]:
         from tests.procrastinate_app.tasks import app as unbound
