@@ -405,14 +405,10 @@ class Cycle:
             oldest = group.oldest
             if oldest is None:
                 return
-            for value, candidates in heads.items():  # each item's time failing alone
-                times = [
-                    self._split_item_time(tally, key, oldest, item, score)
-                    for item, score in candidates
-                ]
-                known = [time for time in times if time is not None]
-                if known:
-                    self._add_age(labels._replace(**{split.label: value}), min(known))
+            for value, candidates in heads.items():
+                self._earliest_age(
+                    tally, key, oldest, labels._replace(**{split.label: value}), candidates
+                )
 
         return [
             ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),
@@ -452,10 +448,7 @@ class Cycle:
                     key, "items_unchecked", f"{depth - len(items)} beyond oldest.max_items"
                 )
             if oldest.time_in not in ("hash", "string"):
-                known = [self._split_item_time(tally, key, oldest, *item) for item in items]
-                times = [time for time in known if time is not None]
-                if times:
-                    self._add_age(labels, min(times))
+                self._earliest_age(tally, key, oldest, labels, items)
                 return []
             kept: list[tuple[bytes, KeyMatch, Args]] = []
             for item, _ in items:
@@ -599,24 +592,28 @@ class Cycle:
 
         return on_groups
 
-    def _split_item_time(
+    def _earliest_age(
         self,
         tally: GroupTally,
         key: bytes,
         oldest: OldestItem,
-        item: bytes | int,
-        score: float | None,
-    ) -> float | None:
-        """A split item's time, checked (None: unreadable, counted on its key)."""
-        if isinstance(item, int):  # too large to read (counted): a score tells its time
-            if oldest.time_in != "score":
-                return None
-            item = b""
-        try:
-            return checked_time(item_time(oldest, item, score), self.latest)
-        except Exception as error:  # hostile data may raise anything
-            tally.failed(key, exception_reason(error))
-            return None
+        labels: Labels,
+        items: list[tuple[bytes | int, float | None]],
+    ) -> None:
+        """The age of the earliest of `items`' times; each item's time checked, failing alone
+        (counted on its key)."""
+        times: list[float] = []
+        for item, score in items:
+            if isinstance(item, int):  # too large to read (counted): a score tells its time
+                if oldest.time_in != "score":
+                    continue
+                item = b""
+            try:
+                times.append(checked_time(item_time(oldest, item, score), self.latest))
+            except Exception as error:  # hostile data may raise anything
+                tally.failed(key, exception_reason(error))
+        if times:
+            self._add_age(labels, min(times))
 
     def _add_depth(self, tally: GroupTally, labels: Labels, depth: float) -> None:
         self.samples.add_labelled(DEPTH, labels, depth)
