@@ -259,7 +259,7 @@ class Saq(System):
 
 class SidekiqSystem(System):
     name = "sidekiq"
-    queue = "all"  # Sidekiq's counters carry no queue
+    queue = ""  # Sidekiq's counters carry no queue (an empty label)
     denied = refused = "sscan"  # the processes, read after the counters
     runtimes = False  # Sidekiq records no runtime per job
 
