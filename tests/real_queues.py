@@ -19,21 +19,13 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import pytest
-
 from tests.conftest import REDIS_HOST, REDIS_PORT
+from tests.tools import missing
 
 TESTS = Path(__file__).parent
 BULLMQ_MAJORS = (5, 6)
 BULL_MAJORS = (3, 4)
 BEE_QUEUE_MAJORS = (1, 2)
-
-
-def _missing(what: str) -> None:
-    message = f"{what} not found (scripts/setup.sh installs it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + ": CI must have it")
-    pytest.skip(message)
 
 
 class Driver:
@@ -100,9 +92,9 @@ class BullMQ(Driver):
         node = shutil.which("node")
         install = TESTS / "node" / f"bullmq{major}"
         if node is None:
-            _missing("node (Debian package nodejs)")
+            missing("node (Debian package nodejs) not found")
         if not (install / "node_modules" / "bullmq").is_dir():
-            _missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)}")
+            missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)} not found")
         super().__init__([str(node), str(TESTS / "node" / "bullmq.cjs"), str(install)], {})
         self.connection: dict[str, Any] = {"host": REDIS_HOST, "port": port, "db": db}
         if cluster is not None:
@@ -150,9 +142,9 @@ class NodeQueues(Driver):
         node = shutil.which("node")
         install = TESTS / "node" / folder
         if node is None:
-            _missing("node (Debian package nodejs)")
+            missing("node (Debian package nodejs) not found")
         if not (install / "node_modules" / package).is_dir():
-            _missing(f"{package} in {install.relative_to(TESTS.parent)}")
+            missing(f"{package} in {install.relative_to(TESTS.parent)} not found")
         super().__init__([str(node), str(TESTS / "node" / script), str(install)], {})
         self.connection = {"host": REDIS_HOST, "port": port, "db": db, "prefix": prefix}
 
@@ -199,7 +191,7 @@ class Sidekiq(Driver):
     def __init__(self, db: int, port: int = REDIS_PORT) -> None:
         ruby, sidekiq = shutil.which("ruby"), shutil.which("sidekiq")
         if ruby is None or sidekiq is None:
-            _missing("ruby and sidekiq (Debian package ruby-sidekiq)")
+            missing("ruby and sidekiq (Debian package ruby-sidekiq) not found")
         assert ruby is not None and sidekiq is not None
         env = {"REDIS_URL": f"redis://{REDIS_HOST}:{port}/{db}"}
         super().__init__([ruby, str(TESTS / "ruby" / "sidekiq_driver.rb")], env)

@@ -23,6 +23,7 @@ from tests.conftest import scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BeeQueue, Bull
 from tests.saq_app.control import driver as saq_driver
+from tests.tools import missing
 
 ROOT = Path(__file__).resolve().parent.parent
 ARQ_PYTHON = ROOT / ".venv/tools/arq/bin/python"
@@ -57,10 +58,7 @@ def _python_driver(python: Path, module: str, url: str, *args: str) -> None:
 
 def _arq_python() -> Path:
     if not ARQ_PYTHON.exists():
-        message = f"no arq at {ARQ_PYTHON} (scripts/setup.sh installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"no arq at {ARQ_PYTHON}")
     return ARQ_PYTHON
 
 

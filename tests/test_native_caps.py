@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import time
 from typing import Any
@@ -27,6 +26,7 @@ from exporter.sources.native.saq import SaqReader
 from tests.conftest import stop_process, wait_for
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker
+from tests.tools import missing
 
 COMPLETED = ("queue_jobs_completed_total", ("saq", "work", "", ""))
 # The CPU a read may spend before it stops: generous for a read of a few records on a loaded
@@ -55,10 +55,7 @@ def test_names_stop_at_the_reads_deadline() -> None:
 @pytest.fixture
 def saq_installed() -> None:
     if importlib.util.find_spec("saq") is None:
-        message = "saq not installed (pyproject's dev extra has it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("saq not installed (pyproject's dev extra has it)")
 
 
 def _completed_by(redis_url: str, worker_id: str, jobs: int) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import os
 import signal
 import time
 from typing import Any
@@ -21,6 +20,7 @@ from exporter.catalog import BY_NAME
 from tests.conftest import scrape_series, stop_process, total, value, wait_for
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker
+from tests.tools import missing
 
 DEPTH = BY_NAME["queue_depth"]
 
@@ -28,10 +28,7 @@ DEPTH = BY_NAME["queue_depth"]
 @pytest.fixture
 def saq_installed() -> None:
     if importlib.util.find_spec("saq") is None:
-        message = "saq not installed (pyproject's dev extra has it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing("saq not installed (pyproject's dev extra has it)")
 
 
 def _stats(redis_url: str, worker_id: str) -> dict[str, int] | None:

@@ -14,7 +14,6 @@ Depths, due jobs and ages as graphile-worker says them are checked by the confor
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import subprocess
 from collections import Counter
@@ -34,16 +33,10 @@ from tests.conftest import (
     value,
     wait_for,
 )
+from tests.tools import missing
 
 NODE = Path(__file__).parent / "node"
 STATES = ("pending", "scheduled", "retry", "active", "failed")
-
-
-def _missing(what: str) -> None:
-    message = f"{what} not found (scripts/setup.sh installs it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + ": CI must have it")
-    pytest.skip(message)
 
 
 class GraphileWorker:
@@ -51,9 +44,9 @@ class GraphileWorker:
         # 0.18 needs Node 22.18: npm's node package in tests/node/node22; 0.16 runs on Node 20
         self.node = str(NODE / "node22/node_modules/.bin/node") if version >= "018" else "node"
         if shutil.which(self.node) is None:
-            _missing(f"{self.node} (graphile-worker {version})")
+            missing(f"{self.node} (graphile-worker {version}) not found")
         if not (NODE / f"graphile_worker{version}/node_modules/graphile-worker").is_dir():
-            _missing(f"graphile-worker in tests/node/graphile_worker{version}")
+            missing(f"graphile-worker in tests/node/graphile_worker{version} not found")
         parts = conninfo_to_dict(dsn)
         self.url = f"postgres://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
         self.dsn = dsn

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -40,17 +39,11 @@ from tests.conftest import (
     wait_for,
     wait_until_served_as_truth,
 )
+from tests.tools import missing
 
 NODE = Path(__file__).parent / "node"
 QUEUES = ("emails", "reports", "slow", "idle")
 STATES = ("pending", "scheduled", "retry", "active", "failed")
-
-
-def _missing(what: str) -> None:
-    message = f"{what} not found (scripts/setup.sh installs it)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + ": CI must have it")
-    pytest.skip(message)
 
 
 class PgBoss:
@@ -58,9 +51,9 @@ class PgBoss:
         # pg-boss 12 needs Node 22: npm's node package in tests/node/node22; 10 runs on Node 20
         self.node = str(NODE / "node22/node_modules/.bin/node") if major >= 12 else "node"
         if shutil.which(self.node) is None:
-            _missing(f"{self.node} (pg-boss {major})")
+            missing(f"{self.node} (pg-boss {major}) not found")
         if not (NODE / f"pgboss{major}/node_modules/pg-boss").is_dir():
-            _missing(f"pg-boss {major}.x in tests/node/pgboss{major}")
+            missing(f"pg-boss {major}.x in tests/node/pgboss{major} not found")
         parts = conninfo_to_dict(dsn)
         self.url = f"postgres://{parts['user']}@{parts['host']}:{parts['port']}/{parts['dbname']}"
         self.major = major

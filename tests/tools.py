@@ -5,8 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from typing import NoReturn
 
 import pytest
+
+
+def missing(message: str) -> NoReturn:
+    """A prerequisite the tests need is not installed: a skip naming it locally, a failure
+    under CI (CI=true), which must have everything (scripts/setup.sh installs it)."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(message + ": CI must have it (scripts/setup.sh installs it)")
+    pytest.skip(message)
 
 
 def require(tool: str) -> str:
@@ -14,10 +23,7 @@ def require(tool: str) -> str:
     path = shutil.which(tool)
     if path:
         return path
-    message = f"{tool} not found (scripts/setup.sh installs it from Debian)"
-    if os.environ.get("CI") == "true":
-        pytest.fail(message + ": CI must have it (scripts/setup.sh installs it)")
-    pytest.skip(message)
+    missing(f"{tool} not found (scripts/setup.sh installs it from Debian)")
 
 
 def run(

@@ -10,15 +10,13 @@ the next phase. The generator's `finally` stops what it started.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-import pytest
-
 from tests.conformance.checks import Truth
+from tests.tools import missing
 
 TruthAt = Callable[[float], Truth]
 # a phase: its truth, or its truth and the only runs (variants) it applies to
@@ -69,10 +67,7 @@ def require(python: Path, module: str, what: str) -> Path:
     """The interpreter of a library's venv, or a skip naming it (a failure under CI)."""
     probe = subprocess.run([python, "-c", f"import {module}"], capture_output=True, check=False)
     if not python.exists() or probe.returncode != 0:
-        message = f"{what}: no {module} at {python} (scripts/setup.sh installs it)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
+        missing(f"{what}: no {module} at {python} (scripts/setup.sh installs it)")
     return python
 
 
