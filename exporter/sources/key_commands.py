@@ -418,8 +418,8 @@ class Cycle:
     def _earliest(
         self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
     ) -> list[Command]:
-        """Depth, and the earliest time among the key's first oldest.max_items items
-        (oldest.end: earliest): for an order that is not by that time, as RQ's started
+        """Depth, then (a key holding items) the earliest time among its first oldest.max_items
+        items (oldest.end: earliest): for an order that is not by that time, as RQ's started
         registry, scored by each job's deadline, which its heartbeats move. A time kept where
         the item points (RQ's job hash) is read for each item, in one bounded read; the
         series' age is the largest of them (_ages). Items beyond are counted, not guessed."""
@@ -434,12 +434,17 @@ class Cycle:
         )
         depth = 0
 
-        def on_depth(reply: Any) -> None:
+        def on_depth(reply: Any) -> Command | None:
+            """The items read only when there are some: an idle queue (most of RQ's started
+            registries) costs its one count, as in a bulk read."""
             nonlocal depth
             depth = int(reply)
-            if depth and tally.enumerated:
-                tally.present(key)
             self._add_depth(tally, labels, depth)
+            if not depth:
+                return None
+            if tally.enumerated:
+                tally.present(key)
+            return (ITEM_READ, key, bound_each(read)), on_items, tally
 
         def on_items(reply: Any) -> list[Command]:
             items = listed_items(reply, scored)
@@ -464,10 +469,7 @@ class Cycle:
                 return [self.kept_time_read(tally, oldest, labels, *place[::2]) for place in kept]
             return [self._kept_times(tally, oldest, kept)] if kept else []
 
-        return [
-            ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),
-            ((ITEM_READ, key, bound_each(read)), on_items, tally),
-        ]
+        return [((DEPTH_COMMAND[group.key_type], key), on_depth, tally)]
 
     def _marked(
         self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
