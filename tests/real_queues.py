@@ -78,60 +78,6 @@ class Driver:
                 self.stop(process)
 
 
-class BullMQ(Driver):
-    def __init__(
-        self,
-        major: int,
-        db: int,
-        port: int = REDIS_PORT,
-        cluster: list[tuple[str, int]] | None = None,
-        prefix: str = "bull",
-    ) -> None:
-        """`cluster`: a Redis Cluster's seed nodes, which BullMQ then reaches through ioredis's
-        Cluster client (db and port are not used); `prefix`: BullMQ's key prefix."""
-        node = shutil.which("node")
-        install = TESTS / "node" / f"bullmq{major}"
-        if node is None:
-            missing("node (Debian package nodejs) not found")
-        if not (install / "node_modules" / "bullmq").is_dir():
-            missing(f"bullmq {major}.x in {install.relative_to(TESTS.parent)} not found")
-        super().__init__([str(node), str(TESTS / "node" / "bullmq.cjs"), str(install)], {})
-        self.connection: dict[str, Any] = {"host": REDIS_HOST, "port": port, "db": db}
-        if cluster is not None:
-            self.connection = {"cluster": [{"host": h, "port": p} for h, p in cluster]}
-        self.connection["prefix"] = prefix
-
-    def steps(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
-        """Run steps; the jobs that `work` steps with `report: true` completed, as BullMQ gave
-        them to the worker (queue, name, processed_on and finished_on in ms)."""
-        *lines, last = self.run("steps", {**self.connection, "steps": list(steps)}).splitlines()
-        assert last.strip() == "ready"
-        return [json.loads(line)["completed"] for line in lines]
-
-    def hold(self, *steps: dict[str, Any]) -> subprocess.Popen[str]:
-        """Run steps whose workers keep jobs active until the process is stopped."""
-        spec = {**self.connection, "steps": list(steps)}
-        return self.start([*self.argv, "steps", json.dumps(spec)])
-
-    def worker(self, queue: str, **options: Any) -> subprocess.Popen[str]:
-        spec = {**self.connection, "queue": queue, "options": options}
-        return self.start([*self.argv, "work", json.dumps(spec)])
-
-    def truth(self, queues: list[str]) -> dict[str, Any]:
-        result: dict[str, Any] = json.loads(
-            self.run("truth", {**self.connection, "queues": queues})
-        )
-        return result
-
-    def finished(self, queues: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-        """Per queue, every completed and failed job BullMQ keeps, by id: state, name,
-        attemptsMade (every attempt, the last included) and failedReason."""
-        result: dict[str, Any] = json.loads(
-            self.run("finished", {**self.connection, "queues": queues})
-        )
-        return dict(result["queues"])
-
-
 class NodeQueues(Driver):
     """A Node queue library (tests/node/<folder>, run by tests/node/<script>): steps through its
     API, some kept running (held), and its own view of the queues (truth)."""
@@ -162,6 +108,45 @@ class NodeQueues(Driver):
         )
         return result
 
+    def finished(self, queues: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """Per queue, every completed and failed job the library keeps, by id: state, name,
+        attemptsMade (as it counts them: BullMQ every attempt, Bull the failed ones),
+        failedReason."""
+        result: dict[str, Any] = json.loads(
+            self.run("finished", {**self.connection, "queues": queues})
+        )
+        return dict(result["queues"])
+
+
+class BullMQ(NodeQueues):
+    def __init__(
+        self,
+        major: int,
+        db: int,
+        port: int = REDIS_PORT,
+        cluster: list[tuple[str, int]] | None = None,
+        prefix: str = "bull",
+    ) -> None:
+        """`cluster`: a Redis Cluster's seed nodes, which BullMQ then reaches through ioredis's
+        Cluster client (db and port are not used); `prefix`: BullMQ's key prefix."""
+        super().__init__("bullmq", f"bullmq{major}", "bullmq.cjs", db, prefix, port)
+        if cluster is not None:
+            self.connection = {
+                "cluster": [{"host": h, "port": p} for h, p in cluster],
+                "prefix": prefix,
+            }
+
+    def steps(self, *steps: dict[str, Any]) -> list[dict[str, Any]]:
+        """Run steps; the jobs that `work` steps with `report: true` completed, as BullMQ gave
+        them to the worker (queue, name, processed_on and finished_on in ms)."""
+        *lines, last = self.run("steps", {**self.connection, "steps": list(steps)}).splitlines()
+        assert last.strip() == "ready"
+        return [json.loads(line)["completed"] for line in lines]
+
+    def worker(self, queue: str, **options: Any) -> subprocess.Popen[str]:
+        spec = {**self.connection, "queue": queue, "options": options}
+        return self.start([*self.argv, "work", json.dumps(spec)])
+
 
 class Bull(NodeQueues):
     """The `bull` package, 3.x or 4.x."""
@@ -169,14 +154,6 @@ class Bull(NodeQueues):
     def __init__(self, major: int, db: int, prefix: str = "bull", port: int = REDIS_PORT) -> None:
         super().__init__("bull", f"bull{major}", "bull.cjs", db, prefix, port)
         self.major = major
-
-    def finished(self, queues: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
-        """Per queue, every completed and failed job Bull keeps (getCompleted, getFailed), by
-        id: state, name, attemptsMade (the attempts that failed), failedReason, ..."""
-        result: dict[str, Any] = json.loads(
-            self.run("finished", {**self.connection, "queues": queues})
-        )
-        return dict(result["queues"])
 
 
 class BeeQueue(NodeQueues):
