@@ -29,7 +29,7 @@ from pathlib import Path
 from alerts.alerting import alerting_rules
 from alerts.config import DEFAULTS
 from alerts.recording import recording_rules
-from exporter.catalog import BY_NAME
+from exporter.output.catalog import BY_NAME
 
 RECORDED_DIR = Path(__file__).resolve().parent / "tests" / "recorded"
 RECORD_ENV = "QE_RECORD_SERIES"

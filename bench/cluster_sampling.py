@@ -40,10 +40,10 @@ from redis.crc import key_slot
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import Found, RawRedis, floor_loop, load_average, same_result
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.private_redis import PrivateRedis
 from tests.redis_topology import ClusterSetup
 
@@ -180,7 +180,7 @@ def run(single: PrivateRedis, cluster: ClusterSetup, keys: list[str], runs: int)
         "one server": lambda: floor_loop(floors["one server"]),
         "cluster": floors["cluster"].run,
     }
-    gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
+    gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
     loads = [load_average()]
     started = time.time()
     found = floor_runs["one server"]()  # the warm-ups, and the checks that all agree

@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.event_ingest import STREAM, exporter_result, floor_decode, preload
 from bench.key_sampling import RawRedis, private_redis
-from exporter.events import consumer as consumer_module
-from exporter.events.config import EventsSourceConfig, StreamConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import Telemetry
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams import consumer as consumer_module
+from exporter.sources.streams.config import EventsSourceConfig, StreamConfig
 
 Batch = list[list[Any]]
 

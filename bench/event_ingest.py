@@ -38,14 +38,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import CostClock, RawRedis, private_redis
-from exporter.events.config import EventsSourceConfig, StreamConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics
-from exporter.events.producer import EventEmitter
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.store import HistogramFamily, MetricStore, NumberFamily
-from exporter.telemetry import Telemetry
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.lifecycle.producer import EventEmitter
+from exporter.output.health import HealthBoard
+from exporter.output.store import HistogramFamily, MetricStore, NumberFamily
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams.config import EventsSourceConfig, StreamConfig
+from exporter.sources.streams.consumer import StreamConsumer
 
 STREAM = "bench:event_ingest"
 QUEUES = [f"queue-{n}" for n in range(5)]
@@ -217,7 +217,7 @@ class SdkStore(MetricStore):
         self._instruments: dict[str, Any] = {}
 
     def apply(self, counts: Any, observations: Any) -> None:
-        from exporter.catalog import BY_NAME
+        from exporter.output.catalog import BY_NAME
 
         for (metric, labels), amount in counts.items():
             attributes = dict(zip(BY_NAME[metric].labels, labels, strict=True))
@@ -271,7 +271,7 @@ def main() -> None:
         raw = RawRedis(url)
         clock = CostClock(client)
         groups = iter(range(1_000_000))
-        gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
+        gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
 
         def exporter(store: type[MetricStore] | None = None) -> Result:
             telemetry = Telemetry(HealthBoard())
@@ -296,7 +296,7 @@ def main() -> None:
 
     load = " ".join(f"{value:.1f}" for value in os.getloadavg())
     print(f"load average {load}; medians of {args.rounds} interleaved rounds")
-    print(f"{'':<28} {'events/s':>10} {'ratio':>6} {'CPU µs/event':>13} {'ratio':>6}")
+    print(f"{'':<28} {'lifecycle/s':>10} {'ratio':>6} {'CPU µs/event':>13} {'ratio':>6}")
     bare_rate = args.events / clock.median("wall", "bare")
     bare_cpu = clock.median("cpu", "bare") / args.events * 1e6
     for name, label in (

@@ -34,11 +34,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.catalog import SAMPLED, MetricSpec
-from exporter.events.metrics import EventMetrics, Tally
-from exporter.health import HealthBoard
-from exporter.samples import LabelValues, SampleSet
-from exporter.telemetry import Telemetry
+from exporter.lifecycle.metrics import EventMetrics, Tally
+from exporter.output.catalog import SAMPLED, MetricSpec
+from exporter.output.health import HealthBoard
+from exporter.output.samples import LabelValues, SampleSet
+from exporter.output.telemetry import Telemetry
 
 Data = dict[MetricSpec, list[tuple[LabelValues, float]]]
 

@@ -21,7 +21,7 @@ import uuid
 from exporter import __version__
 
 IMPORT = (
-    "import resource, exporter.cli, exporter.app, exporter.build, exporter.sources.postgres; "
+    "import resource, exporter.commands.cli, exporter.runtime.app, exporter.runtime.build, exporter.sources.postgres.source; "
     "usage = resource.getrusage(resource.RUSAGE_SELF); print(usage.ru_utime + usage.ru_stime)"
 )
 FLOOR = (

@@ -8,7 +8,7 @@ label sets by default). An exporter in its default configuration (the whole app,
 included; cap 10,000 samples per metric) reads the stream from its start in a consumer group
 of its own; a run ends when that group has every entry delivered and acknowledged. Runs
 alternate, after a warm-up run: unscraped, then with /metrics fetched every `--scrape-every`
-seconds over HTTP with gzip, as Prometheus does. Prints the events/s of both, their ratio
+seconds over HTTP with gzip, as Prometheus does. Prints the lifecycle/s of both, their ratio
 (the bound: 0.8x), and the size and duration of the scrapes.
 """
 
@@ -28,8 +28,8 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.event_ingest import preload
-from exporter import config as config_module
-from exporter.app import App
+from exporter.config import settings as config_module
+from exporter.runtime.app import App
 from tests.private_redis import PrivateRedis
 
 STREAM = "bench:ingest_under_scrape"
@@ -128,9 +128,9 @@ def main() -> None:
     durations = [duration for scraper in scrapers for duration in scraper.durations]
     label_sets = 5 * args.job_types * 4
     print(f"{args.events:,} events over {label_sets:,} label sets, medians of {args.rounds} runs")
-    print(f"unscraped: {unscraped:,.0f} events/s")
+    print(f"unscraped: {unscraped:,.0f} lifecycle/s")
     print(
-        f"scraped every {args.scrape_every:g} s: {scraped:,.0f} events/s = "
+        f"scraped every {args.scrape_every:g} s: {scraped:,.0f} lifecycle/s = "
         f"{scraped / unscraped:.2f}x unscraped (bound 0.8x)"
     )
     if durations:

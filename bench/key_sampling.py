@@ -11,7 +11,7 @@ the clock and by the CPU it costs, this process's and the redis-server's togethe
 figure on a shared host):
 - floor: the same useful work in the leanest loop: one SCAN MATCH of the preset's two patterns'
   common prefix, its keys matched against both patterns (as the exporter shares one SCAN among
-  key groups: exporter/sources/key_scans.py), each SCAN sent with the reads of the keys the
+  key groups: exporter/sources/redis_keys/scans.py), each SCAN sent with the reads of the keys the
   previous one found (as the exporter does), LLEN of
   every key and its head item read inside the same bounded read-only script the exporter uses
   (max_item_bytes), over a raw socket with hiredis packing and parsing, every head's JSON
@@ -58,18 +58,18 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.redis_pipeline import bounded_reads, script_read
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.pipeline import bounded_reads, script_read
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.private_redis import PrivateRedis, free_port
 
 # A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
 EVERY_KEY = 10**9
 # The preset's two key groups: queue lists and dead-letter lists (none here, but scanned for).
 PRESET_GLOBS = ("orchestrata:queue:*:p*", "orchestrata:dlq:*")
-# Both found by one SCAN of their common prefix (as the exporter shares it: key_scans.py), each
+# Both found by one SCAN of their common prefix (as the exporter shares it: sources/redis_keys/scans.py), each
 # key it returns matched against both patterns.
 SHARED_GLOB = "orchestrata:*"
 PRESET_KEYS = re.compile(rb"orchestrata:queue:.+:p.+|orchestrata:dlq:.+", re.DOTALL)
@@ -314,7 +314,7 @@ def measure(
     telemetry = Telemetry(HealthBoard())
     sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
     raw = RawRedis(url)
-    gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
+    gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
     binary = shutil.which("prometheus-redis-exporter")
     peer_up_to = args.peer_up_to if proxy_pid is None else args.delayed_peer_up_to
     peer = Peer(binary, url) if binary and size <= peer_up_to else None

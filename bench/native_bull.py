@@ -14,7 +14,7 @@ timed by the clock and by the CPU of this process and the redis-server together 
   per queue's completed and failed set (from the same window as the reader's), one round trip
   of an HMGET per newly finished job's hash; each job's execution time summed per queue; GC
   paused;
-- reader: `BullReader.read` (exporter/sources/native/bull.py), workers on as the preset has
+- reader: `BullReader.read` (exporter/sources/readers/bull.py), workers on as the preset has
   it, checked every round to count the floor's jobs per queue with the floor's execution
   times.
 """
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from key_sampling import CostClock, RawRedis, private_redis
 from preset_sampling import load_queues
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bull import LOOKBACK_MS, BullReader
-from exporter.sources.native.config import BullReaderConfig
-from exporter.sources.native.framework import Signals
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bull import LOOKBACK_MS, BullReader
+from exporter.sources.readers.config import BullReaderConfig
+from exporter.sources.readers.framework import Signals
 
 PAGE = 1000
 # what the reader's HMGET asks of a completed job's hash (a failed one's: failedReason last)
@@ -161,7 +161,7 @@ def main() -> None:
         load_queues(client, args.queues)
         reader = BullReader(BullReaderConfig(), RedisConnectionConfig(url=url))
         floor = FloorReader(RawRedis(url))
-        gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
+        gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
         reader.read(Signals())  # both baselines
         floor.read()
         clock = CostClock(client)

@@ -58,10 +58,10 @@ def _envelope(body: object) -> bytes:
 def celery(hostnames: int, bounded: bool) -> dict[str, float]:
     import redis
 
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native import celery as celery_module
-    from exporter.sources.native.config import CeleryReaderConfig
-    from exporter.sources.native.framework import Signals
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers import celery as celery_module
+    from exporter.sources.readers.config import CeleryReaderConfig
+    from exporter.sources.readers.framework import Signals
     from tests.private_redis import PrivateRedis
 
     if not bounded:
@@ -108,11 +108,11 @@ def celery(hostnames: int, bounded: bool) -> dict[str, float]:
 def rq(queues: int, bounded: bool) -> dict[str, float]:
     import redis
 
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native import framework
-    from exporter.sources.native import rq as rq_module
-    from exporter.sources.native.config import RqReaderConfig
-    from exporter.sources.native.framework import Signals
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers import framework
+    from exporter.sources.readers import rq as rq_module
+    from exporter.sources.readers.config import RqReaderConfig
+    from exporter.sources.readers.framework import Signals
     from tests.private_redis import PrivateRedis
 
     if not bounded:
@@ -145,10 +145,10 @@ def rq(queues: int, bounded: bool) -> dict[str, float]:
 
 
 def sql(rows: int, bounded: bool, dsn: str) -> dict[str, float]:
-    from exporter.health import HealthBoard
-    from exporter.sources import postgres
-    from exporter.sources.postgres_config import PostgresSourceConfig
-    from exporter.telemetry import Telemetry
+    from exporter.output.health import HealthBoard
+    from exporter.output.telemetry import Telemetry
+    from exporter.sources.postgres import source as postgres
+    from exporter.sources.postgres.config import PostgresSourceConfig
 
     max_rows = 10_000
 
@@ -193,10 +193,10 @@ def _fill(client: Any, script: str, key: str, entries: int, argument: object) ->
 def unacked(entries: int, bounded: bool) -> dict[str, float]:
     import redis
 
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native import celery as celery_module
-    from exporter.sources.native.config import CeleryReaderConfig
-    from exporter.sources.native.framework import Signals
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers import celery as celery_module
+    from exporter.sources.readers.config import CeleryReaderConfig
+    from exporter.sources.readers.framework import Signals
     from tests.private_redis import PrivateRedis
 
     if not bounded:
@@ -232,11 +232,11 @@ def unacked(entries: int, bounded: bool) -> dict[str, float]:
 def registry(entries: int, bounded: bool) -> dict[str, float]:
     import redis
 
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native import rq as rq_module
-    from exporter.sources.native import rq_windows
-    from exporter.sources.native.config import RqReaderConfig
-    from exporter.sources.native.framework import Signals
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers import rq as rq_module
+    from exporter.sources.readers import rq_windows
+    from exporter.sources.readers.config import RqReaderConfig
+    from exporter.sources.readers.framework import Signals
     from tests.private_redis import PrivateRedis
 
     if not bounded:

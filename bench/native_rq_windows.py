@@ -58,10 +58,10 @@ def _floor(client: object) -> None:
 def measure(kept: int, reads: int) -> dict[str, float]:
     import redis
 
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native.config import RqReaderConfig
-    from exporter.sources.native.framework import Signals
-    from exporter.sources.native.rq import RqReader
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers.config import RqReaderConfig
+    from exporter.sources.readers.framework import Signals
+    from exporter.sources.readers.rq import RqReader
     from tests.private_redis import PrivateRedis
 
     with tempfile.TemporaryDirectory() as directory:

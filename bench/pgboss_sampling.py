@@ -10,7 +10,7 @@ the Node 22 of tests/node/node22),
 then `--jobs` rows over its 4 queues as a busy pg-boss keeps them: 82% finished (completed,
 failed, cancelled), the rest created (due or scheduled), retry and active. Timed in turn, median
 of --runs after a warm-up, each pair checked to give the same numbers first; the exporter's
-sessions run with JIT off (exporter/sources/postgres.py), and so do the bare SELECTs':
+sessions run with JIT off (exporter/sources/postgres/source.py), and so do the bare SELECTs':
 - hot path (every cycle): the pgboss_jobs and pgboss_due sources' sample() (pooled connection
   with a check, read-only transaction, statement timeout, rows -> samples), against the bare
   SELECTs the same numbers need on one open connection: per queue and waiting state, count
@@ -41,11 +41,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
-from exporter import config as config_module  # noqa: E402
-from exporter import presets  # noqa: E402
-from exporter.app import App  # noqa: E402
-from exporter.samples import SampleSet  # noqa: E402
-from exporter.sources.postgres import PostgresCollectorSource  # noqa: E402
+from exporter.config import presets  # noqa: E402
+from exporter.config import settings as config_module  # noqa: E402
+from exporter.output.samples import SampleSet  # noqa: E402
+from exporter.runtime.app import App  # noqa: E402
+from exporter.sources.postgres.source import PostgresCollectorSource  # noqa: E402
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 

@@ -39,10 +39,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
-from exporter import config as config_module  # noqa: E402
-from exporter.app import App  # noqa: E402
-from exporter.samples import SampleSet  # noqa: E402
-from exporter.sources.postgres import PostgresCollectorSource  # noqa: E402
+from exporter.config import settings as config_module  # noqa: E402
+from exporter.output.samples import SampleSet  # noqa: E402
+from exporter.runtime.app import App  # noqa: E402
+from exporter.sources.postgres.source import PostgresCollectorSource  # noqa: E402
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 Rows = list[tuple[Any, ...]]

@@ -32,9 +32,9 @@ from psycopg.conninfo import make_conninfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter import config as config_module
-from exporter.app import App
-from exporter.sources.postgres import PostgresCollectorSource
+from exporter.config import settings as config_module
+from exporter.runtime.app import App
+from exporter.sources.postgres.source import PostgresCollectorSource
 from tests.attune_db import schema_ddl
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"

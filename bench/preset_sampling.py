@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from key_sampling import CostClock, RawRedis, private_redis
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.redis_pipeline import bounded_reads, script_read
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.pipeline import bounded_reads, script_read
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 MAX_ITEM_BYTES = 256 * 1024  # the exporter's default max_item_bytes
 PAGE = 1000  # the exporter's default scan_count and pipeline_size
@@ -176,7 +176,7 @@ def main() -> None:
         assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
         sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
         raw = RawRedis(url)
-        gc.freeze()  # as `serve` does once start-up is done (exporter/app.py)
+        gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
         found_at = time.time()
         found = floor_loop(raw)
         if len(found) != args.queues:

@@ -1,5 +1,5 @@
 """What a SCAN pass costs Redis: a key visited, a key returned, and one shared pass against one
-per key group (exporter/sources/key_scans.py).
+per key group (exporter/sources/redis_keys/scans.py).
 
     .venv/bin/python bench/scan_cost.py [--redis-server PATH ...] [--runs 7]
         [--queues 10000] [--unrelated 100000]
@@ -10,7 +10,7 @@ binary to compare versions, e.g. builds of 7.2 and 7.4), a server of the benchma
 1000, a raw socket, hiredis) runs in turn for every MATCH below, servers round robin, `--runs`
 times after a warm-up; Redis's own time for the loop is read from INFO commandstats (the usec
 of its SCAN calls), medians printed:
-- the preset's two globs apart (what the exporter did before key_scans.py), their sum;
+- the preset's two globs apart (what the exporter did before sources/redis_keys/scans.py), their sum;
 - their shared glob, orchestrata:* (what it does now): the ratio of the two is what sharing
   saves Redis;
 - a glob that matches nothing (each key visited, none returned) and `*` (each key returned):

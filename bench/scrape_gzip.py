@@ -5,7 +5,7 @@
 The exporter in its default configuration holds `--series` sampled series (bench/exposition.py's
 shape). Timed in interleaved rounds after a warm-up round, medians shown: the render
 (`Telemetry.render(False)`), and gzip of its body at the level /metrics uses
-(`exporter.http_server.GZIP_LEVEL`) and at zlib's default (6), with the sizes; each compressed
+(`exporter.http.server.GZIP_LEVEL`) and at zlib's default (6), with the sizes; each compressed
 body must decompress to the render's.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.exposition import exporter_telemetry, interleaved, sampled_data
-from exporter.http_server import GZIP_LEVEL
+from exporter.http.server import GZIP_LEVEL
 
 
 def main() -> None:

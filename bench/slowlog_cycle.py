@@ -24,10 +24,10 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import load_keys, private_redis
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 # A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
 EVERY_KEY = 10**9

@@ -26,11 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.catalog import BY_NAME
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.status_page import StatusPage
-from exporter.telemetry import Telemetry
+from exporter.http.status_page import StatusPage
+from exporter.output.catalog import BY_NAME
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
 
 
 def loaded_telemetry(queues: int) -> Telemetry:

@@ -14,7 +14,7 @@ def main() -> None:
     # and again (~6% of serve's start-up). cli.main turns it back on for every other command;
     # serve does once it listens (App.listen, after gc.freeze()).
     gc.disable()
-    from exporter.cli import main as command_line
+    from exporter.commands.cli import main as command_line
 
     command_line()
 

@@ -18,9 +18,10 @@ import typing
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from exporter import catalog, presets
-from exporter.config import Config
-from exporter.printable import printable
+from exporter.config import presets
+from exporter.config.settings import Config
+from exporter.core.printable import printable
+from exporter.output import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGINS = {
@@ -34,7 +35,7 @@ def metrics_page() -> str:
     lines = [
         "# Metric reference",
         "",
-        "Generated from `exporter/catalog.py` by `scripts/generate_reference.py`; do not edit.",
+        "Generated from `exporter/output/catalog.py` by `scripts/generate_reference.py`; do not edit.",
         "Label values absent for a series are empty strings (which Prometheus treats as absent).",
         f"`[{catalog.SOURCE_LABEL}]`: with several Redis sources (`sources.redis` a list) the",
         "family also carries this label, last: the name of the Redis the series was read from",
@@ -60,7 +61,7 @@ def presets_page() -> str:
     lines = [
         "# Presets",
         "",
-        "Generated from `exporter/presets/*.yaml` by `scripts/generate_reference.py`; do not edit.",
+        "Generated from `exporter/config/presets/*.yaml` by `scripts/generate_reference.py`; do not edit.",
         "A preset is a piece of configuration: `--preset NAME`, or in the file",
         "`presets: [{name: NAME, params: {...}}]` to override its params. Key groups use the same",
         "format as an operator's own (`sources.redis.key_groups`, see the README).",
@@ -87,7 +88,7 @@ def presets_page() -> str:
         "",
         "Each preset's **Not recorded** list names the signals operators page on (waiting,",
         "running, failed jobs kept, oldest waiting and longest running ages, completed, failed,",
-        "retried, workers, slots: `exporter/catalog.py` SIGNALS) that its system does not record,",
+        "retried, workers, slots: `exporter/output/catalog.py` SIGNALS) that its system does not record,",
         "and why: nothing serves them, no value is made up in their place, and the exporter's",
         "log, status page and check-config name them (the preset's `not_recorded`). Every other",
         "signal is served, which the conformance harness checks against the real library",
@@ -176,7 +177,7 @@ def _library_lines(library: dict[str, Any] | None) -> list[str]:
 
 
 def _not_recorded_lines(signals: dict[str, str]) -> list[str]:
-    """The signals (exporter.catalog.SIGNALS) the system does not record: no series, and why."""
+    """The signals (exporter.output.catalog.SIGNALS) the system does not record: no series, and why."""
     if not signals:
         return []
     lines = [
@@ -314,7 +315,7 @@ def _type_name(annotation: object) -> str:
         "typing.",
         "pydantic.types.",
         "pathlib.",
-        "exporter.sources.key_groups.",
+        "exporter.sources.redis_keys.groups.",
         "NoneType",
     ):
         text = text.replace(noise, "None" if noise == "NoneType" else "")

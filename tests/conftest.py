@@ -21,8 +21,8 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg.conninfo import make_conninfo
 
-from exporter import config as config_module
-from exporter.app import App
+from exporter.config import settings as config_module
+from exporter.runtime.app import App
 from tests import claims
 
 # How the suite runs: xdist groups, CI's refusal of skips, the Hypothesis profiles.

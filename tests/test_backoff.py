@@ -1,8 +1,8 @@
-"""The waits between attempts at a failing backend (exporter/backoff.py)."""
+"""The waits between attempts at a failing backend (exporter/sources/backoff.py)."""
 
 from __future__ import annotations
 
-from exporter.backoff import Backoff
+from exporter.sources.backoff import Backoff
 
 
 def test_waits_double_up_to_the_ceiling_and_start_over_after_a_success():

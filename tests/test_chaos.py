@@ -27,12 +27,12 @@ import redis
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from exporter.events import wire
-from exporter.events.producer import EventEmitter
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.sources.base import SourceRunner
-from exporter.telemetry import Telemetry
+from exporter.lifecycle import wire
+from exporter.lifecycle.producer import EventEmitter
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
+from exporter.sources.runner import SourceRunner
 from tests.attune_db import Attune
 from tests.conftest import (
     POSTGRES_ADMIN_DSN,

@@ -14,7 +14,7 @@ from pathlib import Path
 import psycopg
 from psycopg.conninfo import make_conninfo
 
-from exporter import presets
+from exporter.config import presets
 from tests.conftest import POSTGRES_ADMIN_DSN, value
 from tests.private_redis import PrivateRedis, free_port
 
@@ -314,13 +314,13 @@ def test_serve_logs_what_it_looks_at_and_what_it_found(redis_client, redis_url, 
     assert exporter.process.wait(timeout=15) == 0
     _, log = exporter.process.communicate()
     for line in (
-        "INFO exporter.app: presets: orchestrata",
+        "INFO exporter.runtime.app: presets: orchestrata",
         f"source redis keys: {redis_url} (2 key groups)",
         "key group orchestrata orchestrata:queue:{queue}:p{priority} (list, pending)",
         "events stream nowhere (v1, group queue-exporter)",
         "key group 'orchestrata:queue:{queue}:p{priority}' (system orchestrata, list): "
         "1 key(s) matched, 1 queue(s), 1 series",
-        "WARNING exporter.sources.redis_keys: key group 'orchestrata:dlq:{queue}' "
+        "WARNING exporter.sources.redis_keys.sampler: key group 'orchestrata:dlq:{queue}' "
         "(system orchestrata, list): matched no keys: a typo in the pattern or the wrong "
         "database, or every queue of it is empty (Redis deletes empty keys) [no_keys]",
         "events stream 'nowhere' (group queue-exporter) does not exist",

@@ -11,8 +11,8 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from exporter import cli
-from exporter import config as config_module
+from exporter.commands import cli
+from exporter.config import settings as config_module
 from tests.conftest import value
 from tests.timing import process_cost
 

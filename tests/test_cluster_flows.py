@@ -9,11 +9,11 @@ import threading
 
 import pytest
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import wait_for
 from tests.redis_topology import ClusterSetup
 from tests.tcp_proxy import TcpProxy

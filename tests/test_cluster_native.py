@@ -16,15 +16,15 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import MovedError
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.events.metrics import Tally
-from exporter.events.refusals import Refusals
-from exporter.events.runnerq import RunnerQDecoder
-from exporter.leader import Leadership
-from exporter.leader_config import LeaderElectionConfig
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.framework import Signals
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
+from exporter.leader.config import LeaderElectionConfig
+from exporter.leader.election import Leadership
+from exporter.lifecycle.metrics import Tally
+from exporter.lifecycle.refusals import Refusals
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.framework import Signals
+from exporter.sources.readers.runnerq import RunnerQDecoder
 from tests.conftest import scrape_series, total, wait_for
 from tests.real_queues import BULLMQ_MAJORS, BullMQ
 from tests.redis_topology import ClusterSetup

@@ -21,14 +21,14 @@ import pytest
 import yaml
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from exporter.build import build_sources
-from exporter.config import from_dict
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.sources.base import SourceRunner
-from exporter.sources.postgres_config import PostgresSourceConfig
-from exporter.telemetry import Telemetry
-from exporter.watchdog import Watchdog
+from exporter.config.settings import from_dict
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
+from exporter.runtime.build import build_sources
+from exporter.sources.postgres.config import PostgresSourceConfig
+from exporter.sources.runner import SourceRunner
+from exporter.sources.watchdog import Watchdog
 from tests.conftest import (
     POSTGRES_ADMIN_DSN,
     REDIS_HOST,
@@ -90,7 +90,7 @@ def test_frozen_redis_is_withdrawn_within_two_intervals_and_recovers(
     _series_when(app, lambda s: value(s, "queue_depth", **depth) == 2, timeout=20)
     assert is_ready(app.server.port)
 
-    caplog.set_level(logging.INFO, logger="exporter.sources.base")
+    caplog.set_level(logging.INFO, logger="exporter.sources.runner")
     lag = wake_up_lag()  # how late this machine wakes a waiting thread now
     redis_proxy.freeze()
     frozen = time.monotonic()
@@ -134,7 +134,7 @@ def test_frozen_postgres_is_withdrawn_within_two_intervals_and_recovers(
     _series_when(app, lambda s: value(s, "app_backlog", queue="emails") == 4, timeout=20)
     assert is_ready(app.server.port)
 
-    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.runner")
     lag = wake_up_lag()  # how late this machine wakes a waiting thread now
     postgres_proxy.freeze()  # the server never answers; statement_timeout cannot fire
     frozen = time.monotonic()

@@ -22,8 +22,8 @@ import pytest
 import redis
 
 from alerts.recorded import RECORD_ENV, kept, load, path_of, record_or_compare, shapes
-from exporter import catalog
 from exporter.demo.command import exporter_config
+from exporter.output import catalog
 from tests.conftest import Series, descendants, parse_exposition, scrape
 
 IN_CI = os.environ.get("CI") == "true"

@@ -1,5 +1,5 @@
 """The keys one key-sampler cycle reads are bounded by the source's max_keys, over its key groups
-(sources/key_room.py): each group is sure of an even share, and what a group leaves unused is
+(sources/redis_keys/room.py): each group is sure of an even share, and what a group leaves unused is
 lent to the groups that found more, evenly. Queues beyond what a group may read are not read
 (nor built: no memory for them), and counted exactly and named once a cycle (reason
 too_many_keys); the queues within it read exactly. bench/discovered_queues.py measures what
@@ -12,10 +12,10 @@ from collections import Counter
 
 import redis
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import scrape_series, total, wait_for
 
 QUEUES = 300

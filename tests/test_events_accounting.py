@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from exporter.events import wire
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import Telemetry
+from exporter.lifecycle import wire
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams.config import EventsSourceConfig
+from exporter.sources.streams.consumer import StreamConsumer
 from tests.conftest import parse_exposition, value, wait_for
 from tests.private_redis import PrivateRedis
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import config as config_module
-from exporter.events.config import EventsSourceConfig
+from exporter.config import settings as config_module
+from exporter.sources.streams.config import EventsSourceConfig
 
 
 def test_events_stream_flag_and_short_form():

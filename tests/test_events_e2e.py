@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle.producer import EventEmitter
 from tests.conftest import scrape_series, value, wait_for
 
 STREAM = "shop:events"

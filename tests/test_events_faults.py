@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import time
 
-from exporter.app import SHUTDOWN_BUDGET, App
-from exporter.config import from_dict
-from exporter.events import consumer as consumer_module
-from exporter.events import wire
+from exporter.config.settings import from_dict
+from exporter.lifecycle import wire
+from exporter.runtime.app import SHUTDOWN_BUDGET, App
+from exporter.sources.streams import consumer as consumer_module
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape_series, value, wait_for
 from tests.tcp_proxy import TcpProxy
 from tests.timing import process_cost, wake_up_lag
@@ -78,7 +78,7 @@ def test_a_frozen_events_redis_is_noticed_and_read_again_once_it_answers(
     can tell): the stream's source goes down within one deadline and a moment, says why, and
     is read again by itself, with what was written meanwhile, once the proxy forwards again."""
     deadline = 2.0  # socket_timeout
-    caplog.set_level(logging.INFO, logger="exporter.events.consumer")
+    caplog.set_level(logging.INFO, logger="exporter.sources.streams.consumer")
     proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
     config = {
         "listen_address": "127.0.0.1:0",

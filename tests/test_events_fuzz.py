@@ -16,13 +16,13 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.events import wire
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import Telemetry
+from exporter.lifecycle import wire
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams.config import EventsSourceConfig
+from exporter.sources.streams.consumer import StreamConsumer
 from tests.conftest import Series, parse_exposition, value
 
 FUZZ = settings(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import time
 
-from exporter.events import wire
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import Telemetry
+from exporter.lifecycle import wire
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams.config import EventsSourceConfig
+from exporter.sources.streams.consumer import StreamConsumer
 from tests.conftest import parse_exposition, scrape_series, value, wait_for
 
 STREAM = "jobs:events"
@@ -194,7 +194,7 @@ def test_a_consumer_waiting_for_entries_stops_at_once_at_shutdown(
     wait_for(lambda: redis_client.xpending(STREAM, "queue-exporter")["pending"] == 0)
     [consumer] = app.event_consumers
     wait_for(lambda: consumer._waiting)
-    with caplog.at_level(logging.WARNING, logger="exporter.app"):
+    with caplog.at_level(logging.WARNING, logger="exporter.runtime.app"):
         app.shutdown()
     assert consumer.thread is not None and not consumer.thread.is_alive()
     assert "cut off" not in caplog.text

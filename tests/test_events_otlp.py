@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle.producer import EventEmitter
 from tests.conftest import wait_for
 from tests.test_otlp import receiver  # noqa: F401  (the fixture)
 

@@ -12,8 +12,8 @@ import redis
 import redis.asyncio
 from click.testing import CliRunner
 
-from exporter.cli import main
-from exporter.events.producer import AsyncEventEmitter, EventEmitter
+from exporter.commands.cli import main
+from exporter.lifecycle.producer import AsyncEventEmitter, EventEmitter
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape_series, value, wait_for
 from tests.tcp_proxy import TcpProxy
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import StreamConsumer
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.telemetry import Telemetry
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.streams.config import EventsSourceConfig
+from exporter.sources.streams.consumer import StreamConsumer
 from tests.conftest import parse_exposition, scrape_series, value, wait_for
 
 STREAM = "default:events_stream"

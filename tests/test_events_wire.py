@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporter.events import wire
-from exporter.events.metrics import Tally, apply
-from exporter.events.runnerq import parse_entry
-from exporter.health import HealthBoard
-from exporter.store import OVERFLOW
-from exporter.telemetry import Telemetry
-from exporter.telemetry_config import LimitsConfig
+from exporter.lifecycle import wire
+from exporter.lifecycle.metrics import Tally, apply
+from exporter.output.health import HealthBoard
+from exporter.output.store import OVERFLOW
+from exporter.output.telemetry import Telemetry
+from exporter.output.telemetry_config import LimitsConfig
+from exporter.sources.readers.runnerq import parse_entry
 from tests.conftest import parse_exposition, value
 
 NOW = float(int(time.time()))

@@ -19,15 +19,16 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter import __version__, exposition
-from exporter.catalog import BY_NAME
-from exporter.events.metrics import EventMetrics, Heartbeat, Tally
-from exporter.exposition import Rendered
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet, Series
-from exporter.store import OVERFLOW, Family, NumberFamily
-from exporter.telemetry import SharedRender, Telemetry
-from exporter.telemetry_config import LimitsConfig
+from exporter import __version__
+from exporter.lifecycle.metrics import EventMetrics, Heartbeat, Tally
+from exporter.output import exposition
+from exporter.output.catalog import BY_NAME
+from exporter.output.exposition import Rendered
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet, Series
+from exporter.output.store import OVERFLOW, Family, NumberFamily
+from exporter.output.telemetry import SharedRender, Telemetry
+from exporter.output.telemetry_config import LimitsConfig
 from tests.conftest import scrape, scrape_when, wait_for
 from tests.threads import waits_at
 from tests.tools import run

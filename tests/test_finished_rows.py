@@ -1,4 +1,4 @@
-"""The finished-rows reader (exporter/sources/native/finished_rows.py) pages exactly when many
+"""The finished-rows reader (exporter/sources/readers/finished_rows.py) pages exactly when many
 rows share a completion time: the pgboss preset's reader on pg-boss 12's own schema (made by
 PgBoss.start(), its job_i16 index and (name, id) primary key), rows written by SQL as one
 complete() of many ids writes them (one completed_on), read page by page with a small max_rows.
@@ -15,12 +15,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from exporter import presets
-from exporter.sources.native.finished_rows import FinishedRowsReader
-from exporter.sources.native.finished_rows_config import FinishedRowsConfig
-from exporter.sources.native.framework import ReadDeadline, ReaderError, Signals
-from exporter.sources.postgres import PostgresConnector
-from exporter.sources.postgres_config import PostgresSourceConfig
+from exporter.config import presets
+from exporter.sources.postgres.config import PostgresSourceConfig
+from exporter.sources.postgres.finished_config import FinishedRowsConfig
+from exporter.sources.postgres.source import PostgresConnector
+from exporter.sources.readers.finished_rows import FinishedRowsReader
+from exporter.sources.readers.framework import ReadDeadline, ReaderError, Signals
 from tests.conftest import wait_for
 from tests.test_preset_pgboss import PgBoss
 

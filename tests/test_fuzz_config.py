@@ -14,8 +14,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter import config as config_module
-from exporter.config import Config, ConfigError
+from exporter.config import settings as config_module
+from exporter.config.settings import Config, ConfigError
 
 # Keys the loader knows, so generated documents reach deep into every section's validators.
 _KNOWN_KEYS = [

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from exporter.sources.key_groups import OldestItem
-from exporter.sources.key_items import exception_reason, head_time, item_time
+from exporter.sources.redis_keys.groups import OldestItem
+from exporter.sources.redis_keys.items import exception_reason, head_time, item_time
 from tests.test_item_fuzz import divisors, formats, items, times
 
 ORCHESTRATA = json.dumps({"packet": {"n": 1}, "queued_at": "2026-11-29T18:00:00+00:00"}).encode()

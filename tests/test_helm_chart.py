@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exporter.config import SourcesConfig
+from exporter.config.settings import SourcesConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 CHART = ROOT / "helm" / "queue-exporter"

@@ -8,8 +8,8 @@ import json
 import urllib.error
 import urllib.request
 
-from exporter.app import App
-from exporter.config import from_dict
+from exporter.config.settings import from_dict
+from exporter.runtime.app import App
 from tests.conftest import scrape, scrape_when, wait_for
 from tests.private_redis import free_port
 

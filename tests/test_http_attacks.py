@@ -28,12 +28,10 @@ import pytest
 import redis
 import yaml
 
-from exporter import http_server
-from exporter.exposition import Rendered
-from exporter.health import HealthBoard
-from exporter.http_access import FailureLimiter
-from exporter.http_config import HttpConfig
-from exporter.http_server import (
+from exporter.http import server as http_server
+from exporter.http.access import FailureLimiter
+from exporter.http.config import HttpConfig
+from exporter.http.server import (
     BACKLOG,
     GZIP_LEVEL,
     MAX_PENDING_CHECKS,
@@ -42,7 +40,9 @@ from exporter.http_server import (
     MetricsServer,
     SharedCompression,
 )
-from exporter.web_config import BasicAuthenticator
+from exporter.http.web_config import BasicAuthenticator
+from exporter.output.exposition import Rendered
+from exporter.output.health import HealthBoard
 from tests.conftest import ServeProcess, measured_within, parse_exposition, wait_for
 from tests.threads import waits_at
 from tests.tools import require, run
@@ -286,7 +286,7 @@ def test_health_answers_while_every_scrape_thread_is_busy(front_door):
 
 
 def test_connections_beyond_the_bound_are_closed_on_arrival(front_door, caplog):
-    caplog.set_level(logging.WARNING, logger="exporter.http_server")
+    caplog.set_level(logging.WARNING, logger="exporter.http.server")
     server = front_door(lambda _: b"", max_connections=20)
     held = slow_sockets(server.port, 20)
     wait_for(lambda: is_cut(socket.create_connection(("127.0.0.1", server.port))))

@@ -340,7 +340,7 @@ def test_demo_is_refused(idle):
 # those at each start, in memory, on the read-only root filesystem.
 UNCOMPILED = """
 import os, sys, importlib.util
-import exporter.cli, exporter.app, exporter.build, exporter.sources.postgres
+import exporter.commands.cli, exporter.runtime.app, exporter.runtime.build, exporter.sources.postgres.source
 loaded = [m for m in list(sys.modules.values()) if getattr(m, "__spec__", None)]
 # the interpreter's frozen start-up modules (os, importlib.machinery, ...) need no bytecode file
 sources = [m.__file__ for m in loaded if m.__spec__.origin != "frozen" and (getattr(m, "__file__", None) or "").endswith(".py")]

@@ -1,5 +1,5 @@
-"""Data flows one way through exporter/: no module imports, directly or round about, a module
-that imports it back. Every import counts, those under `if TYPE_CHECKING:` and inside
+"""Data flows one way through exporter/: each package imports only the packages below it, as
+LAYERS says, and no module imports, directly or round about, a module that imports it back. Every import counts, those under `if TYPE_CHECKING:` and inside
 functions too: a circle only for the type checker is still a circle a reader must untangle.
 
 The test prints the layers (a module sits one above the highest module it imports) so a
@@ -12,6 +12,57 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "exporter"
+
+# Which package may import which, from the top floor down (docs/architecture.md draws it).
+# `exporter` itself (its __version__) may be imported from anywhere; a package's own modules
+# import each other freely.
+_SOURCE_KINDS = {"sources.redis_keys", "sources.postgres", "sources.readers", "sources.streams"}
+_BELOW_CONFIG = {
+    "core",
+    "redis",
+    "output",
+    "lifecycle",
+    "leader",
+    "http",
+    "sources",
+} | _SOURCE_KINDS
+LAYERS: dict[str, set[str]] = {
+    "__main__": {"commands"},
+    "demo": {"commands", "runtime", "config"} | _BELOW_CONFIG,
+    "commands": {"runtime", "config"} | _BELOW_CONFIG,
+    "runtime": {"config"} | _BELOW_CONFIG,
+    "config": _BELOW_CONFIG - {"lifecycle"},
+    "http": {"core", "output", "sources.streams"},  # the status page names the consumer groups
+    "sources.streams": {"core", "redis", "output", "lifecycle", "sources", "sources.readers"},
+    "sources.readers": {
+        "core",
+        "redis",
+        "output",
+        "lifecycle",
+        "sources",
+        "sources.redis_keys",
+        "sources.postgres",
+    },
+    "sources.redis_keys": {"core", "redis", "output", "sources"},
+    "sources.postgres": {"core", "output", "sources"},
+    "sources": {"core", "output", "leader"},  # the protocol, the runner, outages, deadlines
+    "leader": {"core", "redis", "output"},
+    "lifecycle": {"core", "output"},
+    "output": {"core"},
+    "redis": {"core"},
+    "core": set(),
+}
+
+
+def package_of(module: str) -> str:
+    """A module's package in LAYERS: `exporter.sources.redis_keys.groups` is in
+    `sources.redis_keys`, `exporter.sources.runner` in `sources`, `exporter` is its own."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return PACKAGE
+    if ".".join(parts[:2]) in LAYERS:  # a source kind
+        return ".".join(parts[:2])
+    return parts[0]
 
 
 def modules() -> dict[str, Path]:
@@ -125,3 +176,23 @@ def test_no_import_circle_in_the_package():
         for level in sorted(by_layer):
             print(f"layer {level}: {' '.join(sorted(by_layer[level]))}")
     assert found == [], "import circles: " + "; ".join(" <-> ".join(group) for group in found)
+
+
+def test_every_package_is_in_the_table():
+    found = {package_of(name) for name in modules()} - {PACKAGE}
+    assert found == set(LAYERS), f"packages not in LAYERS: {found - set(LAYERS)}"
+
+
+def test_the_table_itself_runs_one_way():
+    assert circles({name: set(below) for name, below in LAYERS.items()}) == []
+
+
+def test_each_package_imports_only_what_the_table_allows():
+    wrong = []
+    for name, targets in graph().items():
+        here = package_of(name)
+        for target in targets:
+            there = package_of(target)
+            if there not in (here, PACKAGE) and there not in LAYERS[here]:
+                wrong.append(f"{name} -> {target} ({here} may not import {there})")
+    assert wrong == []

@@ -28,12 +28,12 @@ def packages(modules: set[str]) -> set[str]:
 
 def test_reading_a_configuration_loads_no_client_sdk_or_server():
     modules = loaded_after(
-        "from exporter import config\n"
+        "from exporter.config import settings as config\n"
         "config.from_dict({'presets': ['orchestrata', 'rq', 'attune'],"
         " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}})"
     )
     assert packages(modules) & set(HEAVY) == set()
-    assert "exporter.config" in modules  # the import itself did happen
+    assert "exporter.config.settings" in modules  # the import itself did happen
 
 
 def test_validating_a_configuration_looks_for_no_pydantic_plugins():
@@ -41,7 +41,7 @@ def test_validating_a_configuration_looks_for_no_pydantic_plugins():
     the exporter uses none, so the look-up never runs: pydantic's cache of plugins stays unset."""
     script = (
         "import os\n"
-        "from exporter import config\n"
+        "from exporter.config import settings as config\n"
         "config.from_dict({'presets': ['orchestrata'], 'sources': {'redis': {}}})\n"
         "from pydantic.plugin import _loader\n"
         "print(os.environ['PYDANTIC_DISABLE_PLUGINS'], _loader._plugins)"
@@ -67,7 +67,7 @@ def test_validating_a_configuration_looks_for_no_pydantic_plugins():
                 "psycopg",
                 "psycopg_pool",
                 "exporter.demo",
-                "exporter.sources.native.celery",
+                "exporter.sources.readers.celery",
                 "opentelemetry.exporter.otlp",
             ],
         ),
@@ -76,24 +76,24 @@ def test_validating_a_configuration_looks_for_no_pydantic_plugins():
             [
                 "psycopg",
                 "exporter.demo",
-                "exporter.sources.native.celery",
-                "exporter.sources.native.bullmq",
-                "exporter.sources.native.sidekiq",
+                "exporter.sources.readers.celery",
+                "exporter.sources.readers.bullmq",
+                "exporter.sources.readers.sidekiq",
             ],
         ),
     ],
 )
 def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: list[str]):
     modules = loaded_after(
-        "from exporter import cli, config\n"
-        "from exporter.build import build_event_metrics, build_sources\n"
-        "from exporter.health import HealthBoard\n"
-        "from exporter.telemetry import Telemetry\n"
+        "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
+        "from exporter.runtime.build import build_event_metrics, build_sources\n"
+        "from exporter.output.health import HealthBoard\n"
+        "from exporter.output.telemetry import Telemetry\n"
         f"parsed = config.from_dict({configured})\n"
         "telemetry = Telemetry(HealthBoard())\n"
         "build_sources(parsed, telemetry, build_event_metrics(parsed, telemetry))"
     )
-    assert "exporter.sources.redis_keys" in modules  # the sources were built
+    assert "exporter.sources.redis_keys.sampler" in modules  # the sources were built
     assert [name for name in absent if name in modules or name in packages(modules)] == []
 
 
@@ -102,8 +102,8 @@ def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
     first answer waits for no redis-py, reader, PostgreSQL driver or OpenTelemetry SDK."""
     modules = loaded_after(
         "import urllib.request\n"
-        "from exporter import cli, config\n"
-        "from exporter.app import App\n"
+        "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
+        "from exporter.runtime.app import App\n"
         "parsed = config.from_dict({'presets': ['orchestrata'], 'listen_address': '127.0.0.1:0',"
         " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}})\n"
         "app = App(parsed, listen_first=True)\n"
@@ -112,11 +112,15 @@ def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
         "assert b'queue_exporter_build_info' in urllib.request.urlopen(url, timeout=10).read()\n"
         "app.shutdown()"
     )
-    assert "exporter.http_server" in modules  # the listener was built
+    assert "exporter.http.server" in modules  # the listener was built
     absent = ["redis", "hiredis", "psycopg", "psycopg_pool", "exporter.demo"]
-    absent += ["exporter.build", "exporter.sources.native.framework", "exporter.events.consumer"]
+    absent += [
+        "exporter.runtime.build",
+        "exporter.sources.readers.framework",
+        "exporter.sources.streams.consumer",
+    ]
     # nor the self-metrics' OpenTelemetry SDK and prometheus_client; no web config file given:
     # nor its models and bcrypt
-    absent += ["opentelemetry", "prometheus_client", "psutil", "exporter.self_metrics"]
-    absent += ["exporter.web_config", "bcrypt"]
+    absent += ["opentelemetry", "prometheus_client", "psutil", "exporter.output.self_metrics"]
+    absent += ["exporter.http.web_config", "bcrypt"]
     assert [name for name in absent if name in modules or name in packages(modules)] == []

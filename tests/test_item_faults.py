@@ -82,7 +82,7 @@ def test_items_naming_a_hash_fail_only_themselves(redis_client, redis_url, run_e
     redis_client.sadd("rq:queues", "rq:queue:binary")
     redis_client.rpush("rq:queue:binary", b"\xff\xfe not utf-8")
 
-    with caplog.at_level(logging.WARNING, logger="exporter.sources.redis_keys"):
+    with caplog.at_level(logging.WARNING, logger="exporter.sources.redis_keys.sampler"):
         app = run_exporter(_unhurried(), redis_url=redis_url, preset=["rq"])
 
         def three_cycles():

@@ -23,10 +23,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.sources.redis_keys_config import RedisSourceConfig
-from exporter.telemetry import Telemetry
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.config import RedisSourceConfig
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.layouts import iso
 
 HOSTILE, HOSTILE_PATTERN = "hostile:q", "hostile:{queue}"

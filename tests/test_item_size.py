@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import redis
 
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.sources.redis_keys_config import RedisSourceConfig
-from exporter.telemetry import Telemetry
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.config import RedisSourceConfig
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import is_ready, value, wait_for
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue
 from tests.private_redis import PrivateRedis

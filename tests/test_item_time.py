@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.sources.item_time import TimeParseError, parse_time
+from exporter.core.item_time import TimeParseError, parse_time
 
 MOMENT = datetime(2026, 11, 29, 18, 30, 15, 250000, tzinfo=UTC).timestamp()
 

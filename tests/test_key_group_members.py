@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from exporter import config as config_module
-from exporter.config import ConfigError
+from exporter.config import settings as config_module
+from exporter.config.settings import ConfigError
 from tests.conftest import scrape_when, value
 
 RUNNING = {

@@ -27,7 +27,7 @@ def test_a_pattern_with_a_typo_matches_nothing_and_says_so(
     redis_client.rpush("jobs:email:p1", "a", "b")
     redis_client.rpush("jobs:email:p2", "c")
     redis_client.rpush("jobs:sms:p1", "d")
-    caplog.set_level(logging.INFO, logger="exporter.sources.redis_keys")
+    caplog.set_level(logging.INFO, logger="exporter.sources.redis_keys.sampler")
     groups = [_group(TYPO), _group(RIGHT, state="active")]
     app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": groups}}})
 
@@ -51,7 +51,7 @@ def test_a_pattern_with_a_typo_matches_nothing_and_says_so(
 
 
 def test_warnings_are_rate_limited_per_group_and_reason(redis_url, run_exporter, caplog):
-    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys.sampler")
     app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [_group(TYPO)]}}})
     sampler = app.runners[0]
     wait_for(lambda: sampler.run_once() and sampler.run_once() and len(caplog.records) >= 1)
@@ -65,7 +65,7 @@ def test_a_key_of_the_wrong_type_is_named_with_its_group(
 ):
     redis_client.rpush("jobs:email:p1", "a")
     redis_client.zadd("jobs:sms:p1", {"member": 1})
-    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys.sampler")
     app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [_group(RIGHT)]}}})
 
     series = scrape_when(app, "queue_exporter_source_errors_total", reason="wrong_type")
@@ -98,7 +98,7 @@ def test_an_unreadable_head_item_is_named(
     redis_client, redis_url, run_exporter, caplog, oldest, item, reason
 ):
     redis_client.rpush("jobs:email:p1", item)
-    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys.sampler")
     groups = [_group(RIGHT, oldest=oldest)]
     app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": groups}}})
 
@@ -114,7 +114,7 @@ def test_an_unreadable_head_item_is_named(
 def test_a_stream_that_does_not_exist_is_named(redis_client, redis_url, run_exporter, caplog):
     redis_client.xadd("events:present", {"a": "1"})
     redis_client.xgroup_create("events:present", "workers", id="0")
-    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.redis_keys.sampler")
     group = {
         "system": "billing",
         "pattern": "events:{queue}",

@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from exporter.sources.key_groups import KeyGroup
+from exporter.sources.redis_keys.groups import KeyGroup
 from tests.conftest import scrape_when, value, wait_for
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from exporter.config import from_dict
-from exporter.sources.key_groups import (
+from exporter.config.settings import from_dict
+from exporter.sources.redis_keys.groups import (
     KeyGroup,
     fill,
     key_regex,

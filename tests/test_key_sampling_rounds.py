@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 ZSET = {"system": "jobs", "pattern": "delayed:{_shard}:{queue}", "type": "zset"}
 OLDEST = {"time_in": "score", "format": "epoch_s"}

@@ -1,5 +1,5 @@
 """Scanned key groups share one SCAN of their common prefix while that pays, and are scanned
-apart when it returns more keys no group takes than keys taken (exporter/sources/key_scans.py).
+apart when it returns more keys no group takes than keys taken (exporter/sources/redis_keys/scans.py).
 Both ways give the same series; what Redis was asked is read from its own command stats, on a
 redis-server of the test's own."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.sources.key_groups import shared_glob
-from exporter.sources.key_scans import RETRY_AFTER
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.redis_keys.groups import shared_glob
+from exporter.sources.redis_keys.sampler import RedisKeySampler
+from exporter.sources.redis_keys.scans import RETRY_AFTER
 from tests.private_redis import PrivateRedis
 
 PAGE = 50  # scan_count: the SCAN page, and the unclaimed keys a shared SCAN may always return
@@ -128,7 +128,7 @@ def test_a_shared_scan_returning_mostly_keys_no_group_takes_gives_way_to_scans_a
     sampler = _sampler(server, QUEUES, DEAD)
     passes = _passes(server)
     try:
-        with caplog.at_level(logging.INFO, logger="exporter.sources.key_scans"):
+        with caplog.at_level(logging.INFO, logger="exporter.sources.redis_keys.scans"):
             shared, scans = _cycle(server, sampler)
         assert _one_pass(scans, passes)
         assert "'app:*' returned 2000 key(s) no key group takes, against 21 taken" in caplog.text

@@ -11,15 +11,15 @@ import time
 
 import pytest
 
-from exporter.catalog import BY_NAME
-from exporter.config import ConfigError, from_dict
-from exporter.health import HealthBoard
-from exporter.leader import Leadership
-from exporter.leader_config import LeaderElectionConfig
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.samples import SampleSet
-from exporter.sources.base import SourceRunner
-from exporter.telemetry import Telemetry
+from exporter.config.settings import ConfigError, from_dict
+from exporter.leader.config import LeaderElectionConfig
+from exporter.leader.election import Leadership
+from exporter.output.catalog import BY_NAME
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.runner import SourceRunner
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape, scrape_series, value, wait_for
 from tests.plain_source import PlainSource
 from tests.tcp_proxy import TcpProxy
@@ -235,7 +235,7 @@ def test_identity_comes_from_pod_name(monkeypatch):
 
 
 def test_lease_password_is_masked_in_the_effective_config():
-    from exporter.config import effective_yaml
+    from exporter.config.settings import effective_yaml
 
     config = from_dict(
         {"leader_election": {"enabled": True, "redis": {"url": "redis://:s3cret@127.0.0.1:6379/0"}}}

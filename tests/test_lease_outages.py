@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from alerts.generate import RULES_PATH, rules_document
-from exporter.app import App
-from exporter.sources.base import LEASE_REASON
+from exporter.runtime.app import App
+from exporter.sources.runner import LEASE_REASON
 from tests.conftest import parse_exposition, scrape, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis, free_port
 from tests.tools import run
@@ -90,7 +90,7 @@ def test_a_lease_that_cannot_be_held_is_visible(
         election = {"enabled": True, "lease_ttl": 1.0, "renew_interval": 0.1}
         election["redis"] = {"url": lease_url, "socket_timeout": 0.5}
         sources = {"redis": {"url": redis_url, "key_groups": [KEY_GROUP]}}
-        with caplog.at_level(logging.INFO, logger="exporter.leader"):
+        with caplog.at_level(logging.INFO, logger="exporter.leader.election"):
             app = run_exporter({"sources": sources, "leader_election": election})
             wait_for(lambda: app.health.snapshot()["redis"].lease_down)
             series = scrape_series(app)
@@ -144,7 +144,7 @@ def _lease_warnings(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]
     return [
         record
         for record in caplog.records
-        if record.name == "exporter.leader"
+        if record.name == "exporter.leader.election"
         and record.levelno == logging.WARNING
         and "cannot take or renew" in record.getMessage()
     ]

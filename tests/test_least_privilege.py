@@ -23,9 +23,9 @@ from celery import Celery
 from click.testing import CliRunner
 from rq import Queue
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.cli import main
+from exporter.commands import redis_acl
+from exporter.commands.cli import main
+from exporter.config import settings as config_module
 from tests import layouts
 from tests.attune_db import Attune
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for

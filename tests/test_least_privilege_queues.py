@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from exporter import config as config_module
-from exporter import redis_acl
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
 from tests.conftest import scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BeeQueue, Bull

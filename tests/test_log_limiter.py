@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from exporter.logs import LogLimiter
+from exporter.core.logs import LogLimiter
 
 
 def test_first_occurrence_logged_then_held_back_then_counted(

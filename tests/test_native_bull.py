@@ -55,7 +55,7 @@ def _expected(jobs: list[dict[str, Any]]) -> dict[str, float]:
         "retried": retries,
         "executions": len(jobs),
         "execution seconds": sum(j["finishedOn"] - j["processedOn"] for j in jobs) / 1000,
-        # observed at a completion and a final failure (a timed-out one is not: events/metrics.py)
+        # observed at a completion and a final failure (a timed-out one is not: lifecycle/metrics.py)
         "attempts": sum(j["attemptsMade"] + 1 for j in completed)
         + sum(j["attemptsMade"] for j in failed if j not in timed_out),
     }

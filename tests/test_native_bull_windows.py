@@ -22,15 +22,15 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native import bull as bull_module
-from exporter.sources.native.bull import MAX_NEW, BullReader
-from exporter.sources.native.config import BullReaderConfig
-from exporter.sources.native.framework import NativeSource, ReadDeadline, ReaderError, Signals
-from exporter.telemetry import Telemetry
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers import bull as bull_module
+from exporter.sources.readers.bull import MAX_NEW, BullReader
+from exporter.sources.readers.config import BullReaderConfig
+from exporter.sources.readers.framework import NativeSource, ReadDeadline, ReaderError, Signals
+from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
 from tests.conftest import parse_exposition, total
 from tests.private_redis import PrivateRedis

@@ -15,10 +15,10 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.config import BullmqReaderConfig
-from exporter.sources.native.framework import Signals
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.config import BullmqReaderConfig
+from exporter.sources.readers.framework import Signals
 from tests import claims
 from tests.conftest import (
     REDIS_HOST,

@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native import framework
-from exporter.sources.native.config import SaqReaderConfig
-from exporter.sources.native.framework import ReadDeadline, Signals
-from exporter.sources.native.saq import SaqReader
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers import framework
+from exporter.sources.readers.config import SaqReaderConfig
+from exporter.sources.readers.framework import ReadDeadline, Signals
+from exporter.sources.readers.saq import SaqReader
 from tests.conftest import stop_process, wait_for
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker

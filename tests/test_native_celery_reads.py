@@ -13,17 +13,17 @@ from collections.abc import Callable, Iterator
 import pytest
 from celery import Celery
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.base import DeadlineExceeded, sample_within_deadline
-from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import NativeSource, ReadDeadline, ReaderError, Signals
-from exporter.telemetry import Telemetry
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.celery import CeleryReader
+from exporter.sources.readers.config import CeleryReaderConfig
+from exporter.sources.readers.framework import NativeSource, ReadDeadline, ReaderError, Signals
+from exporter.sources.source import DeadlineExceeded, sample_within_deadline
+from exporter.sources.streams.config import EventsSourceConfig
 from tests.conftest import REDIS_HOST, REDIS_PORT, parse_exposition, total, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.tcp_proxy import TcpProxy

@@ -23,24 +23,24 @@ from celery import Celery
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.leader import Leadership
-from exporter.leader_config import LeaderElectionConfig
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import (
+from exporter.leader.config import LeaderElectionConfig
+from exporter.leader.election import Leadership
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.celery import CeleryReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     CeleryReaderConfig,
     RqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import NativeSource, Reader, Signals
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.sidekiq import SidekiqReader
-from exporter.telemetry import Telemetry
+from exporter.sources.readers.framework import NativeSource, Reader, Signals
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
 from tests.conftest import Series, parse_exposition, scrape_series, total, value, wait_for
 from tests.private_redis import PrivateRedis

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.config import CeleryReaderConfig
-from exporter.sources.native.framework import CounterDeltas, Signals
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.config import CeleryReaderConfig
+from exporter.sources.readers.framework import CounterDeltas, Signals
 
 
 def _update(deltas: CounterDeltas, counts: dict[str, float], succeeds: bool = True) -> dict:

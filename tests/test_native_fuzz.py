@@ -24,14 +24,14 @@ from prometheus_client.openmetrics.parser import (
     text_string_to_metric_families as parse_openmetrics,
 )
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bull import BullReader
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import (
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bull import BullReader
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.celery import CeleryReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     BullReaderConfig,
     CeleryReaderConfig,
@@ -39,11 +39,11 @@ from exporter.sources.native.config import (
     SaqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import NativeSource
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.saq import SaqReader
-from exporter.sources.native.sidekiq import SidekiqReader
-from exporter.telemetry import Telemetry
+from exporter.sources.readers.framework import NativeSource
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.saq import SaqReader
+from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
 from tests.conftest import Series, parse_exposition, total
 from tests.test_native_trust import _deep, _dispatcher, _envelope

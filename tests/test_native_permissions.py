@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from exporter import config as config_module
-from exporter import redis_acl
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
 from tests.conftest import scrape_series, stop_process, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BullMQ
@@ -178,11 +178,11 @@ def test_saq_runtimes_refused_meanwhile_are_observed_once_pttl_is_allowed(acl_re
     completions are counted, no runtime is observed and the reader says why. Once +pttl is
     allowed, its next look (LOOK_AGAIN_AFTER after the refused one; 0 s here) observes the 5
     finished meanwhile, once: their records are still kept."""
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native import saq_jobs
-    from exporter.sources.native.config import SaqReaderConfig
-    from exporter.sources.native.framework import Signals
-    from exporter.sources.native.saq import SaqReader
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers import saq_jobs
+    from exporter.sources.readers.config import SaqReaderConfig
+    from exporter.sources.readers.framework import Signals
+    from exporter.sources.readers.saq import SaqReader
 
     admin = acl_redis.client()
     admin.execute_command("ACL", "SETUSER", "reader", "on", ">secret", "~*", "&*", "+@all")

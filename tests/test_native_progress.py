@@ -18,16 +18,16 @@ import pytest
 import redis
 from rq import Queue, SimpleWorker
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.config import (
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     RqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import Reader, Signals
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.sidekiq import SidekiqReader
+from exporter.sources.readers.framework import Reader, Signals
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.sidekiq import SidekiqReader
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BullMQ
 

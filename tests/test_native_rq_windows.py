@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from rq import Queue, SimpleWorker
 from rq.registry import FailedJobRegistry, FinishedJobRegistry
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native import rq_windows
-from exporter.sources.native.config import RqReaderConfig
-from exporter.sources.native.framework import Signals
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.rq_windows import MAX_NEW
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers import rq_windows
+from exporter.sources.readers.config import RqReaderConfig
+from exporter.sources.readers.framework import Signals
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.rq_windows import MAX_NEW
 from tests import claims
 from tests.private_redis import PrivateRedis
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from exporter.catalog import BY_NAME
+from exporter.output.catalog import BY_NAME
 from tests.conftest import scrape_series, stop_process, total, value, wait_for
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker
@@ -254,10 +254,10 @@ def _info(complete: int) -> str:
 def test_a_hostile_worker_record_costs_itself_only(redis_client, redis_url, hostile):
     """One live worker's record is hostile: refused by reason at every read, and the other
     worker's completions are counted all the same."""
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native.config import SaqReaderConfig
-    from exporter.sources.native.framework import Signals
-    from exporter.sources.native.saq import SaqReader
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers.config import SaqReaderConfig
+    from exporter.sources.readers.framework import Signals
+    from exporter.sources.readers.saq import SaqReader
 
     expires = int(time.time() * 1000) + 600_000
     good, bad = "saq:work:worker_info:good", "saq:work:worker_info:bad"
@@ -312,10 +312,10 @@ def test_a_job_taken_before_its_start_is_written_has_no_running_age(
 
 def _workers_read(redis_url: str) -> tuple[dict[str, int], str | None]:
     """One read of a new SAQ reader: live workers of `work` by state, and its caveat."""
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native.config import SaqReaderConfig
-    from exporter.sources.native.framework import Signals
-    from exporter.sources.native.saq import SaqReader
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers.config import SaqReaderConfig
+    from exporter.sources.readers.framework import Signals
+    from exporter.sources.readers.saq import SaqReader
 
     reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=redis_url))
     try:
@@ -368,11 +368,11 @@ def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
     them, no PTTL): the bytes the server sends for it are a small part of a read that looks
     for finished jobs. Then 3 real jobs finish: the next reads count them and observe their 3
     execution times, once (SAQ's own worker stats say 3)."""
-    from exporter.redis_connection import RedisConnectionConfig
-    from exporter.sources.native.config import SaqReaderConfig
-    from exporter.sources.native.framework import Signals
-    from exporter.sources.native.saq import SaqReader
-    from exporter.sources.native.saq_jobs import MAX_READS
+    from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.readers.config import SaqReaderConfig
+    from exporter.sources.readers.framework import Signals
+    from exporter.sources.readers.saq import SaqReader
+    from exporter.sources.readers.saq_jobs import MAX_READS
     from tests.private_redis import PrivateRedis
     from tests.test_native_windows import KEPT, Saq
 

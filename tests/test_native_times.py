@@ -20,18 +20,18 @@ from datetime import UTC, datetime
 
 from rq import Queue, SimpleWorker
 
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bull import BullReader
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import (
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bull import BullReader
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.celery import CeleryReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     BullReaderConfig,
     CeleryReaderConfig,
     RqReaderConfig,
 )
-from exporter.sources.native.framework import Reader, Signals
-from exporter.sources.native.rq import RqReader
+from exporter.sources.readers.framework import Reader, Signals
+from exporter.sources.readers.rq import RqReader
 from tests.conftest import total
 from tests.test_native_trust import _dispatcher, _Feed
 

@@ -2,7 +2,7 @@
 
 Each test names the class of attack, the issue's example among its cases. The classes:
 - a number no sample may take (huge integers, NaN, negative durations, times from the far
-  future) is refused by the one number check (exporter/numbers.py), counted by reason, and
+  future) is refused by the one number check (exporter/core/numbers.py), counted by reason, and
   reaches no sum, no gauge, no render;
 - a record whose reading raises anything (RecursionError from deep nesting included) costs
   itself only: the read goes on and counts every good record;
@@ -36,20 +36,21 @@ from prometheus_client.openmetrics.parser import (
 )
 from rq import Queue, SimpleWorker
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources import postgres
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.celery import DEPTH, MAX_UNACKED, CeleryReader
-from exporter.sources.native.config import (
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.postgres import source as postgres
+from exporter.sources.postgres.config import PostgresSourceConfig
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.celery import DEPTH, MAX_UNACKED, CeleryReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     CeleryReaderConfig,
     RqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import (
+from exporter.sources.readers.framework import (
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
     NativeSource,
@@ -58,11 +59,10 @@ from exporter.sources.native.framework import (
     ReaderError,
     Signals,
 )
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.rq_windows import MAX_NEW
-from exporter.sources.native.sidekiq import SidekiqReader
-from exporter.sources.postgres_config import PostgresSourceConfig
-from exporter.telemetry import Telemetry
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.rq_windows import MAX_NEW
+from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.streams.config import EventsSourceConfig
 from tests.conftest import Series, parse_exposition, total, value
 
 YEAR = 365 * 86_400.0
@@ -577,7 +577,7 @@ def test_refused_records_are_logged_rate_limited(redis_client, redis_url, caplog
         with caplog.at_level(logging.WARNING):
             reader.read(signals)
         assert signals.tally.invalid == {"bad_number": 2000}
-        logged = [r for r in caplog.records if r.name.startswith("exporter.sources.native")]
+        logged = [r for r in caplog.records if r.name.startswith("exporter.sources.readers")]
         assert len(logged) == 1, [r.getMessage() for r in logged]
         assert all(record.exc_info is None for record in logged)
     finally:
@@ -690,8 +690,8 @@ def _busy_threads(count: int) -> Iterator[None]:
 def test_the_renderer_survives_any_stored_value():
     """Stored values of every kind: the render never fails and parses back (the property test
     of the store lives in tests/test_store_values.py; this is the example of attack 1)."""
-    from exporter.catalog import BY_NAME
-    from exporter.samples import SampleSet
+    from exporter.output.catalog import BY_NAME
+    from exporter.output.samples import SampleSet
 
     telemetry = Telemetry(HealthBoard())
     samples = SampleSet()
@@ -707,7 +707,7 @@ def test_workers_refused_are_counted_once_per_name_not_per_read():
     """The worker registry full (or a queue without room): each refused name is counted once,
     however many reads report it again (issue 23: the overflow counter re-counted the same
     names every read)."""
-    from exporter.events.metrics import Heartbeat
+    from exporter.lifecycle.metrics import Heartbeat
 
     telemetry = Telemetry(HealthBoard())
     metrics = EventMetrics(telemetry, {})

@@ -32,22 +32,22 @@ from typing import Any
 import pytest
 import redis
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.metrics import EventMetrics
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.native.bullmq import BullmqReader
-from exporter.sources.native.config import (
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.readers.bullmq import BullmqReader
+from exporter.sources.readers.config import (
     BullmqReaderConfig,
     RqReaderConfig,
     SaqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import NativeSource, RedisReader, Signals
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.saq import SaqReader
-from exporter.sources.native.sidekiq import SidekiqReader
-from exporter.telemetry import Telemetry
+from exporter.sources.readers.framework import NativeSource, RedisReader, Signals
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.saq import SaqReader
+from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.streams.config import EventsSourceConfig
 from tests.conformance.adapters.base import require
 from tests.conformance.adapters.rq import RQ_PYTHONS, rq_driver, rq_worker
 from tests.conftest import parse_exposition, stop_process, total, wait_for

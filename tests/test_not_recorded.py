@@ -1,6 +1,6 @@
 """What a queue system does not record is named, never made up (issue 39): each preset's
 `not_recorded` reaches check-config, the log's inventory, the status page and docs/presets.md,
-and a signal named there is one of the catalog's (exporter.catalog.SIGNALS). Whether each
+and a signal named there is one of the catalog's (exporter.output.catalog.SIGNALS). Whether each
 system really serves every other signal is proven by the conformance harness
 (tests/conformance: `unnamed_signals`)."""
 
@@ -11,10 +11,10 @@ import urllib.request
 
 import pytest
 
-from exporter import config as config_module
-from exporter import presets
-from exporter.catalog import SIGNAL_WHAT
-from exporter.config import ConfigError
+from exporter.config import presets
+from exporter.config import settings as config_module
+from exporter.config.settings import ConfigError
+from exporter.output.catalog import SIGNAL_WHAT
 from tests.conftest import wait_for
 from tests.test_check_config import run_cli
 

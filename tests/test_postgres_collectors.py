@@ -7,10 +7,10 @@ import logging
 import psycopg
 import pytest
 
-from exporter import config as config_module
-from exporter.logs import mask_connection_string as mask_dsn
-from exporter.sources.postgres_config import PostgresSourceConfig
-from exporter.sources.sql_collectors import QueryShapeError, RowConverter, SqlCollector
+from exporter.config import settings as config_module
+from exporter.core.logs import mask_connection_string as mask_dsn
+from exporter.sources.postgres.collectors import QueryShapeError, RowConverter, SqlCollector
+from exporter.sources.postgres.config import PostgresSourceConfig
 from tests.conftest import scrape, scrape_series, value, wait_for
 
 JOBS_DDL = """
@@ -210,7 +210,7 @@ def test_query_shape_errors_are_clear(jobs_db, postgres_dsn, run_exporter, caplo
         "labels": ["queue"],
         "values": [{"column": "jobs", "metric": "my_text_jobs"}],
     }
-    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.runner")
     app = run_exporter(_postgres(postgres_dsn, missing, text))
 
     def shape_errors(series):
@@ -391,7 +391,7 @@ def test_refuse_when_stops_a_collector_that_does_not_apply(postgres_dsn, run_exp
         "SELECT CASE WHEN to_regclass('gate') IS NOT NULL THEN 'gate is here' END AS refusal",
         "SELECT count(*) AS n FROM gate_rows",
     )
-    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.runner")
     app = run_exporter(_postgres(postgres_dsn, refused, allowed, shapeless, gated))
 
     def errors(series, source, reason):

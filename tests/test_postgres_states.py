@@ -23,10 +23,10 @@ import procrastinate
 import psycopg
 import pytest
 
-from exporter.health import HealthBoard
-from exporter.sources import postgres
-from exporter.sources.postgres_config import PostgresSourceConfig
-from exporter.telemetry import Telemetry
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.sources.postgres import source as postgres
+from exporter.sources.postgres.config import PostgresSourceConfig
 from tests.conftest import (
     Series,
     scrape,

@@ -25,8 +25,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from exporter import config as config_module
-from exporter import presets
+from exporter.config import presets
+from exporter.config import settings as config_module
 from tests.conftest import (
     scrape_series,
     scrape_when,

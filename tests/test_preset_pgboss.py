@@ -27,8 +27,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from exporter import config as config_module
-from exporter import presets
+from exporter.config import presets
+from exporter.config import settings as config_module
 from tests.conftest import (
     Series,
     scrape,
@@ -164,7 +164,9 @@ def test_hot_path_reads_pgboss_fetch_index_not_the_finished_rows(
             "FROM generate_series(1, 300000) AS n"
         )
         connection.execute("VACUUM ANALYZE pgboss.job")
-        connection.execute("SET jit = off")  # as the exporter runs them (postgres.py)
+        connection.execute(
+            "SET jit = off"
+        )  # as the exporter runs them (sources/postgres/source.py)
         collectors = presets.expand("pgboss")["sources"]["postgres"]["collectors"]
         for collector in collectors:
             if collector["name"] == "pgboss_active_estimate":  # estimate=true, pg-boss 10
@@ -350,7 +352,7 @@ def test_estimate_on_pgboss12_is_refused_naming_why(
     boss.seed()
     version = _schema_version(postgres_dsn)
     assert version > 24, version  # pg-boss 10's schema is version 24
-    caplog.set_level(logging.WARNING, logger="exporter.sources.base")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.runner")
     exporter = run_exporter(
         postgres_dsn=postgres_dsn, preset=[{"name": "pgboss", "params": {"estimate": True}}]
     )

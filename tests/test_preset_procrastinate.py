@@ -26,7 +26,7 @@ import procrastinate
 import psycopg
 import pytest
 
-from exporter import presets
+from exporter.config import presets
 from tests.conftest import Series, value, wait_for, wait_until_served_as_truth
 
 ROOT = Path(__file__).resolve().parent.parent

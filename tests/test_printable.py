@@ -8,7 +8,7 @@ import codecs
 from hypothesis import given
 from hypothesis import strategies as st
 
-from exporter.printable import printable
+from exporter.core.printable import printable
 
 
 def test_celery_separator_and_key_print_escaped():

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from exporter.app import App
+from exporter.runtime.app import App
 from tests.conftest import wait_for
 from tests.dashboard_queries import NotFed, not_fed_by_redis_alone, wait_until_fed
 from tests.real_queues import BullMQ, Sidekiq

@@ -27,11 +27,11 @@ import yaml
 from alerts.config import DEFAULTS, with_short_windows
 from alerts.generate import render_rules
 from alerts.recording import recording_rules
-from exporter import catalog
-from exporter.app import App
 from exporter.demo import sim_orchestrata, sim_runnerq
 from exporter.demo.command import exporter_config
 from exporter.demo.workload import Workload
+from exporter.output import catalog
+from exporter.runtime.app import App
 from tests.conftest import parse_exposition, scrape, wait_for
 from tests.dashboard_queries import panel_queries
 from tests.layouts import iso, runnerq_activity, runnerq_enqueue

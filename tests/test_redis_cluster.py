@@ -13,12 +13,12 @@ import pytest
 import redis
 from redis.exceptions import RedisClusterException
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import ClusterSetup, eventually
 from tests.tls_certs import make_pki

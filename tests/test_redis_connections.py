@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from exporter.redis_connection import RedisConnectionConfig
+from exporter.redis.connection import RedisConnectionConfig
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape_when, value
 from tests.private_redis import PrivateRedis, free_port
 from tests.tcp_proxy import TcpProxy

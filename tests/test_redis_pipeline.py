@@ -1,11 +1,11 @@
-"""One MULTI/EXEC in one round trip (exporter.redis_pipeline.transaction), against a real Redis."""
+"""One MULTI/EXEC in one round trip (exporter.redis.pipeline.transaction), against a real Redis."""
 
 from __future__ import annotations
 
 import pytest
 import redis
 
-from exporter.redis_pipeline import transaction
+from exporter.redis.pipeline import transaction
 
 
 def test_a_command_that_fails_while_the_others_run_gives_its_error_in_place(redis_client):

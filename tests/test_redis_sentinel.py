@@ -9,10 +9,10 @@ import time
 import pytest
 import redis
 
-from exporter import config as config_module
-from exporter import redis_acl
-from exporter.config import ConfigError, from_dict
-from exporter.redis_connection import RedisConnectionConfig, redis_error_reason, sentinel_target
+from exporter.commands import redis_acl
+from exporter.config import settings as config_module
+from exporter.config.settings import ConfigError, from_dict
+from exporter.redis.connection import RedisConnectionConfig, redis_error_reason, sentinel_target
 from tests.conftest import scrape_series, value, wait_for
 from tests.redis_topology import SERVICE, SentinelSetup, eventually
 from tests.tls_certs import make_pki

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from exporter import catalog
-from exporter import config as config_module
-from exporter.events.producer import EventEmitter
+from exporter.config import settings as config_module
+from exporter.lifecycle.producer import EventEmitter
+from exporter.output import catalog
 from tests.conftest import scrape, scrape_series, scrape_when, total, value, wait_for
 from tests.private_redis import PrivateRedis
 
@@ -358,7 +358,7 @@ def test_one_redis_gives_events_and_native_series_no_label(redis_client, redis_u
     ],
 )
 def test_a_stream_s_redis_is_named_by_the_source_on_the_same_server(connection, expected):
-    from exporter.redis_connection import RedisConnectionConfig
+    from exporter.redis.connection import RedisConnectionConfig
 
     sources = config_module.from_dict(
         {
@@ -377,7 +377,7 @@ def test_a_stream_s_redis_is_named_by_the_source_on_the_same_server(connection, 
 
 
 def test_the_inventory_says_which_redis_source_each_stream_and_reader_carries():
-    from exporter import inventory
+    from exporter.config import inventory
 
     raw = {
         "presets": ["rq"],

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exporter.catalog import BY_NAME
-from exporter.samples import SampleSet, Series, SeriesColumns, longest_label
+from exporter.output.catalog import BY_NAME
+from exporter.output.samples import SampleSet, Series, SeriesColumns, longest_label
 
 DEPTH = BY_NAME["queue_depth"]  # combines by sum
 OLDEST = BY_NAME["queue_oldest_age_seconds"]  # combines by max

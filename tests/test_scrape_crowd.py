@@ -2,7 +2,7 @@
 
 50 scrapers (half asking for gzip), 20 scrapes each, all at once against one exporter while
 events flow into its stream and its key sampler publishes, with and without leader election. Each render carries
-the fences of the leases it was rendered under (exporter.exposition.Rendered): however many
+the fences of the leases it was rendered under (exporter.output.exposition.Rendered): however many
 renders are in flight, each body keeps its own right to be sent. Before, the right was kept
 for the last 16 bodies by their id(): after about a hundred answers, scrapes got 503 "the
 leader lease changed during every render" from an exporter whose lease never changed.
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle.producer import EventEmitter
 from tests.conftest import scrape_series, value, wait_for
 
 SCRAPERS = 50

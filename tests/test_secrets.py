@@ -27,7 +27,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from exporter.cli import main
+from exporter.commands.cli import main
 from tests.conftest import parse_exposition, wait_for
 from tests.private_redis import PrivateRedis, free_port
 
@@ -241,7 +241,7 @@ def test_serve_with_a_dsn_file_libpq_cannot_parse(tmp_path, web_config_file):
 
 
 def test_redact_masks_passwords_in_urls_and_keyword_strings():
-    from exporter.logs import redact
+    from exporter.core.logs import redact
 
     assert redact('in URI: "postgresql://u:p4ss@[h/db"') == 'in URI: "postgresql://u:****@[h/db"'
     assert redact("host=h password='a b' user=x") == "host=h password=**** user=x"
@@ -387,7 +387,7 @@ def test_no_form_of_a_planted_secret_reaches_any_output(
 
 
 def test_registered_secrets_leave_tracebacks_and_json_lines():
-    from exporter.logs import JsonFormatter, RedactingFormatter, register_secret
+    from exporter.core.logs import JsonFormatter, RedactingFormatter, register_secret
 
     secret = f'Pj"son\\{MARKER}'
     register_secret(secret)
@@ -404,7 +404,7 @@ def test_registered_secrets_leave_tracebacks_and_json_lines():
 
 
 def test_an_uncaught_exception_in_a_thread_is_logged_scrubbed(capsys, monkeypatch):
-    from exporter.logs import configure, register_secret
+    from exporter.core.logs import configure, register_secret
 
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", list(root.handlers))  # configure() replaces them

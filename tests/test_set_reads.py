@@ -1,4 +1,4 @@
-"""Sets are read in bounded pieces (exporter/sources/members.py): SSCAN (ZSCAN) a page at a time,
+"""Sets are read in bounded pieces (exporter/redis/members.py): SSCAN (ZSCAN) a page at a time,
 no further than the reader's limit, so a set flooded with 1,000,000 members costs a read its
 limit and a page, counted and named (over_limit for a native reader, too_many_members for a
 key group), never the whole set. Issue 40's attack: SMEMBERS sent the whole set (about 30 MB
@@ -15,21 +15,21 @@ from typing import Any
 import pytest
 import redis
 
-from exporter import config as config_module
-from exporter.health import HealthBoard
-from exporter.redis_connection import RedisConnectionConfig
-from exporter.sources.members import members_of
-from exporter.sources.native.celery import CeleryReader
-from exporter.sources.native.config import (
+from exporter.config import settings as config_module
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.redis.connection import RedisConnectionConfig
+from exporter.redis.members import members_of
+from exporter.sources.readers.celery import CeleryReader
+from exporter.sources.readers.config import (
     CeleryReaderConfig,
     RqReaderConfig,
     SidekiqReaderConfig,
 )
-from exporter.sources.native.framework import MAX_KEYS, MAX_WORKERS, Signals
-from exporter.sources.native.rq import RqReader
-from exporter.sources.native.sidekiq import SidekiqReader
-from exporter.sources.redis_keys import RedisKeySampler
-from exporter.telemetry import Telemetry
+from exporter.sources.readers.framework import MAX_KEYS, MAX_WORKERS, Signals
+from exporter.sources.readers.rq import RqReader
+from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.private_redis import PrivateRedis
 
 FLOOD = 1_000_000

@@ -10,14 +10,14 @@ from __future__ import annotations
 import gc
 import os
 
-from exporter.events.config import EventsSourceConfig
-from exporter.events.consumer import decode_v1
-from exporter.events.metrics import EventMetrics, Tally
-from exporter.events.refusals import Refusals
-from exporter.events.wire import encode
-from exporter.health import HealthBoard
-from exporter.telemetry import Telemetry
-from exporter.telemetry_config import LimitsConfig
+from exporter.lifecycle.metrics import EventMetrics, Tally
+from exporter.lifecycle.refusals import Refusals
+from exporter.lifecycle.wire import encode
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
+from exporter.output.telemetry_config import LimitsConfig
+from exporter.sources.streams.config import EventsSourceConfig
+from exporter.sources.streams.consumer import decode_v1
 
 STEP = 60.0  # one simulated minute per batch
 HOURS = 12

@@ -8,11 +8,11 @@ from __future__ import annotations
 import threading
 import time
 
-from exporter.catalog import BY_NAME
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.sources.base import SourceRunner
-from exporter.telemetry import Telemetry
+from exporter.output.catalog import BY_NAME
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
+from exporter.sources.runner import SourceRunner
 from tests.conftest import parse_exposition, value
 from tests.plain_source import PlainSource
 

@@ -14,11 +14,11 @@ import bcrypt
 import pytest
 import yaml
 
-from exporter.catalog import BY_NAME
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.status_page import StatusPage
-from exporter.telemetry import Telemetry
+from exporter.http.status_page import StatusPage
+from exporter.output.catalog import BY_NAME
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
 from tests.chromium import Chromium
 from tests.conftest import wait_for
 from tests.layouts import iso

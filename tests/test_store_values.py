@@ -19,10 +19,10 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from exporter.catalog import BY_NAME
-from exporter.health import HealthBoard
-from exporter.samples import SampleSet
-from exporter.telemetry import Telemetry
+from exporter.output.catalog import BY_NAME
+from exporter.output.health import HealthBoard
+from exporter.output.samples import SampleSet
+from exporter.output.telemetry import Telemetry
 
 _FLOAT_MAX = 1.7976931348623157e308
 DEPTH = BY_NAME["queue_depth"]

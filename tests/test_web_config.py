@@ -22,13 +22,13 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporter import web_config
-from exporter.cli import main
-from exporter.exposition import Rendered
-from exporter.health import HealthBoard
-from exporter.http_access import WebConfigError, parse_basic_auth
-from exporter.http_server import MetricsServer
-from exporter.web_config import parse
+from exporter.commands.cli import main
+from exporter.http import web_config
+from exporter.http.access import WebConfigError, parse_basic_auth
+from exporter.http.server import MetricsServer
+from exporter.http.web_config import parse
+from exporter.output.exposition import Rendered
+from exporter.output.health import HealthBoard
 from tests.conftest import wait_for
 from tests.tls_certs import Pki, make_pki
 
@@ -348,7 +348,7 @@ def test_tls_stays_on_when_the_file_would_turn_it_off(serve, pki, tmp_path, monk
 
 
 def test_warns_when_metrics_are_open_beyond_localhost(serve, caplog):
-    caplog.set_level(logging.WARNING, logger="exporter.http_server")
+    caplog.set_level(logging.WARNING, logger="exporter.http.server")
     serve(None, host="127.0.0.1")
     serve({"basic_auth_users": {"prometheus": HASH}}, host="0.0.0.0")
     assert "without authentication" not in caplog.text

@@ -42,5 +42,5 @@ def process_cost() -> float:
     """Seconds a Python process importing the exporter takes to start and exit now: what the
     machine's load adds to a bound over a process's takeover or stop (about 0.3 s when idle)."""
     started = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import exporter.app"], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", "import exporter.runtime.app"], check=True, timeout=120)
     return time.monotonic() - started

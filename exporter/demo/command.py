@@ -20,15 +20,15 @@ import click
 import psycopg
 import redis
 
-from exporter import config as config_module
-from exporter import presets
-from exporter.cli import env_option
+from exporter.commands.cli import env_option
+from exporter.config import presets
+from exporter.config import settings as config_module
+from exporter.core.logs import configure as configure_logging
 from exporter.demo import sim_legacy, sim_orchestrata
 from exporter.demo.embedded import EmbeddedError, EmbeddedServers
 from exporter.demo.status import StatusLine
 from exporter.demo.workload import Workload, WorkloadError
-from exporter.logs import configure as configure_logging
-from exporter.signals import SignalInbox
+from exporter.runtime.signals import SignalInbox
 
 # The exporter's port, on loopback only: the demo serves /metrics without authentication.
 DEMO_LISTEN_ADDRESS = "127.0.0.1:" + config_module.DEFAULT_LISTEN_ADDRESS.rpartition(":")[2]
@@ -140,7 +140,7 @@ def _run(cleanup: ExitStack, signals: SignalInbox, settings: DemoSettings) -> No
                      postgres=servers is None or not servers.postgres_version)  # fmt: skip
     workload.setup()
 
-    from exporter.app import App  # the heavy imports only once the servers are up
+    from exporter.runtime.app import App  # the heavy imports only once the servers are up
 
     config = config_module.from_dict(
         exporter_config(
@@ -182,7 +182,7 @@ def _wait_until_fed(workload: Workload, config: config_module.Config, signals: S
     """Until each key group of the configuration has a key and each stream exists (at most
     FEED_TIMEOUT: past it the exporter starts and its own warnings name what is missing);
     False when a signal stopped the demo meanwhile."""
-    from exporter.sources.key_groups import scan_glob
+    from exporter.sources.redis_keys.groups import scan_glob
 
     redis_config = config.sources.default_redis()
     groups = redis_config.key_groups if redis_config is not None else []

@@ -18,7 +18,7 @@ import json
 import redis
 
 from exporter.demo.dice import Dice
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle.producer import EventEmitter
 
 PREFIX = "legacy:jobs"
 TENANTS = 260

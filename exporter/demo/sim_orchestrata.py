@@ -2,7 +2,7 @@
 
 The lists, dead-letter lists and message metadata are written as the kernel writes them
 (layouts.py); what the kernel keeps only in its process (in-flight jobs, failures, workers)
-reaches the exporter as v1 lifecycle events through exporter.events.producer. The `reports`
+reaches the exporter as v1 lifecycle events through exporter.lifecycle.producer. The `reports`
 recipient is under-provisioned on purpose: its backlog climbs towards the backpressure limit.
 """
 
@@ -19,8 +19,8 @@ import redis
 
 from exporter.demo import layouts
 from exporter.demo.dice import Dice
-from exporter.events import wire
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle import wire
+from exporter.lifecycle.producer import EventEmitter
 
 PREFIX = "orchestrata"
 EVENTS_STREAM = f"{PREFIX}:events"

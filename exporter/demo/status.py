@@ -28,6 +28,6 @@ class StatusLine:
         rate = (events - self._last[1]) / max(now - self._last[0], 1e-3)
         self._last = (now, events)
         return (
-            f"[{elapsed:6.0f}s] {rate:7.0f} events/s  {len(queues):4d} queues  "
+            f"[{elapsed:6.0f}s] {rate:7.0f} lifecycle/s  {len(queues):4d} queues  "
             f"{series:6d} series  backlog {backlog}"
         )

@@ -20,7 +20,7 @@ import psycopg
 import redis
 
 from exporter.demo import sim_attune, sim_legacy, sim_orchestrata, sim_runnerq
-from exporter.events.producer import EventEmitter
+from exporter.lifecycle.producer import EventEmitter
 
 log = logging.getLogger(__name__)
 

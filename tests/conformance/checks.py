@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporter.catalog import SIGNALS
+from exporter.output.catalog import SIGNALS
 from tests.conftest import Series, value
 
 State = tuple[str, str]  # (queue, state)
@@ -247,7 +247,7 @@ def _ages(
 
 
 def served_signals(series: Series, system: str) -> set[str]:
-    """The signals (exporter.catalog.SIGNALS) served for `system`: a series of the signal's
+    """The signals (exporter.output.catalog.SIGNALS) served for `system`: a series of the signal's
     metric with a queue (a label not empty), in one of its states."""
     found = set()
     for metric, label_set in series:

@@ -6,7 +6,7 @@ found, depth per queue and state and their sums, due jobs, the ages of the oldes
 longest running jobs, counters, workers, the sources up. Each system runs with the library's
 defaults and the preset's defaults (no params); where a system needs params today, a second
 run with them beside it, and the defaults run names what it misses as known gaps of issue 39.
-Across a run's phases each signal operators page on (exporter.catalog.SIGNALS) is served or
+Across a run's phases each signal operators page on (exporter.output.catalog.SIGNALS) is served or
 named by the preset as not recorded (checks.unnamed_signals), and the defaults run's series
 are the recording the alerts' table is proven on (alerts/recorded.py).
 """
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from alerts.recorded import record_or_compare
-from exporter.app import App
+from exporter.runtime.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.celery import CeleryAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter

@@ -51,7 +51,7 @@ class Adapter:
 
     @classmethod
     def not_served(cls, version: Any) -> dict[str, str]:
-        """Signals (exporter.catalog.SIGNALS) the system records that no phase of this run
+        """Signals (exporter.output.catalog.SIGNALS) the system records that no phase of this run
         shows, each with why: a version the exporter does not read it from, a scenario that
         does not play it yet. A signal the system does not record at all is named in its
         preset's `not_recorded` instead (status page, check-config, docs/presets.md)."""

@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 import procrastinate
 import psycopg
 
-from exporter import presets
+from exporter.config import presets
 from tests.conformance.adapters.base import Adapter, Phase, fixed
 from tests.conformance.checks import Age, ReadAge, Truth
 from tests.conftest import Series, stop_process, wait_for

@@ -1,0 +1,593 @@
+"""Key groups: the data that says which Redis keys hold a queue and how to read them.
+
+A key group is a key pattern with named placeholders that become labels
+(``orchestrata:queue:{queue}:p{priority}``), the key's type, the state its items are in,
+and optionally how to read the time of the item at the head of the queue. ``{{`` and ``}}``
+are literal braces, as in Python's format strings: a Redis Cluster hash tag in a pattern
+(BullMQ's ``prefix: '{bull}'`` is ``{{bull}}:{queue}:wait``). Presets are
+lists of key groups; operators write their own in the same form.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Callable
+from typing import Literal, get_args
+
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
+
+from exporter.core.item_time import TimeFormat
+from exporter.core.models import StrictModel
+from exporter.output.catalog import STATES
+
+KeyType = Literal["list", "zset", "set", "hash", "stream"]
+State = Literal["pending", "active", "scheduled", "retry", "dead_letter", "completed", "failed"]
+if set(STATES) != set(get_args(State)):
+    raise RuntimeError(f"key_groups.State {get_args(State)} differ from catalog.STATES {STATES}")
+
+LABEL_PLACEHOLDERS = ("queue", "priority")
+# A placeholder, or a doubled brace (a literal one).
+_TOKEN = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_GLOB_SPECIAL = re.compile(r"([*?\[\]\\])")
+
+
+class OldestItem(StrictModel):
+    """Where the time of the item at the head of the queue is kept."""
+
+    end: Literal["head", "tail", "earliest"] = Field(
+        "head",
+        description="lists: head = index 0, tail = index -1 (RPUSH+LPOP producers serve the "
+        "head, LPUSH+RPOP ones the tail); zsets: head = lowest score, tail = highest; "
+        "earliest: the earliest time among the first max_items items, for an order that is "
+        "not by that time (RQ's started registry, scored by deadline; split_by's hash values)",
+    )
+    time_in: Literal["score", "item", "prefix", "json", "hash", "string", "stream_id"] = Field(
+        description="score: the zset score is the time; item: the item itself is a time; "
+        "prefix: the item's first 8 bytes, a big-endian unsigned integer (PriorityRedisHuey's "
+        "enqueue time in microseconds: divisor 1000000); "
+        "json: a field of the item's JSON; hash: a field of a hash the item names; string: "
+        "json_field of the JSON string key the item names; stream_id: the entry id's "
+        "millisecond part"
+    )
+    field: str | None = Field(None, description="JSON field or hash field holding the time")
+    json_after: str | None = Field(
+        None, description="the JSON starts after the first occurrence of this separator"
+    )
+    hash_key: str | None = Field(
+        None, description="hash key pattern; {item} is the item, other placeholders the labels"
+    )
+    string_key: str | None = Field(
+        None, description="time_in string: the key pattern; {item} is the item (SAQ's job ids)"
+    )
+    item_until: str | None = Field(
+        None,
+        min_length=1,
+        description="time_in hash or string: {item} is the item up to this separator (RQ 2+ "
+        "keeps <job id>:<execution id> in its started registry, a job id holding no colon)",
+    )
+    json_field: str | None = Field(
+        None,
+        description="time_in hash: the hash field's value is JSON and this field of it holds "
+        "the time; time_in string: the field of the key's JSON (a.b: field b of object a)",
+    )
+    format: TimeFormat = Field(
+        "auto", description="auto: numbers above 1e11 are ms, else s; strings ISO-8601"
+    )
+    divisor: float = Field(1.0, gt=0, description="the stored number is divided by this first")
+    max_items: int = Field(
+        1000,
+        ge=1,
+        description="end: earliest: items whose time is read per key and cycle (one read "
+        "each where the time is kept apart); the rest are counted as items_unchecked",
+    )
+    on_missing: Literal["count", "skip"] = Field(
+        "count",
+        description="time_in hash and string: a time absent, null or 0 (not written yet); "
+        "count: also counted as an error (reason time_missing); skip: expected, no age from "
+        "that item (SAQ writes an active job's `started` once its worker took it)",
+    )
+
+    @model_validator(mode="after")
+    def _fields_for_source(self) -> OldestItem:
+        if self.time_in in ("json", "hash") and not self.field:
+            raise ValueError(f"time_in: {self.time_in} needs 'field'")
+        if self.time_in == "hash" and not self.hash_key:
+            raise ValueError("time_in: hash needs 'hash_key'")
+        if self.hash_key and "{item}" not in self.hash_key + (self.field or ""):
+            raise ValueError("hash_key or field must contain {item}")
+        if self.item_until is not None and self.time_in not in ("hash", "string"):
+            raise ValueError("item_until applies to time_in: hash and string only")
+        if self.json_field is not None and self.time_in not in ("hash", "string"):
+            raise ValueError("json_field applies to time_in: hash and string only")
+        if self.time_in == "string" and (not self.string_key or not self.json_field):
+            raise ValueError("time_in: string needs 'string_key' and 'json_field'")
+        if self.string_key and "{item}" not in self.string_key:
+            raise ValueError("string_key must contain {item}")
+        if self.on_missing == "skip" and self.time_in not in ("hash", "string"):
+            raise ValueError("on_missing: skip applies to time_in: hash and string only")
+        return self
+
+
+class DueCount(StrictModel):
+    """Count the zset members whose score (a time) is already past."""
+
+    metric: Literal["queue_leases_expired", "queue_scheduled_due"] = Field(
+        description="the gauge the count goes to"
+    )
+    unit: Literal["s", "ms"] = Field("s", description="the unit of the scores")
+    divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
+
+
+class ScoreWindow(StrictModel):
+    """Count only the zset members whose score (a time) is already past, or only those still
+    ahead (arq keeps the jobs ready to run and the deferred ones in one zset scored by the time
+    each may run)."""
+
+    window: Literal["due", "ahead", "positive"] = Field(
+        description="due: scores up to now (inclusive); ahead: scores after now; positive: "
+        "scores above 0 (SAQ scores its queued and active jobs 0, scheduled ones by their time)"
+    )
+    unit: Literal["s", "ms"] = Field("s", description="the unit of the scores")
+    divisor: float = Field(1.0, gt=0, description="scores are divided by this first")
+
+
+class PriorityBands(StrictModel):
+    """Split a zset's depth by priority: priority = floor(score / width)."""
+
+    width: float = Field(gt=0, description="score width of one priority band")
+    names: dict[int, str] = Field(min_length=1, description="band number -> priority label")
+
+
+class SetMembers(StrictModel):
+    """Take a placeholder's values from a Redis set (RQ's rq:queues, Sidekiq's queues), or from
+    every set whose key matches a pattern (kombu's `_kombu.binding.{_exchange}`, one per
+    exchange, whose members name the queues bound to it)."""
+
+    key: str = Field(
+        description="the set's key; with {_name} wildcards, every set SCAN finds that matches it"
+    )
+    member: str = Field(
+        "{value}",
+        description="member format: {value} is the placeholder value, {_name} a wildcard part "
+        "(may be empty); members of another form are not values",
+    )
+    type: Literal["set", "zset"] = Field(
+        "set", description="zset: the members of a sorted set (Dramatiq's worker heartbeats)"
+    )
+
+    @model_validator(mode="after")
+    def _wildcards_only(self) -> SetMembers:
+        if placeholders(self.member).count("value") != 1:
+            raise ValueError(f"member {self.member!r} needs exactly one {{value}}")
+        for where, pattern in (("key", self.key), ("member", self.member)):
+            named = [name for name in placeholders(pattern) if not name.startswith("_")]
+            if named and not (where == "member" and named == ["value"]):
+                raise ValueError(f"{where} {pattern!r}: only {{_name}} wildcards may appear")
+        return self
+
+
+class LabelFromItems(StrictModel):
+    """Split one key's items among label values read from each item (Sidekiq's retry, dead and
+    schedule sets hold the jobs of every queue; the queue is a field of each member's JSON), or
+    from each zset member's score (PriorityRedisHuey scores a task by its priority, negated)."""
+
+    label: Literal["queue", "priority"] = Field(description="the label the value goes to")
+    field: str | None = Field(
+        None, min_length=1, description="the JSON field of each item holding the value"
+    )
+    score: Literal["as_is", "negated"] | None = Field(
+        None,
+        description="zsets, instead of a field: the value is each member's score (negated: "
+        "its sign turned), an integer written without a fraction",
+    )
+    max_items: int = Field(
+        10000,
+        ge=1,
+        description="items read per key and cycle (Sidekiq keeps at most 10,000 dead jobs); "
+        "the rest count under the label value __unread__",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> LabelFromItems:
+        if (self.field is None) == (self.score is None):
+            raise ValueError("split_by takes its value from a field or from the score: one")
+        return self
+
+
+class MemberMarker(StrictModel):
+    """Members whose own key exists are in another state than the group's: arq keeps a running
+    job in its queue's zset and marks it with an `arq:in-progress:<job id>` key."""
+
+    key: str = Field(
+        min_length=1,
+        description="the marker key's pattern: {item} is the member, other placeholders the "
+        "key's labels (as hash_key)",
+    )
+    state: State = Field(description="the state of the members whose marker key exists")
+    max_items: int = Field(
+        1000,
+        ge=1,
+        description="members checked per key and cycle, one EXISTS each (pipelined), from the "
+        "head (a zset's lowest scores: arq's workers take those first, so its running jobs "
+        "are there); the rest count in the group's state, counted as items_unchecked",
+    )
+
+
+class LookAlikes(StrictModel):
+    """Keys the group's values leave out that look like its queues, named (never counted): of
+    its type and pattern, their first member naming a key that exists (arq's job ids, each
+    with an arq:job:<id> key). Looking so does not make a key a queue (arq's own arq:abort
+    holds job ids too; an app may keep some in a zset), so each is named for listing, as
+    unlisted_queue, on the status page and by check-config."""
+
+    member_key: str = Field(
+        min_length=1, description="the key a queue's first member names: {member} is the member"
+    )
+    exclude: list[str] = Field(
+        default_factory=list, description="keys that look like queues and are not (arq:abort)"
+    )
+    max_keys: int = Field(
+        100,
+        ge=1,
+        description="keys left out checked per cycle (a first member read and an EXISTS each, "
+        "pipelined); the rest are counted as look_alikes_unchecked",
+    )
+
+    @model_validator(mode="after")
+    def _member_placeholder(self) -> LookAlikes:
+        if placeholders(self.member_key) != ["member"]:
+            raise ValueError("member_key needs exactly one {member} and no other placeholder")
+        return self
+
+
+class TypeReads(StrictModel):
+    """How a key group of several types reads its keys of one type: the options that apply to
+    that type alone (PriorityRedisHuey's zset members carry their enqueue time, RedisHuey's
+    list items do not)."""
+
+    oldest: OldestItem | None = None
+    due: DueCount | None = None
+    scores: ScoreWindow | None = None
+    priority_bands: PriorityBands | None = None
+    split_by: LabelFromItems | None = None
+
+
+class KeyGroup(StrictModel):
+    system: str = Field(min_length=1, description="the system label")
+    pattern: str = Field(
+        min_length=1,
+        description="key pattern; {queue} and {priority} become labels, {_name} is a wildcard, "
+        "{{ and }} are literal braces (a hash tag: {{bull}}:{queue}:wait)",
+    )
+    type: KeyType | list[KeyType] = Field(
+        description="the Redis type of the keys; a list: keys of any of those types, each read "
+        "as the type it holds (its TYPE asked first: one more command per key, one more round "
+        "trip per cycle), as Huey's queue is a list under RedisHuey and a zset under "
+        "PriorityRedisHuey"
+    )
+    by_type: dict[KeyType, TypeReads] = Field(
+        default_factory=dict,
+        description="a group of several types: options for its keys of one type alone "
+        "({zset: {oldest: ...}}); the group's own options apply to every type",
+    )
+    state: State = Field(description="the state label of the items the keys hold")
+    labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
+    values: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="enumerate a placeholder instead of scanning for it; given with "
+        "values_from_set or values_from_keys too, the placeholder takes the values of all",
+    )
+    values_from_set: dict[str, SetMembers] = Field(
+        default_factory=dict,
+        description="take a placeholder's values from a Redis set: {key, member}; key may hold "
+        "{_name} wildcards (every set SCAN finds, as kombu's _kombu.binding.{_exchange}), member "
+        "is each member's form with {value} and {_name} parts "
+        "({_routing_key}\\x06\\x16{_pattern}\\x06\\x16{value})",
+    )
+    values_from_keys: dict[str, str | list[str]] = Field(
+        default_factory=dict,
+        description="take a placeholder's values from the keys matching a pattern with {value} "
+        "(BullMQ's <prefix>:<queue>:meta), or any of a list of patterns: a queue whose job keys "
+        "are all gone still reads 0",
+    )
+    values_exclude: dict[str, str] = Field(
+        default_factory=dict,
+        description="a regular expression per placeholder: values it matches whole are not "
+        "taken (Dramatiq's <queue>.DQ and <queue>.XQ beside each queue)",
+    )
+    select: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="narrow or add to a placeholder's values found (values_from_set, "
+        "values_from_keys) or to split_by's label values read from the items: a name is taken "
+        "whether found or not (it reads 0), a glob (*, ?, [...]) keeps the values found that "
+        "match it (['*']: every one); found values left out are reported, their items not counted",
+    )
+    split_by: LabelFromItems | None = Field(
+        None, description="read every item and split the depth by a label value inside it"
+    )
+    oldest: OldestItem | None = None
+    due: DueCount | None = None
+    scores: ScoreWindow | None = Field(
+        None, description="zsets: depth (and head) of the members due by now, or still ahead"
+    )
+    priority_bands: PriorityBands | None = None
+    marker: MemberMarker | None = Field(
+        None,
+        description="lists and zsets: members marked by a key of their own count in the "
+        "marker's state; the oldest item is the first unmarked one",
+    )
+    look_alikes: LookAlikes | None = Field(
+        None,
+        description="groups whose keys are built from values: name the keys of its type and "
+        "pattern they leave out whose first member names a member_key (one SCAN ... TYPE a "
+        "cycle)",
+    )
+    max_depth: int | None = Field(
+        None, ge=0, description="backpressure limit, exported as queue_max_depth"
+    )
+    stream_group: str | None = Field(
+        None, description="streams: depth is this consumer group's lag, active its pending"
+    )
+    _views: dict[str, KeyGroup] = PrivateAttr(default_factory=dict)  # of_type's
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KeyGroup:
+        names = placeholders(self.pattern)
+        for name in names:
+            if name not in LABEL_PLACEHOLDERS and not name.startswith("_"):
+                raise ValueError(
+                    f"pattern placeholder {{{name}}} is not a label "
+                    f"({', '.join(LABEL_PLACEHOLDERS)}) nor a wildcard ({{_name}})"
+                )
+        if len(set(names)) != len(names):
+            raise ValueError("pattern repeats a placeholder")
+        for label in self.labels:
+            if label not in LABEL_PLACEHOLDERS:
+                raise ValueError(f"labels: {label!r} is not one of {', '.join(LABEL_PLACEHOLDERS)}")
+            if label in names:
+                raise ValueError(f"labels: {label!r} is already a pattern placeholder")
+        for name in (*self.values, *self.values_from_set, *self.values_from_keys):
+            if name not in names:
+                raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
+        found = {*self.values_from_set, *self.values_from_keys}
+        if self.split_by is not None:
+            found.add(self.split_by.label)
+        for name in self.select:
+            if name not in found:
+                raise ValueError(
+                    f"select: {{{name}}} takes no values from a set, keys or split_by to narrow"
+                )
+        for name, regex in self.values_exclude.items():
+            if name not in names:
+                raise ValueError(f"values_exclude: {{{name}}} is not a placeholder of the pattern")
+            try:
+                re.compile(regex)
+            except re.error as error:
+                raise ValueError(f"values_exclude.{name}: {error}") from None
+        for name, keys in self.values_from_keys.items():
+            for pattern in [keys] if isinstance(keys, str) else keys:
+                if placeholders(pattern) != ["value"]:
+                    raise ValueError(
+                        f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
+                    )
+        if isinstance(self.type, list):
+            if self.look_alikes is not None:  # a look-alike is told by its one type
+                raise ValueError("look_alikes applies to a group of one type")
+            self._several_types(self.type)
+        elif self.by_type:
+            raise ValueError("by_type applies to a group of several types (type: [list, zset])")
+        else:
+            self._options_fit(self.type, names)
+        return self
+
+    def _several_types(self, types: list[KeyType]) -> None:
+        """A group of several types: each type's view of it (of_type) must hold."""
+        if len(set(types)) != len(types) or len(types) < 2:
+            raise ValueError("type: a list names two types or more, each once")
+        if "stream" in types:
+            raise ValueError("type: a stream is read by its own commands, not among others")
+        for key_type in self.by_type:
+            if key_type not in types:
+                raise ValueError(f"by_type: {key_type} is not one of the group's types")
+        for key_type in types:
+            try:
+                self.of_type(key_type)
+            except ValidationError as error:
+                problems = "; ".join(p["msg"].removeprefix("Value error, ") for p in error.errors())
+                raise ValueError(f"its {key_type} keys: {problems}") from None
+
+    def _options_fit(self, key_type: KeyType, names: list[str]) -> None:
+        """The reading options hold for keys of this one type."""
+        if self.split_by is not None:
+            label = self.split_by.label
+            if label in names or label in self.labels:
+                raise ValueError(f"split_by: {label!r} is already a pattern placeholder or label")
+            if key_type not in ("list", "zset", "hash"):
+                raise ValueError(f"split_by applies to list, zset and hash keys, not {key_type}")
+            if self.split_by.score is not None and key_type != "zset":
+                raise ValueError(f"split_by.score applies to zset keys only, not {key_type}")
+            if self.priority_bands is not None:
+                raise ValueError("split_by and priority_bands exclude each other")
+            if self.oldest is not None and self.oldest.time_in in ("hash", "string"):
+                raise ValueError(f"split_by: oldest.time_in {self.oldest.time_in} is not supported")
+        zset_only = {"due": self.due, "priority_bands": self.priority_bands, "scores": self.scores}
+        for option, value in zset_only.items():
+            if value is not None and key_type != "zset":
+                raise ValueError(f"{option} applies to zset keys only, not {key_type}")
+        if self.scores is not None and (self.split_by or self.priority_bands):
+            raise ValueError("scores excludes split_by and priority_bands")
+        if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
+            raise ValueError("scores: the oldest item is the head (lowest score) of the window")
+        if self.oldest is not None and self.oldest.end == "earliest":
+            self._check_earliest(key_type)
+        if self.marker is not None:
+            self._check_marker(self.marker, names, key_type)
+        if self.look_alikes is not None and not (self.enumerated and key_type in ("list", "zset")):
+            raise ValueError("look_alikes applies to list and zset keys built from values")
+        if self.stream_group and key_type != "stream":
+            raise ValueError(f"stream_group applies to stream keys only, not {key_type}")
+        if self.priority_bands and ("priority" in names or "priority" in self.labels):
+            raise ValueError("priority_bands and a priority label exclude each other")
+        if self.oldest:
+            allowed = {
+                "list": {"item", "prefix", "json", "hash", "string"},
+                "zset": {"score", "item", "prefix", "json", "hash", "string"},
+                "stream": {"stream_id"},
+                # split_by's hash values (Sidekiq's work): the earliest time among them
+                "hash": {"json"} if self.split_by and self.oldest.end == "earliest" else set(),
+            }.get(key_type, set())
+            if self.oldest.time_in not in allowed:
+                raise ValueError(
+                    f"oldest.time_in: {self.oldest.time_in} does not apply to {key_type} keys"
+                )
+
+    @property
+    def types(self) -> tuple[KeyType, ...]:
+        """The Redis types its keys may hold."""
+        return tuple(self.type) if isinstance(self.type, list) else (self.type,)
+
+    @property
+    def key_type(self) -> KeyType:
+        """The type of a group of one type (as of_type's views are)."""
+        if isinstance(self.type, list):
+            raise TypeError(f"key group {self.pattern!r} holds several types: read of_type's")
+        return self.type
+
+    @property
+    def type_name(self) -> str:
+        """Its type in words: "list", or "list or zset"."""
+        return " or ".join(self.types)
+
+    def of_type(self, key_type: KeyType) -> KeyGroup:
+        """The group as its keys of one type are read: its own options and that type's
+        by_type ones (itself, for a group of one type). Made once per type and kept: the
+        readers key what they learn by it."""
+        if not isinstance(self.type, list):
+            return self
+        views = self._views
+        if key_type not in views:
+            fields = self.model_dump(exclude={"type", "by_type"}, exclude_defaults=True)
+            own = self.by_type.get(key_type)
+            extra = {} if own is None else own.model_dump(exclude_none=True)
+            views[key_type] = KeyGroup.model_validate({**fields, **extra, "type": key_type})
+        return views[key_type]
+
+    def views(self) -> list[KeyGroup]:
+        """How each of its types is read (of_type): itself alone for a group of one type."""
+        return [self.of_type(key_type) for key_type in self.types]
+
+    def _check_earliest(self, key_type: KeyType) -> None:
+        """end: earliest reads a key's items on their own, for its depth and their times."""
+        if key_type not in ("list", "zset", "hash"):
+            raise ValueError(
+                f"oldest.end: earliest applies to list, zset and hash keys, not {key_type}"
+            )
+        others: dict[str, object] = {
+            "scores": self.scores,
+            "due": self.due,
+            "priority_bands": self.priority_bands,
+            "marker": self.marker,
+        }
+        excluded = [name for name, value in others.items() if value is not None]
+        if excluded:
+            raise ValueError(f"oldest.end: earliest excludes {', '.join(excluded)}")
+
+    def _check_marker(self, marker: MemberMarker, names: list[str], key_type: KeyType) -> None:
+        if key_type not in ("list", "zset"):
+            raise ValueError(f"marker applies to list and zset keys, not {key_type}")
+        if self.split_by is not None or self.priority_bands is not None:
+            raise ValueError("marker excludes split_by and priority_bands")
+        if marker.state == self.state:
+            raise ValueError(f"marker.state is the group's own state {self.state!r}")
+        named = placeholders(marker.key)
+        if "item" not in named:
+            raise ValueError("marker.key must contain {item}")
+        for name in named:
+            if name != "item" and name not in names:
+                raise ValueError(f"marker.key: {{{name}}} is not a placeholder of the pattern")
+        oldest = self.oldest
+        if oldest is not None and (oldest.end != "head" or oldest.time_in in ("hash", "string")):
+            raise ValueError("marker: the oldest item's time is read from the head's members")
+
+    @property
+    def enumerated(self) -> bool:
+        """True when every placeholder's values are known, so keys are built, not scanned."""
+        known = set(self.values) | set(self.values_from_set) | set(self.values_from_keys)
+        return all(name in known for name in placeholders(self.pattern))
+
+
+def literal(text: str) -> str:
+    """`text` as a pattern that matches it alone (its braces doubled)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+@functools.lru_cache(maxsize=1024)
+def pattern_parts(pattern: str) -> tuple[str, ...]:
+    """Literal text and placeholder names, alternating (literal first, literal last), with
+    each doubled brace made one. Cached: fill() runs per item read, on a few patterns."""
+    parts: list[str] = []
+    text, at = "", 0
+    for match in _TOKEN.finditer(pattern):
+        text += pattern[at : match.start()]
+        at = match.end()
+        if match.group(1) is None:
+            text += match.group(0)[0]
+        else:
+            parts += [text, match.group(1)]
+            text = ""
+    return (*parts, text + pattern[at:])
+
+
+def placeholders(pattern: str) -> list[str]:
+    return list(pattern_parts(pattern)[1::2])
+
+
+def rebuilt(pattern: str, text: Callable[[str], str], placeholder: Callable[[str], str]) -> str:
+    """The pattern with its literal parts made `text`, its placeholders `placeholder` (by name)."""
+    parts = enumerate(pattern_parts(pattern))
+    return "".join(placeholder(part) if index % 2 else text(part) for index, part in parts)
+
+
+def scan_glob(pattern: str) -> str:
+    """The SCAN MATCH glob: literal parts escaped, each placeholder a '*'."""
+    return rebuilt(pattern, _glob_literal, lambda _: "*")
+
+
+def shared_glob(patterns: list[str]) -> str:
+    """A SCAN MATCH glob every key of the patterns matches: their common literal prefix (the
+    text before each one's first placeholder), escaped, then '*'."""
+    prefixes = [literal_prefix(pattern) for pattern in patterns]
+    first, last = min(prefixes), max(prefixes)  # the common prefix of all is theirs
+    size = next(
+        (at for at, (a, b) in enumerate(zip(first, last, strict=False)) if a != b), len(first)
+    )
+    return _glob_literal(first[:size]) + "*"
+
+
+def literal_prefix(pattern: str) -> str:
+    """The text every key of the pattern starts with: what comes before its first placeholder."""
+    return pattern_parts(pattern)[0]
+
+
+def _glob_literal(text: str) -> str:
+    """`text` as a glob that matches it alone (glob metacharacters escaped)."""
+    return _GLOB_SPECIAL.sub(r"\\\1", text)
+
+
+def key_regex(pattern: str) -> re.Pattern[str]:
+    """A regex that matches a key of the pattern and captures each placeholder by name."""
+    body = rebuilt(pattern, re.escape, lambda name: f"(?P<{name}>.+)")
+    return re.compile(f"^{body}$", re.DOTALL)
+
+
+def fill(pattern: str, values: dict[str, str]) -> str:
+    """Substitute placeholders; used for enumerated keys and hash_key patterns."""
+    return _template(pattern).format_map(values)
+
+
+@functools.lru_cache(maxsize=1024)
+def _template(pattern: str) -> str:
+    """The pattern as a str.format template (its text literal, its placeholders fields): a
+    hash key is filled per head item read, and format_map does it several times faster."""
+    return rebuilt(pattern, literal, lambda name: f"{{{name}}}")
