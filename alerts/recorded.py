@@ -1,7 +1,7 @@
 """What each queue system's exporter serves that the alerts read, recorded from a real run.
 
 tests/conformance/test_conformance.py hands every case's defaults run (the preset's defaults
-against the real library and workers) to `record_or_compare`, as tests/test_demo.py does for the
+against the real library and workers) to `record_or_compare`, as tests/demo/test_demo.py does for the
 seed systems (Attune, Orchestrata, Runner-Q: on no conformance harness, fed by the demo): with QE_RECORD_SERIES=1 the
 series it served (each phase's scrape once the phase agreed with the library) are written to
 alerts/tests/recorded/<case>.json; otherwise they are compared with that file, and a change in
@@ -63,8 +63,8 @@ RECORD_ALL = f"{RECORD_ENV}=1 bash scripts/test.sh -n 2 tests/conformance"
 
 
 # Where a recording comes from, other than a conformance case: the seed systems, on no
-# conformance harness, from the demo's run (tests/test_demo.py).
-RECORDED_BY = {"demo": "tests/test_demo.py -k embedded"}
+# conformance harness, from the demo's run (tests/demo/test_demo.py).
+RECORDED_BY = {"demo": "tests/demo/test_demo.py -k embedded"}
 
 
 def record_command(case: str, source: str = "conformance") -> str:

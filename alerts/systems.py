@@ -603,7 +603,7 @@ def render_table(recordings: list[Recording]) -> str:
             "feeds the rules the series the system served (its names and labels, recorded in",
             "`alerts/tests/recorded/<case>.json`), with values scripted so the alert fires, "
             "and beside it a case",
-            "where it must stay silent (`tests/test_alerts.py` runs them). **n/a** names what "
+            "where it must stay silent (`tests/deploy/test_alerts.py` runs them). **n/a** names what "
             "the system does not serve",
             "that the alert needs (the legend below); where the majors of a system differ, "
             "the cell names them.",

@@ -31,14 +31,14 @@ DEBIAN_TOOLS=(
   "npm npm the BullMQ folders from their package-lock.json"
   "sidekiq ruby-sidekiq real Sidekiq workers"
   "chromium chromium the status page in a real browser"
-  "ss iproute2 the listen backlog in tests/test_http_attacks.py"
+  "ss iproute2 the listen backlog in tests/http/test_http_attacks.py"
   "prometheus-redis-exporter prometheus-redis-exporter the Go peer bench/key_sampling.py compares with"
   "flock util-linux one build of a cached venv at a time"
-  "podman podman the image tests/test_image.py builds and runs (no Docker daemon)"
+  "podman podman the image tests/deploy/test_image.py builds and runs (no Docker daemon)"
   "buildah buildah the image built from the Dockerfile (scripts/build-image.sh)"
   "runc runc the OCI runtime podman runs the image with"
   "debootstrap debootstrap the stand-in base when python:3.11-slim-bookworm cannot be pulled"
-  "docker-registry docker-registry the registry tests/test_image.py pushes the image to"
+  "docker-registry docker-registry the registry tests/deploy/test_image.py pushes the image to"
 )
 
 # Python tools in venvs of their own, their pins conflicting with the project's venv:

@@ -21,14 +21,14 @@ CI = os.environ.get("CI") == "true"
 
 # Tests measuring durations (takeover, deadlines, backlogs): each module on one worker.
 TIMING_MODULES = {
-    "tests/test_chaos.py",
-    "tests/test_deadlines.py",
-    "tests/test_events_faults.py",
-    "tests/test_http_attacks.py",
-    "tests/test_http_exhaustion.py",
-    "tests/test_leader.py",
-    "tests/test_lease_overlap.py",
-    "tests/test_redis_connections.py",
+    "tests/sources/test_chaos.py",
+    "tests/sources/test_deadlines.py",
+    "tests/sources/streams/test_events_faults.py",
+    "tests/http/test_http_attacks.py",
+    "tests/http/test_http_exhaustion.py",
+    "tests/leader/test_leader.py",
+    "tests/leader/test_lease_overlap.py",
+    "tests/redis/test_redis_connections.py",
 }
 
 # CI: the same examples every run (a red run reproduces by running it again), the failing

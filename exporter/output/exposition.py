@@ -36,7 +36,7 @@ from exporter.output.samples import LabelValues, Series, label_sets_and_values
 from exporter.output.store import Family, HistogramFamily, NumberFamily
 
 # The formats' media types, as prometheus_client names them (CONTENT_TYPE_PLAIN_0_0_4 and the
-# OpenMetrics CONTENT_TYPE_LATEST, tests/test_exposition.py): spelled here, since serve answers
+# OpenMetrics CONTENT_TYPE_LATEST, tests/output/test_exposition.py): spelled here, since serve answers
 # its first scrapes before prometheus_client loads (exporter/output/self_metrics.py).
 TEXT_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OPENMETRICS_CONTENT_TYPE = "application/openmetrics-text; version=1.0.0; charset=utf-8"

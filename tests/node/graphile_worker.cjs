@@ -1,4 +1,4 @@
-// graphile-worker driven through its own API for tests/test_preset_graphile_worker.py
+// graphile-worker driven through its own API for tests/config/test_preset_graphile_worker.py
 // (run with tests/node/graphile_worker<version>):
 //   node graphile_worker.cjs <version> seed DSN SCHEMA   -> migrate, add jobs, run them once
 //       (complete, fail for good, fail into a retry pushed an hour out), remove one

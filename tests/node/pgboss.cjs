@@ -1,4 +1,4 @@
-// pg-boss driven through its own API for tests/test_preset_pgboss.py (run from tests/node/pgboss<major>):
+// pg-boss driven through its own API for tests/config/test_preset_pgboss.py (run from tests/node/pgboss<major>):
 //   node pgboss.cjs <major> seed  DSN SCHEMA   -> creates the schema (pg-boss's migrations), the queues
 //                                                 and jobs; prints {"ids": {queue: [id...]}}
 //   node pgboss.cjs <major> work  DSN SCHEMA RELEASE_FILE   -> real workers until killed

@@ -1,1 +1,1 @@
-"""A Procrastinate app for tests/test_preset_procrastinate.py: its tasks run in a real worker."""
+"""A Procrastinate app for tests/config/test_preset_procrastinate.py: its tasks run in a real worker."""

@@ -15,7 +15,7 @@ enforces it itself), waiting for a pooled connection by the pool's timeout, and 
 whole by `connect_timeout` plus its statement timeout (the runner's deadline, sources/runner.py). When
 that passes, the socket of the connection the run is blocked on is shut down under it.
 `cancel()` would need the hung server to act, and TCP keepalives or `tcp_user_timeout` never
-fire while the server's kernel still acknowledges (tests/test_deadlines.py freezes a proxy).
+fire while the server's kernel still acknowledges (tests/sources/test_deadlines.py freezes a proxy).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ a live worker's counts moved since the last look (a worker counts a job after it
 wrote the record, and writes its counts every `worker_info` timer), and LOOK_AGAIN_AFTER after
 the last look whatever the counts (a job finished where no counts show it). A read that does
 not look sends none of what follows: over 30,000 kept jobs an idle read got 2.1 KB from Redis,
-not 1.13 MB (tests/test_native_saq.py). A look lists the job keys (a SCAN of saq:*), asks the
+not 1.13 MB (tests/sources/readers/test_native_saq.py). A look lists the job keys (a SCAN of saq:*), asks the
 remaining life (PTTL) of each between two readings of Redis' clock (TIME), and asks
 `incomplete` (ZSCORE) about those with none: a finished record is one with a ttl, or one
 without that is no longer incomplete. PTTL, TIME or ZSCORE refused (an ACL without them)

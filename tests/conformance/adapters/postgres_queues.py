@@ -13,16 +13,16 @@ import procrastinate
 import psycopg
 
 from exporter.config import presets
+from tests.config.test_preset_graphile_worker import STATES as GRAPHILE_STATES
+from tests.config.test_preset_graphile_worker import GraphileWorker, graphile_state
+from tests.config.test_preset_pgboss import QUEUES as PGBOSS_QUEUES
+from tests.config.test_preset_pgboss import PgBoss, library_depths, pg_time
+from tests.config.test_preset_procrastinate import SOURCES as PROCRASTINATE_SAMPLED
+from tests.config.test_preset_procrastinate import WORKED_QUEUES, procrastinate_state
+from tests.config.test_preset_procrastinate import _worker as procrastinate_worker
 from tests.conformance.adapters.base import Adapter, Phase, fixed
 from tests.conformance.checks import Age, ReadAge, Truth
 from tests.conftest import Series, stop_process, wait_for
-from tests.test_preset_graphile_worker import STATES as GRAPHILE_STATES
-from tests.test_preset_graphile_worker import GraphileWorker, graphile_state
-from tests.test_preset_pgboss import QUEUES as PGBOSS_QUEUES
-from tests.test_preset_pgboss import PgBoss, library_depths, pg_time
-from tests.test_preset_procrastinate import SOURCES as PROCRASTINATE_SAMPLED
-from tests.test_preset_procrastinate import WORKED_QUEUES, procrastinate_state
-from tests.test_preset_procrastinate import _worker as procrastinate_worker
 
 # the finished-rows reader (on by default) is up on pg-boss 10 too, reading nothing and saying why
 PGBOSS_SOURCES = (

@@ -32,7 +32,7 @@ ARQ_PYTHON = ROOT / ".venv/tools/arq/bin/python"
 # arq's job statuses -> ours: a running job stays in its queue's zset (arq removes it when it
 # ends) and carries an `in-progress` key; deferred ones are scheduled
 ARQ_STATES = {"queued": "pending", "in_progress": "active", "deferred": "scheduled"}
-# not counted but named (unlisted_queue: tests/test_preset_arq.py): a zset of job ids need
+# not counted but named (unlisted_queue: tests/config/test_preset_arq.py): a zset of job ids need
 # not be a queue (arq:abort is one), and nothing else arq keeps names a queue
 UNLISTED = "issue 39: arq's queue with jobs and no live worker is found only when listed"
 
