@@ -16,8 +16,8 @@ from exporter.lifecycle.wire import encode
 from exporter.output.health import HealthBoard
 from exporter.output.telemetry import Telemetry
 from exporter.output.telemetry_config import LimitsConfig
+from exporter.sources.readers.v1 import decode_v1
 from exporter.sources.streams.config import EventsSourceConfig
-from exporter.sources.streams.consumer import decode_v1
 
 STEP = 60.0  # one simulated minute per batch
 HOURS = 12

@@ -31,10 +31,13 @@ from exporter.core.item_time import TimeParseError, parse_time
 from exporter.lifecycle.metrics import Tally, apply
 from exporter.lifecycle.refusals import Refusals
 from exporter.lifecycle.wire import Event, InvalidEvent
-from exporter.redis.connection import is_cluster_state_error
+from exporter.redis.connection import RedisConnectionConfig, is_cluster_state_error
+from exporter.sources.readers.entries import Fields, as_dict
 
 if TYPE_CHECKING:
     from redis.cluster import RedisCluster
+
+    from exporter.redis.cluster import ClusterNodes
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,63 @@ def parse_entry(fields: dict[bytes, bytes], horizon: float) -> ActivityEvent | N
     return ActivityEvent(
         activity_id, ts, event_type, worker if isinstance(worker, str) else "", detail
     )
+
+
+class RunnerQStream:
+    """A Runner-Q events stream as the consumer reads it (sources/readers/entries.py): its
+    entries decoded, their activity hashes read on the stream's server, or on a Redis Cluster
+    through a cluster client of its own (the hashes lie in any slot)."""
+
+    def __init__(
+        self,
+        system: str,
+        queue: str,
+        cache_size: int,
+        max_future: float,
+        connection: RedisConnectionConfig,
+    ) -> None:
+        self.decoder = RunnerQDecoder(system, queue, cache_size, max_future)
+        self.connection = connection
+        self._nodes: ClusterNodes | None = None
+
+    def decode(
+        self,
+        client: redis.Redis,
+        entries: list[tuple[bytes, Fields]],
+        now: float,
+        tally: Tally,
+        refusals: Refusals,
+    ) -> None:
+        dicts = [(entry_id, as_dict(fields)) for entry_id, fields in entries]
+        try:
+            self.decoder.decode(self._hashes(client), dicts, now, tally, refusals)
+        except Exception as error:
+            if not is_cluster_state_error(error):
+                raise
+            # Not the entries' fault: the batch stays pending and is read again once the
+            # cluster answers (the consumer closes this decoder on a connection error: a new
+            # cluster client reads the slot map again).
+            raise redis.ConnectionError(f"cluster: {error}") from error
+
+    def _hashes(self, client: redis.Redis) -> redis.Redis | RedisCluster:
+        """Where the activity hashes are read: the stream's server, or on a Redis Cluster
+        every node (a cluster client routes each key to its slot's node)."""
+        if not self.connection.is_cluster:
+            return client
+        if self._nodes is None:
+            from exporter.redis.cluster import ClusterNodes
+
+            self._nodes = ClusterNodes(self.connection.connect_cluster())
+        return self._nodes.cluster
+
+    def interrupt(self) -> None:
+        if self._nodes is not None:
+            self._nodes.sever()
+
+    def close(self) -> None:
+        if self._nodes is not None:
+            self._nodes.close()
+            self._nodes = None
 
 
 class RunnerQDecoder:

@@ -19,48 +19,35 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import redis
 from redis.exceptions import AskError
 
 from exporter.core.logs import LogLimiter
-from exporter.lifecycle.metrics import EventMetrics, Tally, WorkerRegistry, apply
+from exporter.lifecycle.metrics import EventMetrics, Tally, WorkerRegistry
 from exporter.lifecycle.refusals import Refusals
-from exporter.lifecycle.wire import InvalidEvent, parse, parse_flat
 from exporter.output.health import HealthBoard
 from exporter.output.telemetry import Telemetry
-from exporter.redis.connection import (
-    RedisConnectionConfig,
-    is_cluster_state_error,
-    redis_error_reason,
-    sever,
-)
+from exporter.redis.connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.redis.pipeline import Args, transaction
 from exporter.sources.outage import Outage
-from exporter.sources.readers.runnerq import RunnerQDecoder
+from exporter.sources.readers.entries import Fields
 from exporter.sources.streams.config import (
     CONSUMER_PREFIX,
     EventsSourceConfig,
     StreamConfig,
     stream_name,
 )
+from exporter.sources.streams.formats import FORMATS
 from exporter.sources.streams.group_position import POSITION_SCRIPT, Seen
-
-if TYPE_CHECKING:
-    from redis.cluster import RedisCluster
-
-    from exporter.redis.cluster import ClusterNodes
 
 log = logging.getLogger(__name__)
 # A stream that does not exist is said once per stream every few minutes: a typo in its key
 # would otherwise look like a quiet system.
 _missing_streams = LogLimiter(log)
 
-# An entry's fields: a dict (redis-py's replies) or the flat list hiredis parses, which v1's
-# parse reads as it is (decode_v1).
-Fields = dict[bytes, bytes] | list[bytes]
 Entry = tuple[bytes, Fields | None]
 
 # The longest wait between attempts while the stream's Redis fails (exporter/sources/backoff.py): a
@@ -95,9 +82,6 @@ class StreamConsumer:
         )
         self._key = stream.key.encode()
         self._client: redis.Redis | None = None
-        # Runner-Q's activity hashes lie in any slot: on a Redis Cluster they are read through
-        # a cluster client, which sends each HMGET to the node of its slot.
-        self._activity_nodes: ClusterNodes | None = None
         self._start = stream.start  # for a group this consumer has seen nothing of
         self._seen = Seen()
         self._acks: list[bytes] = []
@@ -114,13 +98,8 @@ class StreamConsumer:
         self.outage = Outage(
             self.name, self.name, log, health, count_error, MAX_RETRY, back="reading again"
         )
-        self._runnerq = (
-            RunnerQDecoder(
-                stream.system, stream.queue_name, settings.enrich_cache_size, settings.max_future
-            )
-            if stream.format == "runnerq"
-            else None
-        )
+        # The stream's format reads its entries (sources/streams/formats.py)
+        self._decoder = FORMATS[stream.format].open(stream, settings, connection)
         self.thread: threading.Thread | None = None
         # Whether the consumer waits for new entries (nothing read unapplied, nothing to ack),
         # and whether shutdown began: see stop_waiting.
@@ -162,8 +141,7 @@ class StreamConsumer:
         not applied: its entries stay pending for this consumer name (re-read at its restart)
         or for another replica (claimed after claim_idle)."""
         sever(self._client)
-        if self._activity_nodes is not None:
-            self._activity_nodes.sever()
+        self._decoder.interrupt()
 
     def poll(self) -> int:
         """One read: ack the last batch, check for lost entries, read and apply the next.
@@ -215,7 +193,7 @@ class StreamConsumer:
         if self._client is not None:
             self._client.close()
             self._client = None
-        self._close_activity_nodes()
+        self._decoder.close()
         if not self._acks:
             return
         deadline = {"socket_timeout": FINAL_ACK_TIMEOUT, "connect_timeout": FINAL_ACK_TIMEOUT}
@@ -341,21 +319,7 @@ class StreamConsumer:
         now: float,
         tally: Tally,
     ) -> None:
-        if self._runnerq is not None:
-            dicts = [(entry_id, _as_dict(fields)) for entry_id, fields in entries]
-            try:
-                hashes = self._activity_client(client)
-                self._runnerq.decode(hashes, dicts, now, tally, self._refusals)
-            except Exception as error:
-                if not is_cluster_state_error(error):
-                    raise
-                # Not the entries' fault: the batch stays pending and is read again once
-                # the cluster answers (a new cluster client reads the slot map again).
-                raise redis.ConnectionError(f"cluster: {error}") from error
-        else:
-            decode_v1(
-                entries, self.stream.system, now, self.settings.max_future, tally, self._refusals
-            )
+        self._decoder.decode(client, entries, now, tally, self._refusals)
 
     def _gap(self, count: int, reason: str) -> None:
         self._gaps.warning(
@@ -453,22 +417,6 @@ class StreamConsumer:
             self._client = self.connection.connect_for_key(self._key)
         return self._client
 
-    def _activity_client(self, client: redis.Redis) -> redis.Redis | RedisCluster:
-        """Where Runner-Q's activity hashes are read: the stream's server, or on a Redis
-        Cluster every node (a cluster client routes each key to its slot's node)."""
-        if not self.connection.is_cluster:
-            return client
-        if self._activity_nodes is None:
-            from exporter.redis.cluster import ClusterNodes
-
-            self._activity_nodes = ClusterNodes(self.connection.connect_cluster())
-        return self._activity_nodes.cluster
-
-    def _close_activity_nodes(self) -> None:
-        if self._activity_nodes is not None:
-            self._activity_nodes.close()
-            self._activity_nodes = None
-
     def _failed(self, error: Exception, duration: float) -> float:
         """Count, log and mark down the failure, and drop what it left unusable; the seconds
         to wait before the next read."""
@@ -486,39 +434,12 @@ class StreamConsumer:
             self._client.close()
             self._client = None
         if isinstance(error, redis.ConnectionError | redis.TimeoutError | AskError):
-            self._close_activity_nodes()  # the next cluster client reads the slot map anew
+            self._decoder.close()  # its connections too: a new cluster client reads the slot map
         if isinstance(error, redis.ResponseError) and str(error).startswith("NOGROUP"):
             # The stream or its group vanished (Redis restarted empty, the key was deleted):
             # the next read goes through the position check again, which recreates the group.
             self._group_ready = False
         return wait
-
-
-def decode_v1(
-    entries: Iterable[tuple[bytes, Fields]],
-    system: str,
-    now: float,
-    max_future: float,
-    tally: Tally,
-    refusals: Refusals,
-) -> None:
-    """Parse and apply v1 entries; invalid ones are refused by reason, never raised."""
-    consumed = 0
-    for entry_id, fields in entries:
-        consumed += 1
-        try:
-            # hiredis's flat lists are read as they are (never made dicts), redis-py's dicts
-            # as dicts: the same parse, field by field (wire.Layout).
-            event = (
-                parse(fields, now, max_future)
-                if isinstance(fields, dict)
-                else parse_flat(fields, now, max_future)
-            )
-        except InvalidEvent as error:
-            refusals.refuse(tally, entry_id, error.reason, error.detail)
-            continue
-        apply(tally, event, system)
-    tally.consumed += consumed
 
 
 def _stream_entries(reply: Any) -> list[Entry]:
@@ -528,13 +449,6 @@ def _stream_entries(reply: Any) -> list[Entry]:
         return []
     streams = reply.values() if isinstance(reply, dict) else [entries for _, entries in reply]
     return [(entry_id, flat) for entries in streams for entry_id, flat in entries]
-
-
-def _as_dict(fields: Fields) -> dict[bytes, bytes]:
-    if isinstance(fields, dict):
-        return fields
-    pairs = iter(fields)  # Redis sends whole pairs: no strict check
-    return dict(zip(pairs, pairs, strict=False))
 
 
 def _text(value: bytes | str) -> str:

@@ -14,7 +14,7 @@ from exporter.lifecycle.metrics import EventMetrics
 from exporter.output.health import HealthBoard
 from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig
-from exporter.sources.streams import consumer as consumer_module
+from exporter.sources.readers import v1 as v1_module
 from exporter.sources.streams.config import EventsSourceConfig
 from exporter.sources.streams.consumer import StreamConsumer
 from tests.conftest import Series, parse_exposition, scrape_series, value, wait_for
@@ -210,14 +210,14 @@ def test_an_exporter_bug_on_one_event_costs_only_that_event(
 ):
     """Whatever escapes the decoder (here a bug planted in the event mapping) refuses the one
     entry that raised, as `unprocessable`; the batch's other entries count exactly once."""
-    apply = consumer_module.apply
+    apply = v1_module.apply
 
     def buggy(tally, event, system):
         if event.job_type == "boom":
             raise KeyError("planted")
         apply(tally, event, system)
 
-    monkeypatch.setattr(consumer_module, "apply", buggy)
+    monkeypatch.setattr(v1_module, "apply", buggy)
     pipe = redis_client.pipeline(transaction=False)
     for n in range(300):
         pipe.xadd(V1_STREAM, wire.encode("enqueued", {"queue": "q", "job_type": "t"}))
