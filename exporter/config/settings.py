@@ -26,14 +26,12 @@ from exporter.output.telemetry_config import LimitsConfig, OtlpConfig
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.postgres.config import PostgresSourceConfig
 from exporter.sources.readers.config import NativeConfig
+from exporter.sources.readers.registry import READERS
 from exporter.sources.redis_keys.config import RedisSourceConfig
 from exporter.sources.streams.config import EventsSourceConfig
 
 DEFAULT_LISTEN_ADDRESS = "0.0.0.0:9839"
 _HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]*):(\d{1,5})$")
-# Native readers of systems that do not run on a Redis Cluster: RQ (rq/rq#1048), kombu's
-# Redis transport (celery/kombu#2204, not merged) and Sidekiq (its wiki, "Using Redis").
-_NOT_ON_A_CLUSTER = ("rq", "celery", "sidekiq")
 
 
 class ConfigError(Exception):
@@ -187,7 +185,7 @@ class Config(StrictModel):
         clustered = [
             f"sources.native.{name}"
             for name, reader in readers
-            if name in _NOT_ON_A_CLUSTER and _is_cluster(reader.redis or default)
+            if not READERS[name].on_a_cluster and _is_cluster(reader.redis or default)
         ]
         if clustered:
             raise ValueError(

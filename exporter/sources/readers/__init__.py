@@ -3,7 +3,7 @@
 `sources.native` holds one typed section per system that has a reader; a preset turns its
 reader on (`sources.native.rq: {enabled: true}`), a preset param or the operator's own
 section turns it off. framework.py explains how a reader runs and feeds the metrics;
-docs/presets.md says how to add one.
+registry.py lists the readers (and says how to add one).
 """
 
 from __future__ import annotations
@@ -13,20 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from exporter.redis.connection import RedisConnectionConfig
-from exporter.sources.readers.config import (
-    BullmqReaderConfig,
-    BullReaderConfig,
-    CeleryReaderConfig,
-    NativeConfig,
-    ReaderConfig,
-    RqReaderConfig,
-    SaqReaderConfig,
-    SidekiqReaderConfig,
-)
+from exporter.sources.readers.config import NativeConfig
+from exporter.sources.readers.registry import READERS
 
 if TYPE_CHECKING:
     from exporter.lifecycle.metrics import EventMetrics
-    from exporter.sources.readers.framework import NativeSource, Reader
+    from exporter.sources.readers.framework import NativeSource
 
 __all__ = ["NativeConfig", "build_sources"]
 
@@ -41,45 +33,18 @@ def build_sources(
 ) -> list[NativeSource]:
     """A source per enabled reader; `redis_source` names a reader's Redis (its own connection,
     or None: the default one) in the redis_source label, or None with one Redis; `term` is the
-    leader lease's fencing token (Leadership.token), None without leader election."""
+    leader lease's fencing token (Leadership.token), None without leader election. The
+    enabled reader's module alone is imported (registry.py): a configuration loads what it
+    uses."""
     if config is None:
         return []
     from exporter.sources.readers.framework import NativeSource
 
     sources = []
-    for settings in config.enabled():
+    for name, settings in config.enabled_by_name().items():
         connection = settings.redis or default_connection or RedisConnectionConfig()
         interval = settings.interval or default_interval
-        make_reader = functools.partial(_reader, settings, connection, interval)
+        make_reader = functools.partial(READERS[name].open, settings, connection, interval)
         label = redis_source(settings.redis)
         sources.append(NativeSource(make_reader, interval, metrics, label, term))
     return sources
-
-
-def _reader(settings: ReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
-    """The enabled reader's module alone is imported: a configuration loads what it uses."""
-    if isinstance(settings, RqReaderConfig):
-        from exporter.sources.readers.rq import RqReader
-
-        return RqReader(settings, connection)
-    if isinstance(settings, BullmqReaderConfig):
-        from exporter.sources.readers.bullmq import BullmqReader
-
-        return BullmqReader(settings, connection)
-    if isinstance(settings, CeleryReaderConfig):
-        from exporter.sources.readers.celery import CeleryReader
-
-        return CeleryReader(settings, connection, interval)
-    if isinstance(settings, SidekiqReaderConfig):
-        from exporter.sources.readers.sidekiq import SidekiqReader
-
-        return SidekiqReader(settings, connection)
-    if isinstance(settings, SaqReaderConfig):
-        from exporter.sources.readers.saq import SaqReader
-
-        return SaqReader(settings, connection)
-    if isinstance(settings, BullReaderConfig):
-        from exporter.sources.readers.bull import BullReader
-
-        return BullReader(settings, connection)
-    raise TypeError(f"no reader for {type(settings).__name__}")
