@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from exporter import __version__
-from exporter.config import inventory, presets
+from exporter.config import effective, inventory, presets
 from exporter.config import settings as config_module
 from exporter.core.logs import configure as configure_logging
 from exporter.core.logs import register_model_secrets
@@ -191,7 +191,7 @@ def check_config(
         click.echo(f"# {line}")
     if show_config:
         click.echo("---")
-        click.echo(config_module.effective_yaml(config), nl=False)
+        click.echo(effective.effective_yaml(config), nl=False)
         click.echo("---")
     if found.empty:
         click.echo(f"error: {inventory.NOTHING_TO_DO}", err=True)

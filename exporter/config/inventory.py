@@ -9,10 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from exporter.config.kinds import KINDS, SourceTarget, counted
 from exporter.config.settings import Config
-from exporter.core.printable import printable
-from exporter.redis.connection import RedisConnectionConfig
-from exporter.sources.postgres.collectors import SqlCollector
 
 NOTHING_TO_DO = (
     "nothing to sample or consume: name a preset (--preset NAME or QUEUE_EXPORTER_PRESET; "
@@ -21,15 +19,6 @@ NOTHING_TO_DO = (
     "(--events-stream KEY), or a configuration file with key groups, SQL collectors or "
     "streams (--config FILE or QUEUE_EXPORTER_CONFIG; docs/configuration.md)"
 )
-
-
-@dataclass(frozen=True)
-class SourceTarget:
-    """One backend the exporter reads, and what it reads there."""
-
-    kind: str  # redis keys, postgres, events, native <system>
-    target: str  # URL or DSN, secrets masked
-    what: str  # "7 key groups", "3 SQL collectors", "1 stream"
 
 
 @dataclass(frozen=True)
@@ -52,14 +41,14 @@ class Inventory:
         readers, when there are any); "OK with 2 warnings: ..." when something answered but
         not as the configuration means (the warnings are named on lines of their own)."""
         counts = [
-            _count(len(self.sources), "source"),
-            _count(len(self.key_groups), "key group"),
-            _count(len(self.streams), "stream"),
-            _count(len(self.sql_collectors), "SQL collector"),
+            counted(len(self.sources), "source"),
+            counted(len(self.key_groups), "key group"),
+            counted(len(self.streams), "stream"),
+            counted(len(self.sql_collectors), "SQL collector"),
         ]
         if self.native_readers:
-            counts.append(_count(len(self.native_readers), "native reader"))
-        verdict = "OK" if not warnings else f"OK with {_count(warnings, 'warning')}"
+            counts.append(counted(len(self.native_readers), "native reader"))
+        verdict = "OK" if not warnings else f"OK with {counted(warnings, 'warning')}"
         return f"{verdict}: {', '.join(counts)}"
 
     def lines(self) -> list[str]:
@@ -75,76 +64,18 @@ class Inventory:
 
 
 def take(config: Config) -> Inventory:
-    sources: list[SourceTarget] = []
-    several = config.sources.several_redis()
-    groups = [group for redis in config.sources.redis_list() for group in redis.key_groups]
-    for redis in config.sources.redis_list():
-        if redis.key_groups:
-            kind = f"redis keys {redis.name}" if several else "redis keys"
-            what = _count(len(redis.key_groups), "key group")
-            sources.append(SourceTarget(kind, redis.masked_url(), what))
-    postgres = config.sources.postgres
-    collectors = postgres.collectors if postgres is not None else []
-    finished = [r for r in postgres.finished if r.enabled] if postgres is not None else []
-    if postgres is not None and collectors:
-        target = postgres.masked_dsn() or f"DSN from {postgres.dsn_file}"
-        sources.append(SourceTarget("postgres", target, _count(len(collectors), "SQL collector")))
-    cycle = (postgres.sample_interval if postgres is not None else None) or config.sample_interval
-    dsn = (postgres.masked_dsn() if postgres is not None else None) or "the postgres DSN"
-    for rows in finished:  # sources.postgres.finished: a native reader of finished rows
-        what = f"the rows of {rows.table} as jobs finish"
-        sources.append(SourceTarget(f"native {rows.name}", dsn, what))
-    events = config.sources.events
-    streams = events.streams if events is not None else []
-    if events is not None and streams:
-        target = events_redis(config).masked_url()
-        sources.append(SourceTarget("events", target, _count(len(streams), "stream")))
-    native = config.sources.native
-    readers = native.enabled_by_name() if native is not None else {}
-    for name, reader in readers.items():
-        connection = reader.redis or config.sources.default_redis() or RedisConnectionConfig()
-        what = "its own records" + _labelled(config.sources.redis_source(reader.redis))
-        sources.append(SourceTarget(f"native {name}", connection.masked_url(), what))
+    """What each source kind of the configuration will look at (config/kinds.py)."""
+    parts = [kind.inventory(config) for kind in KINDS]
     return Inventory(
         presets=tuple(ref if isinstance(ref, str) else ref.name for ref in config.presets),
-        sources=tuple(sources),
-        key_groups=tuple(
-            f"{g.system} {printable(g.pattern)} ({g.type_name}, {g.state})" for g in groups
-        ),
-        streams=tuple(
-            f"{printable(s.key)} ({s.format}, group {printable(s.group)}"
-            f"{_labelled(config.sources.redis_source(s.redis or events.redis))})"
-            for s in streams
-            if events is not None
-        ),
-        sql_collectors=tuple(_collector(c, cycle) for c in collectors),
-        native_readers=(*readers, *(rows.name for rows in finished)),
+        sources=tuple(source for part in parts for source in part.sources),
+        key_groups=tuple(group for part in parts for group in part.key_groups),
+        streams=tuple(stream for part in parts for stream in part.streams),
+        sql_collectors=tuple(collector for part in parts for collector in part.sql_collectors),
+        native_readers=tuple(reader for part in parts for reader in part.native_readers),
         not_recorded=tuple(
             f"{system} {signal}: {why}"
             for system, signals in sorted(config.not_recorded.items())
             for signal, why in signals.items()
         ),
     )
-
-
-def _collector(collector: SqlCollector, cycle: float) -> str:
-    """Its name, and how often it reads when not every cycle, and why."""
-    note = collector.reads_note(cycle)
-    return collector.name if note is None else f"{collector.name} ({note})"
-
-
-def events_redis(config: Config) -> RedisConnectionConfig:
-    """Where the event streams are read: events.redis, else sources.redis's connection."""
-    events = config.sources.events
-    if events is not None and events.redis is not None:
-        return events.redis
-    return config.sources.default_redis() or RedisConnectionConfig()
-
-
-def _labelled(redis_source: str | None) -> str:
-    """Where a feed's series name their Redis (several Redis sources): say which name."""
-    return "" if redis_source is None else f", redis_source {redis_source}"
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}{'' if number == 1 else 's'}"

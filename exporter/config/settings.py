@@ -118,6 +118,12 @@ class SourcesConfig(StrictModel):
         a repeated --redis-url makes one). One Redis, and nothing changes."""
         return isinstance(self.redis, list) and bool(self.redis)
 
+    def events_redis(self) -> RedisConnectionConfig:
+        """Where the event streams are read: events.redis, else the default Redis's connection."""
+        if self.events is not None and self.events.redis is not None:
+            return self.events.redis
+        return self.default_redis() or RedisConnectionConfig()
+
     def redis_source(self, connection: RedisConnectionConfig | None) -> str | None:
         """The redis_source of the series read from `connection` (None: the default one), when
         there are several Redis sources: the name of the first listed source on the same
@@ -291,36 +297,6 @@ def _setting_names() -> list[str]:
     for definition in schema.get("$defs", {}).values():
         names |= set(definition.get("properties", {}))
     return sorted(names)
-
-
-def effective_yaml(config: Config) -> str:
-    """The configuration as it will run, secrets masked."""
-    document = config.model_dump(mode="json", exclude_none=True)
-    redis = config.sources.redis
-    if isinstance(redis, list):
-        for index, source in enumerate(redis):
-            document["sources"]["redis"][index]["url"] = source.masked_url()
-    elif redis is not None:
-        document["sources"]["redis"]["url"] = redis.masked_url()
-    postgres = config.sources.postgres
-    if postgres is not None and postgres.dsn is not None:
-        document["sources"]["postgres"]["dsn"] = postgres.masked_dsn()
-    events = config.sources.events
-    if events is not None and events.redis is not None:
-        document["sources"]["events"]["redis"]["url"] = events.redis.masked_url()
-    for index, stream in enumerate(events.streams if events is not None else []):
-        if stream.redis is not None:
-            stream_redis = document["sources"]["events"]["streams"][index]["redis"]
-            stream_redis["url"] = stream.redis.masked_url()
-    native = config.sources.native
-    for name, reader in native.enabled_by_name().items() if native is not None else ():
-        if reader.redis is not None:
-            document["sources"]["native"][name]["redis"]["url"] = reader.redis.masked_url()
-    if config.leader_election.redis is not None:
-        lease_redis = document["leader_election"]["redis"]
-        lease_redis["url"] = config.leader_election.redis.masked_url()
-    dumped: str = yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
-    return dumped
 
 
 def _read_file(path: Path) -> dict[str, Any]:

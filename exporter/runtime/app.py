@@ -92,13 +92,12 @@ class App:
         self.leadership = build.leadership(self.config)
         register_leader_gauge(self.telemetry, self.leadership)
         event_metrics = build.build_event_metrics(self.config, self.telemetry)
+        built = build.build(self.config, self.telemetry, event_metrics, self.leadership)
         self.runners = [
             SourceRunner(source, self.telemetry, self.stopping, self.leadership)
-            for source in build.build_sources(
-                self.config, self.telemetry, event_metrics, self.leadership
-            )
+            for source in built.sources
         ]
-        self.event_consumers = build.stream_consumers(self.config, self.telemetry, event_metrics)
+        self.event_consumers = built.consumers
         self._sources_built = True
 
     def listen(self) -> None:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from exporter.config import settings as config_module
+from exporter.config.effective import effective_yaml
 from exporter.config.settings import Config, ConfigError
 
 # Keys the loader knows, so generated documents reach deep into every section's validators.
@@ -98,7 +99,7 @@ def test_from_dict_raises_only_config_error(document: dict[str, Any]) -> None:
         assert str(error)  # a message naming the place
     else:
         assert isinstance(config, Config)
-        config_module.effective_yaml(config)  # and a valid one can be shown
+        effective_yaml(config)  # and a valid one can be shown
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -235,7 +235,7 @@ def test_identity_comes_from_pod_name(monkeypatch):
 
 
 def test_lease_password_is_masked_in_the_effective_config():
-    from exporter.config.settings import effective_yaml
+    from exporter.config.effective import effective_yaml
 
     config = from_dict(
         {"leader_election": {"enabled": True, "redis": {"url": "redis://:s3cret@127.0.0.1:6379/0"}}}

@@ -31,9 +31,17 @@ LAYERS: dict[str, set[str]] = {
     "demo": {"commands", "runtime", "config"} | _BELOW_CONFIG,
     "commands": {"runtime", "config"} | _BELOW_CONFIG,
     "runtime": {"config"} | _BELOW_CONFIG,
-    "config": _BELOW_CONFIG - {"lifecycle"},
+    "config": _BELOW_CONFIG,
     "http": {"core", "output", "sources.streams"},  # the status page names the consumer groups
-    "sources.streams": {"core", "redis", "output", "lifecycle", "sources", "sources.readers"},
+    "sources.streams": {
+        "core",
+        "redis",
+        "output",
+        "lifecycle",
+        "sources",
+        "sources.readers",
+        "sources.redis_keys",  # a stream's key as an ACL glob, as a key group's (groups.scan_glob)
+    },
     "sources.readers": {
         "core",
         "redis",

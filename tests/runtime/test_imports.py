@@ -86,12 +86,12 @@ def test_validating_a_configuration_looks_for_no_pydantic_plugins():
 def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: list[str]):
     modules = loaded_after(
         "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
-        "from exporter.runtime.build import build_event_metrics, build_sources\n"
+        "from exporter.runtime.build import build, build_event_metrics\n"
         "from exporter.output.health import HealthBoard\n"
         "from exporter.output.telemetry import Telemetry\n"
         f"parsed = config.from_dict({configured})\n"
         "telemetry = Telemetry(HealthBoard())\n"
-        "build_sources(parsed, telemetry, build_event_metrics(parsed, telemetry))"
+        "build(parsed, telemetry, build_event_metrics(parsed, telemetry))"
     )
     assert "exporter.sources.redis_keys.sampler" in modules  # the sources were built
     assert [name for name in absent if name in modules or name in packages(modules)] == []

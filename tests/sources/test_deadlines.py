@@ -25,7 +25,7 @@ from exporter.config.settings import from_dict
 from exporter.output.health import HealthBoard
 from exporter.output.samples import SampleSet
 from exporter.output.telemetry import Telemetry
-from exporter.runtime.build import build_sources
+from exporter.runtime.build import build
 from exporter.sources.postgres.config import PostgresSourceConfig
 from exporter.sources.runner import SourceRunner
 from exporter.sources.watchdog import Watchdog
@@ -201,7 +201,7 @@ def test_deadlines_default_to_the_interval_and_the_timeouts():
     )
     telemetry = Telemetry(HealthBoard())
     try:
-        redis_sampler, collector = build_sources(config, telemetry, None)
+        redis_sampler, collector = build(config, telemetry, None).sources
         assert redis_sampler.deadline == 7  # a cycle may take its interval
         assert collector.deadline == 2 + 3  # a connection, then the query
         for source in (redis_sampler, collector):

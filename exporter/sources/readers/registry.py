@@ -1,5 +1,6 @@
 """The native readers, registered once: each one's section under `sources.native`, its
-settings, how its reader is made, and whether its system runs on a Redis Cluster.
+settings, how its reader is made, whether its system runs on a Redis Cluster, and what
+check-config watches of it.
 
 Everything that treats readers alike reads this table: the build (readers/__init__.py), the
 configuration's checks (config/settings.py), check-config and redis-acl (through the
@@ -28,6 +29,7 @@ from exporter.sources.readers.config import (
 
 if TYPE_CHECKING:
     from exporter.redis.connection import RedisConnectionConfig
+    from exporter.sources.probe import Findings, ProbeContext
     from exporter.sources.readers.framework import Reader
 
 _Settings = TypeVar("_Settings", bound=ReaderConfig)
@@ -42,6 +44,9 @@ class ReaderKind(Generic[_Settings]):
     # False for a system whose own commands span keys of many slots: its reader is refused a
     # Redis Cluster by the configuration, naming the setting (config/settings.py)
     on_a_cluster: bool = True
+    # What `check-config --connect` reads besides its records and commands (readers/probe.py),
+    # for a reader whose record says more when run a while: Celery's workers
+    watch: Callable[[_Settings, RedisConnectionConfig, ProbeContext], Findings] | None = None
 
 
 def _rq(settings: RqReaderConfig, connection: RedisConnectionConfig, interval: float) -> Reader:
@@ -64,6 +69,14 @@ def _celery(
     from exporter.sources.readers.celery import CeleryReader
 
     return CeleryReader(settings, connection, interval)
+
+
+def _watch_celery(
+    settings: CeleryReaderConfig, connection: RedisConnectionConfig, context: ProbeContext
+) -> Findings:
+    from exporter.sources.readers.celery_probe import watch
+
+    return watch(settings, connection, context)
 
 
 def _sidekiq(
@@ -93,7 +106,7 @@ READERS: dict[str, ReaderKind[Any]] = {
     for kind in (
         ReaderKind("rq", RqReaderConfig, _rq, on_a_cluster=False),
         ReaderKind("bullmq", BullmqReaderConfig, _bullmq),
-        ReaderKind("celery", CeleryReaderConfig, _celery, on_a_cluster=False),
+        ReaderKind("celery", CeleryReaderConfig, _celery, on_a_cluster=False, watch=_watch_celery),
         ReaderKind("sidekiq", SidekiqReaderConfig, _sidekiq, on_a_cluster=False),
         ReaderKind("saq", SaqReaderConfig, _saq),
         ReaderKind("bull", BullReaderConfig, _bull),

@@ -8,6 +8,7 @@ import psycopg
 import pytest
 
 from exporter.config import settings as config_module
+from exporter.config.effective import effective_yaml
 from exporter.core.logs import mask_connection_string as mask_dsn
 from exporter.sources.postgres.collectors import QueryShapeError, RowConverter, SqlCollector
 from exporter.sources.postgres.config import PostgresSourceConfig
@@ -333,7 +334,7 @@ def test_connection_settings_validation_and_masking(tmp_path):
     config = config_module.from_dict(
         {"sources": {"postgres": {"dsn": "postgresql://me:hunter2@db/app", "password": "x2"}}}
     )
-    effective = config_module.effective_yaml(config)
+    effective = effective_yaml(config)
     assert "hunter2" not in effective and "x2" not in effective
     assert "postgresql://me:****@db/app" in effective
 

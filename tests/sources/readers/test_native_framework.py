@@ -6,6 +6,7 @@ import pytest
 
 from exporter.commands import redis_acl
 from exporter.config import settings as config_module
+from exporter.config.effective import effective_yaml
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.readers.config import CeleryReaderConfig
 from exporter.sources.readers.framework import CounterDeltas, Signals
@@ -70,7 +71,7 @@ def test_a_readers_own_redis_password_is_masked():
     loaded = config_module.from_dict(
         {"sources": {"native": {"rq": {"redis": {"url": "redis://u:hunter2@h:6379/0"}}}}}
     )
-    shown = config_module.effective_yaml(loaded)
+    shown = effective_yaml(loaded)
     assert "hunter2" not in shown and "redis://u:****@h:6379/0" in shown
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from exporter.config import settings as config_module
+from exporter.config.effective import effective_yaml
 from exporter.sources.streams.config import EventsSourceConfig
 
 
@@ -68,5 +69,5 @@ def test_effective_config_masks_the_events_password():
     config = config_module.from_dict(
         {"sources": {"events": {"streams": ["s"], "redis": {"url": "redis://u:secret@h:6379/0"}}}}
     )
-    text = config_module.effective_yaml(config)
+    text = effective_yaml(config)
     assert "secret" not in text and "u:****@h:6379" in text
