@@ -6,6 +6,8 @@
 #      (tests/node/*), each built once in a cache outside the clone ($QE_CACHE, default
 #      ~/.cache/queue-exporter) under the hash of what it installs, then linked into the clone.
 # On a machine where all of it is there, nothing is downloaded and it takes about a second.
+#   scripts/setup.sh --fast   # the fast tier's (scripts/test.sh --fast): the project's venv
+#                             # alone; no Debian tool, no server, no other venv or node folder
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -232,12 +234,17 @@ link_tool() { # link_tool NAME: .venv/tools/NAME is $VENV (when .venv is this sc
   ln -sfn "$VENV" ".venv/tools/$1"
 }
 
-python_venvs() {
+project_venv() {
   # The project's venv: pyproject's dev extra (scripts/requirements.py) under constraints/dev.txt.
-  local dev_requirements floors floor_tools entry words
+  local dev_requirements
   mapfile -t dev_requirements < <("$PYTHON" scripts/requirements.py dev)
   cached_venv project constraints/dev.txt "${dev_requirements[@]}"
   link_venv
+}
+
+python_venvs() {
+  local floors floor_tools entry words
+  project_venv
   for entry in "${TOOL_VENVS[@]}"; do
     read -r -a words <<<"$entry"
     cached_venv "${words[0]}" "constraints/${words[0]}.txt" "${words[@]:1}"
@@ -283,6 +290,11 @@ link_node_folder() {
   say "npm $name: $link -> $dir/node_modules"
 }
 
+if [ "${1:-}" = --fast ]; then # the fast tier reaches no server (tests/fast_tier.py)
+  project_venv
+  say "done (--fast: the project's venv only)"
+  exit 0
+fi
 install_debian_tools
 start_redis
 start_postgres

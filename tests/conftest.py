@@ -25,8 +25,9 @@ from exporter.config import settings as config_module
 from exporter.runtime.app import App
 from tests import claims
 
-# How the suite runs: xdist groups, CI's refusal of skips, the Hypothesis profiles.
-pytest_plugins = ["tests.suite_rules"]
+# How the suite runs: xdist groups, CI's refusal of skips, the Hypothesis profiles; and the
+# fast tier's guard (a test marked fast reaches no server).
+pytest_plugins = ["tests.suite_rules", "tests.fast_tier"]
 
 REDIS_HOST = os.environ.get("QE_TEST_REDIS_HOST", "127.0.0.1")
 REDIS_PORT = int(os.environ.get("QE_TEST_REDIS_PORT", "6379"))
