@@ -90,6 +90,7 @@ def test_a_clone_with_nothing_beside_it_runs_the_seed_tests(tmp_path: Path) -> N
     tests = [
         "tests/sources/redis_keys/test_seed_layouts.py",
         "tests/config/test_presets.py::test_runnerq",
+        "tests/sources/redis_keys/test_recorded_replies.py",  # the seeds' layouts, recorded
     ]
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "0", *tests],
