@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 from psycopg.conninfo import make_conninfo
 
 from exporter.config import presets
@@ -30,6 +31,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.fast
 def test_serve_with_nothing_to_do_refuses_to_start_and_says_how():
     result = run_cli("serve", "--listen-address", "127.0.0.1:0")
     assert result.returncode == 1
@@ -37,6 +39,7 @@ def test_serve_with_nothing_to_do_refuses_to_start_and_says_how():
         assert hint in result.stderr
 
 
+@pytest.mark.fast
 def test_a_misspelt_variable_is_named_with_its_likely_meaning():
     result = run_cli("serve", env={"QUEUE_EXPORTER_REDISURL": "redis://127.0.0.1:1/0"})
     assert result.returncode == 1
@@ -46,6 +49,7 @@ def test_a_misspelt_variable_is_named_with_its_likely_meaning():
     )
 
 
+@pytest.mark.fast
 def test_check_config_applies_the_environment_as_serve_does():
     env = {
         "QUEUE_EXPORTER_REDIS_URL": "redis://app:s3cr3t@redis.internal:6379/2",
@@ -66,6 +70,7 @@ def test_check_config_applies_the_environment_as_serve_does():
     assert verdict == f"OK: 2 sources, {presets_groups} key groups, 2 streams, 0 SQL collectors"
 
 
+@pytest.mark.fast
 def test_check_config_with_nothing_to_do_fails(tmp_path):
     path = tmp_path / "empty.yaml"
     path.write_text("sample_interval: 5\n")

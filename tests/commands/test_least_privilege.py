@@ -143,6 +143,7 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
     sidecar.close()
 
 
+@pytest.mark.fast
 def test_redis_acl_command_prints_the_line_the_docs_show(tmp_path):
     config = tmp_path / "config.yml"
     config.write_text(

@@ -29,12 +29,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.fast
 def test_version():
     result = run_cli("--version")
     assert result.returncode == 0
     assert "queue-exporter" in result.stdout
 
 
+@pytest.mark.fast
 def test_the_gc_is_back_on_for_every_command_but_serve_which_turns_it_on_listening():
     """exporter/__main__.py turns the cyclic GC off while the command line loads."""
     script = (
@@ -65,6 +67,7 @@ surprise: true
 """
 
 
+@pytest.mark.fast
 def test_check_config_reports_every_error_with_its_path(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(BAD_CONFIG)
@@ -91,6 +94,7 @@ def test_check_config_reports_every_error_with_its_path(tmp_path):
         ("presets: [{name: celery, params: {queus: [a]}}]\n", "unknown params queus"),
     ],
 )
+@pytest.mark.fast
 def test_check_config_rejects_malformed_files(tmp_path, text, expected):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -100,6 +104,7 @@ def test_check_config_rejects_malformed_files(tmp_path, text, expected):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.fast
 def test_check_config_masks_secrets(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(
@@ -114,6 +119,7 @@ def test_check_config_masks_secrets(tmp_path):
     assert "orchestrata:queue:{queue}:p{priority}" in result.stdout  # the preset, expanded
 
 
+@pytest.mark.fast
 def test_flags_beat_environment_beats_file(tmp_path, monkeypatch):
     path = tmp_path / "config.yaml"
     path.write_text("sample_interval: 30\nlog_level: warning\nlisten_address: 127.0.0.1:1111\n")
@@ -274,6 +280,7 @@ def test_params_nested_any_depth_are_a_config_error_naming_the_place(tmp_path, c
 
 
 @pytest.mark.parametrize("command", ["check-config", "serve"])
+@pytest.mark.fast
 def test_a_value_that_contains_itself_is_a_config_error_naming_the_place(tmp_path, command):
     """A YAML alias inside its own anchor makes a value of infinite depth."""
     file_text = "presets:\n  - name: celery\n    params: &params\n      queues: [*params]\n"

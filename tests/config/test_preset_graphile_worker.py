@@ -272,6 +272,7 @@ def test_estimate_serves_the_planners_locked_and_failed_counts_without_a_scan(
     wait_for(lambda: _jobs_scans(postgres_dsn)[0] > seq_before, timeout=30)
 
 
+@pytest.mark.fast
 def test_estimate_param_runs_one_of_the_two_locked_collectors() -> None:
     """`estimate` enables the estimate's collector and disables the exact one (`${!estimate}`)."""
 

@@ -393,6 +393,7 @@ def test_estimate_on_pgboss12_is_refused_naming_why(
     assert "estimate=true applies to pg-boss 10: leave it off" in logged
 
 
+@pytest.mark.fast
 def test_estimate_param_runs_one_of_the_two_active_collectors() -> None:
     """`estimate` enables the estimate's collector and disables the exact one (`${!estimate}`);
     a value that is not true or false is refused, naming the preset and the param."""

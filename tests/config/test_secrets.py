@@ -240,6 +240,7 @@ def test_serve_with_a_dsn_file_libpq_cannot_parse(tmp_path, web_config_file):
     assert "postgresql://qe:****@[127.0.0.1/qe" in stderr  # the rest of the message stays
 
 
+@pytest.mark.fast
 def test_redact_masks_passwords_in_urls_and_keyword_strings():
     from exporter.core.logs import redact
 
@@ -249,6 +250,7 @@ def test_redact_masks_passwords_in_urls_and_keyword_strings():
     assert redact("connecting to 127.0.0.1:6379 failed") == "connecting to 127.0.0.1:6379 failed"
 
 
+@pytest.mark.fast
 def test_check_config_masks_every_secret(tmp_path, web_config_file):
     password_file = tmp_path / "redis-password"
     password_file.write_text(REDIS_FILE_SECRET)
@@ -300,6 +302,7 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize("raw", BAD_CONFIGS)
+@pytest.mark.fast
 def test_errors_of_bad_configs_quote_no_secret(tmp_path, raw):
     path = tmp_path / "config.yml"
     path.write_text(yaml.safe_dump(raw))
@@ -315,6 +318,7 @@ def test_errors_of_bad_configs_quote_no_secret(tmp_path, raw):
     assert_no_secret(text, "the error")
 
 
+@pytest.mark.fast
 def test_yaml_errors_quote_no_line(tmp_path):
     path = tmp_path / "config.yml"
     path.write_text(f"sources:\n  redis:\n    url: redis://:{REDIS_URL_SECRET}@h/0: [\n")
@@ -386,6 +390,7 @@ def test_no_form_of_a_planted_secret_reaches_any_output(
     assert still_said in dict(outputs)["stderr"]  # the failure itself is still named
 
 
+@pytest.mark.fast
 def test_registered_secrets_leave_tracebacks_and_json_lines():
     from exporter.core.logs import JsonFormatter, RedactingFormatter, register_secret
 
@@ -403,6 +408,7 @@ def test_registered_secrets_leave_tracebacks_and_json_lines():
         assert_no_secret(line, type(inner).__name__)
 
 
+@pytest.mark.fast
 def test_an_uncaught_exception_in_a_thread_is_logged_scrubbed(capsys, monkeypatch):
     from exporter.core.logs import configure, register_secret
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.sources.backoff import Backoff
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 
 def test_waits_double_up_to_the_ceiling_and_start_over_after_a_success():

@@ -10,6 +10,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -104,6 +105,7 @@ def test_from_dict_raises_only_config_error(document: dict[str, Any]) -> None:
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(["presets", "sources", "limits"]), _VALUES, min_size=1))
+@pytest.mark.fast
 def test_presets_and_sections_of_any_shape(document: dict[str, Any]) -> None:
     with contextlib.suppress(ConfigError):
         config_module.from_dict(document)
@@ -113,6 +115,7 @@ def test_presets_and_sections_of_any_shape(document: dict[str, Any]) -> None:
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(st.one_of(st.text(max_size=200), _VALUES.map(yaml.safe_dump)))
+@pytest.mark.fast
 def test_any_file_text_raises_only_config_error(tmp_path: Path, text: str) -> None:
     path = tmp_path / "config.yaml"
     path.write_text(text, encoding="utf-8", errors="surrogatepass")

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from exporter.core.item_time import TimeParseError, parse_time
 
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 MOMENT = datetime(2026, 11, 29, 18, 30, 15, 250000, tzinfo=UTC).timestamp()
 
 

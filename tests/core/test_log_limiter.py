@@ -8,6 +8,8 @@ import pytest
 
 from exporter.core.logs import LogLimiter
 
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 
 def test_first_occurrence_logged_then_held_back_then_counted(
     caplog: pytest.LogCaptureFixture,

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import codecs
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from exporter.core.printable import printable
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 
 def test_celery_separator_and_key_print_escaped():

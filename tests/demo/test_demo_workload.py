@@ -5,6 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from exporter.demo import sim_orchestrata
 from exporter.demo.command import exporter_config
 from exporter.demo.workload import TICK, Workload
@@ -42,6 +44,7 @@ def test_a_late_tick_brings_the_arrivals_of_the_time_it_was_late(
     assert sum(later) >= 3 * TICK * len(later), steps
 
 
+@pytest.mark.fast
 def test_the_exporter_reads_the_demos_event_stream_from_its_first_entry() -> None:
     """The workload writes before the exporter starts (seconds before on a loaded host): read
     from the stream's first entry, the invalid event staged once at 3 s is counted whenever the

@@ -9,6 +9,10 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 ROOT = Path(__file__).resolve().parents[2]
 # "the celery extra", "its `otlp` extra", "extras `demo`", ".[demo]", "queue-exporter[otlp,chart]".
 # A bare word after "extra" is not read as a name: it is as often English ("its `otlp` extra from PyPI").

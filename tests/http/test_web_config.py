@@ -347,6 +347,7 @@ def test_tls_stays_on_when_the_file_would_turn_it_off(serve, pki, tmp_path, monk
 # -- start-up ---------------------------------------------------------------------------------
 
 
+@pytest.mark.fast
 def test_warns_when_metrics_are_open_beyond_localhost(serve, caplog):
     caplog.set_level(logging.WARNING, logger="exporter.http.server")
     serve(None, host="127.0.0.1")
@@ -364,6 +365,7 @@ def test_app_serves_with_the_configured_web_config(run_exporter, redis_url, tmp_
     assert get(app.server, "/metrics", _auth("prometheus", PASSWORD))[0] == 200
 
 
+@pytest.mark.fast
 def test_check_config_and_serve_refuse_a_bad_web_config(tmp_path):
     web = tmp_path / "web.yml"
     web.write_text(yaml.safe_dump({"basic_auth_users": {"prometheus": "s3cret-plaintext"}}))
@@ -455,6 +457,7 @@ BAD_CONFIGS = [
 
 
 @pytest.mark.parametrize(("document", "expected"), BAD_CONFIGS)
+@pytest.mark.fast
 def test_errors_name_the_file_and_setting_and_quote_no_secret(tmp_path, document, expected):
     path = tmp_path / "web.yml"
     path.write_text(yaml.safe_dump(document))
@@ -466,6 +469,7 @@ def test_errors_name_the_file_and_setting_and_quote_no_secret(tmp_path, document
     assert "SECRET" not in message
 
 
+@pytest.mark.fast
 def test_file_level_errors(tmp_path, pki):
     with pytest.raises(WebConfigError, match=r"cannot read web config .*: No such file"):
         web_config.load(tmp_path / "absent.yml")
@@ -487,6 +491,7 @@ def test_file_level_errors(tmp_path, pki):
         web_config.load(path)
 
 
+@pytest.mark.fast
 def test_the_toolkit_sample_and_an_empty_file_load(tmp_path):
     path = tmp_path / "web.yml"
     path.write_text("")
@@ -568,6 +573,7 @@ def test_fuzzed_documents_raise_only_web_config_errors(document):
 
 @settings(max_examples=400, deadline=None)
 @given(text=st.text(max_size=200))
+@pytest.mark.fast
 def test_fuzzed_text_raises_only_web_config_errors(text):
     with contextlib.suppress(WebConfigError):
         parse(text, Path("web.yml"))
@@ -581,6 +587,7 @@ def test_fuzzed_text_raises_only_web_config_errors(text):
         st.binary(max_size=40).map(lambda raw: "Basic " + base64.b64encode(raw).decode()),
     )
 )
+@pytest.mark.fast
 def test_fuzzed_authorization_headers_never_raise(header):
     parsed = parse_basic_auth(header)
     assert parsed is None or isinstance(parsed[1], bytes)

@@ -25,6 +25,7 @@ def _fields(**values: object) -> dict[bytes, bytes]:
     return {key.encode(): str(item).encode() for key, item in values.items()}
 
 
+@pytest.mark.fast
 def test_encode_then_parse_round_trips():
     entry = wire.encode(
         "completed",
@@ -73,6 +74,7 @@ def test_encode_then_parse_round_trips():
         ({f"f{n}".encode(): b"1" for n in range(100)}, "oversized_field"),
     ],
 )
+@pytest.mark.fast
 def test_invalid_entries_name_their_reason(fields, reason):
     with pytest.raises(wire.InvalidEvent) as raised:
         wire.parse(fields, now=NOW)
@@ -80,6 +82,7 @@ def test_invalid_entries_name_their_reason(fields, reason):
     assert reason in wire.INVALID_REASONS
 
 
+@pytest.mark.fast
 def test_unknown_fields_are_ignored_and_unknown_error_types_are_other():
     event = wire.parse(
         _fields(v=1, event="failed", ts=NOW, queue="q", error_type="kaboom", color="red"), NOW
@@ -103,6 +106,7 @@ _FIELD_MAPS = st.dictionaries(st.one_of(_KEYS, st.binary(max_size=10)), _VALUES,
 
 @settings(max_examples=600, deadline=None)
 @given(_FIELD_MAPS)
+@pytest.mark.fast
 def test_parser_and_metrics_survive_arbitrary_field_maps(fields):
     try:
         event = wire.parse(fields, now=NOW)
@@ -134,6 +138,7 @@ def test_a_flat_entry_parses_as_its_dict_does(pairs):
         assert _outcome(wire.parse_flat, [bytes(item) for item in flat]) == expected
 
 
+@pytest.mark.fast
 def test_layouts_are_remembered_within_bounds():
     fields = [b"v", b"1", b"event", b"enqueued", b"ts", b"1", b"queue", b"q"]
     assert wire.parse_flat(fields, now=NOW).queue == "q"
@@ -174,6 +179,7 @@ def test_layouts_are_remembered_within_bounds():
         max_size=3,
     )
 )
+@pytest.mark.fast
 def test_runnerq_parser_survives_arbitrary_entries(fields):
     try:
         parse_entry(fields, NOW)
@@ -181,6 +187,7 @@ def test_runnerq_parser_survives_arbitrary_entries(fields):
         assert error.reason in wire.INVALID_REASONS
 
 
+@pytest.mark.fast
 def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
     telemetry = Telemetry(HealthBoard(), LimitsConfig(max_series_per_metric=50))
     for batch in range(20):
@@ -205,6 +212,7 @@ def test_a_flood_of_job_types_cannot_grow_memory_without_bound():
     assert max(len(label) for label in long_values) <= 128  # label values are cut
 
 
+@pytest.mark.fast
 def test_label_values_seen_before_decode_as_the_first_time():
     """Remembered label values (wire._texts) are shared, still checked, and bounded."""
     first = wire.parse(_fields(v=1, event="enqueued", ts=NOW, queue="émails"), now=NOW)

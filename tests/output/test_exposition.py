@@ -12,6 +12,7 @@ import platform
 import threading
 import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import (
@@ -92,6 +93,7 @@ def test_any_label_value_and_any_value_read_back_exactly(series, job_types, dura
     telemetry.shutdown()
 
 
+@pytest.mark.fast
 def test_every_family_passes_promtool_and_both_parsers():
     telemetry = Telemetry(HealthBoard())
     metrics = EventMetrics(telemetry, {})
@@ -126,6 +128,7 @@ def test_every_family_passes_promtool_and_both_parsers():
     telemetry.shutdown()
 
 
+@pytest.mark.fast
 def test_the_media_types_name_the_formats_prometheus_client_writes():
     """The self-metrics are written by prometheus_client: the header names its formats."""
     from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -135,6 +138,7 @@ def test_the_media_types_name_the_formats_prometheus_client_writes():
     assert exposition.content_type(True) == CONTENT_TYPE_LATEST
 
 
+@pytest.mark.fast
 def test_line_starts_are_kept_for_the_series_still_served_and_written_as_new():
     """A render keeps each series' line start for the next (exposition.LineStarts): a kept
     start, escaped or not, is written as a first render writes it, and the starts of label
@@ -155,6 +159,7 @@ def test_line_starts_are_kept_for_the_series_still_served_and_written_as_new():
     assert starts.by_format == {}
 
 
+@pytest.mark.fast
 def test_before_the_self_metrics_are_built_the_build_alone_is_served_and_logins_wait():
     """serve's first answers (self_metrics_later): queue_exporter_build_info, the same series
     the SDK serves after; a login refused meanwhile is counted once the SDK is up."""
@@ -178,6 +183,7 @@ def test_before_the_self_metrics_are_built_the_build_alone_is_served_and_logins_
     telemetry.shutdown()
 
 
+@pytest.mark.fast
 def test_a_scrape_is_bounded_by_the_cap_whatever_floods_in():
     cap = 200
     telemetry = Telemetry(HealthBoard(), LimitsConfig(max_series_per_metric=cap))
@@ -231,6 +237,7 @@ def test_a_scrape_is_bounded_by_the_cap_whatever_floods_in():
     telemetry.shutdown()
 
 
+@pytest.mark.fast
 def test_worker_room_is_freed_when_a_queues_workers_are_gone():
     telemetry = Telemetry(HealthBoard(), LimitsConfig(max_series_per_metric=6))
     metrics = EventMetrics(telemetry, {})
@@ -251,6 +258,7 @@ def test_worker_room_is_freed_when_a_queues_workers_are_gone():
     telemetry.shutdown()
 
 
+@pytest.mark.fast
 def test_concurrent_scrapes_share_the_render_in_progress():
     calls: list[int] = []
     release = threading.Event()

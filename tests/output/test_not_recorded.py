@@ -19,6 +19,7 @@ from tests.commands.test_check_config import run_cli
 from tests.conftest import wait_for
 
 
+@pytest.mark.fast
 def test_every_preset_names_only_catalog_signals_and_says_why():
     for name in presets.available():
         config = config_module.from_dict({"presets": [name]})
@@ -28,6 +29,7 @@ def test_every_preset_names_only_catalog_signals_and_says_why():
                 assert signal in SIGNAL_WHAT and len(why) > 20, (name, signal, why)
 
 
+@pytest.mark.fast
 def test_an_unknown_signal_is_refused_with_its_place():
     raw = {"not_recorded": {"custom": {"wrokers": "no heartbeat"}}}
     with pytest.raises(ConfigError) as error:
@@ -36,6 +38,7 @@ def test_an_unknown_signal_is_refused_with_its_place():
     assert "unknown signal 'wrokers' (did you mean 'workers'?" in str(error.value)
 
 
+@pytest.mark.fast
 def test_check_config_names_what_the_system_does_not_record(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("presets: [dramatiq]\nsources: {redis: {url: 'redis://127.0.0.1:1/0'}}\n")

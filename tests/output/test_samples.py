@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.output.catalog import BY_NAME
 from exporter.output.samples import SampleSet, Series, SeriesColumns, longest_label
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 DEPTH = BY_NAME["queue_depth"]  # combines by sum
 OLDEST = BY_NAME["queue_oldest_age_seconds"]  # combines by max

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from prometheus_client.openmetrics.parser import (
@@ -23,6 +24,8 @@ from exporter.output.catalog import BY_NAME
 from exporter.output.health import HealthBoard
 from exporter.output.samples import SampleSet
 from exporter.output.telemetry import Telemetry
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 _FLOAT_MAX = 1.7976931348623157e308
 DEPTH = BY_NAME["queue_depth"]

@@ -10,6 +10,10 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "exporter"
 

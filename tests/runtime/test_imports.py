@@ -26,6 +26,7 @@ def packages(modules: set[str]) -> set[str]:
     return {name.split(".")[0] for name in modules}
 
 
+@pytest.mark.fast
 def test_reading_a_configuration_loads_no_client_sdk_or_server():
     modules = loaded_after(
         "from exporter.config import settings as config\n"
@@ -36,6 +37,7 @@ def test_reading_a_configuration_loads_no_client_sdk_or_server():
     assert "exporter.config.settings" in modules  # the import itself did happen
 
 
+@pytest.mark.fast
 def test_validating_a_configuration_looks_for_no_pydantic_plugins():
     """Looking for plugins reads the metadata of every installed distribution (start-up time);
     the exporter uses none, so the look-up never runs: pydantic's cache of plugins stays unset."""
@@ -97,6 +99,7 @@ def test_serve_loads_only_what_its_configuration_uses(configured: str, absent: l
     assert [name for name in absent if name in modules or name in packages(modules)] == []
 
 
+@pytest.mark.fast
 def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
     """`serve` listens (App with listen_first) before the sources' and the SDK's imports: its
     first answer waits for no redis-py, reader, PostgreSQL driver or OpenTelemetry SDK."""

@@ -8,6 +8,8 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from exporter.output.catalog import BY_NAME
 from exporter.output.health import HealthBoard
 from exporter.output.samples import SampleSet
@@ -15,6 +17,8 @@ from exporter.output.telemetry import Telemetry
 from exporter.sources.runner import SourceRunner
 from tests.conftest import parse_exposition, value
 from tests.plain_source import PlainSource
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 
 class _Flapping(PlainSource):

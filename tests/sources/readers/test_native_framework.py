@@ -11,6 +11,8 @@ from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.readers.config import CeleryReaderConfig
 from exporter.sources.readers.framework import CounterDeltas, Signals
 
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 
 def _update(deltas: CounterDeltas, counts: dict[str, float], succeeds: bool = True) -> dict:
     signals = Signals()

@@ -8,12 +8,15 @@ import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from exporter.sources.redis_keys.groups import OldestItem
 from exporter.sources.redis_keys.items import exception_reason, head_time, item_time
 from tests.sources.redis_keys.test_item_fuzz import divisors, formats, items, times
+
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 ORCHESTRATA = json.dumps({"packet": {"n": 1}, "queued_at": "2026-11-29T18:00:00+00:00"}).encode()
 

@@ -157,6 +157,7 @@ def test_queues_from_keys_read_zero_once_their_jobs_are_gone(redis_client, redis
         ),
     ],
 )
+@pytest.mark.fast
 def test_bad_split_settings_are_refused_with_their_place(change, message):
     group = {**SPLIT_RETRY, **change}
     raw = {"sources": {"redis": {"url": "redis://localhost", "key_groups": [group]}}}
@@ -166,6 +167,7 @@ def test_bad_split_settings_are_refused_with_their_place(change, message):
     assert message in str(error.value)
 
 
+@pytest.mark.fast
 def test_values_from_keys_needs_one_value_placeholder():
     group = {
         "system": "custom",

@@ -35,11 +35,13 @@ def _group(**overrides: object) -> dict[str, object]:
         ({"by_type": {"list": {"oldest": {"time_in": "score"}}}}, "its list keys: oldest.time_in"),
     ],
 )
+@pytest.mark.fast
 def test_invalid_groups_of_several_types(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         KeyGroup.model_validate(_group(**overrides))
 
 
+@pytest.mark.fast
 def test_each_type_is_read_with_its_own_options() -> None:
     group = KeyGroup.model_validate(
         _group(by_type={"zset": {"oldest": {"time_in": "score"}}}, max_depth=5)
@@ -86,11 +88,13 @@ def test_each_key_is_read_as_the_type_it_holds(
         ({"label": "priority", "field": "p", "score": "as_is"}, "from a field or from the score"),
     ],
 )
+@pytest.mark.fast
 def test_split_by_takes_a_field_or_the_score(split: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         KeyGroup.model_validate(_group(type="zset", split_by=split))
 
 
+@pytest.mark.fast
 def test_split_by_score_reads_zsets_alone() -> None:
     split = {"split_by": {"label": "priority", "score": "negated"}}
     with pytest.raises(ValidationError, match=r"its list keys: split_by\.score applies to zset"):

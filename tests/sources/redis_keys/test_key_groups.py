@@ -15,6 +15,8 @@ from exporter.sources.redis_keys.groups import (
     scan_glob,
 )
 
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 
 def test_glob_escapes_literal_glob_characters():
     assert scan_glob("orchestrata:queue:{queue}:p{priority}") == "orchestrata:queue:*:p*"

@@ -8,6 +8,8 @@ from exporter.config import settings as config_module
 from exporter.config.effective import effective_yaml
 from exporter.sources.streams.config import EventsSourceConfig
 
+pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
+
 
 def test_events_stream_flag_and_short_form():
     config = config_module.load(None, {"events_stream": ("app:events", "other:events")})
