@@ -1,0 +1,100 @@
+"""At rest: the CPU and memory of an idle `queue-exporter serve` (issue 42's sidecar cost).
+
+    .venv/bin/python bench/at_rest.py [--presets rq,celery] [--settle 20] [--seconds 60]
+        [--before DIR]
+
+A redis-server of the benchmark's own, empty. For each preset, `serve --preset NAME` starts
+at the default interval, is left `--settle` seconds (start-up and the first cycles), and is
+then watched for `--seconds`: the CPU it used in that time (user and system, from
+/proc/PID/stat, in clock ticks) per second of wall time, and its resident memory (VmRSS) at
+the end. A scrape before and after proves it serves. `--before DIR` runs another source tree
+(a checkout of an earlier commit) the same way, alternating with this one, so a change is
+measured against what it changed under the same load.
+
+The tick is 10 ms: over 60 s, one tick is 0.17 ms/s, the resolution of the CPU figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.key_sampling import private_redis
+from tests.private_redis import free_port
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def serves(port: int) -> bool:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.status == 200 and b"queue_exporter_build_info" in response.read()
+
+
+def at_rest(tree: Path, preset: str, redis_url: str, settle: float, seconds: float) -> str:
+    port = free_port()
+    command = [sys.executable, "-m", "exporter", "serve", "--preset", preset]
+    command += ["--redis-url", redis_url, "--listen-address", f"127.0.0.1:{port}"]
+    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            command, cwd=tree, env=environment, stdout=subprocess.DEVNULL, stderr=log
+        )
+        try:
+            time.sleep(settle)
+            if process.poll() is not None or not serves(port):
+                log.seek(0)
+                raise RuntimeError(
+                    f"serve --preset {preset} does not serve: {log.read()[-2000:]!r}"
+                )
+            cpu, started = cpu_seconds(process.pid), time.monotonic()
+            time.sleep(seconds)
+            used = cpu_seconds(process.pid) - cpu
+            wall = time.monotonic() - started
+            memory = rss_mib(process.pid)
+            if not serves(port):
+                raise RuntimeError(f"serve --preset {preset} stopped serving")
+        finally:
+            process.terminate()
+            process.wait(30)
+    return f"{1000 * used / wall:5.2f} ms CPU/s  {memory:6.1f} MiB RSS"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--presets", default="rq,celery")
+    parser.add_argument("--settle", type=float, default=20.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--before", type=Path, help="another source tree, run in turn")
+    args = parser.parse_args()
+    trees = {"this tree": Path(__file__).resolve().parent.parent}
+    if args.before:
+        trees = {"before": args.before.resolve(), **trees}
+    with private_redis() as url:
+        for preset in args.presets.split(","):
+            for label, tree in trees.items():
+                figure = at_rest(tree, preset, url, args.settle, args.seconds)
+                print(f"{preset:10s} {label:10s} {figure}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
