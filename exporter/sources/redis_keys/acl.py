@@ -11,7 +11,16 @@ import itertools
 from exporter.redis.acl import RedisNeeds
 from exporter.sources.redis_keys import values as key_values
 from exporter.sources.redis_keys.config import RedisSourceConfig
-from exporter.sources.redis_keys.groups import KeyGroup, fill, placeholders, scan_glob
+from exporter.sources.redis_keys.groups import (
+    KeyGroup,
+    ListGroup,
+    StreamGroup,
+    ZsetGroup,
+    fill,
+    oldest_of,
+    placeholders,
+    scan_glob,
+)
 
 # The key sampler: SCAN for the keys of each group, then one read per key (sources/redis_keys/sampler.py);
 # LRANGE, ZRANGE and HVALS read every item of a key split by a label inside its items; the
@@ -64,17 +73,20 @@ def needs(sources: list[RedisSourceConfig]) -> RedisNeeds:
         patterns += [scan_glob(members.key) for members in group.values_from_set.values()]
         for keys in group.values_from_keys.values():
             patterns += [scan_glob(key) for key in ([keys] if isinstance(keys, str) else keys)]
-        for oldest in (view.oldest for view in group.views()):
+        for view in group.views():
+            oldest = oldest_of(view)
             if oldest is not None:
                 named = (oldest.hash_key, oldest.string_key)
                 patterns += [scan_glob(key) for key in named if key is not None]
-        if group.marker is not None:
-            patterns.append(scan_glob(group.marker.key))
-        if group.look_alikes is not None:  # every key of the pattern is looked at
-            patterns += [scan_glob(group.pattern), scan_glob(group.look_alikes.member_key)]
+            if not isinstance(view, (ListGroup, ZsetGroup)):
+                continue
+            if view.marker is not None:
+                patterns.append(scan_glob(view.marker.key))
+            if view.look_alikes is not None:  # every key of the pattern is looked at
+                patterns += [scan_glob(view.pattern), scan_glob(view.look_alikes.member_key)]
     value_reads = [
         ("get", scan_glob(oldest.string_key))
-        for oldest in (view.oldest for group in groups for view in group.views())
+        for oldest in (oldest_of(view) for group in groups for view in group.views())
         if oldest is not None and oldest.string_key is not None
     ]
     exists = any(_sends_exists(group) for group in groups)
@@ -111,5 +123,7 @@ def _sends_exists(group: KeyGroup) -> bool:
     look-alikes' member keys (sources/redis_keys/look_alikes.py), or whose
     keys are streams built from known values and read by XLEN (no consumer group): an XLEN of
     0 is followed by EXISTS (key_commands.Cycle._counts)."""
-    built_stream = group.enumerated and group.type == "stream" and not group.stream_group
-    return built_stream or group.marker is not None or group.look_alikes is not None
+    if isinstance(group, StreamGroup):
+        return group.enumerated and not group.stream_group
+    members = (view for view in group.views() if isinstance(view, (ListGroup, ZsetGroup)))
+    return any(view.marker is not None or view.look_alikes is not None for view in members)

@@ -30,7 +30,20 @@ from exporter.output.samples import SampleSet
 from exporter.redis.cluster import ClusterNodes
 from exporter.redis.connection import redis_error_reason
 from exporter.redis.pipeline import Args, bound_each, bounded_reads, probe_first, script_read
-from exporter.sources.redis_keys.groups import DueCount, KeyGroup, OldestItem, fill
+from exporter.sources.redis_keys.groups import (
+    DueCount,
+    HashGroup,
+    KeyGroup,
+    LabelFromItems,
+    ListGroup,
+    MemberMarker,
+    OldestItem,
+    OneTypeGroup,
+    StreamGroup,
+    ZsetGroup,
+    fill,
+    oldest_of,
+)
 from exporter.sources.redis_keys.items import (
     ItemError,
     as_map,
@@ -133,16 +146,25 @@ class Part(NamedTuple):
     probe: Args | None = None  # that read for a head found too large last cycle (probe_first)
 
 
-def parts_of(group: KeyGroup, now: float) -> list[Part]:
-    """The parts each key of a bulk-read group is read in."""
-    due = [] if group.due is None else [_due_part(group.due, now)]
+def parts_of(group: OneTypeGroup, now: float) -> list[Part]:
+    """The parts each key of a bulk-read group is read in: the whole key's, or (a zset's
+    priority bands or score window) each score range's."""
+    if isinstance(group, ZsetGroup) and (group.priority_bands or group.scores):
+        return _ranges_of(group, now)
+    oldest = oldest_of(group)
+    end = "head" if oldest is None else oldest.end
+    read = END_READS.get((group.type, end)) if oldest is not None else None
+    # a head found too large last cycle is probed before it is copied (probe_first)
+    probe = probe_first(read) if read and end == "head" and group.type != "stream" else read
+    due = [_due_part(group.due, now)] if isinstance(group, ZsetGroup) and group.due else []
+    return [Part(DEPTH_COMMAND[group.type], (), DEPTH, None, read, probe), *due]
+
+
+def _ranges_of(group: ZsetGroup, now: float) -> list[Part]:
+    """A zset's parts by score: its due count, each priority band's or its window's count
+    and first member, and (keys built from values) its ZCARD, which tells whether it exists."""
     oldest, bands, window = group.oldest, group.priority_bands, group.scores
     end = "head" if oldest is None else oldest.end
-    if bands is None and window is None:
-        read = END_READS.get((group.key_type, end)) if oldest is not None else None
-        # a head found too large last cycle is probed before it is copied (probe_first)
-        probe = probe_first(read) if read and end == "head" and group.key_type != "stream" else read
-        return [Part(DEPTH_COMMAND[group.key_type], (), DEPTH, None, read, probe), *due]
     ranges: list[tuple[str | None, str, str]]  # each part's priority, low and high score
     if bands is not None:
         width = bands.width
@@ -159,7 +181,7 @@ def parts_of(group: KeyGroup, now: float) -> list[Part]:
             "positive": ("(0", "+inf"),
         }[window.window]
         ranges = [(None, low, high)]
-    parts = due
+    parts = [] if group.due is None else [_due_part(group.due, now)]
     for priority, low, high in ranges:
         first = ("ZREVRANGEBYSCORE", high, low) if end == "tail" else ("ZRANGEBYSCORE", low, high)
         read = None if oldest is None else script_read(*first, "LIMIT", 0, 1, "WITHSCORES")
@@ -193,12 +215,13 @@ class GroupReads:
 
     def __init__(self, tally: GroupTally, cycle: Cycle, group: KeyGroup) -> None:
         """`group`: the tally's, or (a group of several types) its view of one type."""
+        group = group.of_type(group.key_type)
         self.tally, self.max_depth = tally, group.max_depth
         self.built = group.enumerated  # its keys' depths tell which exist (GroupTally.present)
         self.parts = parts_of(group, cycle.now)
         self.reads = [part for part in self.parts if part.read is not None]
         self.cost = len(self.parts) + len(self.reads)
-        oldest = group.oldest
+        oldest = oldest_of(group)
         # The time a first item's read gives (None: an empty queue), or where the item says
         # its time is kept (a hash, a string key)
         self.time_of: Callable[[Any], float | None] | None = None
@@ -206,7 +229,7 @@ class GroupReads:
         if oldest is not None and oldest.time_in in ("hash", "string"):
             self.kept_in = oldest
         elif oldest is not None:
-            self.time_of = stream_head_time if group.key_type == "stream" else head_time(oldest)
+            self.time_of = stream_head_time if group.type == "stream" else head_time(oldest)
         # where the times its head items name are kept, as last cycle found them and as this
         # one does: kept_where cost about 10% of a bull cycle's CPU (docs/benchmarks.md)
         self.places_before = cycle.before.places.get(id(group), {})
@@ -214,10 +237,9 @@ class GroupReads:
 
     @staticmethod
     def suits(group: KeyGroup) -> bool:
-        """Whether the group is read in bulk: all but split_by's, marker's and a consumer
-        group's."""
-        earliest = group.oldest is not None and group.oldest.end == "earliest"
-        return not (group.split_by or group.marker or group.stream_group or earliest)
+        """Whether the group is read in bulk: a group of one type that Cycle.read_of_key
+        does not read key by key."""
+        return isinstance(group, OneTypeGroup) and Cycle.read_of_key(group) is None
 
     def commands(
         self, keys: list[bytes], large_heads: set[bytes]
@@ -243,6 +265,8 @@ class GroupReads:
 
 # Keys of one group read in bulk: its reads, and each key with what it gives.
 Run = tuple[GroupReads, list[FoundKey]]
+# The reads of one key of a layout read key by key (Cycle.read_of_key), its option bound
+KeyRead = Callable[["Cycle", GroupTally, bytes, KeyMatch], list[Command]]
 
 
 class Cycle:
@@ -298,16 +322,29 @@ class Cycle:
     ) -> list[Command]:
         """The reads of a key of a group not read in bulk (GroupReads.suits); `group`: the
         tally's, or its view of the key's type."""
-        labels = match.labels
-        if group.max_depth is not None:
-            self.samples.add_labelled(MAX_DEPTH, match.queue, group.max_depth)
-        if group.split_by is not None:
-            return self._split(tally, group, key, labels)
-        if group.marker is not None:
-            return self._marked(tally, group, key, match)
-        if group.oldest is not None and group.oldest.end == "earliest":
-            return self._earliest(tally, group, key, match)
-        return [(("XINFO", "GROUPS", key), self._stream_group(tally, group, key, labels), tally)]
+        layout = group.of_type(group.key_type)
+        if layout.max_depth is not None:
+            self.samples.add_labelled(MAX_DEPTH, match.queue, layout.max_depth)
+        read = self.read_of_key(layout)
+        if read is None:
+            raise TypeError(f"key group {group.pattern!r} is read in bulk (GroupReads)")
+        return read(self, tally, key, match)
+
+    @staticmethod
+    def read_of_key(group: OneTypeGroup) -> KeyRead | None:
+        """How a key of the group is read when its layout reads each key on its own: every
+        item split by a label (split_by), its members marked (marker), every item's time
+        (oldest.end: earliest), a stream consumer group's (stream_group). None: in bulk."""
+        match group:
+            case ListGroup() | ZsetGroup() | HashGroup() if group.split_by is not None:
+                return partial(Cycle._split, group=group, split=group.split_by)
+            case ListGroup() | ZsetGroup() if group.marker is not None:
+                return partial(Cycle._marked, group=group, marker=group.marker)
+            case ListGroup() | ZsetGroup() if group.oldest and group.oldest.end == "earliest":
+                return partial(Cycle._earliest, group=group, oldest=group.oldest)
+            case StreamGroup() if group.stream_group is not None:
+                return partial(Cycle._stream_group, group=group, consumers=group.stream_group)
+        return None
 
     def typed_reads(self, tally: GroupTally, page: list[FoundKey]) -> list[Command]:
         """The keys of a group of several types: each one's TYPE, its reads following as the
@@ -336,12 +373,17 @@ class Cycle:
         return counts + [self._one_read_of(reads, part, found, True) for part in reads.reads]
 
     def _split(
-        self, tally: GroupTally, group: KeyGroup, key: bytes, labels: Labels
+        self,
+        tally: GroupTally,
+        key: bytes,
+        match: KeyMatch,
+        *,
+        group: ListGroup | ZsetGroup | HashGroup,
+        split: LabelFromItems,
     ) -> list[Command]:
         """Depth (and head age, due count) per label value read from each item. The key's
         depth comes first, so items beyond max_items still count, under __unread__."""
-        split = group.split_by
-        assert split is not None
+        labels = match.labels
         depth = 0
 
         def on_depth(reply: Any) -> None:
@@ -355,15 +397,16 @@ class Cycle:
             "list": script_read("LRANGE", 0, last),
             "zset": script_read("ZRANGE", 0, last, "WITHSCORES"),
             "hash": script_read("HVALS"),
-        }[group.key_type]
-        due = BY_NAME[group.due.metric] if group.due is not None else None
-        due_limit = 0.0 if group.due is None else scores_now(self.now, group.due)
+        }[group.type]
+        due_count = group.due if isinstance(group, ZsetGroup) else None
+        due = None if due_count is None else BY_NAME[due_count.metric]
+        due_limit = 0.0 if due_count is None else scores_now(self.now, due_count)
         keep_last = group.oldest is not None and group.oldest.end == "tail"
         keep_all = group.oldest is not None and group.oldest.end == "earliest"
         keeps = Selector(group.select.get(split.label, ["*"]))
 
         def on_items(reply: Any) -> None:
-            items = listed_items(reply, scored=group.key_type == "zset")
+            items = listed_items(reply, scored=group.type == "zset")
             heads: dict[str, list[tuple[bytes | int, float | None]]] = {}
             unreadable = too_large = 0
             for item, score in items:
@@ -411,21 +454,26 @@ class Cycle:
                 )
 
         return [
-            ((DEPTH_COMMAND[group.key_type], key), on_depth, tally),
+            ((DEPTH_COMMAND[group.type], key), on_depth, tally),
             ((ITEM_READ, key, bound_each(read)), on_items, tally),
         ]
 
     def _earliest(
-        self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
+        self,
+        tally: GroupTally,
+        key: bytes,
+        match: KeyMatch,
+        *,
+        group: ListGroup | ZsetGroup,
+        oldest: OldestItem,
     ) -> list[Command]:
         """Depth, then (a key holding items) the earliest time among its first oldest.max_items
         items (oldest.end: earliest): for an order that is not by that time, as RQ's started
         registry, scored by each job's deadline, which its heartbeats move. A time kept where
         the item points (RQ's job hash) is read for each item, in one bounded read; the
         series' age is the largest of them (_ages). Items beyond are counted, not guessed."""
-        oldest, labels = group.oldest, match.labels
-        assert oldest is not None
-        scored = group.key_type == "zset"
+        labels = match.labels
+        scored = group.type == "zset"
         last = oldest.max_items - 1
         read = (
             script_read("ZRANGE", 0, last, "WITHSCORES")
@@ -469,10 +517,16 @@ class Cycle:
                 return [self.kept_time_read(tally, oldest, labels, *place[::2]) for place in kept]
             return [self._kept_times(tally, oldest, kept)] if kept else []
 
-        return [((DEPTH_COMMAND[group.key_type], key), on_depth, tally)]
+        return [((DEPTH_COMMAND[group.type], key), on_depth, tally)]
 
     def _marked(
-        self, tally: GroupTally, group: KeyGroup, key: bytes, match: KeyMatch
+        self,
+        tally: GroupTally,
+        key: bytes,
+        match: KeyMatch,
+        *,
+        group: ListGroup | ZsetGroup,
+        marker: MemberMarker,
     ) -> list[Command]:
         """Depth per state of a key whose members a key of their own may mark (marker: arq's
         running jobs): its counts (parts_of), its first max_items members, then one EXISTS per
@@ -481,11 +535,9 @@ class Cycle:
         unmarked member. A read that failed (counted on its key) leaves the key without series
         this cycle: a depth with its marked members left in would be made up."""
         labels = match.labels
-        marker = group.marker
-        assert marker is not None
         parts = parts_of(group, self.now)
         depth_part = next(part for part in parts if part.spec is DEPTH)
-        if group.key_type == "list":
+        if group.type == "list":
             read = script_read("LRANGE", 0, marker.max_items - 1)
         elif depth_part.bounds:  # a score window
             low, high = depth_part.bounds
@@ -513,7 +565,7 @@ class Cycle:
 
         def on_members(reply: Any) -> list[Command]:
             nonlocal waiting
-            members.extend(listed_items(reply, scored=group.key_type == "zset"))
+            members.extend(listed_items(reply, scored=group.type == "zset"))
             checks: list[Command] = []
             unchecked = 0
             for at, (item, _) in enumerate(members):
@@ -568,11 +620,11 @@ class Cycle:
         return [*commands, ((ITEM_READ, key, bound_each(read)), on_members, tally)]
 
     def _stream_group(
-        self, tally: GroupTally, group: KeyGroup, key: bytes, labels: Labels
-    ) -> OnReply:
+        self, tally: GroupTally, key: bytes, match: KeyMatch, *, group: StreamGroup, consumers: str
+    ) -> list[Command]:
         """A consumer group's lag (depth), pending entries (active) and oldest undelivered
         entry (its first after the group's last delivered id)."""
-        wanted = (group.stream_group or "").encode()
+        wanted, labels = consumers.encode(), match.labels
         oldest = group.oldest
 
         def on_groups(reply: Any) -> Command | None:
@@ -592,7 +644,7 @@ class Cycle:
             read = (ITEM_READ, key, script_read("XRANGE", after, "+", "COUNT", 1))
             return read, lambda entries: self._age(labels, stream_head_time(entries)), tally
 
-        return on_groups
+        return [(("XINFO", "GROUPS", key), on_groups, tally)]
 
     def _earliest_age(
         self,

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from exporter.redis.connection import RedisConnectionConfig
-from exporter.sources.redis_keys.groups import KeyGroup
+from exporter.sources.redis_keys.groups import AnyKeyGroup
 
 
 class RedisSourceConfig(RedisConnectionConfig):
@@ -55,4 +55,4 @@ class RedisSourceConfig(RedisConnectionConfig):
         "primary, at the cost of replication lag in the values; a redis:// URL is the server it "
         "names. Event streams are always consumed on the primary",
     )
-    key_groups: list[KeyGroup] = Field(default_factory=list)
+    key_groups: list[AnyKeyGroup] = Field(default_factory=list)

@@ -13,9 +13,17 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable
-from typing import Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from exporter.core.item_time import TimeFormat
 from exporter.core.models import StrictModel
@@ -253,7 +261,41 @@ class TypeReads(StrictModel):
     split_by: LabelFromItems | None = None
 
 
+# The reading options, as each layout below that takes one declares it: a layout leaves out
+# the options that cannot apply to its type, and the model refuses them by name.
+SplitBy = Annotated[
+    LabelFromItems | None,
+    Field(description="read every item and split the depth by a label value inside it"),
+]
+Oldest = Annotated[OldestItem | None, Field(description="the age of the oldest item")]
+Due = Annotated[DueCount | None, Field(description="a count of the members already due")]
+Scores = Annotated[
+    ScoreWindow | None,
+    Field(description="depth (and head) of the members due by now, or still ahead"),
+]
+Bands = Annotated[PriorityBands | None, Field(description="the depth split by score bands")]
+Marker = Annotated[
+    MemberMarker | None,
+    Field(
+        description="members marked by a key of their own count in the marker's state; the "
+        "oldest item is the first unmarked one"
+    ),
+]
+LookAlikesRule = Annotated[
+    LookAlikes | None,
+    Field(
+        description="groups whose keys are built from values: name the keys of its type and "
+        "pattern they leave out whose first member names a member_key (one SCAN ... TYPE a "
+        "cycle)"
+    ),
+]
+
+
 class KeyGroup(StrictModel):
+    """What every key group has: its keys (a pattern, the values of its placeholders), their
+    type, the state and labels of their items. A group is one of the layouts below, told
+    apart by its type (AnyKeyGroup): each adds the reading options that apply to it."""
+
     system: str = Field(min_length=1, description="the system label")
     pattern: str = Field(
         min_length=1,
@@ -265,11 +307,6 @@ class KeyGroup(StrictModel):
         "as the type it holds (its TYPE asked first: one more command per key, one more round "
         "trip per cycle), as Huey's queue is a list under RedisHuey and a zset under "
         "PriorityRedisHuey"
-    )
-    by_type: dict[KeyType, TypeReads] = Field(
-        default_factory=dict,
-        description="a group of several types: options for its keys of one type alone "
-        "({zset: {oldest: ...}}); the group's own options apply to every type",
     )
     state: State = Field(description="the state label of the items the keys hold")
     labels: dict[str, str] = Field(default_factory=dict, description="static queue/priority labels")
@@ -303,36 +340,25 @@ class KeyGroup(StrictModel):
         "whether found or not (it reads 0), a glob (*, ?, [...]) keeps the values found that "
         "match it (['*']: every one); found values left out are reported, their items not counted",
     )
-    split_by: LabelFromItems | None = Field(
-        None, description="read every item and split the depth by a label value inside it"
-    )
-    oldest: OldestItem | None = None
-    due: DueCount | None = None
-    scores: ScoreWindow | None = Field(
-        None, description="zsets: depth (and head) of the members due by now, or still ahead"
-    )
-    priority_bands: PriorityBands | None = None
-    marker: MemberMarker | None = Field(
-        None,
-        description="lists and zsets: members marked by a key of their own count in the "
-        "marker's state; the oldest item is the first unmarked one",
-    )
-    look_alikes: LookAlikes | None = Field(
-        None,
-        description="groups whose keys are built from values: name the keys of its type and "
-        "pattern they leave out whose first member names a member_key (one SCAN ... TYPE a "
-        "cycle)",
-    )
     max_depth: int | None = Field(
         None, ge=0, description="backpressure limit, exported as queue_max_depth"
     )
-    stream_group: str | None = Field(
-        None, description="streams: depth is this consumer group's lag, active its pending"
-    )
-    _views: dict[str, KeyGroup] = PrivateAttr(default_factory=dict)  # of_type's
+
+    @model_validator(mode="before")
+    @classmethod
+    def _options_of_its_layout(cls, data: Any) -> Any:
+        """An option another layout takes and this one does not is refused by name (not as an
+        unknown setting); one given as null (by_type: {}) is as if not given."""
+        if not isinstance(data, dict):
+            return data
+        not_taken = [name for name in data if name in TAKEN_BY and name not in cls.model_fields]
+        for name in not_taken:
+            if data[name] is not None and data[name] != {}:
+                raise ValueError(_not_taken(name, data.get("type")))
+        return {name: value for name, value in data.items() if name not in not_taken}
 
     @model_validator(mode="after")
-    def _consistent(self) -> KeyGroup:
+    def _placeholders_fit(self) -> KeyGroup:
         names = placeholders(self.pattern)
         for name in names:
             if name not in LABEL_PLACEHOLDERS and not name.startswith("_"):
@@ -351,10 +377,9 @@ class KeyGroup(StrictModel):
             if name not in names:
                 raise ValueError(f"values: {{{name}}} is not a placeholder of the pattern")
         found = {*self.values_from_set, *self.values_from_keys}
-        if self.split_by is not None:
-            found.add(self.split_by.label)
+        split = self.split_label()
         for name in self.select:
-            if name not in found:
+            if name not in found and name != split:
                 raise ValueError(
                     f"select: {{{name}}} takes no values from a set, keys or split_by to narrow"
                 )
@@ -371,76 +396,11 @@ class KeyGroup(StrictModel):
                     raise ValueError(
                         f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
                     )
-        if isinstance(self.type, list):
-            if self.look_alikes is not None:  # a look-alike is told by its one type
-                raise ValueError("look_alikes applies to a group of one type")
-            self._several_types(self.type)
-        elif self.by_type:
-            raise ValueError("by_type applies to a group of several types (type: [list, zset])")
-        else:
-            self._options_fit(self.type, names)
         return self
 
-    def _several_types(self, types: list[KeyType]) -> None:
-        """A group of several types: each type's view of it (of_type) must hold."""
-        if len(set(types)) != len(types) or len(types) < 2:
-            raise ValueError("type: a list names two types or more, each once")
-        if "stream" in types:
-            raise ValueError("type: a stream is read by its own commands, not among others")
-        for key_type in self.by_type:
-            if key_type not in types:
-                raise ValueError(f"by_type: {key_type} is not one of the group's types")
-        for key_type in types:
-            try:
-                self.of_type(key_type)
-            except ValidationError as error:
-                problems = "; ".join(p["msg"].removeprefix("Value error, ") for p in error.errors())
-                raise ValueError(f"its {key_type} keys: {problems}") from None
-
-    def _options_fit(self, key_type: KeyType, names: list[str]) -> None:
-        """The reading options hold for keys of this one type."""
-        if self.split_by is not None:
-            label = self.split_by.label
-            if label in names or label in self.labels:
-                raise ValueError(f"split_by: {label!r} is already a pattern placeholder or label")
-            if key_type not in ("list", "zset", "hash"):
-                raise ValueError(f"split_by applies to list, zset and hash keys, not {key_type}")
-            if self.split_by.score is not None and key_type != "zset":
-                raise ValueError(f"split_by.score applies to zset keys only, not {key_type}")
-            if self.priority_bands is not None:
-                raise ValueError("split_by and priority_bands exclude each other")
-            if self.oldest is not None and self.oldest.time_in in ("hash", "string"):
-                raise ValueError(f"split_by: oldest.time_in {self.oldest.time_in} is not supported")
-        zset_only = {"due": self.due, "priority_bands": self.priority_bands, "scores": self.scores}
-        for option, value in zset_only.items():
-            if value is not None and key_type != "zset":
-                raise ValueError(f"{option} applies to zset keys only, not {key_type}")
-        if self.scores is not None and (self.split_by or self.priority_bands):
-            raise ValueError("scores excludes split_by and priority_bands")
-        if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
-            raise ValueError("scores: the oldest item is the head (lowest score) of the window")
-        if self.oldest is not None and self.oldest.end == "earliest":
-            self._check_earliest(key_type)
-        if self.marker is not None:
-            self._check_marker(self.marker, names, key_type)
-        if self.look_alikes is not None and not (self.enumerated and key_type in ("list", "zset")):
-            raise ValueError("look_alikes applies to list and zset keys built from values")
-        if self.stream_group and key_type != "stream":
-            raise ValueError(f"stream_group applies to stream keys only, not {key_type}")
-        if self.priority_bands and ("priority" in names or "priority" in self.labels):
-            raise ValueError("priority_bands and a priority label exclude each other")
-        if self.oldest:
-            allowed = {
-                "list": {"item", "prefix", "json", "hash", "string"},
-                "zset": {"score", "item", "prefix", "json", "hash", "string"},
-                "stream": {"stream_id"},
-                # split_by's hash values (Sidekiq's work): the earliest time among them
-                "hash": {"json"} if self.split_by and self.oldest.end == "earliest" else set(),
-            }.get(key_type, set())
-            if self.oldest.time_in not in allowed:
-                raise ValueError(
-                    f"oldest.time_in: {self.oldest.time_in} does not apply to {key_type} keys"
-                )
+    def split_label(self) -> str | None:
+        """The label split_by reads from each item, in a layout that takes split_by."""
+        return None
 
     @property
     def types(self) -> tuple[KeyType, ...]:
@@ -459,62 +419,319 @@ class KeyGroup(StrictModel):
         """Its type in words: "list", or "list or zset"."""
         return " or ".join(self.types)
 
-    def of_type(self, key_type: KeyType) -> KeyGroup:
-        """The group as its keys of one type are read: its own options and that type's
-        by_type ones (itself, for a group of one type). Made once per type and kept: the
-        readers key what they learn by it."""
-        if not isinstance(self.type, list):
-            return self
-        views = self._views
-        if key_type not in views:
-            fields = self.model_dump(exclude={"type", "by_type"}, exclude_defaults=True)
-            own = self.by_type.get(key_type)
-            extra = {} if own is None else own.model_dump(exclude_none=True)
-            views[key_type] = KeyGroup.model_validate({**fields, **extra, "type": key_type})
-        return views[key_type]
+    def of_type(self, key_type: KeyType) -> OneTypeGroup:
+        """The group as its keys of one type are read: itself, for a group of one type."""
+        if not isinstance(self, OneTypeGroup):
+            raise TypeError(f"key group {self.pattern!r}: a layout has its own of_type")
+        return self
 
-    def views(self) -> list[KeyGroup]:
+    def views(self) -> list[OneTypeGroup]:
         """How each of its types is read (of_type): itself alone for a group of one type."""
         return [self.of_type(key_type) for key_type in self.types]
-
-    def _check_earliest(self, key_type: KeyType) -> None:
-        """end: earliest reads a key's items on their own, for its depth and their times."""
-        if key_type not in ("list", "zset", "hash"):
-            raise ValueError(
-                f"oldest.end: earliest applies to list, zset and hash keys, not {key_type}"
-            )
-        others: dict[str, object] = {
-            "scores": self.scores,
-            "due": self.due,
-            "priority_bands": self.priority_bands,
-            "marker": self.marker,
-        }
-        excluded = [name for name, value in others.items() if value is not None]
-        if excluded:
-            raise ValueError(f"oldest.end: earliest excludes {', '.join(excluded)}")
-
-    def _check_marker(self, marker: MemberMarker, names: list[str], key_type: KeyType) -> None:
-        if key_type not in ("list", "zset"):
-            raise ValueError(f"marker applies to list and zset keys, not {key_type}")
-        if self.split_by is not None or self.priority_bands is not None:
-            raise ValueError("marker excludes split_by and priority_bands")
-        if marker.state == self.state:
-            raise ValueError(f"marker.state is the group's own state {self.state!r}")
-        named = placeholders(marker.key)
-        if "item" not in named:
-            raise ValueError("marker.key must contain {item}")
-        for name in named:
-            if name != "item" and name not in names:
-                raise ValueError(f"marker.key: {{{name}}} is not a placeholder of the pattern")
-        oldest = self.oldest
-        if oldest is not None and (oldest.end != "head" or oldest.time_in in ("hash", "string")):
-            raise ValueError("marker: the oldest item's time is read from the head's members")
 
     @property
     def enumerated(self) -> bool:
         """True when every placeholder's values are known, so keys are built, not scanned."""
         known = set(self.values) | set(self.values_from_set) | set(self.values_from_keys)
         return all(name in known for name in placeholders(self.pattern))
+
+
+class SetGroup(KeyGroup):
+    """A set's members, counted (SCARD): no order, so no item is the oldest."""
+
+    type: Literal["set"]
+
+
+class HashGroup(KeyGroup):
+    """A hash's fields, counted (HLEN); or its values read and split by a label inside each
+    (split_by), with the earliest time among them (Sidekiq's workers hash)."""
+
+    type: Literal["hash"]
+    split_by: SplitBy = None
+    oldest: Oldest = None
+
+    def split_label(self) -> str | None:
+        return None if self.split_by is None else self.split_by.label
+
+    @model_validator(mode="after")
+    def _reads_fit(self) -> HashGroup:
+        _split_fits(self, self.split_by, self.oldest)
+        # its values have no order: only the earliest time among those split_by reads is one
+        earliest = self.oldest is not None and self.oldest.end == "earliest"
+        _time_fits(self.oldest, "hash", {"json"} if self.split_by and earliest else set())
+        return self
+
+
+class StreamGroup(KeyGroup):
+    """A stream's entries (XLEN) and its first one's id time; or a consumer group's lag,
+    pending entries and first undelivered entry (stream_group)."""
+
+    type: Literal["stream"]
+    oldest: Oldest = None
+    stream_group: str | None = Field(
+        None, description="depth is this consumer group's lag, active its pending"
+    )
+
+    @model_validator(mode="after")
+    def _reads_fit(self) -> StreamGroup:
+        if self.oldest is not None and self.oldest.end == "earliest":
+            raise ValueError("oldest.end: earliest applies to list, zset and hash keys, not stream")
+        _time_fits(self.oldest, "stream", {"stream_id"})
+        return self
+
+
+# time_in a list's items and a zset's members may keep their time by (a zset's score too)
+_ITEM_TIMES = {"item", "prefix", "json", "hash", "string"}
+
+
+class ListGroup(KeyGroup):
+    """A list's items (LLEN) and the time of its head or tail item; or every item read
+    (split_by, oldest.end: earliest), or its items marked by a key of their own (marker)."""
+
+    type: Literal["list"]
+    split_by: SplitBy = None
+    oldest: Oldest = None
+    marker: Marker = None
+    look_alikes: LookAlikesRule = None
+
+    def split_label(self) -> str | None:
+        return None if self.split_by is None else self.split_by.label
+
+    @model_validator(mode="after")
+    def _reads_fit(self) -> ListGroup:
+        _split_fits(self, self.split_by, self.oldest)
+        _members_fit(self)
+        _time_fits(self.oldest, "list", _ITEM_TIMES)
+        return self
+
+
+class ZsetGroup(KeyGroup):
+    """A zset's members (ZCARD), or those of each priority band or score window (ZCOUNT), the
+    time of the first of each, a count of those due; or every member read (split_by,
+    oldest.end: earliest), or its members marked by a key of their own (marker)."""
+
+    type: Literal["zset"]
+    split_by: SplitBy = None
+    oldest: Oldest = None
+    due: Due = None
+    scores: Scores = None
+    priority_bands: Bands = None
+    marker: Marker = None
+    look_alikes: LookAlikesRule = None
+
+    def split_label(self) -> str | None:
+        return None if self.split_by is None else self.split_by.label
+
+    @model_validator(mode="after")
+    def _reads_fit(self) -> ZsetGroup:
+        _split_fits(self, self.split_by, self.oldest)
+        if self.split_by is not None and self.priority_bands is not None:
+            raise ValueError("split_by and priority_bands exclude each other")
+        if self.scores is not None and (self.split_by or self.priority_bands):
+            raise ValueError("scores excludes split_by and priority_bands")
+        if self.scores is not None and self.oldest is not None and self.oldest.end != "head":
+            raise ValueError("scores: the oldest item is the head (lowest score) of the window")
+        _members_fit(self)
+        names = placeholders(self.pattern)
+        if self.priority_bands and ("priority" in names or "priority" in self.labels):
+            raise ValueError("priority_bands and a priority label exclude each other")
+        _time_fits(self.oldest, "zset", {"score", *_ITEM_TIMES})
+        return self
+
+
+OneTypeGroup = ListGroup | ZsetGroup | SetGroup | HashGroup | StreamGroup
+
+
+def oldest_of(group: OneTypeGroup) -> OldestItem | None:
+    """The time of the oldest item a group of one type reads (a set's members: none)."""
+    return None if isinstance(group, SetGroup) else group.oldest
+
+
+# The layout of each type
+LAYOUTS: dict[str, type[OneTypeGroup]] = {
+    "list": ListGroup,
+    "zset": ZsetGroup,
+    "set": SetGroup,
+    "hash": HashGroup,
+    "stream": StreamGroup,
+}
+
+
+class SeveralTypesGroup(KeyGroup):
+    """Keys of any of several types (Huey's queue: a list under RedisHuey, a zset under
+    PriorityRedisHuey), each read as the type it holds: as the layout of that type made of the
+    group's own options and that type's by_type ones (of_type), which must hold."""
+
+    by_type: dict[KeyType, TypeReads] = Field(
+        default_factory=dict,
+        description="options for its keys of one type alone ({zset: {oldest: ...}}); the "
+        "group's own options apply to every type",
+    )
+    split_by: SplitBy = None
+    oldest: Oldest = None
+    due: Due = None
+    scores: Scores = None
+    priority_bands: Bands = None
+    marker: Marker = None
+    _views: dict[str, OneTypeGroup] = PrivateAttr(default_factory=dict)  # of_type's
+
+    def split_label(self) -> str | None:
+        return None if self.split_by is None else self.split_by.label
+
+    @model_validator(mode="after")
+    def _each_type_fits(self) -> SeveralTypesGroup:
+        types = self.types
+        if not isinstance(self.type, list) or len(set(types)) != len(types) or len(types) < 2:
+            raise ValueError("type: a list names two types or more, each once")
+        if "stream" in types:
+            raise ValueError("type: a stream is read by its own commands, not among others")
+        for key_type in self.by_type:
+            if key_type not in types:
+                raise ValueError(f"by_type: {key_type} is not one of the group's types")
+        for key_type in types:
+            try:
+                self.of_type(key_type)
+            except ValidationError as error:
+                problems = "; ".join(p["msg"].removeprefix("Value error, ") for p in error.errors())
+                raise ValueError(f"its {key_type} keys: {problems}") from None
+        return self
+
+    def of_type(self, key_type: KeyType) -> OneTypeGroup:
+        """The group as its keys of one type are read: its own options and that type's
+        by_type ones, as the layout of that type. Made once per type and kept: the readers
+        key what they learn by it."""
+        views = self._views
+        if key_type not in views:
+            fields = self.model_dump(exclude={"type", "by_type"}, exclude_defaults=True)
+            own = self.by_type.get(key_type)
+            extra = {} if own is None else own.model_dump(exclude_none=True)
+            layout = LAYOUTS[key_type]
+            views[key_type] = layout.model_validate({**fields, **extra, "type": key_type})
+        return views[key_type]
+
+
+def _layout_of(data: Any) -> str | None:
+    """The layout a key group's settings are read as: its type's; a list of types (or a type
+    neither form takes, refused there by the messages of both) SeveralTypesGroup."""
+    if isinstance(data, KeyGroup):
+        return type(data).__name__
+    if not isinstance(data, dict):
+        return None
+    key_type = data.get("type")
+    layout = LAYOUTS.get(key_type) if isinstance(key_type, str) else None
+    return (layout or SeveralTypesGroup).__name__
+
+
+AnyKeyGroup = Annotated[
+    Annotated[ListGroup, Tag("ListGroup")]
+    | Annotated[ZsetGroup, Tag("ZsetGroup")]
+    | Annotated[SetGroup, Tag("SetGroup")]
+    | Annotated[HashGroup, Tag("HashGroup")]
+    | Annotated[StreamGroup, Tag("StreamGroup")]
+    | Annotated[SeveralTypesGroup, Tag("SeveralTypesGroup")],
+    Discriminator(
+        _layout_of,
+        custom_error_type="key_group_type",
+        custom_error_message="Input should be a valid dictionary (a key group)",
+    ),
+]
+
+
+def key_group(settings: Any) -> OneTypeGroup | SeveralTypesGroup:
+    """A key group read from its settings, as the layout its type says."""
+    return _any_key_group().validate_python(settings)
+
+
+@functools.cache
+def _any_key_group() -> TypeAdapter[AnyKeyGroup]:
+    """Built at its first use, as the models are (core.models: start-up time)."""
+    return TypeAdapter(AnyKeyGroup)
+
+
+# Each reading option: the layouts of one type that take it (in LAYOUTS' order)
+TAKEN_BY: dict[str, list[str]] = {}
+for _key_type, _layout in LAYOUTS.items():
+    for _name in _layout.model_fields.keys() - KeyGroup.model_fields.keys():
+        TAKEN_BY.setdefault(_name, []).append(_key_type)
+TAKEN_BY["by_type"] = []
+
+
+def _not_taken(name: str, key_type: Any) -> str:
+    """Why an option is refused by the layout of `key_type` (of its settings, unvalidated)."""
+    several = isinstance(key_type, list)
+    if name == "by_type":
+        return "by_type applies to a group of several types (type: [list, zset])"
+    if name == "look_alikes" and several:  # a look-alike is told by its one type
+        return "look_alikes applies to a group of one type"
+    types = TAKEN_BY[name]
+    where = (
+        f"{types[0]} keys only"
+        if len(types) == 1
+        else f"{', '.join(types[:-1])} and {types[-1]} keys"
+    )
+    held = " or ".join(map(str, key_type)) if several else key_type
+    return f"{name} applies to {where}, not {held}"
+
+
+def _split_fits(group: KeyGroup, split: LabelFromItems | None, oldest: OldestItem | None) -> None:
+    """split_by: a label of its own, read from every item (a score: a zset's members')."""
+    if split is None:
+        return
+    if split.label in placeholders(group.pattern) or split.label in group.labels:
+        raise ValueError(f"split_by: {split.label!r} is already a pattern placeholder or label")
+    if split.score is not None and group.type != "zset":
+        raise ValueError(f"split_by.score applies to zset keys only, not {group.type}")
+    if oldest is not None and oldest.time_in in ("hash", "string"):
+        raise ValueError(f"split_by: oldest.time_in {oldest.time_in} is not supported")
+
+
+def _members_fit(group: ListGroup | ZsetGroup) -> None:
+    """The reads of a list's or zset's members on their own (earliest, marker), and the keys
+    look_alikes compares with."""
+    if group.oldest is not None and group.oldest.end == "earliest":
+        _earliest_fits(group)
+    if group.marker is not None:
+        _marker_fits(group, group.marker)
+    if group.look_alikes is not None and not group.enumerated:
+        raise ValueError("look_alikes applies to list and zset keys built from values")
+
+
+def _earliest_fits(group: ListGroup | ZsetGroup) -> None:
+    """end: earliest reads a key's items on their own, for its depth and their times."""
+    others: dict[str, object] = {"marker": group.marker}
+    if isinstance(group, ZsetGroup):
+        others = {
+            "scores": group.scores,
+            "due": group.due,
+            "priority_bands": group.priority_bands,
+            **others,
+        }
+    excluded = [name for name, value in others.items() if value is not None]
+    if excluded:
+        raise ValueError(f"oldest.end: earliest excludes {', '.join(excluded)}")
+
+
+def _marker_fits(group: ListGroup | ZsetGroup, marker: MemberMarker) -> None:
+    bands = group.priority_bands if isinstance(group, ZsetGroup) else None
+    if group.split_by is not None or bands is not None:
+        raise ValueError("marker excludes split_by and priority_bands")
+    if marker.state == group.state:
+        raise ValueError(f"marker.state is the group's own state {group.state!r}")
+    named = placeholders(marker.key)
+    if "item" not in named:
+        raise ValueError("marker.key must contain {item}")
+    names = placeholders(group.pattern)
+    for name in named:
+        if name != "item" and name not in names:
+            raise ValueError(f"marker.key: {{{name}}} is not a placeholder of the pattern")
+    oldest = group.oldest
+    if oldest is not None and (oldest.end != "head" or oldest.time_in in ("hash", "string")):
+        raise ValueError("marker: the oldest item's time is read from the head's members")
+
+
+def _time_fits(oldest: OldestItem | None, key_type: KeyType, allowed: set[str]) -> None:
+    if oldest is not None and oldest.time_in not in allowed:
+        raise ValueError(f"oldest.time_in: {oldest.time_in} does not apply to {key_type} keys")
 
 
 def literal(text: str) -> str:

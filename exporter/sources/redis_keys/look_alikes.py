@@ -20,7 +20,14 @@ from typing import Any
 import redis
 
 from exporter.redis.pipeline import Args, bounded_reads, round_trip, script_read
-from exporter.sources.redis_keys.groups import KeyGroup, fill, key_regex, scan_glob
+from exporter.sources.redis_keys.groups import (
+    KeyGroup,
+    ListGroup,
+    ZsetGroup,
+    fill,
+    key_regex,
+    scan_glob,
+)
 from exporter.sources.redis_keys.types import text
 
 # The read of a key's first member, in the form bounded_reads takes.
@@ -40,8 +47,9 @@ def look_alikes(
 ) -> tuple[list[bytes], int]:
     """The keys of the group's type and pattern, not in `known`, whose first member names an
     existing member_key; and how many keys left out were not checked (beyond max_keys)."""
-    rule = group.look_alikes
-    assert rule is not None
+    rule = group.look_alikes if isinstance(group, (ListGroup, ZsetGroup)) else None
+    if rule is None:
+        raise TypeError(f"key group {group.pattern!r} has no look_alikes")
     excluded = {key.encode() for key in rule.exclude}
     regex, glob = key_regex(group.pattern), scan_glob(group.pattern)
     candidates: list[bytes] = []

@@ -9,7 +9,7 @@ not read. A Redis that cannot be reached is a failure, named once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import redis
 
@@ -69,7 +69,7 @@ def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Ec
     return findings
 
 
-def _unmatched_groups(groups: list[KeyGroup], reports: list[KeyGroupReport]) -> list[str]:
+def _unmatched_groups(groups: Sequence[KeyGroup], reports: list[KeyGroupReport]) -> list[str]:
     """The key groups that matched no key, as warnings: one line per system none of whose
     groups matched anything (a system absent, or the wrong database), else one per group
     that found nothing by SCAN (a typo, or its queues all empty). A group whose keys are

@@ -34,7 +34,9 @@ from exporter.redis.members import members_of
 from exporter.sources.redis_keys.commands import Cycle, GroupReads, Learned
 from exporter.sources.redis_keys.config import RedisSourceConfig
 from exporter.sources.redis_keys.groups import (
+    ListGroup,
     SetMembers,
+    ZsetGroup,
     key_regex,
     literal_prefix,
     placeholders,
@@ -338,7 +340,7 @@ class RedisKeySampler:
             group, choices, self.config.scan_count, cycle.before.built.get(id(group))
         )
         cycle.learned.built[id(group)] = built
-        if group.look_alikes is not None:
+        if isinstance(group, (ListGroup, ZsetGroup)) and group.look_alikes is not None:
             self._name_look_alikes(tally, built, rounds.client)
         yield from built.pages
 

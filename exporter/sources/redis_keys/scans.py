@@ -17,6 +17,7 @@ again RETRY_AFTER cycles later, since keyspaces change.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from exporter.core.logs import LogLimiter
@@ -40,7 +41,7 @@ class ScanPlan:
     """The SCANs of each cycle for a sampler's key groups (those whose keys are scanned, not
     built from values), shared while sharing pays (see the module's docstring)."""
 
-    def __init__(self, source: str, groups: list[KeyGroup], page: int) -> None:
+    def __init__(self, source: str, groups: Sequence[KeyGroup], page: int) -> None:
         self.source = source
         scanned = [(index, group) for index, group in enumerate(groups) if not group.enumerated]
         self.apart = [KeyScan(scan_glob(group.pattern), (index,)) for index, group in scanned]

@@ -8,7 +8,7 @@ import time
 import pytest
 from pydantic import ValidationError
 
-from exporter.sources.redis_keys.groups import KeyGroup
+from exporter.sources.redis_keys.groups import key_group
 from tests.conftest import scrape_when, value, wait_for
 
 
@@ -38,14 +38,12 @@ def _group(**overrides: object) -> dict[str, object]:
 @pytest.mark.fast
 def test_invalid_groups_of_several_types(overrides: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        KeyGroup.model_validate(_group(**overrides))
+        key_group(_group(**overrides))
 
 
 @pytest.mark.fast
 def test_each_type_is_read_with_its_own_options() -> None:
-    group = KeyGroup.model_validate(
-        _group(by_type={"zset": {"oldest": {"time_in": "score"}}}, max_depth=5)
-    )
+    group = key_group(_group(by_type={"zset": {"oldest": {"time_in": "score"}}}, max_depth=5))
     assert group.types == ("list", "zset") and group.type_name == "list or zset"
     as_list, as_zset = group.views()
     assert (as_list.type, as_list.oldest, as_list.max_depth) == ("list", None, 5)
@@ -91,15 +89,15 @@ def test_each_key_is_read_as_the_type_it_holds(
 @pytest.mark.fast
 def test_split_by_takes_a_field_or_the_score(split: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        KeyGroup.model_validate(_group(type="zset", split_by=split))
+        key_group(_group(type="zset", split_by=split))
 
 
 @pytest.mark.fast
 def test_split_by_score_reads_zsets_alone() -> None:
     split = {"split_by": {"label": "priority", "score": "negated"}}
     with pytest.raises(ValidationError, match=r"its list keys: split_by\.score applies to zset"):
-        KeyGroup.model_validate(_group(**split))
-    KeyGroup.model_validate(_group(by_type={"zset": split}))
+        key_group(_group(**split))
+    key_group(_group(by_type={"zset": split}))
 
 
 def _prefixed(at: float, data: bytes) -> bytes:

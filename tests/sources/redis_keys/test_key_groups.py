@@ -7,8 +7,14 @@ from pydantic import ValidationError
 
 from exporter.config.settings import from_dict
 from exporter.sources.redis_keys.groups import (
-    KeyGroup,
+    HashGroup,
+    ListGroup,
+    SetGroup,
+    SeveralTypesGroup,
+    StreamGroup,
+    ZsetGroup,
     fill,
+    key_group,
     key_regex,
     literal,
     placeholders,
@@ -38,8 +44,8 @@ def test_fill_builds_keys():
 
 
 def _group(**overrides):
-    return KeyGroup(
-        **{"system": "s", "pattern": "q:{queue}", "type": "list", "state": "pending", **overrides}
+    return key_group(
+        {"system": "s", "pattern": "q:{queue}", "type": "list", "state": "pending", **overrides}
     )
 
 
@@ -67,6 +73,35 @@ def _group(**overrides):
 def test_invalid_groups(overrides, message):
     with pytest.raises(ValidationError, match=message):
         _group(**overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"type": "set", "oldest": {"time_in": "item"}}, "oldest applies to list, zset, hash"),
+        (
+            {"type": "hash", "due": {"metric": "queue_scheduled_due"}},
+            "due applies to zset keys only",
+        ),
+        ({"type": "stream", "split_by": {"label": "queue", "field": "q"}}, "not stream"),
+        ({"marker": {"key": "m:{item}", "state": "active"}, "type": "set"}, "list and zset keys"),
+        ({"type": ["list", "zset"], "stream_group": "g"}, "stream keys only, not list or zset"),
+        ({"type": ["list", "zset"], "look_alikes": {"member_key": "{member}"}}, "of one type"),
+    ],
+)
+def test_each_layout_refuses_another_s_options_by_name(overrides, message):
+    with pytest.raises(ValidationError, match=message):
+        _group(**overrides)
+
+
+def test_each_type_has_its_layout_and_null_options_are_not_given():
+    layouts = {"list": ListGroup, "zset": ZsetGroup, "set": SetGroup, "hash": HashGroup}
+    for key_type, layout in {**layouts, "stream": StreamGroup}.items():
+        assert type(_group(type=key_type)) is layout
+    assert type(_group(type=["list", "zset"])) is SeveralTypesGroup
+    assert type(_group(type="set", due=None, oldest=None, by_type={})) is SetGroup
+    with pytest.raises(ValidationError, match="a valid dictionary"):
+        key_group("q:{queue}")
 
 
 def test_enumerated_only_when_every_placeholder_is_known():
