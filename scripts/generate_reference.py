@@ -16,6 +16,7 @@ import types
 import typing
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from exporter.config import presets
@@ -258,27 +259,85 @@ def configuration_page() -> str:
 def _setting_rows(model: type[BaseModel], prefix: str) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
-        path = f"{prefix}{name}"
-        nested = _nested_model(field.annotation)
-        default = field.default
-        if default is PydanticUndefined:
-            shown = "required" if field.default_factory is None else "—"
-        elif isinstance(default, BaseModel) or default is None:
-            shown = "—"
+        layouts = _layouts(field.annotation)
+        if layouts:
+            rows += _layout_rows(layouts, f"{prefix}{name}[].")
         else:
-            secret = getattr(default, "get_secret_value", None)
-            shown = f"`{secret() if secret else default}`"
-        meaning = (field.description or "").replace("|", "\\|")
-        if nested is None:
-            rows.append(f"| `{path}` | {_type_name(field.annotation)} | {shown} | {meaning} |")
-        else:
-            model_type, is_list = nested
-            if default is None and meaning:  # an optional section: what unset means
-                rows.append(
-                    f"| `{path}` | section | unset | {meaning}; the defaults below apply once "
-                    "the section is set |"
-                )
-            rows += _setting_rows(model_type, f"{path}[]." if is_list else f"{path}.")
+            rows += _field_rows(field, f"{prefix}{name}")
+    return rows
+
+
+def _layouts(annotation: object) -> list[type[BaseModel]]:
+    """The models of a list of a tagged union of models (a key group's layouts), else []."""
+    if typing.get_origin(annotation) is not list:
+        return []
+    (item,) = typing.get_args(annotation)
+    if typing.get_origin(item) is not typing.Annotated:
+        return []
+    members = typing.get_args(typing.get_args(item)[0])
+    models = [typing.get_args(member)[0] for member in members]
+    return models if all(isinstance(m, type) and issubclass(m, BaseModel) for m in models) else []
+
+
+def _layout_rows(layouts: list[type[BaseModel]], prefix: str) -> list[str]:
+    """The settings every layout has (their common base's), then each setting some layouts
+    add, marked with the types whose layouts take it."""
+    base = next(c for c in layouts[0].__mro__ if all(issubclass(m, c) for m in layouts))
+    rows = [row for name, f in base.model_fields.items() for row in _field_rows(f, prefix + name)]
+    taken: dict[str, list[type[BaseModel]]] = {}
+    for layout in layouts:
+        for name in layout.model_fields.keys() - base.model_fields.keys():
+            taken.setdefault(name, []).append(layout)
+    for name, models in sorted(taken.items(), key=lambda item: _first_place(item[0], layouts)):
+        tags = [_type_tag(model) for model in models]
+        note = "type " + (
+            " or ".join(tags) if len(tags) < 3 else f"{', '.join(tags[:-1])} or {tags[-1]}"
+        )
+        rows += _field_rows(models[0].model_fields[name], prefix + name, note)
+    return rows
+
+
+def _first_place(name: str, layouts: list[type[BaseModel]]) -> tuple[int, int]:
+    """Where a setting first appears among the layouts: the one, and its place there."""
+    return next(
+        (at, list(layout.model_fields).index(name))
+        for at, layout in enumerate(layouts)
+        if name in layout.model_fields
+    )
+
+
+def _type_tag(layout: type[BaseModel]) -> str:
+    """The type a layout is told by: list, zset, ...; or a list of types."""
+    values = typing.get_args(layout.model_fields["type"].annotation)
+    return values[0] if len(values) == 1 and isinstance(values[0], str) else "a list of types"
+
+
+def _field_rows(field: FieldInfo, path: str, note: str = "") -> list[str]:
+    """A setting's row, or a section's rows (a model it holds: its own settings); `note`
+    (which layouts take it) leads its meaning."""
+    rows = []
+    nested = _nested_model(field.annotation)
+    default = field.default
+    if default is PydanticUndefined:
+        shown = "required" if field.default_factory is None else "—"
+    elif isinstance(default, BaseModel) or default is None:
+        shown = "—"
+    else:
+        secret = getattr(default, "get_secret_value", None)
+        shown = f"`{secret() if secret else default}`"
+    meaning = (field.description or "").replace("|", "\\|")
+    if note:
+        meaning = f"{note}: {meaning}" if meaning else note
+    if nested is None:
+        rows.append(f"| `{path}` | {_type_name(field.annotation)} | {shown} | {meaning} |")
+    else:
+        model_type, is_list = nested
+        if default is None and meaning:  # an optional section: what unset means
+            rows.append(
+                f"| `{path}` | section | unset | {meaning}; the defaults below apply once "
+                "the section is set |"
+            )
+        rows += _setting_rows(model_type, f"{path}[]." if is_list else f"{path}.")
     return rows
 
 
