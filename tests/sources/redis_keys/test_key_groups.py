@@ -6,6 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from exporter.config.settings import from_dict
+from exporter.sources.redis_keys.commands import Cycle, GroupReads
 from exporter.sources.redis_keys.groups import (
     HashGroup,
     ListGroup,
@@ -102,6 +103,32 @@ def test_each_type_has_its_layout_and_null_options_are_not_given():
     assert type(_group(type="set", due=None, oldest=None, by_type={})) is SetGroup
     with pytest.raises(ValidationError, match="a valid dictionary"):
         key_group("q:{queue}")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "read"),
+    [
+        ({}, None),
+        ({"type": "set"}, None),
+        ({"type": "zset", "scores": {"window": "due"}, "oldest": {"time_in": "score"}}, None),
+        ({"split_by": {"label": "queue", "field": "q"}, "pattern": "q"}, "_split"),
+        ({"type": "hash", "split_by": {"label": "queue", "field": "q"}, "pattern": "q"}, "_split"),
+        ({"type": "zset", "marker": {"key": "m:{item}", "state": "active"}}, "_marked"),
+        ({"type": "zset", "oldest": {"end": "earliest", "time_in": "score"}}, "_earliest"),
+        ({"type": "stream", "stream_group": "g"}, "_stream_group"),
+    ],
+)
+def test_each_layout_has_one_read_path(overrides, read):
+    group = _group(**overrides)
+    found = Cycle.read_of_key(group)
+    assert (found and found.func.__name__) == read
+    assert GroupReads.suits(group) is (read is None)
+
+
+def test_a_group_of_several_types_is_read_by_type_not_in_bulk():
+    group = _group(type=["list", "zset"], by_type={"zset": {"oldest": {"time_in": "score"}}})
+    assert not GroupReads.suits(group)
+    assert [type(view) for view in group.views()] == [ListGroup, ZsetGroup]
 
 
 def test_enumerated_only_when_every_placeholder_is_known():
