@@ -5,8 +5,9 @@ the whole key, or each priority band or score window of a zset; a due count; the
 part's first item), a round's keys of one group travel as one run of each command, and their
 replies are read in one loop per command, not a tuple and a closure per key: a bull cycle at
 10k queues cost 3.0-3.4x its floor's CPU a closure per read, 1.2-1.4x in bulk
-(docs/benchmarks.md). Two layouts read each key differently (split_by: every item read and
-counted by a label inside it; a stream consumer group's XINFO), and every follow-up (the time
+(docs/benchmarks.md). Some layouts' options read each key on its own (Cycle.read_of_key:
+split_by, every item read and counted by a label inside it; marker; oldest.end: earliest; a
+stream consumer group's XINFO), and those reads and every follow-up (the time
 a head item names, a WRONGTYPE key's TYPE, a read sent again after ASK or MOVED) is a Command:
 its arguments, its reply handler, its group. A key of a group of several types (Huey's list or
 zset) is asked its TYPE first, and its reads follow as such commands of its own, as the type it

@@ -6,6 +6,11 @@ and optionally how to read the time of the item at the head of the queue. ``{{``
 are literal braces, as in Python's format strings: a Redis Cluster hash tag in a pattern
 (BullMQ's ``prefix: '{bull}'`` is ``{{bull}}:{queue}:wait``). Presets are
 lists of key groups; operators write their own in the same form.
+
+A group is read as the layout of its type (ListGroup, ZsetGroup, SetGroup, HashGroup,
+StreamGroup; SeveralTypesGroup for a list of types): each declares the options that apply to
+its type, so an option of another type is refused by name, and its validators hold only the
+checks between its options.
 """
 
 from __future__ import annotations
