@@ -13,9 +13,8 @@ from exporter.sources.redis_keys import values as key_values
 from exporter.sources.redis_keys.config import RedisSourceConfig
 from exporter.sources.redis_keys.groups import (
     KeyGroup,
-    ListGroup,
+    OrderedGroup,
     StreamGroup,
-    ZsetGroup,
     fill,
     oldest_of,
     placeholders,
@@ -78,7 +77,7 @@ def needs(sources: list[RedisSourceConfig]) -> RedisNeeds:
             if oldest is not None:
                 named = (oldest.hash_key, oldest.string_key)
                 patterns += [scan_glob(key) for key in named if key is not None]
-            if not isinstance(view, (ListGroup, ZsetGroup)):
+            if not isinstance(view, OrderedGroup):
                 continue
             if view.marker is not None:
                 patterns.append(scan_glob(view.marker.key))
@@ -125,5 +124,5 @@ def _sends_exists(group: KeyGroup) -> bool:
     0 is followed by EXISTS (key_commands.Cycle._counts)."""
     if isinstance(group, StreamGroup):
         return group.enumerated and not group.stream_group
-    members = (view for view in group.views() if isinstance(view, (ListGroup, ZsetGroup)))
+    members = (view for view in group.views() if isinstance(view, OrderedGroup))
     return any(view.marker is not None or view.look_alikes is not None for view in members)

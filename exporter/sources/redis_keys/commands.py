@@ -36,10 +36,10 @@ from exporter.sources.redis_keys.groups import (
     HashGroup,
     KeyGroup,
     LabelFromItems,
-    ListGroup,
     MemberMarker,
     OldestItem,
     OneTypeGroup,
+    OrderedGroup,
     StreamGroup,
     ZsetGroup,
     fill,
@@ -344,11 +344,11 @@ class Cycle:
         item split by a label (split_by), its members marked (marker), every item's time
         (oldest.end: earliest), a stream consumer group's (stream_group). None: in bulk."""
         match group:
-            case ListGroup() | ZsetGroup() | HashGroup() if group.split_by is not None:
+            case OrderedGroup() | HashGroup() if group.split_by is not None:
                 return partial(Cycle._split, group=group, split=group.split_by)
-            case ListGroup() | ZsetGroup() if group.marker is not None:
+            case OrderedGroup() if group.marker is not None:
                 return partial(Cycle._marked, group=group, marker=group.marker)
-            case ListGroup() | ZsetGroup() if group.oldest and group.oldest.end == "earliest":
+            case OrderedGroup() if group.oldest and group.oldest.end == "earliest":
                 return partial(Cycle._earliest, group=group, oldest=group.oldest)
             case StreamGroup() if group.stream_group is not None:
                 return partial(Cycle._stream_group, group=group, consumers=group.stream_group)
@@ -386,7 +386,7 @@ class Cycle:
         key: bytes,
         match: KeyMatch,
         *,
-        group: ListGroup | ZsetGroup | HashGroup,
+        group: OrderedGroup | HashGroup,
         split: LabelFromItems,
     ) -> list[Command]:
         """Depth (and head age, due count) per label value read from each item. The key's
@@ -472,7 +472,7 @@ class Cycle:
         key: bytes,
         match: KeyMatch,
         *,
-        group: ListGroup | ZsetGroup,
+        group: OrderedGroup,
         oldest: OldestItem,
     ) -> list[Command]:
         """Depth, then (a key holding items) the earliest time among its first oldest.max_items
@@ -533,7 +533,7 @@ class Cycle:
         key: bytes,
         match: KeyMatch,
         *,
-        group: ListGroup | ZsetGroup,
+        group: OrderedGroup,
         marker: MemberMarker,
     ) -> list[Command]:
         """Depth per state of a key whose members a key of their own may mark (marker: arq's

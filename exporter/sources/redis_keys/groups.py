@@ -489,11 +489,13 @@ class StreamGroup(KeyGroup):
 _ITEM_TIMES = {"item", "prefix", "json", "hash", "string"}
 
 
-class ListGroup(KeyGroup):
-    """A list's items (LLEN) and the time of its head or tail item; or every item read
-    (split_by, oldest.end: earliest), or its items marked by a key of their own (marker)."""
+class OrderedGroup(KeyGroup):
+    """Keys whose members keep an order, lists and zsets (the layouts ListGroup and
+    ZsetGroup): the time of the item at either end; or every item read (split_by,
+    oldest.end: earliest), or its items marked by a key of their own (marker); and, built from
+    values, the keys left out that look like queues (look_alikes)."""
 
-    type: Literal["list"]
+    type: Literal["list", "zset"]
     split_by: SplitBy = None
     oldest: Oldest = None
     marker: Marker = None
@@ -501,6 +503,12 @@ class ListGroup(KeyGroup):
 
     def split_label(self) -> str | None:
         return None if self.split_by is None else self.split_by.label
+
+
+class ListGroup(OrderedGroup):
+    """A list's items (LLEN) and the time of its head or tail item, or as OrderedGroup says."""
+
+    type: Literal["list"]
 
     @model_validator(mode="after")
     def _reads_fit(self) -> ListGroup:
@@ -510,22 +518,14 @@ class ListGroup(KeyGroup):
         return self
 
 
-class ZsetGroup(KeyGroup):
+class ZsetGroup(OrderedGroup):
     """A zset's members (ZCARD), or those of each priority band or score window (ZCOUNT), the
-    time of the first of each, a count of those due; or every member read (split_by,
-    oldest.end: earliest), or its members marked by a key of their own (marker)."""
+    time of the first of each, a count of those due; or as OrderedGroup says."""
 
     type: Literal["zset"]
-    split_by: SplitBy = None
-    oldest: Oldest = None
     due: Due = None
     scores: Scores = None
     priority_bands: Bands = None
-    marker: Marker = None
-    look_alikes: LookAlikesRule = None
-
-    def split_label(self) -> str | None:
-        return None if self.split_by is None else self.split_by.label
 
     @model_validator(mode="after")
     def _reads_fit(self) -> ZsetGroup:
@@ -544,7 +544,8 @@ class ZsetGroup(KeyGroup):
         return self
 
 
-OneTypeGroup = ListGroup | ZsetGroup | SetGroup | HashGroup | StreamGroup
+# A group of one type: a list or a zset (OrderedGroup), a set, a hash or a stream
+OneTypeGroup = OrderedGroup | SetGroup | HashGroup | StreamGroup
 
 
 def oldest_of(group: OneTypeGroup) -> OldestItem | None:
@@ -690,7 +691,7 @@ def _split_fits(group: KeyGroup, split: LabelFromItems | None, oldest: OldestIte
         raise ValueError(f"split_by: oldest.time_in {oldest.time_in} is not supported")
 
 
-def _members_fit(group: ListGroup | ZsetGroup) -> None:
+def _members_fit(group: OrderedGroup) -> None:
     """The reads of a list's or zset's members on their own (earliest, marker), and the keys
     look_alikes compares with."""
     if group.oldest is not None and group.oldest.end == "earliest":
@@ -701,7 +702,7 @@ def _members_fit(group: ListGroup | ZsetGroup) -> None:
         raise ValueError("look_alikes applies to list and zset keys built from values")
 
 
-def _earliest_fits(group: ListGroup | ZsetGroup) -> None:
+def _earliest_fits(group: OrderedGroup) -> None:
     """end: earliest reads a key's items on their own, for its depth and their times."""
     others: dict[str, object] = {"marker": group.marker}
     if isinstance(group, ZsetGroup):
@@ -716,7 +717,7 @@ def _earliest_fits(group: ListGroup | ZsetGroup) -> None:
         raise ValueError(f"oldest.end: earliest excludes {', '.join(excluded)}")
 
 
-def _marker_fits(group: ListGroup | ZsetGroup, marker: MemberMarker) -> None:
+def _marker_fits(group: OrderedGroup, marker: MemberMarker) -> None:
     bands = group.priority_bands if isinstance(group, ZsetGroup) else None
     if group.split_by is not None or bands is not None:
         raise ValueError("marker excludes split_by and priority_bands")

@@ -22,8 +22,7 @@ import redis
 from exporter.redis.pipeline import Args, bounded_reads, round_trip, script_read
 from exporter.sources.redis_keys.groups import (
     KeyGroup,
-    ListGroup,
-    ZsetGroup,
+    OrderedGroup,
     fill,
     key_regex,
     scan_glob,
@@ -47,7 +46,7 @@ def look_alikes(
 ) -> tuple[list[bytes], int]:
     """The keys of the group's type and pattern, not in `known`, whose first member names an
     existing member_key; and how many keys left out were not checked (beyond max_keys)."""
-    rule = group.look_alikes if isinstance(group, (ListGroup, ZsetGroup)) else None
+    rule = group.look_alikes if isinstance(group, OrderedGroup) else None
     if rule is None:
         raise TypeError(f"key group {group.pattern!r} has no look_alikes")
     excluded = {key.encode() for key in rule.exclude}

@@ -34,9 +34,8 @@ from exporter.redis.members import members_of
 from exporter.sources.redis_keys.commands import Cycle, GroupReads, Learned
 from exporter.sources.redis_keys.config import RedisSourceConfig
 from exporter.sources.redis_keys.groups import (
-    ListGroup,
+    OrderedGroup,
     SetMembers,
-    ZsetGroup,
     key_regex,
     literal_prefix,
     placeholders,
@@ -340,7 +339,7 @@ class RedisKeySampler:
             group, choices, self.config.scan_count, cycle.before.built.get(id(group))
         )
         cycle.learned.built[id(group)] = built
-        if isinstance(group, (ListGroup, ZsetGroup)) and group.look_alikes is not None:
+        if isinstance(group, OrderedGroup) and group.look_alikes is not None:
             self._name_look_alikes(tally, built, rounds.client)
         yield from built.pages
 
