@@ -263,6 +263,34 @@ class SidekiqReaderConfig(ReaderConfig):
         return [scan_glob(self.namespace) + name for name in ("queues", "processes", "stat:*")]
 
 
+class ResqueReaderConfig(ReaderConfig):
+    system: str = Field("resque", min_length=1, description="the system label")
+    namespace: str = Field(
+        "resque", min_length=1, description="Resque's key namespace (keys are <namespace>:...)"
+    )
+    queues: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="the queues whose workers and running jobs are served, as the preset's key "
+        "groups' select: names and globs ('*': every queue)",
+    )
+
+    ACL_COMMANDS = ("sscan",)
+
+    def acl_read_keys(self) -> list[str]:
+        # the queue and worker sets; each worker's record is named by its id (host:pid:queues)
+        ns = scan_glob(literal(self.namespace))
+        return [f"{ns}:queues", f"{ns}:workers", f"{ns}:worker:*"]
+
+    def acl_value_reads(self) -> list[tuple[str, str]]:
+        ns = scan_glob(literal(self.namespace))
+        # stat:processed and stat:failed; the job each worker runs
+        return [("mget", f"{ns}:stat:*"), ("get", f"{ns}:worker:*")]
+
+    def record_globs(self) -> list[str]:
+        ns = scan_glob(literal(self.namespace))
+        return [f"{ns}:queues", f"{ns}:workers", f"{ns}:stat:*"]
+
+
 class SaqReaderConfig(ReaderConfig):
     system: str = Field("saq", min_length=1, description="the system label")
     queues: list[str] = Field(
@@ -342,6 +370,7 @@ class NativeConfig(StrictModel):
     sidekiq: SidekiqReaderConfig | None = None
     saq: SaqReaderConfig | None = None
     bull: BullReaderConfig | None = None
+    resque: ResqueReaderConfig | None = None
 
     def enabled(self) -> list[ReaderConfig]:
         return list(self.enabled_by_name().values())

@@ -509,8 +509,12 @@ class CounterDeltas:
     after its update loses none of its increments, the next one counts them.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, decrease_restarts: bool = True) -> None:
         self._last: Progress[dict[Hashable, float]] = Progress()
+        # False: a count that went down is the new baseline and counts nothing, for a system
+        # that takes back what it counted (node-resque's retry plugin decrements stat:processed
+        # before its worker increments it again: a read between the two sees it one lower)
+        self._decrease_restarts = decrease_restarts
 
     def update(self, counts: Mapping[Hashable, float], signals: Signals) -> dict[Hashable, float]:
         last = self._last.at
@@ -520,6 +524,8 @@ class CounterDeltas:
         deltas: dict[Hashable, float] = {}
         for identity, value in counts.items():
             before = last.get(identity)
+            if before is not None and value < before and not self._decrease_restarts:
+                continue
             delta = value if before is None or value < before else value - before
             if delta:
                 deltas[identity] = delta

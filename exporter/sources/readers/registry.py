@@ -22,6 +22,7 @@ from exporter.sources.readers.config import (
     BullReaderConfig,
     CeleryReaderConfig,
     ReaderConfig,
+    ResqueReaderConfig,
     RqReaderConfig,
     SaqReaderConfig,
     SidekiqReaderConfig,
@@ -99,6 +100,14 @@ def _bull(settings: BullReaderConfig, connection: RedisConnectionConfig, interva
     return BullReader(settings, connection)
 
 
+def _resque(
+    settings: ResqueReaderConfig, connection: RedisConnectionConfig, interval: float
+) -> Reader:
+    from exporter.sources.readers.resque import ResqueReader
+
+    return ResqueReader(settings, connection)
+
+
 # RQ (rq/rq#1048), kombu's Redis transport (celery/kombu#2204, not merged) and Sidekiq (its
 # wiki, "Using Redis") do not run on a Redis Cluster.
 READERS: dict[str, ReaderKind[Any]] = {
@@ -110,5 +119,7 @@ READERS: dict[str, ReaderKind[Any]] = {
         ReaderKind("sidekiq", SidekiqReaderConfig, _sidekiq, on_a_cluster=False),
         ReaderKind("saq", SaqReaderConfig, _saq),
         ReaderKind("bull", BullReaderConfig, _bull),
+        # its counters are read in one MGET (keys of two slots on a Redis Cluster)
+        ReaderKind("resque", ResqueReaderConfig, _resque, on_a_cluster=False),
     )
 }
