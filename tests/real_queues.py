@@ -164,6 +164,20 @@ class BeeQueue(NodeQueues):
         self.major = major
 
 
+class NodeResque(NodeQueues):
+    """The `node-resque` package, 9.x: Resque's keys under `namespace`."""
+
+    def __init__(self, db: int, namespace: str = "resque", port: int = REDIS_PORT) -> None:
+        super().__init__("node-resque", "resque9", "resque.cjs", db, namespace, port)
+        self.connection = {"host": REDIS_HOST, "port": port, "db": db, "namespace": namespace}
+
+    def state(self) -> dict[str, Any]:
+        """Its Queue API's view: queues() with length(), failed(), allDelayed(), workers(),
+        allWorkingOn(), stats()."""
+        result: dict[str, Any] = json.loads(self.run("truth", self.connection))
+        return result
+
+
 class Sidekiq(Driver):
     def __init__(self, db: int, port: int = REDIS_PORT) -> None:
         ruby, sidekiq = shutil.which("ruby"), shutil.which("sidekiq")

@@ -37,6 +37,7 @@ from tests.conformance.adapters.python_queues import (
     HueyAdapter,
     SaqAdapter,
 )
+from tests.conformance.adapters.resque import ResqueAdapter
 from tests.conformance.adapters.rq import RqAdapter
 from tests.conformance.adapters.sidekiq import SidekiqAdapter
 from tests.conformance.checks import ReadTimes, mismatches, served_signals, unnamed_signals
@@ -56,6 +57,7 @@ ADAPTERS: list[type[Adapter]] = [
     GraphileWorkerAdapter,
     ProcrastinateAdapter,
     CeleryAdapter,
+    ResqueAdapter,
 ]
 
 

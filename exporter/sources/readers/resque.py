@@ -126,9 +126,8 @@ class ResqueReader(RedisReader):
                 name, served = _worker_id(worker_id.decode("utf-8", "replace"))
                 job = _running_job(reply, signals.latest)
                 served = queues if served == ["*"] else served  # every queue, as its worker polls
-                signals.workers(
-                    self.config.system, served, name, job is not None, SLOTS_PER_WORKER, selection
-                )
+                busy = 0 if job is None else 1
+                signals.workers(self.config.system, served, name, busy, SLOTS_PER_WORKER, selection)
                 if job is not None:
                     queue, started = job
                     running[queue] += 1
