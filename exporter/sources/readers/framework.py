@@ -509,22 +509,26 @@ class CounterDeltas:
     after its update loses none of its increments, the next one counts them.
     """
 
-    def __init__(self, decrease_restarts: bool = True) -> None:
+    def __init__(self) -> None:
         self._last: Progress[dict[Hashable, float]] = Progress()
-        # False: a count that went down is the new baseline and counts nothing, for a system
-        # that takes back what it counted (node-resque's retry plugin decrements stat:processed
-        # before its worker increments it again: a read between the two sees it one lower)
-        self._decrease_restarts = decrease_restarts
 
-    def update(self, counts: Mapping[Hashable, float], signals: Signals) -> dict[Hashable, float]:
+    def update(
+        self, counts: Mapping[Hashable, float], signals: Signals, dip: float = 0.0
+    ) -> dict[Hashable, float]:
+        """`dip`: how far a count may go down and come back, for a system that takes back what
+        it counted for a moment (node-resque's retry plugin decrements stat:processed, then its
+        worker increments it again): a count down by at most that much counts nothing and keeps
+        its baseline (counted again once it passes where it was); one down further restarted."""
         last = self._last.at
-        self._last.move(signals, dict(counts))
+        baseline = dict(counts)
+        self._last.move(signals, baseline)
         if last is None:
             return {}
         deltas: dict[Hashable, float] = {}
         for identity, value in counts.items():
             before = last.get(identity)
-            if before is not None and value < before and not self._decrease_restarts:
+            if before is not None and before - dip <= value < before:
+                baseline[identity] = before
                 continue
             delta = value if before is None or value < before else value - before
             if delta:

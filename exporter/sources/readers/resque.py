@@ -6,8 +6,9 @@ that failed in the other; its retry plugin moves a retried failure from processe
 the `workers` set of worker ids (`<host>:<pid>:<queues>`, the queues joined by commas, `*`
 before any queue exists), and per worker `worker:<id>`, the job it runs (JSON: `queue`, `run_at`,
 `payload`), deleted when the job ends. The reader turns the two counters into increments (the
-first read is the baseline; a count that went down is the new baseline, counting nothing, since
-the retry plugin takes one back for a moment) and each listed worker into a worker of every
+first read is the baseline; stat:processed down by at most one per listed worker counts
+nothing and keeps its baseline, since the retry plugin takes one back for a moment; down
+further, a reset, it counts from zero) and each listed worker into a worker of every
 queue it serves, busy while its record holds a job, one job at a time (a Resque worker runs one).
 The jobs running are served as `queue_depth{state="active"}` per queue (every queue of the
 `queues` set reads 0 when none runs), the earliest `run_at` as the longest running job's age.
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import Counter
+from collections.abc import Hashable
 from datetime import datetime
 
 import redis
@@ -65,7 +67,7 @@ class ResqueReader(RedisReader):
         super().__init__(connection)
         self.name = "native:resque"
         self.config = config
-        self._totals = CounterDeltas(decrease_restarts=False)
+        self._totals = CounterDeltas()
 
     def key(self, *parts: str) -> str:
         return ":".join((self.config.namespace, *parts))
@@ -73,14 +75,16 @@ class ResqueReader(RedisReader):
     def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            self._counters(client, signals)
             queues = self._queues(client, signals)
-            self._workers(client, signals, queues)
+            workers = self._workers(client, signals, queues)
+            self._counters(client, signals, workers)
         except (redis.ConnectionError, redis.TimeoutError):
             self.close()
             raise
 
-    def _counters(self, client: redis.Redis, signals: Signals) -> None:
+    def _counters(self, client: redis.Redis, signals: Signals, workers: int) -> None:
+        """The counters' increments; stat:processed down by at most one per listed worker is
+        the retry plugin's dip (each worker takes back one job at a time), not a reset."""
         keys = (self.key("stat", "processed"), self.key("stat", "failed"))
         raw = client.mget(*keys)
         totals = []
@@ -90,7 +94,8 @@ class ResqueReader(RedisReader):
         if len(totals) < len(keys):
             return  # the baseline stays the last good read's
         processed, failed = totals
-        deltas = self._totals.update({"processed": processed, "failed": failed}, signals)
+        counts: dict[Hashable, float] = {"processed": processed, "failed": failed}
+        deltas = self._totals.update(counts, signals, dip=max(workers, 1))
         new_completed = deltas.get("processed", 0.0)  # node-resque: successes only
         new_failed = deltas.get("failed", 0.0)
         # counted even when 0: the series exist from the first read, so the first jobs show
@@ -109,7 +114,8 @@ class ResqueReader(RedisReader):
                 found.append(name.decode("utf-8", "replace"))
         return sorted(found)
 
-    def _workers(self, client: redis.Redis, signals: Signals, queues: list[str]) -> None:
+    def _workers(self, client: redis.Redis, signals: Signals, queues: list[str]) -> int:
+        """Each listed worker and the job it runs; how many are listed."""
         ids: list[bytes] = []
         with signals.record(self.key("workers")):
             listing = members_of(client, self.key("workers"))
@@ -139,6 +145,7 @@ class ResqueReader(RedisReader):
                 if queue in since:
                     age = max(0.0, signals.now - since[queue])  # a worker's clock a bit ahead
                     signals.samples.add_labelled(OLDEST_AGE, (system, queue, "", "active"), age)
+        return len(ids)
 
 
 def _worker_id(worker_id: str) -> tuple[str, list[str]]:

@@ -4,7 +4,7 @@ Arbitrary: deep nesting, integers of hundreds of digits, NaN and infinities, wro
 times a year ahead, garbage text, in every field a reader reads. Whatever they hold, the read
 succeeds (the reader stays up), every good record is counted exactly once with its exact
 times, and the render of what was stored parses back in both formats. The good records are
-Celery's own events (its EventDispatcher) or, for RQ, BullMQ, Bull, SAQ and Sidekiq, records in the
+Celery's own events (its EventDispatcher) or, for RQ, BullMQ, Bull, SAQ, Sidekiq and Resque, records in the
 layouts their sources write (the field names and formats of the seed documents and of
 tests/test_native_*.py, which check them against the real libraries).
 
@@ -35,11 +35,13 @@ from exporter.sources.readers.config import (
     BullmqReaderConfig,
     BullReaderConfig,
     CeleryReaderConfig,
+    ResqueReaderConfig,
     RqReaderConfig,
     SaqReaderConfig,
     SidekiqReaderConfig,
 )
 from exporter.sources.readers.framework import NativeSource
+from exporter.sources.readers.resque import ResqueReader
 from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.saq import SaqReader
 from exporter.sources.readers.sidekiq import SidekiqReader
@@ -281,6 +283,80 @@ def test_sidekiq_counts_every_good_job_whatever_else_is_recorded(
         series = feed.read()
         assert total(series, "queue_jobs_completed_total", system="sidekiq") == done
         assert total(series, "queue_workers", system="sidekiq", queue="default", state="busy") >= 1
+    finally:
+        feed.close()
+
+
+# -- Resque -------------------------------------------------------------------------------------
+
+# node-resque's record of the job a worker runs (tests/conformance/ checks it against the library)
+_RESQUE_JOB = {
+    "run_at": datetime.fromtimestamp(NOW - 30, UTC).strftime("%a %b %d %Y %H:%M:%S GMT+0000"),
+    "queue": "default",
+    "worker": "good:1",
+    "payload": {"class": "ok", "queue": "default", "args": []},
+}
+_resque_record = st.one_of(_one_bad(_RESQUE_JOB), _texts)
+
+
+@FUZZ
+@given(
+    records=st.lists(_resque_record, min_size=1, max_size=4),
+    stat=st.sampled_from(["nan", "inf", "-1", "1e400", "x", "9" * 400, "-inf"]),
+    done=st.integers(1, 50),
+)
+def test_resque_counts_every_good_job_whatever_else_is_recorded(
+    redis_client, redis_url, records, stat, done
+):
+    claims.flush_keeping_claim(redis_client)
+    redis_client.sadd("resque:queues", "default")
+    redis_client.sadd("resque:workers", "good:1:default")
+    redis_client.set("resque:worker:good:1:default", json.dumps(_RESQUE_JOB))
+    for index, record in enumerate(records):
+        worker_id = f"h:{index}:default"
+        redis_client.sadd("resque:workers", worker_id)
+        text = record if isinstance(record, str) else json.dumps(record)
+        redis_client.set(f"resque:worker:{worker_id}", text)
+    redis_client.mset({"resque:stat:processed": 1000, "resque:stat:failed": 10})
+    config = ResqueReaderConfig()
+    feed = _Feed(lambda: ResqueReader(config, RedisConnectionConfig(url=redis_url)))
+    try:
+        feed.read()  # the baseline
+        redis_client.set("resque:stat:processed", stat)  # for one read
+        series = feed.read()
+        assert total(series, "queue_workers", system="resque", queue="default", state="busy") >= 1
+        redis_client.set("resque:stat:processed", 1000 + done)
+        series = feed.read()
+        assert total(series, "queue_jobs_completed_total", system="resque") == done
+        assert total(series, "queue_workers", system="resque", queue="default", state="busy") >= 1
+        assert total(series, "queue_depth", system="resque", queue="default", state="active") >= 1
+    finally:
+        feed.close()
+
+
+def test_resque_counts_nothing_for_a_counter_s_dip_and_counts_from_zero_after_a_reset(
+    redis_client, redis_url
+):
+    """node-resque's retry plugin decrements stat:processed for a moment (its worker increments
+    it again): a read in between counts nothing, nor the increment that takes the dip back; a
+    counter down by more than one per listed worker was reset, and counts from zero."""
+    claims.flush_keeping_claim(redis_client)
+    redis_client.mset({"resque:stat:processed": 1000, "resque:stat:failed": 10})
+    redis_client.sadd("resque:workers", "host:1:default", "host:2:default")
+    config = ResqueReaderConfig()
+    feed = _Feed(lambda: ResqueReader(config, RedisConnectionConfig(url=redis_url)))
+    try:
+        feed.read()  # the baseline
+        redis_client.mset({"resque:stat:processed": 998, "resque:stat:failed": 12})
+        series = feed.read()
+        assert total(series, "queue_jobs_completed_total", system="resque") == 0
+        assert total(series, "queue_jobs_failed_total", system="resque") == 2
+        redis_client.set("resque:stat:processed", 1003)  # the dips taken back, and three more
+        series = feed.read()
+        assert total(series, "queue_jobs_completed_total", system="resque") == 3
+        redis_client.set("resque:stat:processed", 5)  # Resque::Stat.clear, then five jobs
+        series = feed.read()
+        assert total(series, "queue_jobs_completed_total", system="resque") == 8
     finally:
         feed.close()
 
