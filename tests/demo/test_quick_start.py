@@ -1,7 +1,7 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-pg-boss, graphile-worker, Procrastinate), or that the system's documented
+node-resque, pg-boss, graphile-worker, Procrastinate), or that the system's documented
 layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
@@ -33,7 +33,7 @@ from tests.conformance.adapters.python_queues import (
     Huey,
 )
 from tests.conftest import Series, wait_for
-from tests.real_queues import BeeQueue, Bull, BullMQ, Sidekiq
+from tests.real_queues import BeeQueue, Bull, BullMQ, NodeResque, Sidekiq
 from tests.saq_app.control import driver as saq_driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -129,6 +129,16 @@ def sidekiq_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
     sidekiq.push({"queue": "default", "count": 2}, {"queue": "critical"})
     queues = sidekiq.truth()["queues"]
     return {(queue, "pending"): queues[queue]["size"] for queue in ("default", "critical")}
+
+
+def resque_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
+    """node-resque's Queue, its default namespace: jobs waiting in two queues."""
+    resque = NodeResque(redis_db)
+    resque.steps(
+        {"op": "enqueue", "queue": "default", "count": 2}, {"op": "enqueue", "queue": "critical"}
+    )
+    queues = resque.state()["queues"]
+    return {(queue, "pending"): queues[queue] for queue in ("default", "critical")}
 
 
 def attune_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
@@ -264,6 +274,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "dramatiq": ("dramatiq", dramatiq_data),
     "huey": ("huey", huey_data),
     "saq": ("saq", saq_data),
+    "resque": ("resque", resque_data),
     "pgboss": ("pgboss", pgboss_data),
     "graphile_worker": ("graphile_worker", graphile_worker_data),
     "procrastinate": ("procrastinate", procrastinate_data),
