@@ -28,7 +28,7 @@ from alerts.alerting import alerting_rules
 from alerts.config import DEFAULTS
 from alerts.recorded import RECORD_ALL, Recording, record_command
 
-# The 16 systems of issue 39 as the exporter names them (the `system` label), and as people do.
+# The systems as the exporter names them (the `system` label), and as people do.
 SYSTEMS: tuple[tuple[str, str], ...] = (
     ("attune", "Attune"),
     ("orchestrata", "Orchestrata"),
@@ -46,8 +46,9 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("pgboss", "pg-boss"),
     ("graphile_worker", "graphile-worker"),
     ("procrastinate", "Procrastinate"),
+    ("resque", "Resque"),
 )
-# Why a system has no recording yet (every system of the 16 has one).
+# Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}
 
 # What a scenario misses, short for the table's cells; the legend says it in full.
