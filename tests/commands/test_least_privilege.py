@@ -30,11 +30,11 @@ from tests import layouts
 from tests.attune_db import Attune
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
-from tests.real_queues import BullMQ, Sidekiq
+from tests.real_queues import BullMQ, NodeResque, Sidekiq
 
 PASSWORD = "least-privilege-pw"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq"]
+REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq", "resque"]
 # Celery's queues named: found queues may have any name (%R~*), named ones narrow the ACL to
 # their lists (docs/security.md)
 PRESET_ENTRIES = [
@@ -50,9 +50,9 @@ def acl_redis(tmp_path):
     server.stop()
 
 
-def _seed(client: redis.Redis, now: float) -> None:
-    """Queue keys of every Redis preset, written as the systems write them (RQ, Celery, BullMQ
-    and Sidekiq by the libraries themselves)."""
+def _seed(client: redis.Redis, now: float) -> NodeResque:
+    """Queue keys of every Redis preset, written as the systems write them (RQ, Celery, BullMQ,
+    Sidekiq and node-resque by the libraries themselves)."""
     client.rpush("orchestrata:queue:billing:p3", json.dumps({"queued_at": layouts.iso(now - 60)}))
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
@@ -67,8 +67,16 @@ def _seed(client: redis.Redis, now: float) -> None:
         {"op": "add", "queue": "mail"}, {"op": "add", "queue": "mail", "opts": {"delay": 60_000}}
     )
     Sidekiq(db=0, port=port).push({"queue": "default"}, {"queue": "default", "in": 600})
+    resque = NodeResque(db=0, port=port)
+    resque.hold(
+        {"op": "enqueue", "queue": "mail", "count": 2},
+        {"op": "enqueue", "queue": "mail", "job": "fail"},
+        {"op": "work", "queues": ["mail"], "name": "host:1", "completed": 2, "failed": 1},
+        {"op": "enqueueIn", "queue": "mail", "ms": 600_000},
+        {"op": "idle", "queues": ["mail"], "name": "host:2"},  # its record read (GET) each read
+    )
     client.set("secrets:not-a-queue", "nobody's business")
-    return None
+    return resque  # its idle worker runs until stopped
 
 
 def _events_config(port: int) -> dict[str, Any]:
@@ -93,7 +101,16 @@ def _errors(series: dict) -> dict:
 def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_exporter):
     admin = acl_redis.client()
     now = time.time()
-    _seed(admin, now)
+    resque = _seed(admin, now)
+    try:
+        _runs_with_the_acl(acl_redis, admin, run_exporter, now)
+    finally:
+        resque.stop_all()
+
+
+def _runs_with_the_acl(
+    acl_redis: PrivateRedis, admin: redis.Redis, run_exporter: Any, now: float
+) -> None:
     raw = _events_config(acl_redis.port)
     rules = redis_acl.acl_rules(config_module.from_dict(json.loads(json.dumps(raw))))
     admin.execute_command("ACL", "SETUSER", "queue-exporter", "reset", "on", f">{PASSWORD}", *rules)
@@ -116,7 +133,7 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
         systems = {dict(labels).get("system") for name, labels in series if name == "queue_depth"}
         native_read = all(
             value(series, "queue_exporter_source_last_success_timestamp_seconds", source=source)
-            for source in ("native:rq", "native:celery")
+            for source in ("native:rq", "native:celery", "native:resque")
         )
         return series if counted and native_read and set(REDIS_PRESETS) <= systems else None
 
@@ -124,6 +141,8 @@ def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_expor
     assert value(series, "queue_exporter_source_up", source="redis") == 1
     assert value(series, "queue_exporter_leader") == 1  # the lease works under the ACL too
     assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 2
+    assert value(series, "queue_depth", system="resque", queue="mail", state="failed") == 1
+    assert value(series, "queue_workers", system="resque", queue="mail", state="idle") == 1
     assert _errors(series) == {}
     assert admin.execute_command("ACL", "LOG") == []  # nothing was refused, not even ignored
 
