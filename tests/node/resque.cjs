@@ -29,7 +29,8 @@ async function queueObject() {
   return queue;
 }
 
-// A worker of `queues` named `name` (node-resque names it <host>:<pid> by default, one a process).
+// A worker of `queues` named `name` (node-resque names it <host>:<pid> by default, one a
+// process); it polls every 200 ms (5 s by default), so a test's workers finish soon.
 async function worker(step) {
   const w = new NR.Worker({ connection: connection(), queues: step.queues, name: step.name, timeout: 200 }, jobs);
   w.on('error', error => console.error(error));

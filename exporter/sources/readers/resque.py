@@ -14,7 +14,8 @@ The jobs running are served as `queue_depth{state="active"}` per queue (every qu
 `queues` set reads 0 when none runs), the earliest `run_at` as the longest running job's age.
 
 A worker killed without leaving stays listed (node-resque's scheduler cleans it up after an hour
-without a ping; resque-web lists it too) and counts until then. The counters carry no queue, so
+without a ping; resque-web lists it too) and counts until then: its pings are not read, since a
+job that holds Node's event loop stops them while its worker lives. The counters carry no queue, so
 they are served with none, and a failure's class is unknown (`error_type="other"`).
 """
 
