@@ -131,7 +131,7 @@ class ResqueReader(RedisReader):
         for worker_id, reply in zip(ids, pipe.execute(raise_on_error=False), strict=True):
             with signals.record(prefix + worker_id):  # one bad worker costs itself
                 name, served = _worker_id(worker_id.decode("utf-8", "replace"))
-                job = _running_job(reply, signals.latest)
+                job = running_job(reply, signals.latest)
                 served = queues if served == ["*"] else served  # every queue, as its worker polls
                 busy = 0 if job is None else 1
                 signals.workers(self.config.system, served, name, busy, SLOTS_PER_WORKER, selection)
@@ -160,7 +160,7 @@ def _worker_id(worker_id: str) -> tuple[str, list[str]]:
     return f"{host}:{pid}", [queue for queue in served if queue]
 
 
-def _running_job(reply: bytes | Exception | None, latest: float) -> tuple[str, float] | None:
+def running_job(reply: bytes | Exception | None, latest: float) -> tuple[str, float] | None:
     """The queue of the job a worker runs and when it started; None when it runs none."""
     if isinstance(reply, Exception):
         raise reply

@@ -1,25 +1,43 @@
-"""The native-signal framework: its configuration, counts kept as absolute numbers, the ACL."""
+"""The native-signal framework: its configuration, counts kept as absolute numbers, the ACL;
+the times the Resque reader reads."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from exporter.commands import redis_acl
 from exporter.config import settings as config_module
 from exporter.config.effective import effective_yaml
+from exporter.core import numbers
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.readers.config import CeleryReaderConfig
 from exporter.sources.readers.framework import CounterDeltas, Signals
+from exporter.sources.readers.resque import running_job
 
 pytestmark = pytest.mark.fast  # no server (scripts/test.sh --fast)
 
 
-def _update(deltas: CounterDeltas, counts: dict[str, float], succeeds: bool = True) -> dict:
+def _update(
+    deltas: CounterDeltas, counts: dict[str, float], succeeds: bool = True, dip: float = 0.0
+) -> dict:
     signals = Signals()
-    increments = deltas.update(counts, signals)
+    increments = deltas.update(counts, signals, dip)
     if succeeds:
         signals.move_on()  # what RedisReader.read does once the reader's collect returned
     return increments
+
+
+def test_a_count_s_dip_counts_nothing_and_keeps_its_baseline():
+    """node-resque's retry plugin takes back a count for a moment (one per worker at most): a
+    read of the dip counts nothing, nor the count coming back; further down is a reset."""
+    deltas = CounterDeltas()
+    assert _update(deltas, {"processed": 100.0}, dip=2) == {}  # the baseline
+    assert _update(deltas, {"processed": 98.0}, dip=2) == {}  # two workers' dips
+    assert _update(deltas, {"processed": 101.0}, dip=2) == {"processed": 1.0}  # back, and one
+    assert _update(deltas, {"processed": 97.0}, dip=2) == {"processed": 97.0}  # reset, then 97
+    assert _update(deltas, {"processed": 95.0}) == {"processed": 95.0}  # no dip allowed
 
 
 def test_counts_kept_by_the_system_become_increments():
@@ -101,3 +119,33 @@ def test_celery_events_channel_follows_the_urls_database(url, channel):
     connection = RedisConnectionConfig(url=url)
     assert CeleryReaderConfig().channel_pattern(connection) == channel
     assert connection.database == int(channel[1])
+
+
+@pytest.mark.parametrize(
+    ("run_at", "epoch"),
+    [
+        # node-resque: JavaScript's Date.toString(), in the worker's time zone
+        ("Sun Dec 06 2026 12:40:00 GMT+0000 (Coordinated Universal Time)", 1796560800.0),
+        ("Sun Dec 06 2026 13:40:00 GMT+0100 (Central European Standard Time)", 1796560800.0),
+        # Ruby's Resque: Time#to_s (1.x), Time#iso8601 (2.x)
+        ("2026-12-06 12:40:00 +0000", 1796560800.0),
+        ("2026-12-06T12:40:00Z", 1796560800.0),
+    ],
+)
+def test_resque_reads_a_run_at_as_node_resque_and_ruby_s_resque_write_it(run_at, epoch):
+    record = json.dumps({"queue": "default", "run_at": run_at}).encode()
+    assert running_job(record, latest=epoch + 300) == ("default", epoch)
+
+
+@pytest.mark.parametrize(
+    ("record", "reason"),
+    [
+        ({"queue": "default", "run_at": "yesterday"}, "bad_value"),
+        ({"queue": "default", "run_at": "Sun Dec 06 2126 12:40:00 GMT+0000"}, "future_time"),
+        ({"queue": 7, "run_at": "2026-12-06T12:40:00Z"}, "bad_value"),
+    ],
+)
+def test_resque_refuses_a_run_at_it_cannot_read_or_from_the_future(record, reason):
+    with pytest.raises(numbers.InvalidValue) as refused:
+        running_job(json.dumps(record).encode(), latest=1796560800.0 + 300)
+    assert refused.value.reason == reason
