@@ -37,6 +37,7 @@ from exporter.redis.connection import RedisConnectionConfig
 from exporter.redis.members import members_of
 from exporter.sources.readers.config import ResqueReaderConfig
 from exporter.sources.readers.framework import (
+    MAX_NAME_BYTES,
     MAX_QUEUES,
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
@@ -54,6 +55,7 @@ MAX_RECORD_BYTES = 1 << 20
 # node-resque writes run_at as JavaScript's Date.toString(): "Sun Dec 06 2026 12:40:00
 # GMT+0000 (Coordinated Universal Time)"; Ruby's Resque as ISO-8601.
 JS_DATE = "%a %b %d %Y %H:%M:%S GMT%z"
+MAX_RUN_AT_CHARS = 128  # either, with the longest time zone name
 # A Resque worker runs one job at a time (node-resque's refuses a second while working).
 SLOTS_PER_WORKER = 1
 # Resque counts every queue as one: the counters name no queue (an empty label, as absent)
@@ -172,17 +174,21 @@ def running_job(reply: bytes | Exception | None, latest: float) -> tuple[str, fl
     queue, run_at = record["queue"], record["run_at"]
     if not isinstance(queue, str) or not isinstance(run_at, str):
         raise numbers.InvalidValue("bad_value", "queue or run_at is not a string")
+    if len(queue.encode()) > MAX_NAME_BYTES:  # a label no queue name needs
+        raise numbers.InvalidValue("oversized_field", f"a queue name of {len(queue)} characters")
     return queue, numbers.epoch(_run_at(run_at), latest)
 
 
 def _run_at(text: str) -> float:
     """A run_at, ISO-8601 (Ruby's Resque) or JavaScript's Date.toString() (node-resque)."""
+    if len(text) > MAX_RUN_AT_CHARS:
+        raise numbers.InvalidValue("bad_value", f"a run_at of {len(text)} characters")
     try:
-        return parse_time(text[:64], "iso")
+        return parse_time(text, "iso")
     except TimeParseError:
         pass
     try:
         # the time zone's name in brackets follows; the offset before it says it all
-        return datetime.strptime(text.split(" (", 1)[0][:64], JS_DATE).timestamp()
+        return datetime.strptime(text.split(" (", 1)[0], JS_DATE).timestamp()
     except ValueError:
         raise numbers.InvalidValue("bad_value", f"run_at {text[:64]!r}") from None

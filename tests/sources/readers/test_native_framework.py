@@ -143,6 +143,8 @@ def test_resque_reads_a_run_at_as_node_resque_and_ruby_s_resque_write_it(run_at,
         ({"queue": "default", "run_at": "yesterday"}, "bad_value"),
         ({"queue": "default", "run_at": "Sun Dec 06 2126 12:40:00 GMT+0000"}, "future_time"),
         ({"queue": 7, "run_at": "2026-12-06T12:40:00Z"}, "bad_value"),
+        ({"queue": "default", "run_at": "2026-12-06T12:40:00Z" + " " * 200}, "bad_value"),
+        ({"queue": "q" * 2000, "run_at": "2026-12-06T12:40:00Z"}, "oversized_field"),
     ],
 )
 def test_resque_refuses_a_run_at_it_cannot_read_or_from_the_future(record, reason):
