@@ -83,10 +83,10 @@ from exporter.lifecycle.wire import Event
 from exporter.output.catalog import BY_NAME
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.redis.members import members_of
+from exporter.redis.subscription import PatternSubscription
 from exporter.sources.readers.celery_inspect import CONF, HeldTask, Inspector, Routes, WorkerReport
 from exporter.sources.readers.config import CeleryReaderConfig
 from exporter.sources.readers.framework import (
-    BACKEND_ERRORS,
     MAX_KEYS,
     MAX_QUEUES_PER_WORKER,
     MAX_WORKERS,
@@ -169,10 +169,8 @@ class CeleryReader(RedisReader):
         self.name = "native:celery"
         self.config = config
         self.drain_budget = interval * DRAIN_SHARE
-        # The subscription's own client: the watchdog severs the other one (interrupt).
-        self._events_client: redis.Redis | None = None
-        self._subscription: redis.client.PubSub | None = None
-        self._confirmed = False  # a subscription was confirmed: any later confirmation is a gap
+        # On a connection of its own: the watchdog severs the other one (interrupt).
+        self._events = PatternSubscription(connection, config.channel_pattern(connection))
         self._interrupted = False  # by the watchdog or a shutdown: the drain stops
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._ended: OrderedDict[str, _Task] = OrderedDict()  # MAX_ENDED lately ended
@@ -218,7 +216,7 @@ class CeleryReader(RedisReader):
         except Exception:
             super().close()  # the subscription stays: its connection is not this one
             raise
-        idle = time.monotonic() - self._last_event
+        idle = time.monotonic() - max(self._last_event, self._events.made_at or -math.inf)
         no_events = self.config.report_no_events and idle > self.config.events_timeout
         if no_events:
             signals.silent = (
@@ -250,12 +248,7 @@ class CeleryReader(RedisReader):
             # a round cut off left its reply queue; closing, a failure leaves it to kombu's sweep
             with suppress(Exception):
                 self._inspector.leave(self._client)
-        if self._subscription is not None:
-            self._subscription.close()
-            self._subscription = None
-        if self._events_client is not None:
-            self._events_client.close()
-            self._events_client = None
+        self._events.close()
         super().close()
 
     # -- reading --------------------------------------------------------------------------------
@@ -264,33 +257,21 @@ class CeleryReader(RedisReader):
         """Events waiting on the subscription, until none waits, the drain's budget is spent,
         the read's deadline passes or the watchdog interrupts it: the rest waits for the next
         read. A message taken is applied whole (no deadline check within it: _own_fault)."""
-        subscription = self._subscribed()
-        until, drained = time.monotonic() + self.drain_budget, 0
-        while not (time.monotonic() > until or self._interrupted or signals.deadline.passed()):
-            try:
-                message = subscription.get_message(timeout=0.05)
-            except BACKEND_ERRORS:
-                if not drained:
-                    raise  # nothing to keep: the read fails as its backend does
-                return  # what was drained counts; redis-py subscribes again at the next call
-            if message is None:
-                return  # nothing more waiting
-            if message["type"] == "psubscribe":
-                self._on_confirmed(signals)
-                continue
-            drained += 1
-            with _own_fault(signals, message["channel"]):  # a poison message costs itself only
+        until = time.monotonic() + self.drain_budget
+
+        def stop() -> bool:
+            return time.monotonic() > until or self._interrupted or signals.deadline.passed()
+
+        for channel, data in self._events.messages(stop, lambda: self._on_gap(signals)):
+            with _own_fault(signals, channel):  # a poison message costs itself only
                 unread = True
-                self._on_message(message["data"], signals)
+                self._on_message(data, signals)
                 unread = False
             signals.tally.consumed += unread  # a refused message counts as one event
 
-    def _on_confirmed(self, signals: Signals) -> None:
-        """Redis confirmed a subscription: the first, or one redis-py made again after losing
-        its connection (or a new one after the first was dropped), a gap in the events."""
-        if not self._confirmed:
-            self._confirmed = True
-            return
+    def _on_gap(self, signals: Signals) -> None:
+        """Redis confirmed a subscription again (subscription.py): events published in
+        between were not seen."""
         signals.tally.lost += 1  # how many events the gap held, Redis does not tell
         _limited.warning(
             (id(self), "gap"),  # per reader: each names its first gap at once
@@ -300,16 +281,6 @@ class CeleryReader(RedisReader):
         )
         for task in self._tasks.values():
             task.started_at = None  # what ran in the gap is unknown
-
-    def _subscribed(self) -> redis.client.PubSub:
-        if self._subscription is None:
-            if self._events_client is None:
-                self._events_client = self.connection.connect()
-            subscription = self._events_client.pubsub()  # type: ignore[no-untyped-call]
-            subscription.psubscribe(self.config.channel_pattern(self.connection))
-            self._subscription = subscription
-            self._last_event = time.monotonic()
-        return self._subscription
 
     def _on_message(self, raw: bytes, signals: Signals) -> None:
         """One kombu message: a JSON envelope whose body holds the event (or a batch of them),
