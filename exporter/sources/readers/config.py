@@ -301,14 +301,14 @@ class SaqReaderConfig(ReaderConfig):
     runtimes: bool = Field(
         True,
         description="execution and wait times, and the failed jobs kept, from each finished "
-        "job's record (looked for once a live worker's counts moved, or 5 minutes after the "
-        "last look: a SCAN of saq:* and a PTTL per job key; a GET per newly finished job, and "
-        "of each kept one once)",
+        "job's record, read once SAQ announced it (PSUBSCRIBE saq:job:*: a GET and a PTTL per "
+        "newly finished job, and of each kept one once; a SCAN of saq:* and a PTTL per job "
+        "key at the first read and after a gap in the subscription)",
     )
-    ACL_COMMANDS = ("scan", "zrangebyscore", "lrange", "pttl", "zscore", "time")
+    ACL_COMMANDS = ("scan", "zrangebyscore", "lrange", "psubscribe", "pttl", "zscore", "time")
     # sent only to find finished jobs: refused, they cost the runtimes and the failed count
     # alone (saq_jobs.py)
-    RUNTIME_COMMANDS: ClassVar[tuple[str, ...]] = ("pttl", "zscore", "time")
+    RUNTIME_COMMANDS: ClassVar[tuple[str, ...]] = ("psubscribe", "pttl", "zscore", "time")
     ONE_FIGURE = {
         command: "the runtimes and failed count (queue_job_execution_seconds, "
         'queue_job_wait_seconds, queue_depth{state="failed"})'
@@ -327,6 +327,10 @@ class SaqReaderConfig(ReaderConfig):
 
     def acl_value_reads(self) -> list[tuple[str, str]]:
         return [("get", "saq:*:worker_info:*"), ("get", "saq:job:*")]
+
+    def acl_channels(self, connection: RedisConnectionConfig) -> list[str]:
+        # SAQ announces each job's status on its key (saq_announcements.py)
+        return ["saq:job:*"] if self.runtimes else []
 
     def record_globs(self) -> list[str]:
         return ["saq:*:stats"]

@@ -10,9 +10,9 @@ has a new id and counts from zero), a count that went down counts from zero. A w
 record lapsed or cannot be read keeps its last counts for FORGET_AFTER, so it is not counted
 again in full when it shows again.
 
-Runtimes come from each finished job's own record (saq_jobs.py), looked for when these counts
-moved: `queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false` turns this
-off).
+Runtimes come from each finished job's own record (saq_jobs.py), read once SAQ announced
+it finished: `queue_job_execution_seconds` and `queue_job_wait_seconds` (`runtimes: false`
+turns this off).
 The live workers are `queue_workers` of their queue, busy while an active job names them
 (saq_workers.py).
 """
@@ -78,7 +78,7 @@ class SaqReader(RedisReader):
         self._totals = CounterDeltas()
         # each worker's counts as last read, and when (signals.now)
         self._last: dict[Hashable, tuple[float, float]] = {}
-        self._jobs = FinishedJobs(config.system)
+        self._jobs = FinishedJobs(config.system, connection)
 
     def collect(self, signals: Signals) -> None:
         client = self._connect()
@@ -94,9 +94,9 @@ class SaqReader(RedisReader):
                 jobs_room -= self._busy_or_idle(client, queue, live, jobs_room, signals)
             finished: list[JobRecord] = []
             if self.config.runtimes:
-                finished = self._jobs.read(client, queues, counts, signals)
+                finished = self._jobs.read(client, queues, signals)
         except (redis.ConnectionError, redis.TimeoutError):
-            self.close()
+            super().close()  # the subscription stays: its connection is not this one
             raise
         deltas = self._totals.update(self._remembered(counts, signals.now), signals)
         self._count(queues, deltas, signals)
@@ -105,6 +105,16 @@ class SaqReader(RedisReader):
                 self._jobs.observe(signals, record)
         if self.config.runtimes:
             self._failed(signals)
+
+    def interrupt(self) -> None:
+        """The read in progress fails now if it waits on Redis' keys; taking announcements
+        stops at the next, keeping the subscription."""
+        self._jobs.interrupt()
+        super().interrupt()
+
+    def close(self) -> None:
+        self._jobs.close()
+        super().close()
 
     def _failed(self, signals: Signals) -> None:
         """The failed jobs SAQ keeps, as queue_depth{state="failed"} (saq_jobs.py)."""

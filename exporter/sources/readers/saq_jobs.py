@@ -7,34 +7,45 @@ is kept), `completed` when it finishes (ms), `attempts` counts the attempts, `sc
 when it is due (epoch seconds, 0: at once). It stays in the `saq:<queue>:incomplete` zset
 until it finishes; the finish (`_finish`, one MULTI) removes it from there and writes the
 record again with SETEX for the job's `ttl` (600 s by default), SET for ttl 0 (kept for ever)
-or deletes it (ttl -1: no record to read). There is no set of finished jobs.
+or deletes it (ttl -1: no record to read). There is no set of finished jobs, but SAQ announces
+every change of a job's status once it is written (`notify`: PUBLISH on the job's key, the
+status as the message; after `_finish`'s MULTI, in `abort`, `_retry`, `_update`).
 
-A read looks for finished records only when one may have finished: at the first read, once
-a live worker's counts moved since the last look (a worker counts a job after its `_finish`
-wrote the record, and writes its counts every `worker_info` timer), and LOOK_AGAIN_AFTER after
-the last look whatever the counts (a job finished where no counts show it). A read that does
-not look sends none of what follows: over 30,000 kept jobs an idle read got 2.1 KB from Redis,
-not 1.13 MB (tests/sources/readers/test_native_saq.py). A look lists the job keys (a SCAN of saq:*), asks the
-remaining life (PTTL) of each between two readings of Redis' clock (TIME), and asks
-`incomplete` (ZSCORE) about those with none: a finished record is one with a ttl, or one
-without that is no longer incomplete. PTTL, TIME or ZSCORE refused (an ACL without them)
-costs the runtimes alone: the look is given up, said as the reader's silence (its log, the
-status page, queue_exporter_native_silent), and tried again LOOK_AGAIN_AFTER later.
-A record's expiry is known to within the time Redis took over those PTTLs (Redis' own clock:
-how late this process ran, or how long its SCAN took, does not move it), so a record written
-again a few milliseconds or more after its last finish is told from the same record read
-again. Only the finished records not seen before
-(a key not remembered, or one whose expiry moved: written again) are read (GET), at most
-MAX_READS per read, the rest at the next. A record is observed once per `completed`: one
-remembered with the same or an earlier `completed` is not observed again, so a job updated
-after it finished, or read again, counts once. The reader's first read is its baseline: what
-finished before is remembered (its expiry) without being read, with the baseline's time as
-its `completed`. A remembered key that is gone, or seen incomplete again (a key enqueued
-again), is forgotten.
+So the reader hears them (redis/subscription.py: PSUBSCRIBE saq:job:* on a connection of its own,
+kept by a read cut off at its deadline) and reads only the jobs announced (GET, and PTTL for
+how long the record is kept), MAX_READS a read, the rest at the next: a read fetches what
+finished since the last one, not again what it counted (over 30,000 kept jobs, a read after 3
+jobs finished cost 5.8 KB from Redis in all where looking through the kept records got
+1.13 MB: tests/sources/readers/test_native_saq_windows.py). A job announced in another status is read only when it was
+remembered finished (a key enqueued again: forgotten once its record says so).
+
+A look lists the job keys (a SCAN of saq:*), asks the remaining life (PTTL) of each between
+two readings of Redis' clock (TIME), and asks `incomplete` (ZSCORE) about those with none: a
+finished record is one with a ttl, or one without that is no longer incomplete. It is made
+only where announcements may be missing: the first read, once the subscription is confirmed
+(the baseline: what finished before is remembered, its expiry, without being observed, with
+the baseline's time as its `completed`), and after each gap in the subscription (Redis
+restarted, the subscriber cut off at its output buffer limit, CLIENT KILL), counted in
+queue_exporter_events_lost_total and named in the log: the catch-up look reads the records
+not seen before (a key not remembered, or one whose expiry moved: written again), so the jobs
+that finished during the gap are observed once, while their records are kept.
+A record's expiry is known to within the time Redis took over those PTTLs (Redis' own clock),
+so a record written again a few milliseconds or more after its last finish is told from the
+same record read again. A record is observed once per `completed`: one remembered with the
+same or an earlier `completed` is not observed again, so a job announced again, or read
+again after a gap, counts once. A remembered key that is gone, or seen incomplete again, is
+forgotten; so is one whose expiry passed (by Redis' clock). At most MAX_KEYS records are
+remembered, MAX_ANNOUNCED announcements wait to be read: beyond, a read stops taking
+announcements (they wait in Redis, until its output buffer limit cuts the subscriber off: a
+gap), and the oldest remembered records are forgotten (over_limit, once a read).
+
+PSUBSCRIBE, PTTL, TIME or ZSCORE refused (an ACL without them) costs the runtimes alone: said
+as the reader's silence (its log, the status page, queue_exporter_native_silent), and tried
+again LOOK_AGAIN_AFTER later; what was announced meanwhile is read then, while kept.
 
 Each kept record is read once for its `status` (those kept before the baseline too, MAX_READS
-a read, a look at every read until all are read), so the failed ones SAQ keeps are counted
-(`failed`): those whose expiry, by Redis' clock, is still ahead.
+a read, after the announced ones), so the failed ones SAQ keeps are counted (`failed`): those
+whose expiry, by Redis' clock, is still ahead.
 
 What is observed, per queue and function (job_type): `queue_job_execution_seconds`
 (completed - started, the last attempt's) for every finished job that started, and
@@ -44,35 +55,39 @@ first attempt: a retried job's last start follows earlier attempts and backoffs.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
 from exporter.core import numbers
+from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.readers.framework import MAX_KEYS, MAX_QUEUES, Progress, Signals
+from exporter.sources.readers.saq_announcements import (
+    FINISHED,
+    JOB_PREFIX,
+    Announcements,
+    CommandRefused,
+    refusal,
+)
 from exporter.sources.redis_keys.groups import key_regex
 
-JOB_PREFIX = "saq:job:"
 INCOMPLETE_KEYS = "saq:{value}:incomplete"
 SCAN_COUNT = 1000
-# Seconds after which a read looks for finished records whatever the workers' counts: a job
-# finished where no live worker's counts show it (finished by a client, or by a worker gone
-# before it wrote its counts, whose leaving shows) is observed within this, while its record is
-# kept (600 s by default). A look refused (PTTL) is tried again this often, not at every read.
+# Seconds after which a refused command (PSUBSCRIBE, PTTL, TIME, ZSCORE) is tried again: not
+# at every read.
 LOOK_AGAIN_AFTER = 300.0
-RUNTIMES = 'queue_job_execution_seconds, queue_job_wait_seconds and queue_depth{state="failed"}'
-# Finished records read (GET) per read; the rest at the next read.
+# Records read (GET) per read; the rest at the next read.
 MAX_READS = 10_000
 # A job's JSON: its kwargs and result, usually small; larger is refused, not parsed.
 MAX_JOB_BYTES = 1 << 20
 # PTTL's rounding: an expiry read twice may differ by this much without a write between.
 PTTL_ROUNDING_MS = 1
-FINISHED = ("complete", "failed", "aborted")
 
 
 @dataclass(slots=True)
@@ -95,35 +110,22 @@ class Expiry:
         """The record was written again between the two readings."""
         return abs(self.at_ms - other.at_ms) > self.slack_ms + other.slack_ms + PTTL_ROUNDING_MS
 
+    def passed(self, redis_ms: float) -> bool:
+        return self.at_ms + self.slack_ms < redis_ms
+
 
 @dataclass(frozen=True, slots=True)
-class _Look:
-    """The last read that looked for finished records: the live workers' counts it read, when
-    (time.monotonic()), and why the look was refused (None: it was made)."""
+class _Refusal:
+    """A command the runtimes need was refused: which, why, and when (time.monotonic())."""
 
-    counts: Mapping[Hashable, float]
+    command: str
+    reason: str
     at: float
-    refused: str | None
-    queues: tuple[str, ...] = ()  # the queues whose job keys it listed
-
-
-class CommandRefused(Exception):
-    """A command only the runtimes and the failed count need was refused (the ACL, or a
-    server without it): they are not served, every other series is."""
-
-    def __init__(self, command: str, error: Exception) -> None:
-        lines = str(error).splitlines()
-        first_line = lines[0][:200] if lines else type(error).__name__
-        name = command.upper()
-        super().__init__(
-            f"{name} refused ({first_line}): {RUNTIMES} are not served, every other series is; "
-            f"the ACL needs +{command} on saq:job:* (or the server its {name} command)"
-        )
 
 
 @dataclass(frozen=True, slots=True)
 class JobKey:
-    queue: str
+    queue: str | None  # None: an announced job of a queue not known yet (its record tells)
     key: str
 
 
@@ -141,86 +143,149 @@ class JobRecord:
 class FinishedJobs:
     """The finished job records of one reader, remembered between its reads."""
 
-    def __init__(self, system: str) -> None:
+    def __init__(self, system: str, connection: RedisConnectionConfig) -> None:
         self.system = system
         # What the last successful read saw; a read works on a copy (`_seen`), which becomes
         # it once the read succeeded: a read that fails observed nothing, its records are read
         # again.
         self._progress: Progress[dict[str, _Seen]] = Progress()
         self._seen: dict[str, _Seen] = {}
-        self._look: Progress[_Look] = Progress()
-        self._unread = False  # kept records' statuses left to read after the last look
-        self._counted = False  # `_seen` tells the failed records (a look made, not refused)
+        self.announcements = Announcements(connection)
+        self._refusal: _Refusal | None = None
+        self._counted = False  # `_seen` tells the failed records (this read was not refused)
         self._clock_ms = 0.0  # Redis' clock less this process' (time.time()), as last read
-        self._queues: list[str] = []  # the queues whose job keys the last look listed
-        self._left: set[str] = set()  # queues of records the last look left to the next
+        self._queues: list[str] = []  # the queues known: listed, and those of the last look
+        self._left: set[str] = set()  # queues of records the last read left to the next
 
-    def read(
-        self,
-        client: redis.Redis,
-        queues: list[str],
-        counts: Mapping[Hashable, float],
-        signals: Signals,
-    ) -> list[JobRecord]:
+    def read(self, client: redis.Redis, queues: list[str], signals: Signals) -> list[JobRecord]:
         """The records finished since the last read (none on the first read: the baseline,
-        taken as finished now), looked for only when one may have finished (`_looks`: the
-        live workers' `counts` moved). A command only this needs refused costs this alone
-        (signals.silent says why); other backend errors raise."""
+        taken as finished now): those SAQ announced, and after a gap those a look finds. A
+        command only this needs refused costs this alone (signals.silent says why); other
+        backend errors raise."""
+        self._seen = dict(self._progress.at or {})
+        self._counted = False
+        self.announcements.interrupted = False
         now = time.monotonic()
-        last = self._look.at
-        if last is not None and not _looks(last, counts, now, self._unread):
-            signals.silent = last.refused
-            self._seen = dict(self._progress.at or {})  # the failed records of the last look
-            self._counted = last.refused is None and self._progress.at is not None
-            self._queues = list(last.queues)
+        refused = self._refusal
+        if refused is not None and now - refused.at >= LOOK_AGAIN_AFTER:
+            refused = None  # tried again
+        try:
+            if refused is None or refused.command != "psubscribe":
+                # taken while a command is refused too: they wait here, not in Redis' buffer
+                self.announcements.take(self._seen, signals)
+            if refused is not None:
+                signals.silent = refused.reason
+                return []
+            if not self.announcements.confirmed:
+                return []  # the baseline waits for it: what finishes after must be heard
+            if self.announcements.look_due:
+                self._look(client, queues, signals)
+            self._queues = sorted({*self._queues, *queues})
+            records = self._fetch(client, self._wanted(signals))
+        except CommandRefused as error:
+            signals.silent = str(error)
+            self._refusal = _Refusal(error.command, str(error), now)
             return []
+        self._refusal = None
+        self._counted = True
+        self._progress.move(signals, self._seen)
+        self.announcements.read([record.job.key for record in records], signals)
+        return records
+
+    def interrupt(self) -> None:
+        self.announcements.interrupted = True
+
+    def close(self) -> None:
+        self.announcements.close()
+
+    def _look(self, client: redis.Redis, queues: list[str], signals: Signals) -> None:
+        """Every finished record's expiry (a SCAN, PTTLs): the baseline remembers them (their
+        statuses read later), a look after a gap makes those not seen as they are now (new,
+        or written again) wait to be read, as if announced; gone ones are forgotten."""
         keys, known = job_keys(client, queues, signals)
         present = {job.key for job in keys}
-        self._seen = {
-            key: seen for key, seen in (self._progress.at or {}).items() if key in present
-        }
-        try:
-            expiries, clock_ms = self._expiries(client, keys)
-        except CommandRefused as refused:
-            signals.silent = str(refused)
-            self._look.move(signals, _Look(dict(counts), now, str(refused)))
-            self._counted = False
-            return []
-        self._counted = True
+        self._seen = {key: seen for key, seen in self._seen.items() if key in present}
+        expiries, clock_ms = self._expiries(client, keys)
         if clock_ms is not None:
             self._clock_ms = clock_ms
-        self._look.move(signals, _Look(dict(counts), now, None, tuple(known)))
         self._queues = known
         baseline = self._progress.baseline
-        self._progress.move(signals, self._seen)
-        wanted = []
         for job in keys:
-            if job.key not in expiries:
+            if job.key not in expiries or not self._changed(job, expiries):
                 continue
-            if self._changed(job, expiries):
-                if baseline:  # finished before: remembered, its status read, not observed
-                    self._seen[job.key] = _Seen(job.queue, expiries[job.key], signals.now * 1000)
-                wanted.append(JobRecord(job, expiries[job.key], None, status_only=baseline))
-            elif self._seen[job.key].failed is None:
-                wanted.append(JobRecord(job, expiries[job.key], None, status_only=True))
-        # records left to the next read: their queues' failed counts wait for them
-        self._left = {record.job.queue for record in wanted[MAX_READS:]}
-        wanted = wanted[:MAX_READS]
+            if baseline:  # finished before: remembered, its status read, not observed
+                assert job.queue is not None  # a listed key's queue is known
+                self._seen[job.key] = _Seen(job.queue, expiries[job.key], signals.now * 1000)
+            else:
+                self.announcements.waiting[job.key] = None  # read as if announced
+        self.announcements.looked(signals)
+
+    def _wanted(self, signals: Signals) -> list[JobKey]:
+        """What this read reads: the announced jobs first, then the remembered records
+        whose status was not read yet (kept before the baseline), MAX_READS at most; the
+        oldest remembered are forgotten beyond MAX_KEYS (over_limit), and those whose
+        record expired."""
+        redis_ms = time.time() * 1000 + self._clock_ms
+        for key in [key for key, seen in self._seen.items() if _expired(seen, redis_ms)]:
+            del self._seen[key]
+        if len(self._seen) > MAX_KEYS:
+            signals.refuse_beyond("over_limit", "finished records remembered", f"> {MAX_KEYS}")
+            for key in list(self._seen)[: len(self._seen) - MAX_KEYS]:
+                del self._seen[key]
+        known = set(self._queues)
+        lengths = _lengths(known)
+        wanted: list[JobKey] = []
+        for key in itertools.islice(self.announcements.waiting, MAX_READS):
+            seen = self._seen.get(key)
+            wanted.append(JobKey(seen.queue if seen else _queue_of(key, lengths, known), key))
+        room = MAX_READS - len(wanted)
+        kept = (
+            JobKey(seen.queue, key)
+            for key, seen in self._seen.items()
+            if seen.failed is None and key not in self.announcements.waiting
+        )
+        wanted += itertools.islice(kept, room)
+        # records left to the next read: the failed counts wait for them (every queue's, when
+        # announced ones are left: their queues are not worked out beyond what is read)
+        if len(self.announcements.waiting) > MAX_READS:
+            self._left = set(self._queues)
+        else:
+            self._left = {job.queue for job in kept if job.queue is not None}
+        return wanted
+
+    def _fetch(self, client: redis.Redis, wanted: list[JobKey]) -> list[JobRecord]:
+        """Each record (GET) and its expiry (PTTL), between two readings of Redis' clock."""
+        if not wanted:
+            return []
+        local_ms = time.time() * 1000
         pipe = client.pipeline(transaction=False)
-        for record in wanted:
-            pipe.get(record.job.key)  # not MGET: a record of another type must say so
-        replies = pipe.execute(raise_on_error=False) if wanted else []
-        return [
-            JobRecord(record.job, record.expiry, raw, record.status_only)
-            for record, raw in zip(wanted, replies, strict=True)
-        ]
+        pipe.time()
+        for job in wanted:
+            pipe.get(job.key)  # not MGET: a record of another type must say so
+            pipe.pttl(job.key)
+        pipe.time()
+        first, *replies, last = pipe.execute(raise_on_error=False)
+        began_ms, ended_ms = _clock_ms(first), _clock_ms(last)
+        self._clock_ms = began_ms - local_ms
+        records = []
+        for index, job in enumerate(wanted):
+            raw, life = replies[2 * index], replies[2 * index + 1]
+            if isinstance(life, Exception):
+                raise refusal("pttl", life)
+            expiry = Expiry(began_ms + life, ended_ms - began_ms) if life >= 0 else None
+            seen = self._seen.get(job.key)
+            status_only = (
+                seen is not None
+                and seen.failed is None
+                and job.key not in (self.announcements.waiting)
+            )
+            records.append(JobRecord(job, expiry, raw, status_only))
+        return records
 
     def failed(self) -> tuple[dict[str, int], list[str]] | None:
-        """The failed records kept per queue (each queue of the last look), by Redis' clock
-        (as last measured), of each queue whose every kept record's status was read, and the
-        queues left to read; None when this read tells none (no look made yet, or refused). A
-        record gone without a worker's counts moving (deleted, its key enqueued again) leaves
-        the count at the next look."""
+        """The failed records kept per queue (each queue known), by Redis' clock (as last
+        measured), of each queue whose every kept record's status was read, and the queues
+        left to read; None when this read tells none (none read yet, or refused)."""
         if not self._counted:
             return None
         redis_ms = time.time() * 1000 + self._clock_ms
@@ -229,9 +294,8 @@ class FinishedJobs:
         for seen in self._seen.values():
             if seen.failed is None:
                 unread.add(seen.queue)
-            elif seen.failed and (seen.expiry is None or seen.expiry.at_ms > redis_ms):
+            elif seen.failed and not _expired(seen, redis_ms):
                 failed[seen.queue] = failed.get(seen.queue, 0) + 1
-        self._unread = bool(unread)
         return {queue: n for queue, n in failed.items() if queue not in unread}, sorted(unread)
 
     def _expiries(
@@ -255,15 +319,15 @@ class FinishedJobs:
             if isinstance(life, Exception):
                 # PTTL answers for a key of any type: an error is the backend's (NOPERM), and
                 # taken for a record not finished it would leave every runtime unread, silently
-                raise _refusal("pttl", life)
+                raise refusal("pttl", life)
         endless = [job for job, life in zip(keys, lives, strict=True) if life == -1]
         pipe = client.pipeline(transaction=False)
         for job in endless:
             pipe.zscore(f"saq:{job.queue}:incomplete", job.key)
         scores = pipe.execute(raise_on_error=False) if endless else []
         for score in scores:
-            if isinstance(score, Exception) and _refused(score):
-                raise CommandRefused("zscore", score)
+            if isinstance(score, Exception):
+                raise refusal("zscore", score)
         expiries: dict[str, Expiry | None] = {}
         for job, life in zip(keys, lives, strict=True):
             if isinstance(life, int) and life >= 0:
@@ -287,22 +351,25 @@ class FinishedJobs:
     def observe(self, signals: Signals, record: JobRecord) -> None:
         """One finished record's times into the histograms, once per `completed`. A record
         that cannot be read raises (the caller's signals.record counts it), and is not read
-        again until it is written again."""
-        key, queue = record.job.key, record.job.queue
-        seen = self._seen.get(key)
+        again until it is announced (or found written) again."""
+        key = record.job.key
+        seen = self._seen.pop(key, None)
         before = seen.completed_ms if seen else -math.inf
-        self._seen[key] = _Seen(queue, record.expiry, before, failed=False)  # if unreadable
         job = _job(record.raw)
-        if job is None:  # gone, or not finished yet (aborting): read again
-            self._seen.pop(key)
+        if job is None:  # gone, or not finished (enqueued again, aborting): forgotten
             return
-        self._seen[key].failed = job["status"] == "failed"
+        queue = record.job.queue or _own_queue(job, key)
+        if queue not in self._queues:
+            if len(self._queues) >= MAX_QUEUES:
+                raise numbers.InvalidValue("over_limit", f"more than {MAX_QUEUES} queues")
+            self._queues.append(queue)
+        self._seen[key] = _Seen(queue, record.expiry, before, job["status"] == "failed")
         if record.status_only:
             return
         latest = signals.latest * 1000
         completed = numbers.epoch(job["completed"], latest)
         if completed <= before:
-            return  # the same finish, written again (or one before the baseline)
+            return  # the same finish, announced or written again (or one before the baseline)
         self._seen[key].completed_ms = completed
         function = job.get("function", "")
         if not isinstance(function, str) or job.get("queue", queue) != queue:
@@ -311,15 +378,18 @@ class FinishedJobs:
             signals.tally.observe(metric, (self.system, queue, function, ""), value)
 
 
-def _looks(last: _Look, counts: Mapping[Hashable, float], now: float, unread: bool) -> bool:
-    """Whether a read looks for finished records, after the `last` look: once a live worker's
-    counts moved since (a worker counts a job after it wrote its finished record, and writes
-    its counts every few seconds; a worker gone or new moves them too), while kept records'
-    statuses are left to read (MAX_READS a read), and LOOK_AGAIN_AFTER after the last look
-    whatever the counts; while a command is refused, only then."""
-    if now - last.at >= LOOK_AGAIN_AFTER:
-        return True
-    return last.refused is None and (unread or last.counts != counts)
+def _expired(seen: _Seen, redis_ms: float) -> bool:
+    return seen.expiry is not None and seen.expiry.passed(redis_ms)
+
+
+def _own_queue(job: dict[str, Any], key: str) -> str:
+    """The queue a record names, when its key is the one SAQ builds from it (job_id)."""
+    queue, own = job.get("queue"), job.get("key")
+    if not isinstance(queue, str) or not isinstance(own, str) or not queue:
+        raise numbers.InvalidValue("bad_value", "a job that names no queue or key")
+    if key != f"{JOB_PREFIX}{queue}:{own}":
+        raise numbers.InvalidValue("bad_value", "a job whose queue and key are not its key's")
+    return queue
 
 
 def job_keys(
@@ -346,35 +416,35 @@ def _of_known_queues(names: list[str], queues: set[str], signals: Signals) -> li
     queue the key starts with (followed by a colon) is the job's. Each known length is tried
     once, so a key costs the number of lengths times its length (names are at most
     MAX_NAME_BYTES: Signals.names), whatever colons it holds."""
-    lengths = sorted({len(queue) for queue in queues if queue}, reverse=True)
+    lengths = _lengths(queues)
     keys = []
     for name in signals.names(names, MAX_KEYS, "job keys"):  # the read's deadline checked
-        rest = name[len(JOB_PREFIX) :]
-        for length in lengths:
-            if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
-                keys.append(JobKey(rest[:length], name))
-                break
+        queue = _queue_of(name, lengths, queues)
+        if queue is not None:
+            keys.append(JobKey(queue, name))
     return keys
 
 
-def _refused(error: Exception) -> bool:
-    """A command refused: by the ACL (NOPERM), or unknown to the server (renamed)."""
-    text = str(error).lower()
-    return isinstance(error, redis.exceptions.NoPermissionError) or text.startswith(
-        ("noperm", "unknown command")
-    )
+def _lengths(queues: set[str]) -> list[int]:
+    """The lengths of the known queues' names, longest first (_queue_of)."""
+    return sorted({len(queue) for queue in queues if queue}, reverse=True)
 
 
-def _refusal(command: str, error: Exception) -> Exception:
-    """What an error reply of a command only runtimes need raises."""
-    return CommandRefused(command, error) if _refused(error) else error
+def _queue_of(name: str, lengths: list[int], queues: set[str]) -> str | None:
+    """The longest known queue a job key starts with (after saq:job:, followed by a colon),
+    or None."""
+    rest = name[len(JOB_PREFIX) :]
+    for length in lengths:
+        if length < len(rest) and rest[length] == ":" and rest[:length] in queues:
+            return rest[:length]
+    return None
 
 
 def _clock_ms(reply: Any) -> float:
     """Redis' TIME (seconds, microseconds) in ms; an error reply raises (CommandRefused when
     TIME was refused)."""
     if isinstance(reply, Exception):
-        raise _refusal("time", reply)
+        raise refusal("time", reply)
     seconds, microseconds = reply
     return int(seconds) * 1000 + int(microseconds) / 1000
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import signal
 import time
 from typing import Any
@@ -358,82 +357,3 @@ def test_live_workers_busy_while_an_active_job_names_them(saq_installed, redis_c
     finally:
         stop_process(first, signal.SIGTERM)
         stop_process(second, signal.SIGTERM)
-
-
-def test_an_idle_read_over_30k_kept_jobs_costs_little(saq_installed, tmp_path):
-    """Issue 40: 30,000 finished jobs kept (SAQ's layout, as test_native_windows writes them;
-    100 of them failed) and a live, idle real worker. The first reads read the kept records'
-    statuses, 10,000 a read, and then serve the failed ones as SAQ's own Queue.iter_jobs
-    counts them. A read while no live worker's counts moved fetches no job key (no SCAN of
-    them, no PTTL): the bytes the server sends for it are a small part of a read that looks
-    for finished jobs. Then 3 real jobs finish: the next reads count them and observe their 3
-    execution times, once (SAQ's own worker stats say 3)."""
-    from exporter.redis.connection import RedisConnectionConfig
-    from exporter.sources.readers.config import SaqReaderConfig
-    from exporter.sources.readers.framework import Signals
-    from exporter.sources.readers.saq import SaqReader
-    from exporter.sources.readers.saq_jobs import MAX_READS
-    from tests.private_redis import PrivateRedis
-    from tests.sources.readers.test_native_windows import KEPT, Saq
-
-    server = PrivateRedis(tmp_path).start()
-    admin = server.client()
-    system = Saq(server.url, admin)
-    reader = SaqReader(SaqReaderConfig(queues=["work"]), RedisConnectionConfig(url=server.url))
-    failed: list[float | None] = []
-
-    def read() -> tuple[int, float, int]:
-        """One read: the bytes the server sent for it, completions, execution times."""
-        before = int(admin.info("stats")["total_net_output_bytes"])
-        signals = Signals()
-        reader.read(signals)
-        sent = int(admin.info("stats")["total_net_output_bytes"]) - before
-        assert signals.tally.invalid == {}
-        completed = sum(
-            n for (m, _), n in signals.tally.counts.items() if m == "queue_jobs_completed_total"
-        )
-        timed = sum(
-            len(v)
-            for (m, _), v in signals.tally.observations.items()
-            if m == "queue_job_execution_seconds"
-        )
-        depths = signals.samples.table(DEPTH)
-        failed.append(depths.get(("saq", "work", "", "failed")))
-        return sent, completed, timed
-
-    try:
-        system.start()  # a live worker, which completed one job
-        system.fill(KEPT)
-        for index in range(100):  # failed for good, kept for their ttl as SAQ's _finish writes
-            key = f"saq:job:work:kept{index}"
-            job = json.loads(admin.get(key))
-            admin.set(key, json.dumps({**job, "status": "failed"}), ex=600)
-        truth = driver(server.url, "truth", "work")["queues"]["work"]["failed"]
-        assert truth == 100
-        # the baseline and the reads that read the statuses of the 30,001 kept records
-        warm = [read() for _ in range(math.ceil((KEPT + 1) / MAX_READS))]
-        assert failed[:-1] == [None] * (len(warm) - 1) and failed[-1] == truth, failed
-        idle = [read() for _ in range(3)]
-        assert [(c, t) for _, c, t in idle] == [(0, 0)] * 3
-        assert failed[-3:] == [truth] * 3
-        before = system.finished()
-        system.run(3)
-        wait_for(lambda: system.finished() - before == 3, timeout=60, interval=0.3)
-        reads = [read()]
-        while sum(c for _, c, _ in reads) < 3 or sum(t for _, _, t in reads) < 3:
-            assert len(reads) < 50, reads
-            time.sleep(0.2)
-            reads.append(read())
-        assert (sum(c for _, c, _ in reads), sum(t for _, _, t in reads)) == (3, 3)
-        assert failed[-1] == truth
-        full = max(sent for sent, _, _ in reads)
-        idle_bytes = [sent for sent, _, _ in idle]
-        print(
-            f"saq over {KEPT} kept jobs: first reads {[sent for sent, _, _ in warm]} B, idle "
-            f"reads {idle_bytes} B, reads counting 3 {[sent for sent, _, _ in reads]} B"
-        )
-        assert max(idle_bytes) * 20 < full, (idle_bytes, full)
-    finally:
-        reader.close()
-        system.stop()
-        server.stop()
