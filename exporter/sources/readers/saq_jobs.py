@@ -74,6 +74,7 @@ from exporter.sources.readers.saq_announcements import (
     Announcements,
     CommandRefused,
     refusal,
+    refused,
 )
 from exporter.sources.redis_keys.groups import key_regex
 
@@ -166,15 +167,15 @@ class FinishedJobs:
         self._counted = False
         self.announcements.interrupted = False
         now = time.monotonic()
-        refused = self._refusal
-        if refused is not None and now - refused.at >= LOOK_AGAIN_AFTER:
-            refused = None  # tried again
+        standing = self._refusal
+        if standing is not None and now - standing.at >= LOOK_AGAIN_AFTER:
+            standing = None  # tried again
         try:
-            if refused is None or refused.command != "psubscribe":
+            if standing is None or standing.command != "psubscribe":
                 # taken while a command is refused too: they wait here, not in Redis' buffer
                 self.announcements.take(self._seen, signals)
-            if refused is not None:
-                signals.silent = refused.reason
+            if standing is not None:
+                signals.silent = standing.reason
                 return []
             if not self.announcements.confirmed:
                 return []  # the baseline waits for it: what finishes after must be heard
@@ -326,8 +327,8 @@ class FinishedJobs:
             pipe.zscore(f"saq:{job.queue}:incomplete", job.key)
         scores = pipe.execute(raise_on_error=False) if endless else []
         for score in scores:
-            if isinstance(score, Exception):
-                raise refusal("zscore", score)
+            if isinstance(score, Exception) and refused(score):
+                raise CommandRefused("zscore", score)
         expiries: dict[str, Expiry | None] = {}
         for job, life in zip(keys, lives, strict=True):
             if isinstance(life, int) and life >= 0:

@@ -80,9 +80,12 @@ def _jobs(count: int) -> str:
     return json.dumps([{"queue": "work", "function": "succeed"}] * count)
 
 
-def _counted_across(redis_url: str, plant: Any, redis_client: Any) -> list[Signals]:
+def _counted_across(
+    redis_url: str, plant: Any, redis_client: Any, announce: Any = None
+) -> list[Signals]:
     """A real worker completes 4 jobs between a baseline and a read of a reader facing what
-    `plant` put in Redis; the reads, each within BUDGET of CPU."""
+    `plant` put in Redis (and `announce` published after the baseline); the reads, each
+    within BUDGET of CPU."""
     process, worker_id = start_worker(redis_url, "work")
     config = SaqReaderConfig(queues=["work"])
     reader = SaqReader(config, RedisConnectionConfig(url=redis_url))
@@ -90,6 +93,8 @@ def _counted_across(redis_url: str, plant: Any, redis_client: Any) -> list[Signa
         before = _completed_by(redis_url, worker_id, 0)
         plant(redis_client)
         baseline = _read(reader)
+        if announce is not None:
+            announce(redis_client)
         driver(redis_url, "enqueue", _jobs(4))
         _completed_by(redis_url, worker_id, before + 4)
         after = _read(reader)
@@ -101,10 +106,17 @@ def _counted_across(redis_url: str, plant: Any, redis_client: Any) -> list[Signa
 
 
 def test_a_key_of_100k_colons_is_refused_unparsed(saq_installed, redis_client, redis_url):
-    def plant(client: Any) -> None:
-        client.set("saq:job:" + ":" * 100_000, "{}")
+    """Found by the baseline's look (a SCAN), and announced after it (PUBLISH on the key, as
+    SAQ announces a job's status): refused unparsed both times."""
+    key = "saq:job:" + ":" * 100_000
 
-    for signals in _counted_across(redis_url, plant, redis_client):
+    def plant(client: Any) -> None:
+        client.set(key, "{}")
+
+    def announce(client: Any) -> None:
+        client.publish(key, "complete")
+
+    for signals in _counted_across(redis_url, plant, redis_client, announce):
         assert signals.tally.invalid.get("oversized_field") == 1
 
 

@@ -499,7 +499,7 @@ def _saq_job(now_ms: int, **fields: Any) -> dict[str, Any]:
 
 def _saq_worker_counted(client: Any, complete: int) -> None:
     """A live worker's record as SAQ's Queue.worker_info writes it, having counted `complete`
-    jobs: the reader looks for finished records once a worker's counts moved."""
+    jobs."""
     key = "saq:q:worker_info:w"
     client.zadd("saq:q:stats", {key: int(time.time() * 1000) + 600_000})
     stats = {"complete": complete, "failed": 0, "retried": 0, "aborted": 0, "uptime": 1}
@@ -537,12 +537,14 @@ def test_saq_observes_every_good_job_whatever_else_is_recorded(
             else:
                 text = record if isinstance(record, str) else json.dumps(record)
                 redis_client.set(key, text, ex=600)
+            redis_client.publish(key, "complete")  # announced as SAQ's notify() does
         job = {"system": "saq", "queue": "q", "job_type": "good"}
         for read in (1, 2):  # the next good jobs are observed too, none twice
             now_ms = int(time.time() * 1000)
             for index in range(good):
-                redis_client.set(f"saq:job:q:g{read}-{index}", json.dumps(_saq_job(now_ms)),
-                                 ex=600)  # fmt: skip
+                key = f"saq:job:q:g{read}-{index}"
+                redis_client.set(key, json.dumps(_saq_job(now_ms)), ex=600)
+                redis_client.publish(key, "complete")
             _saq_worker_counted(redis_client, read * (len(records) + good))
             series = feed.read()
             assert total(series, "queue_job_execution_seconds_count", **job) == good * read
