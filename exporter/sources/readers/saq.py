@@ -40,7 +40,13 @@ from exporter.sources.readers.framework import (
     RedisReader,
     Signals,
 )
-from exporter.sources.readers.saq_jobs import MAX_READS, SCAN_COUNT, FinishedJobs, JobRecord
+from exporter.sources.readers.saq_jobs import (
+    INCOMPLETE_KEYS,
+    MAX_READS,
+    SCAN_COUNT,
+    FinishedJobs,
+    JobRecord,
+)
 from exporter.sources.readers.saq_workers import (
     MAX_ACTIVE_JOBS,
     SAQ_WITH_WORKER_ID,
@@ -83,7 +89,7 @@ class SaqReader(RedisReader):
     def collect(self, signals: Signals) -> None:
         client = self._connect()
         try:
-            queues = self._queues(client, signals)
+            queues, with_jobs = self._queues(client, signals)
             counts: dict[Hashable, float] = {}
             room, jobs_room = MAX_WORKERS, MAX_ACTIVE_JOBS  # read over every queue
             for queue in queues:
@@ -94,7 +100,7 @@ class SaqReader(RedisReader):
                 jobs_room -= self._busy_or_idle(client, queue, live, jobs_room, signals)
             finished: list[JobRecord] = []
             if self.config.runtimes:
-                finished = self._jobs.read(client, queues, signals)
+                finished = self._jobs.read(client, sorted({*queues, *with_jobs}), signals)
         except (redis.ConnectionError, redis.TimeoutError):
             super().close()  # the subscription stays: its connection is not this one
             raise
@@ -141,16 +147,24 @@ class SaqReader(RedisReader):
                 del self._last[identity]
         return {identity: value for identity, (value, _) in self._last.items()}
 
-    def _queues(self, client: redis.Redis, signals: Signals) -> list[str]:
-        """The listed queues and every queue with live workers' stats, MAX_QUEUES at most (a
-        SCAN of saq:*:stats, MAX_KEYS keys at most: Signals.names)."""
-        stats = key_regex(STATS_KEYS)
-        found = set(self.config.queues)
-        scan = client.scan_iter(match="saq:*:stats", count=SCAN_COUNT)
-        for raw in signals.names(scan, MAX_KEYS, "keys saq:*:stats"):
-            if match := stats.match(raw.decode("utf-8", "replace")):
+    def _queues(self, client: redis.Redis, signals: Signals) -> tuple[list[str], list[str]]:
+        """The listed queues and every queue with live workers' stats, and the queues with
+        unfinished jobs (their `incomplete` zset: their failed jobs are counted too),
+        MAX_QUEUES each at most (a SCAN of the zsets saq:*, MAX_KEYS at most: Signals.names;
+        the job records, strings, are not sent)."""
+        stats, incomplete = key_regex(STATS_KEYS), key_regex(INCOMPLETE_KEYS)
+        found, with_jobs = set(self.config.queues), set()
+        scan = client.scan_iter(match="saq:*", count=SCAN_COUNT, _type="zset")
+        for raw in signals.names(scan, MAX_KEYS, "zsets saq:*"):
+            key = raw.decode("utf-8", "replace")
+            if match := stats.match(key):
                 found.add(match.group("value"))
-        return signals.at_most(sorted(found), MAX_QUEUES, "queues with stats")
+            elif match := incomplete.match(key):
+                with_jobs.add(match.group("value"))
+        return (
+            signals.at_most(sorted(found), MAX_QUEUES, "queues with stats"),
+            signals.at_most(sorted(with_jobs), MAX_QUEUES, "queues with jobs"),
+        )
 
     def _workers(
         self, client: redis.Redis, queue: str, room: int, signals: Signals
