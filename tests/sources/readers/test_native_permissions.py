@@ -125,20 +125,28 @@ SAQ_PRESET = {"name": "saq", "params": {"queues": ["work"]}}
 SAQ_STREAM = "native:saq"
 
 
-def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tmp_path):
-    """SAQ's reader under the ACL redis-acl prints, less +pttl: a real worker's 11 completions
-    counted as SAQ's own worker stats say, its live worker served, the reader up and ready;
-    no runtime nor failed count served (none made up), and the status page says the ACL needs
-    +pttl.
-    check-config --connect says so too, as a warning."""
+@pytest.mark.parametrize(
+    ("rule", "command"),
+    [("+pttl", "PTTL"), ("+psubscribe", "PSUBSCRIBE"), ("&saq:job:*", "PSUBSCRIBE")],
+)
+def test_saq_without_a_runtime_rule_only_the_runtimes_are_lost(
+    acl_redis, run_exporter, tmp_path, rule, command
+):
+    """SAQ's reader under the ACL redis-acl prints, less one rule only the runtimes need (PTTL
+    of the records; PSUBSCRIBE to SAQ's announcements, or their channels): a real worker's 11
+    completions counted as SAQ's own worker stats say, its live worker served, the reader up
+    and ready; no runtime nor failed count served (none made up), and the status page says
+    what the ACL needs. check-config --connect says so too, as a warning."""
     raw = _config(acl_redis, SAQ_PRESET)
-    _user_without(acl_redis, raw, "+pttl")
+    _user_without(acl_redis, raw, rule)
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     result = run_cli("check-config", str(path), "--connect")
     lines = result.stdout.splitlines()
-    refused = [line for line in lines if line.startswith("WARNING") and "PTTL refused" in line]
-    assert len(refused) == 1 and "the ACL needs +pttl" in refused[0], result.stdout
+    refused = [
+        line for line in lines if line.startswith("WARNING") and f"{command} refused" in line
+    ]
+    assert len(refused) == 1 and f"the ACL needs {rule}" in refused[0], result.stdout
     assert "queue_job_execution_seconds" in refused[0] and result.returncode == 0
     admin_url = acl_redis.url
     worker, _ = saq_worker(admin_url, "work")
@@ -168,7 +176,7 @@ def test_saq_without_pttl_only_the_runtimes_are_lost(acl_redis, run_exporter, tm
         assert not runtimes  # none invented
         assert value(series, "queue_depth", system="saq", queue="work", state="failed") is None
         assert app.health.ready()
-        assert "+pttl" in (app.health.snapshot()[SAQ_STREAM].silent or "")
+        assert rule in (app.health.snapshot()[SAQ_STREAM].silent or "")
     finally:
         stop_process(worker, signal.SIGTERM)
 
