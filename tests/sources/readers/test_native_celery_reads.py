@@ -6,11 +6,16 @@ by Celery's own EventDispatcher."""
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 import uuid
+from base64 import b64decode, b64encode
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 
 import pytest
+import redis
 from celery import Celery
 
 from exporter.commands import redis_acl
@@ -302,3 +307,83 @@ def test_a_retry_reported_after_the_next_attempt_ended_counts_on_its_queue(redis
         assert feed.counted() == (1, 0)
     finally:
         feed.close()
+
+
+FLOOD = 300_000
+FLOOD_PIPELINE = 10_000  # PUBLISHes sent per round trip
+
+
+def _flood(redis_url: str, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` task-succeeded events as Celery's worker publishes them: the kombu message its
+    EventDispatcher sends (heard on the events channel), one per task id."""
+    listener = RedisConnectionConfig(url=redis_url).connect().pubsub()
+    listener.psubscribe(CeleryReaderConfig().channel_pattern(RedisConnectionConfig(url=redis_url)))
+    try:
+        wait_for(lambda: (listener.get_message(timeout=0.1) or {}).get("type") == "psubscribe")
+        _publish(redis_url, 1)
+        sent = wait_for(lambda: listener.get_message(timeout=0.1))
+    finally:
+        listener.close()
+    envelope = json.loads(sent["data"])
+    event = json.loads(b64decode(envelope["body"]))
+    assert (event["type"], envelope["properties"]["body_encoding"]) == ("task-succeeded", "base64")
+    messages = []
+    for index in range(count):
+        body = json.dumps({**event, "uuid": f"flood-{index}"}).encode()
+        message = {**envelope, "body": b64encode(body).decode()}
+        messages.append((sent["channel"], json.dumps(message).encode()))
+    return messages
+
+
+def _subscriber(client: redis.Redis) -> str | None:
+    """The id of the (only) pattern subscriber's connection."""
+    found = [entry["id"] for entry in client.client_list() if entry.get("psub") == "1"]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
+def test_a_flood_of_300k_events_is_counted_or_its_gap_is(tmp_path, caplog):
+    """300,000 task-succeeded events published within about a second (Celery's own message,
+    one per task id, PUBLISHed in pipelines) between two reads of a subscribed reader, on a
+    private Redis with its default output buffer limit for subscribers (32 MB hard): every
+    event is counted once, or Redis cut the subscriber off (its connection is another after
+    the reads) and each such gap is counted in queue_exporter_events_lost_total and named;
+    nothing is counted twice."""
+    server = PrivateRedis(tmp_path).start()
+    feed = _Feed(server.url)
+    admin = server.client()
+    try:
+        _heard(server.url, feed.consumed)
+        subscriber = _subscriber(admin)
+        messages = _flood(server.url, FLOOD)
+        before, _ = feed.counted()
+        started = time.monotonic()
+        for first in range(0, FLOOD, FLOOD_PIPELINE):
+            pipe = admin.pipeline(transaction=False)
+            for channel, data in messages[first : first + FLOOD_PIPELINE]:
+                pipe.publish(channel, data)
+            pipe.execute()
+        took = time.monotonic() - started
+        counted: list[float] = []
+        caplog.set_level(logging.WARNING)
+        while len(counted) < 3 or counted[-3:] != [counted[-1]] * 3:  # until none comes
+            assert len(counted) < 200, counted
+            with suppress(Exception):  # a read cut off: the next one reads on
+                feed.read()
+            counted.append(feed.counted()[0] - before)
+        completed, lost = feed.counted()
+        completed -= before
+        cut_off = _subscriber(admin) != subscriber
+        print(
+            f"{FLOOD} events published in {took:.2f} s ({len(messages[0][1])} B each): counted "
+            f"{completed:.0f} in {len(counted)} reads, gaps counted {lost:.0f}, the subscriber "
+            f"{'cut off' if cut_off else 'kept'}"
+        )
+        assert completed <= FLOOD
+        if cut_off:
+            assert lost >= 1 and "[resubscribed]" in caplog.text
+        else:
+            assert (completed, lost) == (FLOOD, 0)
+    finally:
+        feed.close()
+        server.stop()
