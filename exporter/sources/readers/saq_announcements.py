@@ -104,6 +104,10 @@ class Announcements:
             detail = f"{oversized} over {MAX_NAME_BYTES} bytes"
             signals.refuse_beyond("oversized_field", "job keys announced", detail)
 
+    def add(self, key: str) -> None:
+        """A job to read as if announced (one a look found finished and not seen)."""
+        self.waiting[key] = None
+
     def read(self, keys: list[str], signals: Signals) -> None:
         """These were read: no longer waiting once the read succeeded."""
 

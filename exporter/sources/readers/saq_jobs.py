@@ -155,7 +155,7 @@ class FinishedJobs:
         self._refusal: _Refusal | None = None
         self._counted = False  # `_seen` tells the failed records (this read was not refused)
         self._clock_ms = 0.0  # Redis' clock less this process' (time.time()), as last read
-        self._queues: list[str] = []  # the queues known: listed, and those of the last look
+        self._queues: set[str] = set()  # the queues known: listed, and those of the last look
         self._left: set[str] = set()  # queues of records the last read left to the next
 
     def read(self, client: redis.Redis, queues: list[str], signals: Signals) -> list[JobRecord]:
@@ -181,7 +181,7 @@ class FinishedJobs:
                 return []  # the baseline waits for it: what finishes after must be heard
             if self.announcements.look_due:
                 self._look(client, queues, signals)
-            self._queues = sorted({*self._queues, *queues})
+            self._queues |= set(queues)
             records = self._fetch(client, self._wanted(signals))
         except CommandRefused as error:
             signals.silent = str(error)
@@ -209,21 +209,21 @@ class FinishedJobs:
         expiries, clock_ms = self._expiries(client, keys)
         if clock_ms is not None:
             self._clock_ms = clock_ms
-        self._queues = known
+        self._queues = set(known)
         baseline = self._progress.baseline
         for job in keys:
-            if job.key not in expiries or not self._changed(job, expiries):
-                continue
+            if job.queue is None or job.key not in expiries or not self._changed(job, expiries):
+                continue  # (a listed key's queue is known)
             if baseline:  # finished before: remembered, its status read, not observed
-                assert job.queue is not None  # a listed key's queue is known
                 self._seen[job.key] = _Seen(job.queue, expiries[job.key], signals.now * 1000)
             else:
-                self.announcements.waiting[job.key] = None  # read as if announced
+                self.announcements.add(job.key)  # read as if announced
         self.announcements.looked(signals)
 
-    def _wanted(self, signals: Signals) -> list[JobKey]:
-        """What this read reads: the announced jobs first, then the remembered records
-        whose status was not read yet (kept before the baseline), MAX_READS at most; the
+    def _wanted(self, signals: Signals) -> list[tuple[JobKey, bool]]:
+        """What this read reads, each with whether for its status only: the announced jobs
+        first, then the remembered records whose status was not read yet (kept before the
+        baseline), MAX_READS at most; the
         oldest remembered are forgotten beyond MAX_KEYS (over_limit), and those whose
         record expired."""
         redis_ms = time.time() * 1000 + self._clock_ms
@@ -233,19 +233,19 @@ class FinishedJobs:
             signals.refuse_beyond("over_limit", "finished records remembered", f"> {MAX_KEYS}")
             for key in list(self._seen)[: len(self._seen) - MAX_KEYS]:
                 del self._seen[key]
-        known = set(self._queues)
-        lengths = _lengths(known)
-        wanted: list[JobKey] = []
+        lengths = _lengths(self._queues)
+        wanted: list[tuple[JobKey, bool]] = []
         for key in itertools.islice(self.announcements.waiting, MAX_READS):
             seen = self._seen.get(key)
-            wanted.append(JobKey(seen.queue if seen else _queue_of(key, lengths, known), key))
+            queue = seen.queue if seen else _queue_of(key, lengths, self._queues)
+            wanted.append((JobKey(queue, key), False))
         room = MAX_READS - len(wanted)
         kept = (
             JobKey(seen.queue, key)
             for key, seen in self._seen.items()
             if seen.failed is None and key not in self.announcements.waiting
         )
-        wanted += itertools.islice(kept, room)
+        wanted += ((job, True) for job in itertools.islice(kept, room))
         # records left to the next read: the failed counts wait for them (every queue's, when
         # announced ones are left: their queues are not worked out beyond what is read)
         if len(self.announcements.waiting) > MAX_READS:
@@ -254,14 +254,14 @@ class FinishedJobs:
             self._left = {job.queue for job in kept if job.queue is not None}
         return wanted
 
-    def _fetch(self, client: redis.Redis, wanted: list[JobKey]) -> list[JobRecord]:
+    def _fetch(self, client: redis.Redis, wanted: list[tuple[JobKey, bool]]) -> list[JobRecord]:
         """Each record (GET) and its expiry (PTTL), between two readings of Redis' clock."""
         if not wanted:
             return []
         local_ms = time.time() * 1000
         pipe = client.pipeline(transaction=False)
         pipe.time()
-        for job in wanted:
+        for job, _ in wanted:
             pipe.get(job.key)  # not MGET: a record of another type must say so
             pipe.pttl(job.key)
         pipe.time()
@@ -269,17 +269,11 @@ class FinishedJobs:
         began_ms, ended_ms = _clock_ms(first), _clock_ms(last)
         self._clock_ms = began_ms - local_ms
         records = []
-        for index, job in enumerate(wanted):
+        for index, (job, status_only) in enumerate(wanted):
             raw, life = replies[2 * index], replies[2 * index + 1]
             if isinstance(life, Exception):
                 raise refusal("pttl", life)
             expiry = Expiry(began_ms + life, ended_ms - began_ms) if life >= 0 else None
-            seen = self._seen.get(job.key)
-            status_only = (
-                seen is not None
-                and seen.failed is None
-                and job.key not in (self.announcements.waiting)
-            )
             records.append(JobRecord(job, expiry, raw, status_only))
         return records
 
@@ -290,7 +284,7 @@ class FinishedJobs:
         if not self._counted:
             return None
         redis_ms = time.time() * 1000 + self._clock_ms
-        failed = dict.fromkeys(self._queues, 0)
+        failed = dict.fromkeys(sorted(self._queues), 0)
         unread = set(self._left)
         for seen in self._seen.values():
             if seen.failed is None:
@@ -363,7 +357,7 @@ class FinishedJobs:
         if queue not in self._queues:
             if len(self._queues) >= MAX_QUEUES:
                 raise numbers.InvalidValue("over_limit", f"more than {MAX_QUEUES} queues")
-            self._queues.append(queue)
+            self._queues.add(queue)
         self._seen[key] = _Seen(queue, record.expiry, before, job["status"] == "failed")
         if record.status_only:
             return
