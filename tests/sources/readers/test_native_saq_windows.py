@@ -2,7 +2,7 @@
 (PUBLISH on the job's key, saq/queue/redis.py `notify`) and reads only the jobs announced, so a
 read fetches what finished since the last one, not again the 30,000 kept; a flood of 300,000
 finishes is observed whole; a gap in the subscription is counted and caught up by a look, which
-observes the jobs finished during it once.
+observes the jobs finished during it once; a read cut off at its deadline keeps the subscription.
 
 Kept jobs are written in SAQ's layout (test_native_windows.Saq); the flood is written as SAQ's
 `_finish` and `notify` write a finished job, by a script (SAQ's own Queue API finishes a few
@@ -21,20 +21,27 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 import redis
 
+from exporter.lifecycle.metrics import EventMetrics
+from exporter.output.health import HealthBoard
+from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.readers.config import SaqReaderConfig
-from exporter.sources.readers.framework import Signals
+from exporter.sources.readers.framework import NativeSource, Signals
 from exporter.sources.readers.saq import DEPTH, SaqReader
 from exporter.sources.readers.saq_jobs import MAX_READS
+from exporter.sources.source import DeadlineExceeded, sample_within_deadline
+from exporter.sources.streams.config import EventsSourceConfig
 from tests.conftest import wait_for
 from tests.private_redis import PrivateRedis
 from tests.saq_app.control import driver
 from tests.sources.readers.test_native_windows import JOBS_PER_SCRIPT, KEPT, QUEUE, Saq
+from tests.tcp_proxy import TcpProxy
 from tests.tools import missing
 
 FLOOD = 300_000
@@ -262,4 +269,64 @@ def test_a_gap_is_counted_and_its_jobs_caught_up_once(saq_installed, server, cap
         print(f"a gap of 4 jobs: lost {reads.lost:.0f} gap, observed {reads.timed:.0f} of 9")
     finally:
         reader.close()
+        system.stop()
+
+
+class _Kept(SaqReader):
+    """A SAQ reader that keeps what each read that succeeded counted."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(SaqReaderConfig(queues=[QUEUE]), RedisConnectionConfig(url=url))
+        self.succeeded: list[Signals] = []
+
+    def read(self, signals: Signals) -> None:
+        super().read(signals)
+        self.succeeded.append(signals)
+
+    def timed_and_lost(self) -> tuple[int, int]:
+        timed = sum(
+            len(values)
+            for signals in self.succeeded
+            for (m, _), values in signals.tally.observations.items()
+            if m == "queue_job_execution_seconds"
+        )
+        return timed, sum(signals.tally.lost for signals in self.succeeded)
+
+
+def test_a_read_cut_off_at_its_deadline_keeps_the_subscription(saq_installed, server):
+    """The reader reads through a proxy that freezes (a hung Redis) and runs under its
+    deadline's watchdog, as the exporter runs it: the read is cut off while 3 real jobs
+    finish; the subscription stays, so once Redis answers again the next reads observe those
+    3 and the 2 before, once, with no gap."""
+    admin = server.client()
+    system = Saq(server.url, admin)
+    proxy = TcpProxy("127.0.0.1", server.port).start()
+    reader = _Kept(f"redis://127.0.0.1:{proxy.port}/0")
+    telemetry = Telemetry(HealthBoard())
+    metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
+    source = NativeSource(lambda: reader, 2.0, metrics)
+    try:
+        system.start()
+        sample_within_deadline(source)  # the baseline
+
+        def observed(count: int) -> bool:
+            with suppress(Exception):  # a read cut off on a loaded host: the next one
+                sample_within_deadline(source)
+            return reader.timed_and_lost()[0] >= count
+
+        system.finish(2)
+        wait_for(lambda: observed(2), timeout=30)
+        proxy.freeze()
+        system.finish(3)
+        with pytest.raises(DeadlineExceeded):
+            sample_within_deadline(source)
+        proxy.thaw()
+        wait_for(lambda: observed(5), timeout=30)
+        for _ in range(3):
+            sample_within_deadline(source)
+        assert reader.timed_and_lost() == (5, 0)
+    finally:
+        source.close()
+        telemetry.shutdown()
+        proxy.cut()
         system.stop()
