@@ -15,7 +15,7 @@ So the reader hears them (redis/subscription.py: PSUBSCRIBE saq:job:* on a conne
 kept by a read cut off at its deadline) and reads only the jobs announced (GET, and PTTL for
 how long the record is kept), MAX_READS a read, the rest at the next: a read fetches what
 finished since the last one, not again what it counted (over 30,000 kept jobs, a read after 3
-jobs finished cost 5.8-7.3 KB from Redis in all where looking through the kept records got
+jobs finished cost 5.8-7.7 KB from Redis in all where looking through the kept records got
 1.13 MB: tests/sources/readers/test_native_saq_windows.py). A job announced in another status is read only when it was
 remembered finished (a key enqueued again: forgotten once its record says so).
 
