@@ -264,6 +264,7 @@ class TypeReads(StrictModel):
     scores: ScoreWindow | None = None
     priority_bands: PriorityBands | None = None
     split_by: LabelFromItems | None = None
+    stream_group: str | None = None
 
 
 # The reading options, as each layout below that takes one declares it: a layout leaves out
@@ -589,8 +590,6 @@ class SeveralTypesGroup(KeyGroup):
         types = self.types
         if not isinstance(self.type, list) or len(set(types)) != len(types) or len(types) < 2:
             raise ValueError("type: a list names two types or more, each once")
-        if "stream" in types:
-            raise ValueError("type: a stream is read by its own commands, not among others")
         for key_type in self.by_type:
             if key_type not in types:
                 raise ValueError(f"by_type: {key_type} is not one of the group's types")

@@ -27,7 +27,8 @@ def _group(**overrides: object) -> dict[str, object]:
     [
         ({"type": ["list"]}, "two types or more"),
         ({"type": ["list", "list"]}, "two types or more"),
-        ({"type": ["list", "stream"]}, "a stream is read by its own commands"),
+        # a consumer group is a stream's alone (Taskiq's queue: a list or a stream)
+        ({"type": ["list", "stream"], "by_type": {"list": {"stream_group": "g"}}}, "its list keys"),
         ({"by_type": {"hash": {}}}, "hash is not one of the group's types"),
         ({"type": "list", "by_type": {"list": {}}}, "a group of several types"),
         # the group's own options apply to every type: a due count to a list is refused
@@ -50,6 +51,13 @@ def test_each_type_is_read_with_its_own_options() -> None:
     assert (as_zset.type, as_zset.max_depth) == ("zset", 5)
     assert as_zset.oldest is not None and as_zset.oldest.time_in == "score"
     assert group.of_type("zset") is as_zset  # made once: readers key what they learn by it
+
+
+@pytest.mark.fast
+def test_a_stream_among_several_types_reads_its_consumer_group() -> None:
+    group = key_group(_group(type=["list", "stream"], by_type={"stream": {"stream_group": "g"}}))
+    as_list, as_stream = group.views()
+    assert (as_list.type, as_stream.type, as_stream.stream_group) == ("list", "stream", "g")
 
 
 @pytest.mark.parametrize("named", [True, False], ids=["values", "scanned"])
