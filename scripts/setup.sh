@@ -53,6 +53,7 @@ TOOL_VENVS=(
   "arq arq==0.28.0"         # pins redis-py below 6: tests/conformance/ (arq)
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
   "huey2 huey==2.6.0 redis==8.1.0"    # Huey 2.x beside the dev extra's 3.x
+  "taskiq taskiq-redis==1.2.4 taskiq==0.13.0" # tests/conformance/ (taskiq): aiohttp, pycron
 )
 
 install_debian_tools() {

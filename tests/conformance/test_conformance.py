@@ -40,6 +40,7 @@ from tests.conformance.adapters.python_queues import (
 from tests.conformance.adapters.resque import ResqueAdapter
 from tests.conformance.adapters.rq import RqAdapter
 from tests.conformance.adapters.sidekiq import SidekiqAdapter
+from tests.conformance.adapters.taskiq import TaskiqAdapter
 from tests.conformance.checks import ReadTimes, mismatches, served_signals, unnamed_signals
 from tests.conftest import Series, scrape_series, wait_until_served_as_truth
 
@@ -58,6 +59,7 @@ ADAPTERS: list[type[Adapter]] = [
     ProcrastinateAdapter,
     CeleryAdapter,
     ResqueAdapter,
+    TaskiqAdapter,
 ]
 
 
