@@ -1,7 +1,7 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-node-resque, pg-boss, graphile-worker, Procrastinate), or that the system's documented
+node-resque, Taskiq, pg-boss, graphile-worker, Procrastinate), or that the system's documented
 layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
@@ -32,6 +32,7 @@ from tests.conformance.adapters.python_queues import (
     Dramatiq,
     Huey,
 )
+from tests.conformance.adapters.taskiq import TASKIQ_PYTHON
 from tests.conftest import Series, wait_for
 from tests.real_queues import BeeQueue, Bull, BullMQ, NodeResque, Sidekiq
 from tests.saq_app.control import driver as saq_driver
@@ -215,6 +216,16 @@ def saq_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
     return {("default", "pending"): saq_driver(redis_url, "truth", "default")["queues"]["default"]["queued"]}  # fmt: skip
 
 
+def taskiq_data(redis_url: str, **_: Any) -> dict[tuple[str, str], int]:
+    """Tasks sent through taskiq-redis's RedisStreamBroker to its default queue, taskiq."""
+    require(TASKIQ_PYTHON, "taskiq_redis", "taskiq-redis")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TASKIQ_REDIS_URL": redis_url}
+    env["TASKIQ_BROKER"] = "stream"
+    driver = [TASKIQ_PYTHON, "-m", "tests.taskiq_app.driver"]
+    run_json([*driver, "kick", json.dumps([{"task": "succeed"}] * 3)], env)
+    return {("taskiq", "pending"): run_json([*driver, "truth"], env)["lag"]}
+
+
 def pgboss_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
     """pg-boss 12's own schema and jobs (tests/node/pgboss.cjs seed): getJobById of each."""
     boss = PgBoss(12, postgres_dsn, tmp_path)
@@ -275,6 +286,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "huey": ("huey", huey_data),
     "saq": ("saq", saq_data),
     "resque": ("resque", resque_data),
+    "taskiq": ("taskiq", taskiq_data),
     "pgboss": ("pgboss", pgboss_data),
     "graphile_worker": ("graphile_worker", graphile_worker_data),
     "procrastinate": ("procrastinate", procrastinate_data),
