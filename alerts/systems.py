@@ -47,6 +47,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("graphile_worker", "graphile-worker"),
     ("procrastinate", "Procrastinate"),
     ("resque", "Resque"),
+    ("taskiq", "Taskiq"),
 )
 # Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}
