@@ -1,5 +1,5 @@
-"""`check-config --connect` finds the queues of the six Redis presets of arq, Dramatiq, Huey,
-SAQ, Bull and Bee-Queue: each system's queues written by the library itself into a database of
+"""`check-config --connect` finds the queues of the Redis presets of arq, Dramatiq, Huey, SAQ,
+Bull, Bee-Queue and Taskiq: each system's queues written by the library itself into a database of
 its own (the least-privilege test's seeds), each preset checked against its database."""
 
 from __future__ import annotations

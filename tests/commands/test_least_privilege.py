@@ -28,13 +28,14 @@ from exporter.commands.cli import main
 from exporter.config import settings as config_module
 from tests import layouts
 from tests.attune_db import Attune
+from tests.commands.test_least_privilege_queues import seed_taskiq
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BullMQ, NodeResque, Sidekiq
 
 PASSWORD = "least-privilege-pw"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq", "resque"]
+REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq", "resque", "taskiq"]
 # Celery's queues named: found queues may have any name (%R~*), named ones narrow the ACL to
 # their lists (docs/security.md)
 PRESET_ENTRIES = [
@@ -52,7 +53,7 @@ def acl_redis(tmp_path):
 
 def _seed(client: redis.Redis, now: float) -> NodeResque:
     """Queue keys of every Redis preset, written as the systems write them (RQ, Celery, BullMQ,
-    Sidekiq and node-resque by the libraries themselves)."""
+    Sidekiq, node-resque and taskiq-redis by the libraries themselves)."""
     client.rpush("orchestrata:queue:billing:p3", json.dumps({"queued_at": layouts.iso(now - 60)}))
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
@@ -75,6 +76,7 @@ def _seed(client: redis.Redis, now: float) -> NodeResque:
         {"op": "enqueueIn", "queue": "mail", "ms": 600_000},
         {"op": "idle", "queues": ["mail"], "name": "host:2"},  # its record read (GET) each read
     )
+    seed_taskiq(f"redis://127.0.0.1:{port}/0", port, 0)  # its stream, read through its group
     client.set("secrets:not-a-queue", "nobody's business")
     return resque  # its idle worker runs until stopped
 
@@ -143,6 +145,8 @@ def _runs_with_the_acl(
     assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 2
     assert value(series, "queue_depth", system="resque", queue="mail", state="failed") == 1
     assert value(series, "queue_workers", system="resque", queue="mail", state="idle") == 1
+    assert value(series, "queue_depth", system="taskiq", queue="taskiq", state="pending") == 1
+    assert value(series, "queue_oldest_age_seconds", system="taskiq", state="pending") is not None
     assert _errors(series) == {}
     assert admin.execute_command("ACL", "LOG") == []  # nothing was refused, not even ignored
 

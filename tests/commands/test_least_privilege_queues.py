@@ -1,4 +1,4 @@
-"""The six Redis presets of arq, Dramatiq, Huey, SAQ, Bull and Bee-Queue under exactly the ACL
+"""The Redis presets of arq, Dramatiq, Huey, SAQ, Bull, Bee-Queue and Taskiq under exactly the ACL
 `queue-exporter redis-acl` prints for them: every queue read (its depths and the ages kept in a
 hash field, a JSON string key or a job hash), nothing refused, nothing written.
 
@@ -28,7 +28,8 @@ from tests.tools import missing
 ROOT = Path(__file__).resolve().parents[2]
 ARQ_PYTHON = ROOT / ".venv/tools/arq/bin/python"
 PASSWORD = "least-privilege-pw"
-PRESETS = ["arq", "dramatiq", "huey", "saq", "bull", "bee_queue"]
+TASKIQ_PYTHON = ROOT / ".venv/tools/taskiq/bin/python"
+PRESETS = ["arq", "dramatiq", "huey", "saq", "bull", "bee_queue", "taskiq"]
 # The queue of each system whose pending depth and age the test reads
 PENDING = {
     "arq": "arq:queue",
@@ -37,8 +38,9 @@ PENDING = {
     "saq": "default",
     "bull": "mail",
     "bee_queue": "mail",
+    "taskiq": "taskiq",
 }
-AGED = ("arq", "dramatiq", "saq", "bull", "bee_queue")  # Huey records no enqueue time
+AGED = ("arq", "dramatiq", "saq", "bull", "bee_queue", "taskiq")  # Huey records no enqueue time
 
 
 @pytest.fixture
@@ -99,6 +101,21 @@ def seed_bee_queue(url: str, port: int, db: int) -> None:
     BeeQueue(2, db=db, port=port).steps(*_NODE_STEPS)
 
 
+def seed_taskiq(url: str, port: int, db: int) -> None:
+    """A task sent through taskiq-redis's RedisStreamBroker: its stream and consumer group."""
+    if not TASKIQ_PYTHON.exists():
+        missing(f"no taskiq at {TASKIQ_PYTHON}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TASKIQ_REDIS_URL": url}
+    done = subprocess.run(
+        [TASKIQ_PYTHON, "-m", "tests.taskiq_app.driver", "kick", '[{"task": "succeed"}]'],
+        env={**env, "TASKIQ_BROKER": "stream"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, f"taskiq: {done.stderr[-2000:]}"
+
+
 # Each system's queue PENDING names, written through the library itself into the database at
 # `url` (number `db` of the server on `port`): a pending job, and a delayed one where it has any.
 SEEDS = {
@@ -108,6 +125,7 @@ SEEDS = {
     "saq": seed_saq,
     "bull": seed_bull,
     "bee_queue": seed_bee_queue,
+    "taskiq": seed_taskiq,
 }
 
 
