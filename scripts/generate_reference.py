@@ -209,6 +209,9 @@ def _reads(group: dict[str, Any]) -> list[str]:
         score = {"as_is": "score", "negated": "score, negated"}.get(split.get("score"))
         source = f"each member's {score}" if score else f"each item's `{split['field']}`"
         reads = [f"depth per {split['label']} ({source})"]
+    consumers = group.get("stream_group")
+    if consumers:
+        reads = [f"depth: consumer group `{consumers}`'s lag, `active`: its pending entries"]
     if group.get("priority_bands"):
         reads.append("priority from score bands")
     if group.get("scores"):
@@ -230,7 +233,8 @@ def _reads(group: dict[str, Any]) -> list[str]:
     if oldest:
         where = oldest.get("field") or oldest["time_in"]
         unmarked = ", unmarked" if marker else ""
-        reads.append(f"head age ({oldest.get('end', 'head')}{unmarked}, {where})")
+        end = "first undelivered" if consumers else oldest.get("end", "head")
+        reads.append(f"head age ({end}{unmarked}, {where})")
     if group.get("due"):
         reads.append(f"`{group['due']['metric']}`")
     if group.get("look_alikes"):
