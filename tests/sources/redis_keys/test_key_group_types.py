@@ -87,6 +87,33 @@ def test_each_key_is_read_as_the_type_it_holds(
     assert report.last_warning is not None and "(a hash)" in report.last_warning
 
 
+@pytest.mark.parametrize("named", [True, False], ids=["values", "scanned"])
+def test_a_stream_among_lists_is_read_through_its_consumer_group(
+    named: bool, redis_client, redis_url, run_exporter
+) -> None:
+    """Taskiq's layout: one key per queue, a list or a stream with a consumer group."""
+    redis_client.rpush("jobs:plain", "a", "b")
+    redis_client.xgroup_create("jobs:streamed", "g", id="$", mkstream=True)
+    ids = [redis_client.xadd("jobs:streamed", {"data": str(n)}) for n in range(3)]
+    redis_client.xreadgroup("g", "worker-1", {"jobs:streamed": ">"}, count=1)  # one delivered
+    values = {"values": {"queue": ["plain", "streamed"]}} if named else {}
+    stream = {"stream_group": "g", "oldest": {"time_in": "stream_id"}}
+    group = _group(type=["list", "stream"], by_type={"stream": stream}, **values)
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+
+    series = scrape_when(app, "queue_depth", queue="streamed", state="active")
+    assert value(series, "queue_depth", queue="plain", state="pending") == 2
+    assert value(series, "queue_depth", queue="streamed", state="pending") == 2  # the lag
+    assert value(series, "queue_depth", queue="streamed", state="active") == 1  # pending
+    # the first undelivered entry's id is its time (ms)
+    since = int(ids[1].split(b"-")[0]) / 1000
+    age = value(series, "queue_oldest_age_seconds", queue="streamed", state="pending")
+    assert age is not None and 0 <= age <= time.time() - since + 0.001
+    assert value(series, "queue_oldest_age_seconds", queue="plain") is None
+    report = wait_for(lambda: {r.pattern: r for r in app.health.key_groups()}.get("jobs:{queue}"))
+    assert report.type == "list or stream" and report.errors == {}
+
+
 @pytest.mark.parametrize(
     ("split", "message"),
     [
