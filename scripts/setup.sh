@@ -54,6 +54,9 @@ TOOL_VENVS=(
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
   "huey2 huey==2.6.0 redis==8.1.0"    # Huey 2.x beside the dev extra's 3.x
   "taskiq taskiq-redis==1.2.4 taskiq==0.13.0" # tests/conformance/ (taskiq): aiohttp, pycron
+  # tests/conformance/ (django_q): Django 5.2 and real qcluster workers, kept apart from
+  # the project's venv (Django is no dependency of the exporter)
+  "djangoq django-q2==1.11.1 Django==5.2.19 redis==8.2.0 psycopg[binary]==3.3.9"
 )
 
 install_debian_tools() {
