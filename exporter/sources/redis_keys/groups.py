@@ -55,13 +55,17 @@ class OldestItem(StrictModel):
         "earliest: the earliest time among the first max_items items, for an order that is "
         "not by that time (RQ's started registry, scored by deadline; split_by's hash values)",
     )
-    time_in: Literal["score", "item", "prefix", "json", "hash", "string", "stream_id"] = Field(
-        description="score: the zset score is the time; item: the item itself is a time; "
-        "prefix: the item's first 8 bytes, a big-endian unsigned integer (PriorityRedisHuey's "
-        "enqueue time in microseconds: divisor 1000000); "
-        "json: a field of the item's JSON; hash: a field of a hash the item names; string: "
-        "json_field of the JSON string key the item names; stream_id: the entry id's "
-        "millisecond part"
+    time_in: Literal["score", "item", "prefix", "json", "hash", "string", "stream_id", "signed"] = (
+        Field(
+            description="score: the zset score is the time; item: the item itself is a time; "
+            "prefix: the item's first 8 bytes, a big-endian unsigned integer (PriorityRedisHuey's "
+            "enqueue time in microseconds: divisor 1000000); "
+            "json: a field of the item's JSON; hash: a field of a hash the item names; string: "
+            "json_field of the JSON string key the item names; stream_id: the entry id's "
+            "millisecond part; signed: the time a Django signing.dumps token (<payload>:<time>:"
+            "<signature>, django-q2's queued tasks) was signed, its base-62 seconds read without "
+            "the payload"
+        )
     )
     field: str | None = Field(None, description="JSON field or hash field holding the time")
     json_after: str | None = Field(
@@ -331,8 +335,9 @@ class KeyGroup(StrictModel):
     values_from_keys: dict[str, str | list[str]] = Field(
         default_factory=dict,
         description="take a placeholder's values from the keys matching a pattern with {value} "
-        "(BullMQ's <prefix>:<queue>:meta), or any of a list of patterns: a queue whose job keys "
-        "are all gone still reads 0",
+        "(BullMQ's <prefix>:<queue>:meta) and any {_name} wildcards (django-q2's "
+        "django_q:<queue>:cluster:{_cluster}), or any of a list of patterns: a queue whose job "
+        "keys are all gone still reads 0",
     )
     values_exclude: dict[str, str] = Field(
         default_factory=dict,
@@ -398,9 +403,13 @@ class KeyGroup(StrictModel):
                 raise ValueError(f"values_exclude.{name}: {error}") from None
         for name, keys in self.values_from_keys.items():
             for pattern in [keys] if isinstance(keys, str) else keys:
-                if placeholders(pattern) != ["value"]:
+                named = placeholders(pattern)
+                if named.count("value") != 1 or any(
+                    part != "value" and not part.startswith("_") for part in named
+                ):
                     raise ValueError(
-                        f"values_from_keys.{name}: the pattern needs exactly one {{value}}"
+                        f"values_from_keys.{name}: the pattern needs exactly one {{value}}, "
+                        "its other placeholders {_name} wildcards"
                     )
         return self
 
@@ -487,7 +496,7 @@ class StreamGroup(KeyGroup):
 
 
 # time_in a list's items and a zset's members may keep their time by (a zset's score too)
-_ITEM_TIMES = {"item", "prefix", "json", "hash", "string"}
+_ITEM_TIMES = {"item", "prefix", "json", "hash", "string", "signed"}
 
 
 class OrderedGroup(KeyGroup):

@@ -29,6 +29,13 @@ from exporter.sources.redis_keys.groups import (
 
 # time_in prefix: the bytes of the big-endian unsigned integer an item starts with
 PREFIX_BYTES = 8
+# time_in signed: Django's base-62 digits (django.core.signing.b62_encode), their values
+_BASE62 = {
+    digit: value
+    for value, digit in enumerate(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+}
+# a signing time of more base-62 digits is past any epoch second a clock gives (62^7 > 3.5e12)
+_BASE62_MAX_DIGITS = 7
 
 
 class ItemError(Exception):
@@ -133,12 +140,31 @@ def item_time(oldest: OldestItem, item: bytes, score: float | None) -> float:
         if len(item) < PREFIX_BYTES:
             raise ItemError("time_missing")
         return parse_time(int.from_bytes(item[:PREFIX_BYTES], "big"), oldest.format, oldest.divisor)
+    if oldest.time_in == "signed":
+        return signed_at(item)
     text = item.decode("utf-8", "replace")
     if oldest.json_after is not None:
         _, separator, text = text.partition(oldest.json_after)
         if not separator:
             raise ItemError("item_not_json")
     return parse_time(_json_value(text, (oldest.field,)), oldest.format, oldest.divisor)
+
+
+def signed_at(token: bytes) -> float:
+    """The time (epoch seconds) a Django signing.dumps token was signed: TimestampSigner writes
+    <payload>:<base-62 seconds>:<signature> (django-q2 signs each task it queues so). The
+    payload is neither decoded nor trusted: it is a pickle, and the signature is not checked
+    (that needs the application's SECRET_KEY), so a forged token reads the time it claims."""
+    parts = token.rsplit(b":", 2)
+    if len(parts) != 3 or not 0 < len(parts[1]) <= _BASE62_MAX_DIGITS:
+        raise ItemError("time_missing")
+    seconds = 0
+    for digit in parts[1]:
+        value = _BASE62.get(digit)
+        if value is None:
+            raise ItemError("time_missing")
+        seconds = seconds * 62 + value
+    return float(seconds)
 
 
 # A JSON document parsed without json.loads's layers (its checks for bytes and for whitespace
