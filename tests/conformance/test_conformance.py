@@ -25,6 +25,7 @@ from alerts.recorded import record_or_compare
 from exporter.runtime.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.celery import CeleryAdapter
+from tests.conformance.adapters.django_q import DjangoQAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
 from tests.conformance.adapters.postgres_queues import (
     GraphileWorkerAdapter,
@@ -60,6 +61,7 @@ ADAPTERS: list[type[Adapter]] = [
     CeleryAdapter,
     ResqueAdapter,
     TaskiqAdapter,
+    DjangoQAdapter,
 ]
 
 
