@@ -48,6 +48,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("procrastinate", "Procrastinate"),
     ("resque", "Resque"),
     ("taskiq", "Taskiq"),
+    ("django_q", "django-q2"),
 )
 # Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}
