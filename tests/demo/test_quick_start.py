@@ -1,8 +1,8 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-node-resque, Taskiq, pg-boss, graphile-worker, Procrastinate), or that the system's documented
-layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
+node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate), or that the system's
+documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from tests.conformance.adapters.python_queues import (
 )
 from tests.conformance.adapters.taskiq import TASKIQ_PYTHON
 from tests.conftest import Series, wait_for
+from tests.djangoq_app.control import DEFAULT, DjangoQ
 from tests.real_queues import BeeQueue, Bull, BullMQ, NodeResque, Sidekiq
 from tests.saq_app.control import driver as saq_driver
 
@@ -140,6 +141,13 @@ def resque_data(redis_db: int, **_: Any) -> dict[tuple[str, str], int]:
     )
     queues = resque.state()["queues"]
     return {(queue, "pending"): queues[queue] for queue in ("default", "critical")}
+
+
+def django_q_data(redis_url: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
+    """django-q2's async_task, its default cluster name: tasks waiting in its broker list."""
+    django_q = DjangoQ(redis_url, tmp_path / "django.sqlite3")
+    django_q.driver(DEFAULT, "enqueue", "succeed", "2")
+    return {(DEFAULT, "pending"): django_q.driver(DEFAULT, "truth")["queued"]}
 
 
 def attune_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
@@ -287,6 +295,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "saq": ("saq", saq_data),
     "resque": ("resque", resque_data),
     "taskiq": ("taskiq", taskiq_data),
+    "django_q": ("django_q", django_q_data),
     "pgboss": ("pgboss", pgboss_data),
     "graphile_worker": ("graphile_worker", graphile_worker_data),
     "procrastinate": ("procrastinate", procrastinate_data),
