@@ -30,12 +30,15 @@ from tests import layouts
 from tests.attune_db import Attune
 from tests.commands.test_least_privilege_queues import seed_taskiq
 from tests.conftest import POSTGRES_ADMIN_DSN, scrape_series, value, wait_for
+from tests.djangoq_app.control import DEFAULT, DjangoQ
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BullMQ, NodeResque, Sidekiq
 
 PASSWORD = "least-privilege-pw"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "security.md"
-REDIS_PRESETS = ["orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq", "resque", "taskiq"]
+REDIS_PRESETS = [
+    "orchestrata", "runnerq", "rq", "celery", "bullmq", "sidekiq", "resque", "taskiq", "django_q"
+]  # fmt: skip
 # Celery's queues named: found queues may have any name (%R~*), named ones narrow the ACL to
 # their lists (docs/security.md)
 PRESET_ENTRIES = [
@@ -51,9 +54,9 @@ def acl_redis(tmp_path):
     server.stop()
 
 
-def _seed(client: redis.Redis, now: float) -> NodeResque:
+def _seed(client: redis.Redis, now: float, tmp_path: Path) -> NodeResque:
     """Queue keys of every Redis preset, written as the systems write them (RQ, Celery, BullMQ,
-    Sidekiq, node-resque and taskiq-redis by the libraries themselves)."""
+    Sidekiq, node-resque, taskiq-redis and django-q2 by the libraries themselves)."""
     client.rpush("orchestrata:queue:billing:p3", json.dumps({"queued_at": layouts.iso(now - 60)}))
     client.rpush("orchestrata:dlq:billing", json.dumps({"failed_at": layouts.iso(now - 90)}))
     activity = layouts.runnerq_activity("send_email", "Normal", now - 30)
@@ -77,6 +80,8 @@ def _seed(client: redis.Redis, now: float) -> NodeResque:
         {"op": "idle", "queues": ["mail"], "name": "host:2"},  # its record read (GET) each read
     )
     seed_taskiq(f"redis://127.0.0.1:{port}/0", port, 0)  # its stream, read through its group
+    django_q = DjangoQ(f"redis://127.0.0.1:{port}/0", tmp_path / "django.sqlite3")
+    django_q.driver(DEFAULT, "enqueue", "succeed", "1")  # its age read from the signed task
     client.set("secrets:not-a-queue", "nobody's business")
     return resque  # its idle worker runs until stopped
 
@@ -100,10 +105,10 @@ def _errors(series: dict) -> dict:
     }
 
 
-def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_exporter):
+def test_redis_sidecar_runs_with_exactly_the_documented_acl(acl_redis, run_exporter, tmp_path):
     admin = acl_redis.client()
     now = time.time()
-    resque = _seed(admin, now)
+    resque = _seed(admin, now, tmp_path)
     try:
         _runs_with_the_acl(acl_redis, admin, run_exporter, now)
     finally:
@@ -145,8 +150,14 @@ def _runs_with_the_acl(
     assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 2
     assert value(series, "queue_depth", system="resque", queue="mail", state="failed") == 1
     assert value(series, "queue_workers", system="resque", queue="mail", state="idle") == 1
+<<<<<<< HEAD
     assert value(series, "queue_depth", system="taskiq", queue="taskiq", state="pending") == 1
     assert value(series, "queue_oldest_age_seconds", system="taskiq", state="pending") is not None
+=======
+    assert value(series, "queue_depth", system="django_q", queue="default", state="pending") == 1
+    age = {"system": "django_q", "queue": "default", "state": "pending"}
+    assert value(series, "queue_oldest_age_seconds", **age) is not None
+>>>>>>> 947ef1f (Least privilege: the django_q preset under exactly its ACL)
     assert _errors(series) == {}
     assert admin.execute_command("ACL", "LOG") == []  # nothing was refused, not even ignored
 
