@@ -150,14 +150,11 @@ def _runs_with_the_acl(
     assert value(series, "queue_depth", system="celery", queue="celery", state="pending") == 2
     assert value(series, "queue_depth", system="resque", queue="mail", state="failed") == 1
     assert value(series, "queue_workers", system="resque", queue="mail", state="idle") == 1
-<<<<<<< HEAD
     assert value(series, "queue_depth", system="taskiq", queue="taskiq", state="pending") == 1
     assert value(series, "queue_oldest_age_seconds", system="taskiq", state="pending") is not None
-=======
     assert value(series, "queue_depth", system="django_q", queue="default", state="pending") == 1
     age = {"system": "django_q", "queue": "default", "state": "pending"}
     assert value(series, "queue_oldest_age_seconds", **age) is not None
->>>>>>> 947ef1f (Least privilege: the django_q preset under exactly its ACL)
     assert _errors(series) == {}
     assert admin.execute_command("ACL", "LOG") == []  # nothing was refused, not even ignored
 
