@@ -8,6 +8,7 @@ import pytest
 
 from tests.commands.test_check_config import run_cli
 from tests.commands.test_least_privilege_queues import PENDING, SEEDS
+from tests.djangoq_app.control import DEFAULT, DjangoQ
 from tests.private_redis import PrivateRedis
 
 
@@ -37,3 +38,17 @@ def test_check_config_connect_names_the_queues_of_each_new_preset(seeded, preset
     # and only its own system's queues: the other databases are not this one
     others = [system for system in SEEDS if system != preset]
     assert not any(f'system="{system}"' in out for system in others), out
+
+
+def test_check_config_connect_names_django_q_s_queue(redis_url, tmp_path):
+    """django-q2's async_task under its default cluster name: check-config --connect finds its
+    broker list with no params, its depth and the age of its signed task, and names what the
+    preset does not read."""
+    django_q = DjangoQ(redis_url, tmp_path / "django.sqlite3")
+    django_q.driver(DEFAULT, "enqueue", "succeed", "2")
+    result = run_cli("check-config", "--redis-url", redis_url, "--preset", "django_q", "--connect")
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    where = 'system="django_q", queue="default", priority="", state="pending"'
+    assert f"queue_depth{{{where}}} 2, queue_oldest_age_seconds " in out, out
+    assert "# not recorded by django_q workers: " in out, out

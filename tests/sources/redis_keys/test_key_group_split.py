@@ -167,14 +167,37 @@ def test_bad_split_settings_are_refused_with_their_place(change, message):
     assert message in str(error.value)
 
 
-@pytest.mark.fast
-def test_values_from_keys_needs_one_value_placeholder():
+def test_queues_from_keys_with_wildcards(redis_client, redis_url, run_exporter):
+    """{_name} parts of a values_from_keys pattern match anything (django-q2's cluster keys,
+    one per live cluster of a queue): each key names its queue once, however many."""
+    redis_client.set("jobs:mail:cluster:a1", "x")
+    redis_client.set("jobs:mail:cluster:b2", "x")
+    redis_client.set("jobs:bills:cluster:c3", "x")
+    redis_client.rpush("jobs:bills:wait", "1")
     group = {
         "system": "custom",
         "pattern": "jobs:{queue}:wait",
         "type": "list",
         "state": "pending",
-        "values_from_keys": {"queue": "jobs:meta"},
+        "values_from_keys": {"queue": "jobs:{value}:cluster:{_cluster}"},
+    }
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", system="custom", queue="mail")
+    assert value(series, "queue_depth", system="custom", queue="mail") == 0
+    assert value(series, "queue_depth", system="custom", queue="bills") == 1
+    queues = {dict(labels)["queue"] for name, labels in series if name == "queue_depth"}
+    assert queues == {"mail", "bills"}
+
+
+@pytest.mark.parametrize("keys", ["jobs:meta", "jobs:{value}:{other}", "{value}:{value}"])
+@pytest.mark.fast
+def test_values_from_keys_needs_one_value_placeholder(keys):
+    group = {
+        "system": "custom",
+        "pattern": "jobs:{queue}:wait",
+        "type": "list",
+        "state": "pending",
+        "values_from_keys": {"queue": keys},
     }
     raw = {"sources": {"redis": {"url": "redis://localhost", "key_groups": [group]}}}
     with pytest.raises(ConfigError, match=r"values_from_keys.queue: the pattern needs exactly"):
