@@ -1,5 +1,6 @@
 """django-q2 from the tests' side: its driver and real `qcluster` processes, run with the
-django-q2 venv (scripts/setup.sh) against a Redis URL and a SQLite file of its ORM tables."""
+django-q2 venv (scripts/setup.sh) against a Redis URL and the database of its ORM tables: a
+SQLite file, or a PostgreSQL conninfo."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ DEFAULT = "default"  # django-q2's Q_CLUSTER name when none is set: its list dja
 class DjangoQ:
     """The Django sites of one Redis and one database, each by its Q_CLUSTER name."""
 
-    def __init__(self, redis_url: str, database: Path) -> None:
+    def __init__(self, redis_url: str, database: Path | str) -> None:
         require(PYTHON, "django_q", "django-q2")
         self.redis_url, self.database = redis_url, database
         subprocess.run(
@@ -33,8 +34,11 @@ class DjangoQ:
             "PYTHONPATH": str(ROOT),
             "DJANGO_SETTINGS_MODULE": "tests.djangoq_app.settings",
             "DJANGOQ_REDIS_URL": self.redis_url,
-            "DJANGOQ_DB": str(self.database),
         }
+        if isinstance(self.database, Path):
+            env["DJANGOQ_DB"] = str(self.database)
+        else:
+            env["DJANGOQ_DB_DSN"] = self.database
         if site != DEFAULT:  # the library's default name: no name set
             env["DJANGOQ_NAME"] = site
         return env
