@@ -642,7 +642,11 @@ class Cycle:
             info = next((entry for entry in groups if entry.get(b"name") == wanted), None)
             if info is None:
                 raise ItemError("stream_group_missing")
-            self._add_depth(tally, labels, float(info.get(b"lag") or 0))
+            lag = info.get(b"lag")
+            if lag is None:  # Redis cannot tell (an entry XDELed, an id set): no depth made up
+                tally.failed(key, "stream_lag_unknown")
+            else:
+                self._add_depth(tally, labels, float(lag))
             self._add_depth(
                 tally, labels._replace(state="active"), float(info.get(b"pending") or 0)
             )

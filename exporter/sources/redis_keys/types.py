@@ -35,6 +35,8 @@ REASON_WORDS = {
     "item_too_large": "the head item is larger than max_item_bytes, its time is not read",
     "stream_missing": "the stream does not exist",
     "stream_group_missing": "the stream has no such consumer group",
+    "stream_lag_unknown": "Redis cannot tell the consumer group's lag (an entry deleted with "
+    "XDEL, or its last id set by XGROUP SETID): its waiting depth is not served",
     "items_unread": "holds more items than split_by.max_items; the rest count as __unread__",
     "items_unchecked": "holds members whose marker key was not checked (beyond "
     "marker.max_items, too large or not UTF-8): they count in the group's state",

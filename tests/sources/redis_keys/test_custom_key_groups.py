@@ -76,3 +76,32 @@ def test_keys_of_one_queue_are_summed_and_missing_keys_read_zero(
     series = scrape_when(app, "queue_depth", queue="sms")
     assert value(series, "queue_depth", system="sharded", queue="emails") == 3
     assert value(series, "queue_depth", system="sharded", queue="sms") == 0
+
+
+def test_a_group_whose_lag_redis_cannot_tell_serves_no_waiting_depth(
+    redis_client, redis_url, run_exporter
+):
+    """After an XDEL Redis reports no lag for a consumer group (XINFO GROUPS: nil): no waiting
+    depth is made up (it was served as 0), the delivered entries still are, and the key group
+    counts and names why."""
+    for entry in range(1, 5):
+        redis_client.xadd("jobs:stream:trimmed", {"n": entry}, id=f"{entry}-0")
+    redis_client.xgroup_create("jobs:stream:trimmed", "workers", id="0")
+    redis_client.xreadgroup("workers", "w1", {"jobs:stream:trimmed": ">"}, count=1)
+    redis_client.xdel("jobs:stream:trimmed", "3-0")
+    info = redis_client.xinfo_groups("jobs:stream:trimmed")[0]
+    assert info["lag"] is None  # Redis' own word: it cannot tell
+    group = {
+        "system": "custom",
+        "pattern": "jobs:stream:{queue}",
+        "type": "stream",
+        "state": "pending",
+        "stream_group": "workers",
+        "values": {"queue": ["trimmed"]},
+    }
+    app = run_exporter({"sources": {"redis": {"url": redis_url, "key_groups": [group]}}})
+    series = scrape_when(app, "queue_depth", queue="trimmed", state="active")
+    assert value(series, "queue_depth", queue="trimmed", state="active") == info["pending"]
+    assert value(series, "queue_depth", queue="trimmed", state="pending") is None
+    (report,) = app.telemetry.health.key_groups()
+    assert report.errors == {"stream_lag_unknown": 1}
