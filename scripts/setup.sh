@@ -57,6 +57,7 @@ TOOL_VENVS=(
   # tests/conformance/ (django_q): Django 5.2 and real qcluster workers, kept apart from
   # the project's venv (Django is no dependency of the exporter)
   "djangoq django-q2==1.11.1 Django==5.2.19 redis==8.2.0 psycopg[binary]==3.3.9"
+  "pgqueuer1 pgqueuer[asyncpg]==1.6.0" # pins pydantic, typer, uvloop: tests/conformance/ (pgqueuer)
 )
 
 install_debian_tools() {
