@@ -27,6 +27,7 @@ from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.celery import CeleryAdapter
 from tests.conformance.adapters.django_q import DjangoQAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
+from tests.conformance.adapters.pgqueuer import PgQueuerAdapter
 from tests.conformance.adapters.postgres_queues import (
     GraphileWorkerAdapter,
     PgBossAdapter,
@@ -62,6 +63,7 @@ ADAPTERS: list[type[Adapter]] = [
     ResqueAdapter,
     TaskiqAdapter,
     DjangoQAdapter,
+    PgQueuerAdapter,
 ]
 
 
