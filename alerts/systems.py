@@ -49,6 +49,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("resque", "Resque"),
     ("taskiq", "Taskiq"),
     ("django_q", "django-q2"),
+    ("pgqueuer", "PgQueuer"),
 )
 # Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}
