@@ -5,20 +5,16 @@ PgQueuer's own view at each scrape (Queries.queue_size, its queue and log tables
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict
-
-from tests.conformance.adapters.base import ROOT, Adapter, Phase, fixed, require, run_json
+from tests.conformance.adapters.base import Adapter, Phase, fixed
 from tests.conformance.checks import Age, Truth
 from tests.conftest import stop_process, wait_for
+from tests.pgqueuer_app import control
 
-PGQUEUER_PYTHON = ROOT / ".venv/tools/pgqueuer1/bin/python"
 SOURCES = ("postgres:pgqueuer_jobs", "postgres:pgqueuer_failed", "native:pgqueuer")
 STATES = ("pending", "scheduled", "retry", "active")  # the states of a queue found every cycle
 LATER = 3600  # seconds: a job deferred this far stays scheduled through the test
@@ -34,22 +30,14 @@ class PgQueuerAdapter(Adapter):
     system = "pgqueuer"
     backend = "postgres"
 
-    def _url(self) -> str:
-        """The test database's DSN as a URL: asyncpg reads no libpq keyword string."""
-        parts = conninfo_to_dict(self.backend_url)
-        user, host, port = parts.get("user", ""), parts.get("host", ""), parts.get("port", "")
-        return f"postgresql://{user}@{host}:{port}/{parts['dbname']}"
-
     def _driver(self, *args: str) -> Any:
-        argv = [PGQUEUER_PYTHON, "-m", "tests.pgqueuer_app.driver", self._url(), *args]
-        return run_json(argv, {**os.environ, "PYTHONPATH": str(ROOT)})
+        return control.driver(self.backend_url, *args)
 
     def _enqueue(self, plan: list[dict[str, Any]]) -> list[int]:
         made: list[int] = self._driver("enqueue", json.dumps(plan))
         return made
 
     def phases(self) -> Iterator[Phase]:
-        require(PGQUEUER_PYTHON, "pgqueuer", "PgQueuer")
         self._driver("install")
         release = self.tmp_path / "release"
         self._enqueue([
@@ -66,14 +54,7 @@ class PgQueuerAdapter(Adapter):
         # no worker serves "idle": its jobs wait, the first since its enqueue
         self._enqueue([{"entrypoint": "idle"}, {"entrypoint": "idle"}])
         self._enqueue([{"entrypoint": "idle", "execute_after": LATER}])
-        worker = subprocess.Popen(
-            [PGQUEUER_PYTHON, "-m", "tests.pgqueuer_app.driver", self._url(), "worker",
-             str(release)],
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-            cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )  # fmt: skip
+        worker = control.worker(self.backend_url, release)
         try:
 
             def settled() -> dict[str, Any] | None:

@@ -1,0 +1,63 @@
+"""The pgqueuer preset's plans against PgQueuer's own schema (Queries.install, through
+tests/pgqueuer_app/driver.py): what runs every cycle reads no kept failed job and no log row
+except through an index.
+
+Depths, ages and counters as PgQueuer says them are checked by the conformance harness
+(tests/conformance/adapters/pgqueuer.py) with a real worker; here: the plans.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import psycopg
+
+from exporter.config import presets
+from tests.pgqueuer_app.control import driver
+
+# A sequential scan of the queue table or of its log (not of pgqueuer_schedules: a row per
+# schedule), as EXPLAIN names it, with or without an alias.
+SEQ_SCAN = re.compile(r"Seq Scan on (pgqueuer|pgqueuer_log)(\s|$)")
+
+
+def test_every_cycle_reads_pgqueuers_indexes_not_its_finished_rows(postgres_dsn: str) -> None:
+    """200k log rows (the finished jobs' history) and 20k failed jobs kept, beside a few
+    queued (due, deferred, retrying) and picked ones, as a PgQueuer with on_failure="hold"
+    keeps them: the hot path's query reaches its rows through PgQueuer's partial indexes, the
+    log reader's baseline and read through the log's primary key (and each ended job's pick
+    through its job_id index). The count of kept failed jobs, which no index holds apart, runs
+    on its own longer interval, stated with why."""
+    driver(postgres_dsn, "install")
+    plan = [{"entrypoint": f"q{n % 4}", "execute_after": 3600 * (n % 3)} for n in range(20)]
+    driver(postgres_dsn, "enqueue", json.dumps(plan))
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        # the history's shape only matters to the planner: written in bulk
+        connection.execute(
+            "INSERT INTO pgqueuer (priority, entrypoint, status, attempts, payload) "
+            "SELECT 0, 'q' || (n % 4), 'failed', 1, 'x' FROM generate_series(1, 20000) AS n"
+        )
+        connection.execute("UPDATE pgqueuer SET status = 'picked' WHERE id IN (1, 2)")
+        connection.execute("UPDATE pgqueuer SET attempts = 1 WHERE id IN (4, 5)")
+        connection.execute(
+            "INSERT INTO pgqueuer_log (job_id, status, entrypoint, priority, created) "
+            "SELECT 100000 + n / 4, (ARRAY['queued', 'picked', 'successful', 'exception'])"
+            "[1 + n % 4]::pgqueuer_status, 'q' || (n % 4), 0, now() - interval '1 hour' "
+            "FROM generate_series(0, 199999) AS n"
+        )
+        connection.execute("VACUUM ANALYZE")
+        expanded = presets.expand("pgqueuer")["sources"]["postgres"]
+        finished = expanded["finished"][0]
+        row = connection.execute(finished["baseline"]).fetchone()
+        assert row is not None and row[0] is not None
+        read = finished["query"].replace("{after}", str(row[0] - 100))
+        every_cycle = [finished["baseline"], read.replace("{limit}", "10000")]
+        for collector in expanded["collectors"]:
+            if collector["name"] == "pgqueuer_failed":
+                assert collector["interval"] >= 10 and collector["interval_reason"], collector
+            else:
+                every_cycle.append(collector["query"])
+        assert len(every_cycle) == 3  # pgqueuer_jobs, the log's baseline and read
+        for query in every_cycle:
+            explained = "\n".join(r[0] for r in connection.execute(f"EXPLAIN {query}").fetchall())
+            assert not SEQ_SCAN.search(explained), explained
