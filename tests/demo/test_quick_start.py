@@ -1,8 +1,8 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate), or that the system's
-documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
+node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate, PgQueuer), or that the
+system's documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from tests.conformance.adapters.python_queues import (
 from tests.conformance.adapters.taskiq import TASKIQ_PYTHON
 from tests.conftest import Series, wait_for
 from tests.djangoq_app.control import DEFAULT, DjangoQ
+from tests.pgqueuer_app.control import driver as pgqueuer_driver
 from tests.real_queues import BeeQueue, Bull, BullMQ, NodeResque, Sidekiq
 from tests.saq_app.control import driver as saq_driver
 
@@ -282,6 +283,15 @@ def procrastinate_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int
     return {("emails", "pending"): len(todo)}
 
 
+def pgqueuer_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
+    """PgQueuer's own schema (Queries.install), jobs enqueued into two entrypoints."""
+    pgqueuer_driver(postgres_dsn, "install")
+    plan = [{"entrypoint": "emails"}] * 3 + [{"entrypoint": "reports"}]
+    pgqueuer_driver(postgres_dsn, "enqueue", json.dumps(plan))
+    sizes = pgqueuer_driver(postgres_dsn, "truth")["sizes"]
+    return {(size["entrypoint"], "pending"): size["count"] for size in sizes}
+
+
 SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "rq": ("rq", rq_data),
     "celery": ("celery", celery_data),
@@ -299,6 +309,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "pgboss": ("pgboss", pgboss_data),
     "graphile_worker": ("graphile_worker", graphile_worker_data),
     "procrastinate": ("procrastinate", procrastinate_data),
+    "pgqueuer": ("pgqueuer", pgqueuer_data),
     "attune": ("attune", attune_data),
     "orchestrata": ("orchestrata", orchestrata_data),
     "runnerq": ("runnerq", runnerq_data),
