@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,7 +41,6 @@ from exporter.config import settings as config_module  # noqa: E402
 from exporter.runtime.app import App  # noqa: E402
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-PGQUEUER_PYTHON = ROOT / ".venv/tools/pgqueuer1/bin/python"
 Rows = list[tuple[Any, ...]]
 
 FILL = """
@@ -101,14 +98,9 @@ def main() -> None:
 
 def install(dsn: str) -> None:
     """PgQueuer's own schema, by the library (Queries.install)."""
-    parts = conninfo_to_dict(dsn)
-    url = (
-        f"postgresql://{parts['user']}@{parts['host']}:{parts.get('port', 5432)}/{parts['dbname']}"
-    )
-    argv = [str(PGQUEUER_PYTHON), "-m", "tests.pgqueuer_app.driver", url, "install"]
-    subprocess.run(
-        argv, check=True, capture_output=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}
-    )
+    from tests.pgqueuer_app.control import driver
+
+    driver(dsn, "install")
 
 
 def run(dsn: str, args: argparse.Namespace) -> None:
