@@ -22,8 +22,8 @@ SEQ_SCAN = re.compile(r"Seq Scan on (pgqueuer|pgqueuer_log)(\s|$)")
 
 
 def test_every_cycle_reads_pgqueuers_indexes_not_its_finished_rows(postgres_dsn: str) -> None:
-    """200k log rows (the finished jobs' history) and 20k failed jobs kept, beside a few
-    queued (due, deferred, retrying) and picked ones, as a PgQueuer with on_failure="hold"
+    """200k log rows (the finished jobs' history) and 20k failed jobs kept, beside a backlog
+    of 300k queued jobs (due, deferred, retrying) and a few picked ones, as a PgQueuer with on_failure="hold"
     keeps them: the hot path's query reaches its rows through PgQueuer's partial indexes, the
     log reader's baseline and read through the log's primary key (and each ended job's pick
     through its job_id index). The count of kept failed jobs, which no index holds apart, runs
@@ -36,6 +36,14 @@ def test_every_cycle_reads_pgqueuers_indexes_not_its_finished_rows(postgres_dsn:
         connection.execute(
             "INSERT INTO pgqueuer (priority, entrypoint, status, attempts, payload) "
             "SELECT 0, 'q' || (n % 4), 'failed', 1, 'x' FROM generate_series(1, 20000) AS n"
+        )
+        # a backlog, 10% of it waiting for later: at this size a GROUP BY of the waiting rows
+        # over the whole table is planned as a sequential scan, kept failed jobs included
+        connection.execute(
+            "INSERT INTO pgqueuer (priority, entrypoint, status, attempts, execute_after) "
+            "SELECT 0, 'q' || (n % 4), 'queued', n % 20 / 19, "
+            "now() + CASE WHEN n % 10 = 0 THEN interval '1 hour' ELSE interval '0' END "
+            "FROM generate_series(1, 300000) AS n"
         )
         connection.execute("UPDATE pgqueuer SET status = 'picked' WHERE id IN (1, 2)")
         connection.execute("UPDATE pgqueuer SET attempts = 1 WHERE id IN (4, 5)")
