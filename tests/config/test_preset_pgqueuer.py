@@ -1,6 +1,6 @@
-"""The pgqueuer preset's plans against PgQueuer's own schema (Queries.install, through
+"""The pgqueuer preset against PgQueuer's own schema (Queries.install, through
 tests/pgqueuer_app/driver.py): what runs every cycle reads no kept failed job and no log row
-except through an index.
+except through an index, and check-config reads its tables and names what it does not record.
 
 Depths, ages and counters as PgQueuer says them are checked by the conformance harness
 (tests/conformance/adapters/pgqueuer.py) with a real worker; here: the plans.
@@ -14,6 +14,8 @@ import re
 import psycopg
 
 from exporter.config import presets
+from exporter.config import settings as config_module
+from tests.commands.test_check_config import run_cli
 from tests.pgqueuer_app.control import driver
 
 # A sequential scan of the queue table or of its log (not of pgqueuer_schedules: a row per
@@ -69,3 +71,27 @@ def test_every_cycle_reads_pgqueuers_indexes_not_its_finished_rows(postgres_dsn:
         for query in every_cycle:
             explained = "\n".join(r[0] for r in connection.execute(f"EXPLAIN {query}").fetchall())
             assert not SEQ_SCAN.search(explained), explained
+
+
+def test_check_config_reads_pgqueuers_tables_and_names_what_it_does_not_record(
+    postgres_dsn: str,
+) -> None:
+    """`check-config --connect` on PgQueuer's own schema with jobs of three entrypoints (one
+    due, one for later): each collector reads them (a row per entrypoint and state, one per
+    entrypoint for the failed count), and what PgQueuer does not record is named."""
+    driver(postgres_dsn, "install")
+    plan = [
+        {"entrypoint": "emails"},
+        {"entrypoint": "reports", "execute_after": 3600},
+        {"entrypoint": "idle"},
+    ]
+    driver(postgres_dsn, "enqueue", json.dumps(plan))
+    result = run_cli("check-config", "--postgres-dsn", postgres_dsn, "--preset", "pgqueuer",
+                     "--connect")  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "postgres:pgqueuer_jobs: 12 row(s)" in result.stdout, result.stdout
+    assert "postgres:pgqueuer_failed: 3 row(s)" in result.stdout, result.stdout
+    not_recorded = config_module.from_dict({"presets": ["pgqueuer"]}).not_recorded["pgqueuer"]
+    assert set(not_recorded) == {"workers", "slots"}
+    for signal, why in not_recorded.items():
+        assert f"# not recorded by pgqueuer {signal}: {why}" in result.stdout
