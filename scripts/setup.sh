@@ -58,6 +58,11 @@ TOOL_VENVS=(
   # the project's venv (Django is no dependency of the exporter)
   "djangoq django-q2==1.11.1 Django==5.2.19 redis==8.2.0 psycopg[binary]==3.3.9"
   "pgqueuer1 pgqueuer[asyncpg]==1.6.0" # pins pydantic, typer, uvloop: tests/conformance/ (pgqueuer)
+  "oban oban==0.7.0"                  # Oban's Python (needs 3.12+): tests/conformance/ (oban)
+)
+# Tool venvs whose library needs a newer Python than the project's: "name major.minor".
+TOOL_PYTHONS=(
+  "oban 3.12"
 )
 
 install_debian_tools() {
@@ -148,11 +153,34 @@ python_tag=$("$PYTHON" -c 'import sys; print(sys.version)' 2>/dev/null) ||
   die "$PYTHON not found: Python 3.11 or newer (Debian packages python3 python3-venv)"
 "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null || die "$PYTHON cannot make venvs: apt-get install python3-venv"
 
+# python_of VERSION: the path of a Python VERSION (e.g. 3.12) that runs: pythonVERSION on the
+# PATH (Debian's, or pyenv's shim when that version is selected), else pyenv's install of it.
+python_of() {
+  local version=$1 candidate root
+  for candidate in "python$version" "python3" "$PYTHON"; do
+    if "$candidate" -c "import sys; sys.exit(sys.version_info[:2] != tuple(map(int, '$version'.split('.'))))" 2>/dev/null; then
+      command -v "$candidate"
+      return
+    fi
+  done
+  root=$(pyenv root 2>/dev/null || echo "${PYENV_ROOT:-$HOME/.pyenv}")
+  for candidate in "$root"/versions/"$version".*/bin/python"$version"; do
+    if [ -x "$candidate" ] && "$candidate" -c 'import ensurepip, venv' 2>/dev/null; then
+      echo "$candidate"
+      return
+    fi
+  done
+  return 1
+}
+
 # cached_venv NAME CONSTRAINTS PIP-ARGS...: a venv holding `pip install PIP-ARGS` (under the
-# CONSTRAINTS file unless it is "-"), its path in $VENV.
+# CONSTRAINTS file unless it is "-"), its path in $VENV; made with $VENV_PYTHON when set
+# (a tool needing another Python), else $PYTHON.
 cached_venv() {
   local name=$1 constraints=$2
   shift 2
+  local python=${VENV_PYTHON:-$PYTHON} python_tag=$python_tag
+  [ -z "${VENV_PYTHON:-}" ] || python_tag=$("$python" -c 'import sys; print(sys.version)')
   local pins=()
   [ "$constraints" = - ] || [ -f "$constraints" ] ||
     die "venv $name: no $constraints (each venv is pinned whole: its pip freeze, see docs/testing.md)"
@@ -171,7 +199,7 @@ cached_venv() {
     [ -e "$VENV/.complete" ] && exit 0
     say "venv $name: building $VENV"
     rm -rf "$VENV"
-    "$PYTHON" -m venv "$VENV"
+    "$python" -m venv "$VENV"
     pip_install "${pins[@]}" pip || die "venv $name: pip could not install pip"
     pip_install "${pins[@]}" "$@" ||
       die "venv $name: pip could not install $* (no network or no package index?)"
@@ -247,12 +275,26 @@ project_venv() {
   link_venv
 }
 
+tool_python_version() { # the Python version TOOL_PYTHONS names for a tool venv, or nothing
+  local entry name version
+  for entry in "${TOOL_PYTHONS[@]}"; do
+    read -r name version <<<"$entry"
+    [ "$name" != "$1" ] || { echo "$version"; return; }
+  done
+}
+
 python_venvs() {
-  local floors floor_tools entry words
+  local floors floor_tools entry words python version
   project_venv
   for entry in "${TOOL_VENVS[@]}"; do
     read -r -a words <<<"$entry"
-    cached_venv "${words[0]}" "constraints/${words[0]}.txt" "${words[@]:1}"
+    python=""
+    version=$(tool_python_version "${words[0]}")
+    if [ -n "$version" ]; then
+      python=$(python_of "$version") ||
+        die "venv ${words[0]}: no Python $version (apt-get install python$version-venv, or pyenv install $version)"
+    fi
+    VENV_PYTHON=$python cached_venv "${words[0]}" "constraints/${words[0]}.txt" "${words[@]:1}"
     link_tool "${words[0]}"
   done
   # The lowest version of every dependency pyproject.toml allows (scripts/floors.py): .ci/run
