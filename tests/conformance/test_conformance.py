@@ -27,6 +27,7 @@ from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.celery import CeleryAdapter
 from tests.conformance.adapters.django_q import DjangoQAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
+from tests.conformance.adapters.oban import ObanAdapter
 from tests.conformance.adapters.pgqueuer import PgQueuerAdapter
 from tests.conformance.adapters.postgres_queues import (
     GraphileWorkerAdapter,
@@ -64,6 +65,7 @@ ADAPTERS: list[type[Adapter]] = [
     TaskiqAdapter,
     DjangoQAdapter,
     PgQueuerAdapter,
+    ObanAdapter,
 ]
 
 

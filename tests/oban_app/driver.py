@@ -4,7 +4,8 @@ Oban venv's Python 3.12 (.venv/tools/oban, scripts/setup.sh), never imported by 
     driver.py install DSN           Oban's own schema (oban.schema.install)
     driver.py seed DSN RELEASE      the first jobs, their ids as JSON
     driver.py more DSN              the jobs enqueued once the exporter runs, their ids as JSON
-    driver.py worker DSN RELEASE    a real Oban instance running QUEUES until SIGTERM
+    driver.py worker DSN            a real Oban instance running QUEUES until SIGTERM (it
+                                    prints "started" and QUEUES as JSON once running)
     driver.py truth DSN IDS...      Oban.get_job of each id and the database's clock, as JSON
 
 Workers: Ok completes, Fail fails with one attempt (discarded), Flaky fails into an hour-long
@@ -113,7 +114,7 @@ async def run_worker(dsn: str) -> None:
     async with pool(dsn) as connections:
         instance = Oban(pool=connections, queues=QUEUES, name="worker")
         await instance.start()
-        print("started", flush=True)
+        print("started", json.dumps(QUEUES), flush=True)
         await stop.wait()
         await instance.stop()
 
