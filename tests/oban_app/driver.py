@@ -89,6 +89,8 @@ async def seed(dsn: str, release: str) -> list[int]:
         jobs += [Ok.new({"to": "x"}, queue="reports", scheduled_in=3600) for _ in range(3)]
         jobs += [Hold.new({"release": release})]
         jobs += [Ok.new({"to": f"later{n}"}, queue="idle") for n in range(5)]
+        # No producer runs "idle", so no stager stages it: due in a second, it stays scheduled.
+        jobs += [Ok.new({"to": "due"}, queue="idle", scheduled_in=1)]
         ids = [(await client.enqueue(job)).id for job in jobs]
         cancelled = await client.enqueue(
             Ok.new({"to": "nobody"}, queue="reports", scheduled_in=3600)

@@ -25,6 +25,7 @@ SOURCES = (
     "postgres:oban_due",
     "postgres:oban_workers",
     "postgres:oban_slots",
+    "postgres:oban_utilization",
     "native:oban",
 )
 STATES = ("pending", "scheduled", "retry", "active", "failed")
@@ -43,7 +44,8 @@ ENDED = ("completed", "discarded", "cancelled")
 class ObanAdapter(Adapter):
     """Jobs enqueued through Oban's workers before a real Oban instance starts: they complete,
     fail for good (one attempt), fail into an hour-long retry wait, wait for a schedule, are
-    cancelled, and one keeps running until released; "idle" has jobs and no producer, "quiet"
+    cancelled, and one keeps running until released; "idle" has jobs and no
+    producer (a scheduled one stays due: only a queue's producer stages it), "quiet"
     a producer and no job. Then, after the finished-rows reader's first read, more complete,
     fail, and fail once before completing on the retry."""
 
@@ -76,6 +78,11 @@ class ObanAdapter(Adapter):
                     and states["emails", "discarded"] == 2
                     and states["reports", "retryable"] == 1
                     and states["slow", "executing"] == 1
+                    and all(  # the "idle" job scheduled a second ahead is due
+                        job["scheduled_at"] < now["now"]
+                        for job in now["jobs"]
+                        if job["queue"] == "idle"
+                    )
                 )
                 return now if done else None
 
@@ -156,6 +163,7 @@ class ObanAdapter(Adapter):
                     totals["queue_workers", queue, "state=idle"] = float(busy == 0)
                     totals["queue_worker_slots", queue, "state=busy"] = float(busy)
                     totals["queue_worker_slots", queue, "state=free"] = float(limit - busy)
+                    totals["queue_worker_utilization_ratio", queue] = busy / limit
                 return totals
 
             yield lambda _at: truth(holding=True)
