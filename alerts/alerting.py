@@ -274,8 +274,9 @@ def worker_alerts(c: RulesConfig) -> list[AlertRule]:
             f"The workers of {QUEUE} use {{{{ $value | humanizePercentage }}}} of their slots "
             f"for {c.saturation_for}.",
             "All worker slots are busy: anything more that arrives waits. Only systems whose "
-            "workers say their slots serve the ratio (RQ, Resque: one job per worker; Sidekiq, Celery: "
-            "their concurrency; event heartbeats: their capacity); none is made up where a "
+            "workers say their slots serve the ratio (RQ, Resque: one job per worker; Sidekiq, "
+            "Celery: their concurrency; Oban: each queue's local_limit; event heartbeats: their "
+            "capacity); none is made up where a "
             "system does not say them (docs/alerts.md).",
             "Workers dashboard: *Utilisation*; Queues dashboard: is the backlog growing and "
             "*Wait time* rising?",

@@ -50,6 +50,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("taskiq", "Taskiq"),
     ("django_q", "django-q2"),
     ("pgqueuer", "PgQueuer"),
+    ("oban", "Oban"),
 )
 # Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}

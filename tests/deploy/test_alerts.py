@@ -305,9 +305,9 @@ def test_a_stalled_queue_is_caught_for_every_recorded_system_but_those_named():
 def test_saturation_fires_only_where_workers_say_their_slots():
     """RQ and Resque workers run one job at a time, Sidekiq processes say their concurrency, Celery
     workers their pool's max-concurrency (inspection), Orchestrata's workers their capacity in
-    each heartbeat event: no system's slot count is made up (Bull's and BullMQ's CLIENT LIST
-    does not tell one)."""
-    saying = {"rq", "resque", "sidekiq", "celery", "orchestrata"}
+    each heartbeat event, Oban's producers each queue's local_limit: no system's slot count is
+    made up (Bull's and BullMQ's CLIENT LIST does not tell one)."""
+    saying = {"rq", "resque", "sidekiq", "celery", "orchestrata", "oban"}
     assert _firing("QueueWorkersSaturated") == saying
 
 
