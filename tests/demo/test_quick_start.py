@@ -1,8 +1,9 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate, PgQueuer), or that the
-system's documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune: its queue_stats table).
+node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate, PgQueuer, Oban), or
+that the system's documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune:
+its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.attune_db import Attune
 from tests.config.test_preset_graphile_worker import GraphileWorker, graphile_state
 from tests.config.test_preset_pgboss import PgBoss, library_depths, pg_time
 from tests.conformance.adapters.base import require, run_json
+from tests.conformance.adapters.oban import oban_driver
 from tests.conformance.adapters.python_queues import (
     ARQ_PYTHON,
     DRAMATIQ_PYTHONS,
@@ -292,6 +294,17 @@ def pgqueuer_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
     return {(size["entrypoint"], "pending"): size["count"] for size in sizes}
 
 
+def oban_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, str], int]:
+    """Oban's own schema (`oban install`), jobs enqueued through its workers (no queue runs:
+    they wait), as Oban's get_job says."""
+    driver = oban_driver(postgres_dsn)
+    driver("install")
+    ids = driver("seed", str(tmp_path / "release"))
+    jobs = driver("truth", *map(str, ids))["jobs"]
+    pending = [job["queue"] for job in jobs if job["state"] == "available"]
+    return {(queue, "pending"): pending.count(queue) for queue in set(pending)}
+
+
 SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "rq": ("rq", rq_data),
     "celery": ("celery", celery_data),
@@ -310,6 +323,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "graphile_worker": ("graphile_worker", graphile_worker_data),
     "procrastinate": ("procrastinate", procrastinate_data),
     "pgqueuer": ("pgqueuer", pgqueuer_data),
+    "oban": ("oban", oban_data),
     "attune": ("attune", attune_data),
     "orchestrata": ("orchestrata", orchestrata_data),
     "runnerq": ("runnerq", runnerq_data),

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,17 @@ STATE_OF = {
 ENDED = ("completed", "discarded", "cancelled")
 
 
+def oban_driver(dsn: str) -> Callable[..., Any]:
+    """tests/oban_app/driver.py's commands on the database `dsn`, run with the Oban venv's
+    Python: what each printed, as JSON."""
+    python = require(PYTHON, "oban", "Oban 0.7")
+
+    def run(command: str, *args: str) -> Any:
+        return run_json([python, DRIVER, command, dsn, *args], env=dict(os.environ))
+
+    return run
+
+
 class ObanAdapter(Adapter):
     """Jobs enqueued through Oban's workers before a real Oban instance starts: they complete,
     fail for good (one attempt), fail into an hour-long retry wait, wait for a schedule, are
@@ -55,12 +66,7 @@ class ObanAdapter(Adapter):
     def phases(self) -> Iterator[Phase]:
         python = require(PYTHON, "oban", "Oban 0.7")
         release = self.tmp_path / "release"
-
-        def driver(*args: str) -> Any:
-            return run_json(
-                [python, DRIVER, args[0], self.backend_url, *args[1:]], env=dict(os.environ)
-            )
-
+        driver = oban_driver(self.backend_url)
         driver("install")
         ids: list[int] = driver("seed", str(release))
         worker, queues = self._worker(python)
