@@ -59,6 +59,9 @@ TOOL_VENVS=(
   "djangoq django-q2==1.11.1 Django==5.2.19 redis==8.2.0 psycopg[binary]==3.3.9"
   "pgqueuer1 pgqueuer[asyncpg]==1.6.0" # pins pydantic, typer, uvloop: tests/conformance/ (pgqueuer)
   "oban oban==0.7.0"                  # Oban's Python (needs 3.12+): tests/conformance/ (oban)
+  # Django's tasks (the django-tasks backport, its database backend django-tasks-db) on
+  # Django 5.2: a venv of its own, so no Django comes into the project's venv
+  "djangotasks django==5.2.19 django-tasks==0.12.0 django-tasks-db==0.13.0 psycopg[binary]==3.3.9"
 )
 # Tool venvs whose library needs a newer Python than the project's: "name major.minor".
 TOOL_PYTHONS=(
