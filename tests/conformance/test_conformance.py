@@ -26,6 +26,7 @@ from exporter.runtime.app import App
 from tests.conformance.adapters.base import Adapter, TruthAt
 from tests.conformance.adapters.celery import CeleryAdapter
 from tests.conformance.adapters.django_q import DjangoQAdapter
+from tests.conformance.adapters.django_tasks import DjangoTasksAdapter
 from tests.conformance.adapters.node_queues import BeeQueueAdapter, BullAdapter, BullMQAdapter
 from tests.conformance.adapters.oban import ObanAdapter
 from tests.conformance.adapters.pgqueuer import PgQueuerAdapter
@@ -66,6 +67,7 @@ ADAPTERS: list[type[Adapter]] = [
     DjangoQAdapter,
     PgQueuerAdapter,
     ObanAdapter,
+    DjangoTasksAdapter,
 ]
 
 
