@@ -51,6 +51,7 @@ SYSTEMS: tuple[tuple[str, str], ...] = (
     ("django_q", "django-q2"),
     ("pgqueuer", "PgQueuer"),
     ("oban", "Oban"),
+    ("django_tasks", "Django tasks"),
 )
 # Why a system has no recording yet (every system has one).
 NOT_RECORDED: dict[str, str] = {}
