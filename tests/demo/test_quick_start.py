@@ -1,9 +1,9 @@
 """The README's quick start: one `queue-exporter serve` command per system, run as written
 (the only changes: the URL or DSN of the test's own backend, and a free listen port) against
 data the real library wrote (RQ, Celery, BullMQ, Bull, Bee-Queue, Sidekiq, arq, Dramatiq, Huey, SAQ,
-node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate, PgQueuer, Oban), or
-that the system's documented layout describes (Orchestrata, Runner-Q: docs/queue-layouts; Attune:
-its queue_stats table).
+node-resque, Taskiq, django-q2, pg-boss, graphile-worker, Procrastinate, PgQueuer, Oban,
+Django's tasks), or that the system's documented layout describes (Orchestrata, Runner-Q:
+docs/queue-layouts; Attune: its queue_stats table).
 Each command must serve the depth the library itself reports."""
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from tests.attune_db import Attune
 from tests.config.test_preset_graphile_worker import GraphileWorker, graphile_state
 from tests.config.test_preset_pgboss import PgBoss, library_depths, pg_time
 from tests.conformance.adapters.base import require, run_json
+from tests.conformance.adapters.django_tasks import DjangoTasks
 from tests.conformance.adapters.oban import oban_driver
 from tests.conformance.adapters.python_queues import (
     ARQ_PYTHON,
@@ -305,6 +306,15 @@ def oban_data(postgres_dsn: str, tmp_path: Path, **_: Any) -> dict[tuple[str, st
     return {(queue, "pending"): pending.count(queue) for queue in set(pending)}
 
 
+def django_tasks_data(postgres_dsn: str, **_: Any) -> dict[tuple[str, str], int]:
+    """Django's tasks (django-tasks-db's migrations, its Task.enqueue): three waiting."""
+    django = DjangoTasks(postgres_dsn)
+    django.run("migrate")
+    django.enqueue(*({"task": "send_email", "queue": "emails", "args": [n]} for n in "abc"))
+    ready = [t for t in django.truth()["tasks"] if t["status"] == "READY"]
+    return {("emails", "pending"): len(ready)}
+
+
 SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "rq": ("rq", rq_data),
     "celery": ("celery", celery_data),
@@ -324,6 +334,7 @@ SYSTEMS: dict[str, tuple[str, Callable[..., dict[tuple[str, str], int]]]] = {
     "procrastinate": ("procrastinate", procrastinate_data),
     "pgqueuer": ("pgqueuer", pgqueuer_data),
     "oban": ("oban", oban_data),
+    "django_tasks": ("django_tasks", django_tasks_data),
     "attune": ("attune", attune_data),
     "orchestrata": ("orchestrata", orchestrata_data),
     "runnerq": ("runnerq", runnerq_data),
