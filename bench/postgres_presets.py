@@ -1,23 +1,25 @@
-"""The procrastinate and graphile_worker presets' cost per cycle at 1M job rows, as ratios
+"""The procrastinate, graphile_worker and django_tasks presets' cost per cycle at 1M job rows, as ratios
 against bare SELECTs that give the same numbers, measured in the same run.
 
-    .venv/bin/python bench/postgres_presets.py --system procrastinate|graphile_worker
+    .venv/bin/python bench/postgres_presets.py --system procrastinate|graphile_worker|django_tasks
                                                [--jobs 1000000] [--runs 9] [--admin-dsn DSN]
 
 Creates a database of its own (qe_bench_<random>, dropped at the end) and the system's schema
 by the library itself (Procrastinate's SchemaManager.apply_schema; graphile-worker's migrate,
-tests/node/graphile_worker.cjs seed with 0.18 on tests/node/node22), then `--jobs` rows as a busy
+tests/node/graphile_worker.cjs seed with 0.18 on tests/node/node22; django-tasks-db's migrations,
+tests/django_tasks_app in the djangotasks venv), then `--jobs` rows as a busy
 deployment keeps them: Procrastinate 82% finished (succeeded, failed, cancelled) with a deferred
 event per job and a started one per running job, 10 live workers; graphile-worker (which
 deletes completed jobs) 60% permanently failed, the rest available (due, later, retrying) or
-locked. Timed in turn, median of --runs after a warm-up, each pair checked to give the same
+locked; Django's tasks 78% finished (SUCCESSFUL, FAILED: kept until pruned), 20% READY (at once,
+due, later), 2% RUNNING. Timed in turn, median of --runs after a warm-up, each pair checked to give the same
 numbers first; the bare SELECTs run with JIT off, as the exporter's sessions do:
 - hot path (every cycle): the preset's collectors that run every cycle, sample() each
   (pooled connection with a check, read-only transaction, statement timeout, rows -> samples),
   against the bare SELECTs of the same numbers (no zero for an empty state, no label work) on
   one open connection;
-- the collector on a longer interval (procrastinate_failed, graphile_worker_locked) against
-  its bare SELECT.
+- the collector on a longer interval (procrastinate_failed, graphile_worker_locked,
+  django_tasks_kept) against its bare SELECT.
 The load average (os.getloadavg) is printed before and after: the host is shared.
 """
 
@@ -148,10 +150,50 @@ GRAPHILE_LOCKED = f"""
     {_GRAPHILE_FROM} WHERE NOT j.is_available GROUP BY 1, 2
 """
 
+DJANGO_TASKS_TABLE = "django_tasks_database_dbtaskresult"
+DJANGO_TASKS_FILL = f"""
+INSERT INTO {DJANGO_TASKS_TABLE}
+  (id, status, args_kwargs, priority, task_path, queue_name, backend_name, run_after,
+   enqueued_at, started_at, finished_at, exception_class_path, traceback, worker_ids)
+SELECT gen_random_uuid(), s.status, jsonb_build_object('args', jsonb_build_array(), 'kwargs', jsonb_build_object()), 0, 'app.tasks.task' || n % 7,
+       (ARRAY['emails', 'reports', 'slow', 'idle'])[1 + n % 4], 'default',
+       CASE WHEN s.status = 'READY' AND n % 100 >= 95 THEN now() + interval '1 hour'
+            WHEN s.status = 'READY' AND n % 10 = 0 THEN now() - interval '1 minute'
+            ELSE timestamptz '9999-01-01 00:00+00' END,
+       now() - (n % 3600) * interval '1 second',
+       CASE WHEN s.status <> 'READY' THEN now() - (n % 600) * interval '1 second' END,
+       CASE WHEN s.status IN ('SUCCESSFUL', 'FAILED') THEN now() END,
+       '', '', '[]'
+FROM generate_series(1, {{jobs}}) AS n
+CROSS JOIN LATERAL (SELECT CASE
+    WHEN n % 100 < 70 THEN 'SUCCESSFUL' WHEN n % 100 < 78 THEN 'FAILED'
+    WHEN n % 100 < 98 THEN 'READY' ELSE 'RUNNING' END AS status) AS s;
+"""
+# Per queue, READY later or not: count, the earliest time each became claimable; due.
+DJANGO_TASKS_BARE = [
+    f"""
+    SELECT queue_name, run_after > now() AND run_after < timestamptz '9998-12-31 00:00+00',
+           count(*),
+           min(CASE WHEN run_after >= timestamptz '9998-12-31 00:00+00' THEN enqueued_at
+                    ELSE GREATEST(run_after, enqueued_at) END)
+    FROM {DJANGO_TASKS_TABLE} WHERE status = 'READY' GROUP BY 1, 2
+    """,
+    f"""
+    SELECT queue_name, count(*) FROM {DJANGO_TASKS_TABLE}
+    WHERE status = 'READY' AND run_after <= now() GROUP BY 1
+    """,
+]
+DJANGO_TASKS_KEPT = f"""
+    SELECT queue_name, status, count(*), min(started_at) FROM {DJANGO_TASKS_TABLE}
+    WHERE status IN ('RUNNING', 'FAILED', 'SUCCESSFUL') GROUP BY 1, 2
+"""
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", choices=("procrastinate", "graphile_worker"), required=True)
+    parser.add_argument(
+        "--system", choices=("procrastinate", "graphile_worker", "django_tasks"), required=True
+    )
     parser.add_argument("--jobs", type=int, default=1_000_000)
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--admin-dsn", default=DEFAULT_ADMIN_DSN)
@@ -178,11 +220,23 @@ def create_graphile_worker(dsn: str) -> None:
     )
 
 
+def create_django_tasks(dsn: str) -> None:
+    """django-tasks-db's migrations, by Django itself in the djangotasks venv."""
+    python = ROOT / ".venv/tools/djangotasks/bin/python"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DJANGO_TASKS_DSN": dsn}
+    argv = [str(python), "-m", "tests.django_tasks_app.driver", "migrate"]
+    subprocess.run(argv, check=True, capture_output=True, env=env)
+
+
+# per system: its schema, its rows, its collector on a longer interval, the bare SELECTs of the
+# hot path and of that collector, and the checks that both give the same numbers
+SYSTEMS: dict[str, tuple[Callable[[str], None], str, str, list[str], str, Any]] = {}
+
+
 def run(dsn: str, args: argparse.Namespace) -> None:
+    create, fill, slow_name, bare_hot, bare_slow, check = SYSTEMS[args.system]
     started = time.perf_counter()
-    procrastinate = args.system == "procrastinate"
-    (create_procrastinate if procrastinate else create_graphile_worker)(dsn)
-    fill = PROCRASTINATE_FILL if procrastinate else GRAPHILE_FILL
+    create(dsn)
     with psycopg.connect(dsn, autocommit=True) as connection:
         connection.execute(fill.format(jobs=args.jobs).encode())
         connection.execute("VACUUM ANALYZE")  # the visibility map, as autovacuum keeps it
@@ -202,11 +256,8 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         for runner in app.runners
         if isinstance(runner.source, PostgresCollectorSource)
     }
-    slow_name = "procrastinate_failed" if procrastinate else "graphile_worker_locked"
     slow = sources.pop(f"postgres:{slow_name}")
     hot = list(sources.values())
-    bare_hot = PROCRASTINATE_BARE if procrastinate else GRAPHILE_BARE
-    bare_slow = PROCRASTINATE_FAILED if procrastinate else GRAPHILE_LOCKED
     load_before = os.getloadavg()
     with psycopg.connect(dsn) as bare:
 
@@ -223,10 +274,9 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         def hot_cycle() -> list[SampleSet]:
             return [source.sample() for source in hot]
 
-        check: Callable[[list[SampleSet], list[Rows]], None]
-        check = same_procrastinate if procrastinate else same_graphile
-        check(hot_cycle(), fetch(*bare_hot))
-        same_slow(slow.sample(), fetch(bare_slow)[0], procrastinate)
+        same_hot, same_slow = check
+        same_hot(hot_cycle(), fetch(*bare_hot))
+        same_slow(slow.sample(), fetch(bare_slow)[0])
         timed = interleaved_medians(
             [lambda: fetch(*bare_hot), hot_cycle, lambda: fetch(bare_slow), slow.sample],
             args.runs,
@@ -300,15 +350,63 @@ def same_graphile(exporter: list[SampleSet], bare: list[Rows]) -> None:
     assert _series(exporter, "queue_scheduled_due") == {(q, ""): float(n) for q, n in bare[1]}
 
 
-def same_slow(exporter: SampleSet, bare: Rows, procrastinate: bool) -> None:
-    if procrastinate:
-        expected = {(queue, "failed"): float(count) for queue, count in bare}
-    else:
-        expected = {
-            (queue, "active" if locked else "failed"): float(count)
-            for queue, locked, count, _ in bare
-        }
+def same_django_tasks(exporter: list[SampleSet], bare: list[Rows]) -> None:
+    depths = {
+        (queue, "scheduled" if later else "pending"): float(count)
+        for queue, later, count, _ in bare[0]
+    }
+    assert _series(exporter, "queue_depth") == depths, (_series(exporter, "queue_depth"), depths)
+    ages = set(_series(exporter, "queue_oldest_age_seconds"))
+    assert ages == {(queue, "pending") for queue, later, _, _ in bare[0] if not later}
+    assert _series(exporter, "queue_scheduled_due") == {(q, ""): float(n) for q, n in bare[1]}
+
+
+def _same_depths(exporter: SampleSet, expected: dict[tuple[str, ...], float]) -> None:
     assert _series([exporter], "queue_depth") == expected, (_series([exporter], "queue_depth"),)
+
+
+def same_procrastinate_failed(exporter: SampleSet, bare: Rows) -> None:
+    _same_depths(exporter, {(queue, "failed"): float(count) for queue, count in bare})
+
+
+def same_graphile_locked(exporter: SampleSet, bare: Rows) -> None:
+    expected = {
+        (queue, "active" if locked else "failed"): float(count) for queue, locked, count, _ in bare
+    }
+    _same_depths(exporter, expected)
+
+
+def same_django_tasks_kept(exporter: SampleSet, bare: Rows) -> None:
+    states = {"RUNNING": "active", "FAILED": "failed", "SUCCESSFUL": "completed"}
+    _same_depths(exporter, {(queue, states[s]): float(n) for queue, s, n, _ in bare})
+
+
+SYSTEMS.update(
+    procrastinate=(
+        create_procrastinate,
+        PROCRASTINATE_FILL,
+        "procrastinate_failed",
+        PROCRASTINATE_BARE,
+        PROCRASTINATE_FAILED,
+        (same_procrastinate, same_procrastinate_failed),
+    ),
+    graphile_worker=(
+        create_graphile_worker,
+        GRAPHILE_FILL,
+        "graphile_worker_locked",
+        GRAPHILE_BARE,
+        GRAPHILE_LOCKED,
+        (same_graphile, same_graphile_locked),
+    ),
+    django_tasks=(
+        create_django_tasks,
+        DJANGO_TASKS_FILL,
+        "django_tasks_kept",
+        DJANGO_TASKS_BARE,
+        DJANGO_TASKS_KEPT,
+        (same_django_tasks, same_django_tasks_kept),
+    ),
+)
 
 
 if __name__ == "__main__":
