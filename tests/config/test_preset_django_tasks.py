@@ -1,0 +1,48 @@
+"""The django_tasks preset's plans on django-tasks-db's own table (its migrations, run by the
+djangotasks venv): what runs every cycle reads no finished row."""
+
+from __future__ import annotations
+
+import psycopg
+
+from exporter.config import presets
+from tests.conformance.adapters.django_tasks import DjangoTasks
+
+TABLE = "django_tasks_database_dbtaskresult"
+QUEUES = ("default", "emails", "slow", "idle")  # the test project's (tests/django_tasks_app)
+
+
+def test_every_cycle_reaches_the_waiting_tasks_through_the_backend_s_indexes(
+    postgres_dsn: str,
+) -> None:
+    """With a finished history as a busy deployment keeps it, the collectors that run every
+    cycle find the queues through the queue_name index and the READY rows through the partial
+    index on them: no sequential scan of the table. The one that cannot (running, failed and
+    completed tasks: no index holds them apart) runs on its own longer interval, stated with
+    why."""
+    django = DjangoTasks(postgres_dsn)
+    django.run("migrate")
+    django.enqueue(
+        *({"task": "send_email", "queue": QUEUES[n % 4], "args": ["x"]} for n in range(20))
+    )
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        # The finished history (its shape only matters to the planner): written in bulk.
+        connection.execute(
+            f"INSERT INTO {TABLE} (id, status, args_kwargs, priority, task_path, queue_name,"
+            " backend_name, run_after, enqueued_at, started_at, finished_at,"
+            " exception_class_path, traceback, worker_ids)"
+            " SELECT gen_random_uuid(),"
+            " CASE WHEN n % 10 = 0 THEN 'FAILED' ELSE 'SUCCESSFUL' END, '{}', 0, 't',"
+            " (ARRAY['default', 'emails', 'slow', 'idle'])[1 + n % 4], 'default', '9999-01-01', now(), now(), now(), '', '', '[]'"
+            " FROM generate_series(1, 200000) AS n"
+        )
+        connection.execute("ANALYZE")
+        collectors = presets.expand("django_tasks")["sources"]["postgres"]["collectors"]
+        every_cycle = [c for c in collectors if "interval" not in c]
+        assert [c["name"] for c in collectors if c not in every_cycle] == ["django_tasks_kept"]
+        kept = next(c for c in collectors if c["name"] == "django_tasks_kept")
+        assert kept["interval"] >= 10 and kept["interval_reason"], kept
+        for collector in every_cycle:
+            plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {collector['query']}"))
+            assert f"Seq Scan on {TABLE}" not in plan, plan
+            assert "tasks_db_new_ordering_idx" in plan, plan
