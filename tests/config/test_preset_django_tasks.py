@@ -6,7 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from exporter.config import presets
-from tests.conformance.adapters.django_tasks import DjangoTasks
+from tests.conformance.adapters.django_tasks import FINISHED_INDEX, DjangoTasks
 
 TABLE = "django_tasks_database_dbtaskresult"
 QUEUES = ("default", "emails", "slow", "idle")  # the test project's (tests/django_tasks_app)
@@ -46,3 +46,39 @@ def test_every_cycle_reaches_the_waiting_tasks_through_the_backend_s_indexes(
             plan = "\n".join(row[0] for row in connection.execute(f"EXPLAIN {collector['query']}"))
             assert f"Seq Scan on {TABLE}" not in plan, plan
             assert "tasks_db_new_ordering_idx" in plan, plan
+
+
+def test_finished_tasks_are_read_only_through_an_index_on_finished_at(postgres_dsn: str) -> None:
+    """django-tasks-db makes no index on finished_at: the native reader then says why and reads
+    nothing; once the operator made one (FINISHED_INDEX), its baseline and its reads reach the
+    finished rows through it, never by a sequential scan."""
+    django = DjangoTasks(postgres_dsn)
+    django.run("migrate")
+    finished = presets.expand("django_tasks")["sources"]["postgres"]["finished"][0]
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(
+            f"INSERT INTO {TABLE} (id, status, args_kwargs, priority, task_path, queue_name,"
+            " backend_name, run_after, enqueued_at, started_at, finished_at,"
+            " exception_class_path, traceback, worker_ids)"
+            " SELECT gen_random_uuid(), 'SUCCESSFUL', '{}', 0, 't', 'default', 'default',"
+            " '9999-01-01', now(), now(), now() - n * interval '1 millisecond', '', '', '[]'"
+            " FROM generate_series(1, 200000) AS n"
+        )
+        connection.execute("ANALYZE")
+        row = connection.execute(finished["unavailable_when"]).fetchone()
+        assert row is not None and "no index led by finished_at" in row[0], row
+        connection.execute(FINISHED_INDEX)
+        connection.execute("ANALYZE")
+        assert connection.execute(finished["unavailable_when"]).fetchone() == (None,)
+        row = connection.execute(finished["baseline"]).fetchone()
+        assert row is not None and row[0] is not None
+        read = (
+            finished["query"]
+            .replace("{after_id}", "NULL")
+            .replace("{after}", str(row[0] - 100_000))
+            .replace("{limit}", "10000")
+        )
+        for query in (finished["baseline"], read):
+            plan = "\n".join(r[0] for r in connection.execute(f"EXPLAIN {query}"))
+            assert f"Seq Scan on {TABLE}" not in plan, plan
+            assert "django_tasks_finished_idx" in plan, plan
