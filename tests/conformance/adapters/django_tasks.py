@@ -10,9 +10,12 @@ import os
 import subprocess
 from collections import Counter
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, ClassVar
 
-from tests.conformance.adapters.base import ROOT, Adapter, Phase, require, run_json
+import psycopg
+
+from exporter.config import presets
+from tests.conformance.adapters.base import ROOT, Adapter, Phase, fixed, require, run_json
 from tests.conformance.checks import Age, ReadAge, Truth
 from tests.conftest import stop_process, wait_for
 
@@ -25,6 +28,13 @@ SOURCES = (
 STATES = ("pending", "scheduled", "active", "failed", "completed")
 WORKED_QUEUES = "default,emails,slow"  # "idle" has no worker: its tasks wait
 DUE_IN = 1.0  # seconds: the one idle task enqueued for later, due soon after
+QUEUES = ("default", "emails", "slow", "idle")
+# What an operator runs to let the native reader count finished tasks (docs/presets.md)
+FINISHED_INDEX = (
+    "CREATE INDEX CONCURRENTLY django_tasks_finished_idx ON django_tasks_database_dbtaskresult"
+    " (finished_at, id) WHERE finished_at IS NOT NULL"
+)
+NO_INDEX = "django-tasks-db makes no index on finished_at: the native reader says why, silent"
 
 
 def library_state(task: dict[str, Any], now: float) -> str:
@@ -75,10 +85,17 @@ class DjangoTasksAdapter(Adapter):
     """Tasks enqueued on four queues: on `default` they complete and fail, on `slow` one runs
     until released, on `idle` (no worker) they wait, one of them enqueued to run a second
     later (then due), two an hour later; one on `emails` waits an hour. Then the held task
-    completes."""
+    completes, and more complete and fail. Version `_indexed`: the operator made the index on
+    finished_at the native reader needs (FINISHED_INDEX); it counts what finishes after its
+    first read."""
 
     system = "django_tasks"
     backend = "postgres"
+    versions: ClassVar[tuple[Any, ...]] = (None, "_indexed")
+
+    @classmethod
+    def not_served(cls, version: Any) -> dict[str, str]:
+        return {} if version else {"completed": NO_INDEX, "failed": NO_INDEX}
 
     def variants(self) -> dict[str, list[Any]]:
         # with the defaults, running, failed and completed tasks are read every scan_interval
@@ -88,6 +105,9 @@ class DjangoTasksAdapter(Adapter):
     def phases(self) -> Iterator[Phase]:
         django = DjangoTasks(self.backend_url)
         django.run("migrate")
+        if self.version:
+            with psycopg.connect(self.backend_url, autocommit=True) as connection:
+                connection.execute(FINISHED_INDEX)
         release = self.tmp_path / "release"
         django.enqueue(
             *({"task": "send_email", "args": [f"user{n}"]} for n in range(3)),
@@ -114,12 +134,35 @@ class DjangoTasksAdapter(Adapter):
                 return library if done else None
 
             running = wait_for(settled, timeout=60)
+            if self.version:
+                # the reader's baseline: rows finished finished_margin before its first read
+                # (database clock); the seed's last finish that long ago, it counts them all
+                margin = float(presets.read("django_tasks")["params"]["finished_margin"])
+                last = max(t["finished_at"] or 0.0 for t in running["tasks"])
+                wait_for(lambda: django.truth()["now"] > last + margin + 0.5, timeout=30)
+            seeded = {t["id"] for t in running["tasks"] if t["finished_at"] is not None}
             started = next(t["started_at"] for t in running["tasks"] if t["status"] == "RUNNING")
             idle_first = min(
                 t["run_after"] or t["enqueued_at"]
                 for t in running["tasks"]
                 if t["queue"] == "idle" and library_state(t, running["now"]) == "pending"
             )
+
+            def finished_since(library: dict[str, Any]) -> dict[tuple[str, ...], float]:
+                """What the native reader counts, per queue: every task finished since its
+                first read (none finished before it: `seeded`), as the backend's rows say."""
+                if not self.version:
+                    return {}
+                ended = Counter(
+                    (t["queue"], t["status"])
+                    for t in library["tasks"]
+                    if t["finished_at"] is not None and t["id"] not in seeded
+                )
+                return {
+                    (f"queue_jobs_{name}_total", queue): float(ended[queue, status])
+                    for queue in QUEUES
+                    for name, status in (("completed", "SUCCESSFUL"), ("failed", "FAILED"))
+                }
 
             def truth(holding: bool) -> Truth:
                 library = django.truth()
@@ -145,7 +188,8 @@ class DjangoTasksAdapter(Adapter):
                     exact_due=True,
                     ages=ages,
                     exact_ages=True,
-                    sources_up=SOURCES,
+                    totals=finished_since(library),
+                    sources_up=(*SOURCES, "native:django_tasks"),
                 )
 
             yield lambda _at: truth(holding=True)
@@ -156,6 +200,16 @@ class DjangoTasksAdapter(Adapter):
             )
             # read every scan_interval (30 s by default): only the tuned run follows at once
             yield (lambda _at: truth(holding=False)), ("tuned",)
+            # more complete and fail after the reader's first read: counted (counters only)
+            django.enqueue({"task": "send_email", "args": ["z"]}, {"task": "explode"})
+            wait_for(
+                lambda: all(
+                    t["finished_at"] for t in django.truth()["tasks"] if t["queue"] == "default"
+                ),
+                timeout=30,
+            )
+            library = django.truth()
+            yield fixed(Truth("django_tasks", library["now"], None, totals=finished_since(library)))
         finally:
             release.touch()
             stop_process(worker, 15)
