@@ -19,7 +19,9 @@ numbers first; the bare SELECTs run with JIT off, as the exporter's sessions do:
   against the bare SELECTs of the same numbers (no zero for an empty state, no label work) on
   one open connection;
 - the collector on a longer interval (procrastinate_failed, graphile_worker_locked,
-  django_tasks_kept) against its bare SELECT.
+  django_tasks_kept) against its bare SELECT;
+- django_tasks: its native reader once the operator's index on finished_at is made
+  (docs/native.md), a read after its baseline, against the bare SELECT of the same counts.
 The load average (os.getloadavg) is printed before and after: the host is shared.
 """
 
@@ -41,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
+from exporter.config import presets  # noqa: E402
 from exporter.config import settings as config_module  # noqa: E402
 from exporter.output.samples import SampleSet  # noqa: E402
 from exporter.runtime.app import App  # noqa: E402
@@ -160,14 +163,18 @@ SELECT gen_random_uuid(), s.status, jsonb_build_object('args', jsonb_build_array
        CASE WHEN s.status = 'READY' AND n % 100 >= 95 THEN now() + interval '1 hour'
             WHEN s.status = 'READY' AND n % 10 = 0 THEN now() - interval '1 minute'
             ELSE timestamptz '9999-01-01 00:00+00' END,
-       now() - (n % 3600) * interval '1 second',
-       CASE WHEN s.status <> 'READY' THEN now() - (n % 600) * interval '1 second' END,
-       CASE WHEN s.status IN ('SUCCESSFUL', 'FAILED') THEN now() END,
+       now() - interval '2 hours' - (n % 3600) * interval '1 second',
+       CASE WHEN s.status <> 'READY' THEN f.at - (n % 600) * interval '1 second' END,
+       CASE WHEN s.status IN ('SUCCESSFUL', 'FAILED') THEN f.at END,
        '', '', '[]'
 FROM generate_series(1, {{jobs}}) AS n
 CROSS JOIN LATERAL (SELECT CASE
     WHEN n % 100 < 70 THEN 'SUCCESSFUL' WHEN n % 100 < 78 THEN 'FAILED'
-    WHEN n % 100 < 98 THEN 'READY' ELSE 'RUNNING' END AS status) AS s;
+    WHEN n % 100 < 98 THEN 'READY' ELSE 'RUNNING' END AS status) AS s
+-- each task finished at its own time, as db_worker saves them one by one (a running one: now)
+CROSS JOIN LATERAL (SELECT CASE WHEN s.status = 'RUNNING' THEN now()
+                                ELSE now() - interval '10 seconds' - n * interval '1 millisecond'
+                           END AS at) AS f;
 """
 # Per queue, READY later or not: count, the earliest time each became claimable; due.
 DJANGO_TASKS_BARE = [
@@ -296,7 +303,52 @@ def run(dsn: str, args: argparse.Namespace) -> None:
         f"    exporter source   {exporter_slow * 1000:8.1f} ms   "
         f"ratio {exporter_slow / bare_slow_time:.2f}x"
     )
+    if args.system == "django_tasks":
+        django_tasks_native(dsn, app, args.runs)
     app.shutdown()
+
+
+# What the django_tasks reader counts at a read: finished tasks per queue since the last
+# position, settled for finished_margin (none here once the baseline is taken: the steady read).
+DJANGO_TASKS_FINISHED = f"""
+SELECT queue_name, status, count(*) FROM {DJANGO_TASKS_TABLE}
+WHERE finished_at > 'epoch'::timestamptz + %s * interval '1 microsecond'
+  AND finished_at < now() - 5 * interval '1 second' AND status IN ('SUCCESSFUL', 'FAILED')
+GROUP BY 1, 2
+"""
+
+
+def django_tasks_native(dsn: str, app: App, runs: int) -> None:
+    """The finished-rows reader with the index made: a read after its baseline."""
+    from tests.conformance.adapters.django_tasks import FINISHED_INDEX
+
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        connection.execute(FINISHED_INDEX.encode())
+        connection.execute("ANALYZE")
+    source = next(r.source for r in app.runners if r.source.name == "native:django_tasks")
+    source.sample()  # the baseline, now the index is there
+    finished = presets.expand("django_tasks")["sources"]["postgres"]["finished"][0]
+    with psycopg.connect(dsn) as bare:
+        row = bare.execute(finished["baseline"].encode()).fetchone()
+        assert row is not None and row[0] is not None
+        query = DJANGO_TASKS_FINISHED % int(row[0])
+
+        def fetch() -> object:
+            with bare.cursor(binary=True) as cursor:
+                cursor.execute("SET LOCAL jit = off")
+                cursor.execute(query.encode())
+                rows = cursor.fetchall()
+            bare.rollback()
+            return rows
+
+        assert fetch() == []  # nothing finished since: the reader counts nothing either
+        bare_read, exporter_read = interleaved_medians([fetch, source.sample], runs)
+    print("  native reader (index on finished_at made), a read after its baseline")
+    print(f"    bare SELECT       {bare_read * 1000:8.1f} ms")
+    print(
+        f"    exporter reader   {exporter_read * 1000:8.1f} ms   "
+        f"ratio {exporter_read / bare_read:.2f}x"
+    )
 
 
 def _series(samples: list[SampleSet], metric: str) -> dict[tuple[str, ...], float]:
