@@ -41,8 +41,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import Found, RawRedis, floor_loop, load_average, same_result
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.private_redis import PrivateRedis
 from tests.redis_topology import ClusterSetup
@@ -82,7 +80,7 @@ def sampler(url: str) -> RedisKeySampler:
     )
     source = config.sources.default_redis()
     assert source is not None
-    return RedisKeySampler(source, Telemetry(HealthBoard()), 15.0)
+    return RedisKeySampler(source, 15.0)
 
 
 class ClusterFloor:
@@ -189,13 +187,13 @@ def run(single: PrivateRedis, cluster: ClusterSetup, keys: list[str], runs: int)
     if len(found) != len(keys) or on_cluster != depths:
         raise RuntimeError("the floors found other keys or depths on the cluster and one server")
     for side in SIDES:
-        same_result(found, exporters[side].sample(), time.time() - started + 1)
+        same_result(found, exporters[side].sample().samples, time.time() - started + 1)
     clock = Clock()
     for _ in range(runs):
         for side in SIDES:
             clock.time(f"floor, {side}", servers[side], floor_runs[side])
-            samples = clock.time(f"exporter, {side}", servers[side], exporters[side].sample)
-            same_result(found, samples, time.time() - started + 1)
+            cycle = clock.time(f"exporter, {side}", servers[side], exporters[side].sample)
+            same_result(found, cycle.samples, time.time() - started + 1)
     loads.append(load_average())
     report(clock, servers, len(keys), runs, loads)
     for exporter in exporters.values():

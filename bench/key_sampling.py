@@ -63,6 +63,7 @@ from exporter.output.health import HealthBoard
 from exporter.output.telemetry import Telemetry
 from exporter.redis.pipeline import bounded_reads, script_read
 from exporter.sources.redis_keys.sampler import RedisKeySampler
+from exporter.sources.runner import apply_report
 from tests.private_redis import PrivateRedis, free_port
 
 # A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
@@ -312,7 +313,7 @@ def measure(
     )
     assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
     telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
+    sampler = RedisKeySampler(config.sources.redis, 15.0)
     raw = RawRedis(url)
     gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
     binary = shutil.which("prometheus-redis-exporter")
@@ -320,14 +321,14 @@ def measure(
     peer = Peer(binary, url) if binary and size <= peer_up_to else None
 
     def scraped_cycle() -> None:  # what a scrape of the peer does: read the keys, render
-        telemetry.publish(sampler.name, sampler.sample())
+        apply_report(telemetry, None, sampler.name, sampler.sample())
         telemetry.render(False)
 
     found_at = time.time()
     found = floor_loop(raw)  # the warm-up of each, and the check that they agree
     if len(found) != size or floor_loop(raw, overlap=False).keys() != found.keys():
         raise RuntimeError(f"the floor found {len(found)} keys of {size}")
-    same_result(found, sampler.sample(), time.time() - found_at + 1)
+    same_result(found, sampler.sample().samples, time.time() - found_at + 1)
     if peer is not None:
         body = peer.scrape()
         if body.count(b'redis_key_size{db="db0",key="orchestrata:queue:') != size:
@@ -336,8 +337,8 @@ def measure(
     for _ in range(args.runs if proxy_pid is None else args.delayed_runs):
         clock.time("floor", lambda: floor_loop(raw))
         clock.time("floor, SCAN alone", lambda: floor_loop(raw, overlap=False))
-        samples = clock.time("exporter", sampler.sample)
-        same_result(found, samples, time.time() - found_at + 1)
+        cycle = clock.time("exporter", sampler.sample)
+        same_result(found, cycle.samples, time.time() - found_at + 1)
         if peer is not None:
             clock.time("scraped", scraped_cycle)
             clock.time("peer", peer.scrape)

@@ -145,8 +145,6 @@ def rq(queues: int, bounded: bool) -> dict[str, float]:
 
 
 def sql(rows: int, bounded: bool, dsn: str) -> dict[str, float]:
-    from exporter.output.health import HealthBoard
-    from exporter.output.telemetry import Telemetry
     from exporter.sources.postgres import source as postgres
     from exporter.sources.postgres.config import PostgresSourceConfig
 
@@ -165,8 +163,7 @@ def sql(rows: int, bounded: bool, dsn: str) -> dict[str, float]:
     config = PostgresSourceConfig.model_validate(
         {"dsn": dsn, "collectors": [collector(max_rows), collector(rows)]}
     )
-    telemetry = Telemetry(HealthBoard())
-    reference, flood = postgres.build_sources(config, telemetry, 5.0)
+    reference, flood = postgres.build_sources(config, 5.0)
     try:
         _reset_peak()
         reference.sample()
@@ -181,7 +178,6 @@ def sql(rows: int, bounded: bool, dsn: str) -> dict[str, float]:
     finally:
         reference.close()
         flood.close()
-        telemetry.shutdown()
 
 
 def _fill(client: Any, script: str, key: str, entries: int, argument: object) -> None:

@@ -139,11 +139,11 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             return rows
 
         def hot_cycle() -> tuple[SampleSet, SampleSet]:
-            return jobs.sample(), due.sample()
+            return jobs.sample().samples, due.sample().samples
 
         same_numbers(hot_cycle(), fetch(*hot_bare), args.major)
         if args.major < 12:
-            same_unindexed(active.sample(), fetch(BARE_ACTIVE)[0])
+            same_unindexed(active.sample().samples, fetch(BARE_ACTIVE)[0])
         bare_hot, exporter_hot, bare_active, exporter_active, every = interleaved_medians(
             [
                 lambda: fetch(*hot_bare),

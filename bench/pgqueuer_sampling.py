@@ -140,9 +140,9 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             bare.rollback()
             return results
 
-        same_hot(hot.sample(), fetch(*BARE_HOT))
+        same_hot(hot.sample().samples, fetch(*BARE_HOT))
         failed = {(q, "failed"): float(n) for q, n in fetch(BARE_FAILED)[0]}
-        assert _series([slow.sample()], "queue_depth") == failed
+        assert _series([slow.sample().samples], "queue_depth") == failed
         native.sample()  # the baseline
         finished = presets.expand("pgqueuer")["sources"]["postgres"]["finished"][0]
         row = bare.execute(finished["baseline"]).fetchone()

@@ -279,11 +279,11 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             return results
 
         def hot_cycle() -> list[SampleSet]:
-            return [source.sample() for source in hot]
+            return [source.sample().samples for source in hot]
 
         same_hot, same_slow = check
         same_hot(hot_cycle(), fetch(*bare_hot))
-        same_slow(slow.sample(), fetch(bare_slow)[0])
+        same_slow(slow.sample().samples, fetch(bare_slow)[0])
         timed = interleaved_medians(
             [lambda: fetch(*bare_hot), hot_cycle, lambda: fetch(bare_slow), slow.sample],
             args.runs,

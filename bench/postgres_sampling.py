@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.config import settings as config_module
 from exporter.runtime.app import App
 from exporter.sources.postgres.source import PostgresCollectorSource
+from exporter.sources.runner import apply_report
 from tests.attune_db import schema_ddl
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
@@ -157,15 +158,15 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             return rows
 
         def exporter_cycle() -> None:
-            app.telemetry.publish(stats.name, stats.sample())
+            apply_report(app.telemetry, None, stats.name, stats.sample())
 
         rows = len(bare_fetch())
-        series = len(stats.sample())
+        series = len(stats.sample().samples)
         bare_time, binary_time, exporter_time, sample_time = interleaved_medians(
             [bare_fetch, bare_binary_fetch, exporter_cycle, stats.sample], args.runs
         )
         executions_time = median_seconds(executions.sample, args.runs)
-        execution_series = len(executions.sample())
+        execution_series = len(executions.sample().samples)
         plan = bare.execute("EXPLAIN (ANALYZE, BUFFERS) " + executions.collector.query).fetchall()
         bare.rollback()
 

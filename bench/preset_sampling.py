@@ -37,8 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from key_sampling import CostClock, RawRedis, private_redis
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.redis.pipeline import bounded_reads, script_read
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 
@@ -174,19 +172,19 @@ def main() -> None:
             {"presets": ["bull"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
         )
         assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
-        sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
+        sampler = RedisKeySampler(config.sources.redis, 15.0)
         raw = RawRedis(url)
         gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
         found_at = time.time()
         found = floor_loop(raw)
         if len(found) != args.queues:
             raise RuntimeError(f"the floor found {len(found)} queues of {args.queues}")
-        same_result(found, sampler.sample(), time.time() - found_at + 1)
+        same_result(found, sampler.sample().samples, time.time() - found_at + 1)
         clock = CostClock(client)
         for _ in range(args.runs):
             clock.time("floor", lambda: floor_loop(raw))
-            samples = clock.time("exporter", sampler.sample)
-            same_result(found, samples, time.time() - found_at + 1)
+            cycle = clock.time("exporter", sampler.sample)
+            same_result(found, cycle.samples, time.time() - found_at + 1)
         load = Path("/proc/loadavg").read_text().split()[0]
         print(f"bull preset, {args.queues} queues ({args.queues * 6} keys read), load {load}")
         for kind in ("wall", "cpu"):

@@ -25,8 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import load_keys, private_redis
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 # A speed benchmark of every key: the memory cap of a cycle (the source's max_keys) lifted.
@@ -53,10 +51,10 @@ def main() -> None:
             }
         )
         assert config.sources.redis is not None
-        sampler = RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
+        sampler = RedisKeySampler(config.sources.redis, 15.0)
         client.slowlog_reset()
         started = time.perf_counter()
-        samples = sampler.sample()
+        samples = sampler.sample().samples
         cycle = time.perf_counter() - started
         entries = client.slowlog_get(-1)
         sampler.close()

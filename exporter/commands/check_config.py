@@ -25,8 +25,6 @@ from __future__ import annotations
 
 from exporter.config.kinds import KINDS
 from exporter.config.settings import Config
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.probe import Echo, Findings, ProbeContext
 
 __all__ = ["Findings", "probe"]
@@ -35,12 +33,8 @@ __all__ = ["Findings", "probe"]
 def probe(config: Config, echo: Echo) -> Findings:
     """Print what each backend holds for the configuration; the failures and warnings, named.
     A Redis one kind found unreachable is not tried again by the kinds after it."""
-    telemetry = Telemetry(HealthBoard(), config.limits)
     findings = Findings()
-    try:
-        for kind in KINDS:
-            context = ProbeContext(echo, telemetry, config.sample_interval, findings.unreachable)
-            findings.add(kind.probe(config, context))
-    finally:
-        telemetry.shutdown()
+    for kind in KINDS:
+        context = ProbeContext(echo, config.sample_interval, findings.unreachable)
+        findings.add(kind.probe(config, context))
     return findings

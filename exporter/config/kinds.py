@@ -94,7 +94,7 @@ class SourceKind:
 def _build_key_samplers(config: Config, context: BuildContext) -> Built:
     from exporter.sources.redis_keys.sampler import redis_samplers
 
-    samplers = redis_samplers(config.sources.redis, context.telemetry, config.sample_interval)
+    samplers = redis_samplers(config.sources.redis, config.sample_interval)
     return Built(sources=list(samplers))
 
 
@@ -147,11 +147,7 @@ def _build_postgres(config: Config, context: BuildContext) -> Built:
 
     connector = postgres.PostgresConnector(postgres_config)
     built = Built(
-        sources=list(
-            postgres.build_sources(
-                postgres_config, context.telemetry, config.sample_interval, connector
-            )
-        )
+        sources=list(postgres.build_sources(postgres_config, config.sample_interval, connector))
     )
     if context.event_metrics is not None and postgres_config.finished:
         from exporter.sources.readers import finished_rows

@@ -94,7 +94,7 @@ class App:
         event_metrics = build.build_event_metrics(self.config, self.telemetry)
         built = build.build(self.config, self.telemetry, event_metrics, self.leadership)
         self.runners = [
-            SourceRunner(source, self.telemetry, self.stopping, self.leadership)
+            SourceRunner(source, self.telemetry, self.stopping, self.leadership, event_metrics)
             for source in built.sources
         ]
         self.event_consumers = built.consumers

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.core.logs import scrub
-from exporter.output.telemetry import Telemetry
 
 Echo = Callable[[str], None]
 
@@ -36,7 +35,6 @@ class Findings:
 @dataclass(frozen=True)
 class ProbeContext:
     echo: Echo  # where each line goes
-    telemetry: Telemetry  # the health board a sampler's cycle reports to
     sample_interval: float
     # Redis targets named FAILED by an earlier kind: not tried again
     unreachable: set[str] = field(default_factory=set)

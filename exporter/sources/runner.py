@@ -1,9 +1,17 @@
 """The loop every sampling source runs in: its own interval, failure handling, recovery.
 
 A source only knows how to take one sample. The runner calls it on its interval (never
-inside a scrape), publishes the snapshot, and while the source fails it withdraws the
-source's series, marks it down, counts the error by reason and retries with a backoff
-capped at the interval, so it is back within one interval of the backend returning.
+inside a scrape) and applies what the cycle reported (source.SourceReport): this module is
+the one place a source's report reaches the store, the health board and the self-metrics
+(`apply_report`). While the source fails it withdraws the source's series, marks it down,
+counts the error by reason and retries with a backoff capped at the interval, so it is back
+within one interval of the backend returning.
+
+A failed cycle reports nothing: its failure is counted under its reason, and what it counted
+before it failed (keys of the wrong type, refused records) is not, since the next cycle meets
+the same keys and records again. A cycle whose lease passed to another replica meanwhile
+(fencing) has its series dropped, but its counts stand: a reader's window has moved past the
+records it counted, and no replica counts them again.
 
 Every cycle runs under a client-side deadline (the source's `deadline`): a backend that hangs
 without closing its connections is interrupted when it passes, and the cycle fails with reason
@@ -23,13 +31,17 @@ from exporter.sources.outage import Outage
 from exporter.sources.source import (
     DeadlineExceeded,
     Source,
+    SourceReport,
     describe,
     interrupt,
     sample_within_deadline,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from exporter.leader.election import Leadership
+    from exporter.lifecycle.metrics import EventMetrics
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +52,8 @@ LEASE_REASON = "leader_lease"
 
 
 class SourceRunner:
-    """Runs one source; with a Leadership, only while this replica leads (leader/election.py)."""
+    """Runs one source; with a Leadership, only while this replica leads (leader/election.py).
+    `events`: the EventMetrics a native reader's lifecycle updates go to."""
 
     def __init__(
         self,
@@ -48,9 +61,11 @@ class SourceRunner:
         telemetry: Telemetry,
         stop: threading.Event,
         leadership: Leadership | None = None,
+        events: EventMetrics | None = None,
     ) -> None:
         self.source = source
         self.telemetry = telemetry
+        self.events = events
         self.stop = stop
         self.leadership = leadership
         self.standing_by = False
@@ -77,7 +92,7 @@ class SourceRunner:
         token = self.leadership.token() if self.leadership is not None else None
         started = time.monotonic()
         try:
-            samples = sample_within_deadline(self.source)
+            report = sample_within_deadline(self.source)
         except Exception as error:
             if self.stop.is_set():  # interrupted by the shutdown: not a failure of the backend
                 log.debug("source %s: cycle interrupted by shutdown", name)
@@ -92,13 +107,19 @@ class SourceRunner:
         if self.leadership is not None and self.leadership.token() != token:
             # Fencing: the lease changed hands during the cycle; the new leader publishes.
             log.info("source %s: lease lost during the cycle, its sample is dropped", name)
+            apply_counts(self.telemetry, self.events, name, report)
             self.stand_by()
             return True
-        with self.telemetry.source_change:
-            self.telemetry.publish(name, samples, fence)
-            self.outage.succeeded(duration)
+        apply_report(
+            self.telemetry,
+            self.events,
+            name,
+            report,
+            fence,
+            lambda: self.outage.succeeded(duration),
+        )
         self.lease_down = False
-        log.debug("source %s sampled %d series in %.3fs", name, len(samples), duration)
+        log.debug("source %s sampled %d series in %.3fs", name, len(report.samples), duration)
         return True
 
     def interrupt(self) -> None:
@@ -170,3 +191,41 @@ class SourceRunner:
             self.telemetry.withdraw(name)
             self.telemetry.count_error(name, LEASE_REASON)
             self.telemetry.health.lease_unavailable(name, f"{LEASE_REASON}: {problem}")
+
+
+def apply_report(
+    telemetry: Telemetry,
+    events: EventMetrics | None,
+    source: str,
+    report: SourceReport,
+    fence: Callable[[], bool] | None = None,
+    succeeded: Callable[[], None] | None = None,
+) -> None:
+    """A cycle's report, applied: its counts, then its series and what it tells the health
+    board, together (`succeeded`, the source marked up, among them): no render sees a source's
+    new series beside its old status, or its old series beside the new."""
+    apply_counts(telemetry, events, source, report)
+    with telemetry.source_change:
+        telemetry.publish(source, report.samples, fence)
+        if report.key_groups is not None:
+            telemetry.health.report_key_groups(source, report.key_groups)
+        if report.reads is not None:
+            telemetry.health.describe_reads(source, report.reads)
+        if succeeded is not None:
+            succeeded()
+
+
+def apply_counts(
+    telemetry: Telemetry, events: EventMetrics | None, source: str, report: SourceReport
+) -> None:
+    """What a cycle counted: its errors by reason, a native reader's lifecycle updates."""
+    for (reason, system, pattern), count in report.errors.items():
+        telemetry.count_error(source, reason, count, system, pattern)
+    read = report.lifecycle
+    if read is None:
+        return
+    if events is None:
+        raise ValueError(f"source {source} reports lifecycle updates: its runner needs events")
+    events.record(read.feed, read.tally, read.workers)
+    events.report_silence(read.feed, read.workers, read.silent)
+    events.report_caveat(read.feed, read.caveat)

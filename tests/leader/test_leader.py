@@ -16,10 +16,10 @@ from exporter.leader.config import LeaderElectionConfig
 from exporter.leader.election import Leadership
 from exporter.output.catalog import BY_NAME
 from exporter.output.health import HealthBoard
-from exporter.output.samples import SampleSet
 from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.runner import SourceRunner
+from exporter.sources.source import SourceReport
 from tests.conftest import REDIS_HOST, REDIS_PORT, scrape, scrape_series, value, wait_for
 from tests.plain_source import PlainSource
 from tests.tcp_proxy import TcpProxy
@@ -122,13 +122,13 @@ class _Source(PlainSource):
         self.during = during
         self.cycles = 0
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         self.cycles += 1
         if self.during is not None:
             self.during()
-        samples = SampleSet()
-        samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
-        return samples
+        report = SourceReport()
+        report.samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
+        return report
 
 
 def test_a_cycle_whose_lease_changed_hands_is_not_published(redis_url):

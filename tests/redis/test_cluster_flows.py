@@ -10,10 +10,9 @@ import threading
 import pytest
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
 from exporter.output.samples import SampleSet
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.sampler import RedisKeySampler
+from exporter.sources.source import SourceReport
 from tests.conftest import wait_for
 from tests.redis_topology import ClusterSetup
 from tests.tcp_proxy import TcpProxy
@@ -79,10 +78,9 @@ def test_a_hung_node_holds_no_other_nodes_reads_hostage(cluster):
     config = config_module.from_dict({"sources": {"redis": settings}})
     source = config.sources.default_redis()
     assert source is not None
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(source, telemetry, 15.0)
+    sampler = RedisKeySampler(source, 15.0)
     try:
-        warm = sampler.sample()  # every node's connection made, the proxy's included
+        warm = sampler.sample().samples  # every node's connection made, the proxy's included
         assert len(_depths(warm)) == KEYS + 1
         keys_on = {}
         for node in others:
@@ -92,7 +90,7 @@ def test_a_hung_node_holds_no_other_nodes_reads_hostage(cluster):
         assert all(keys_on.values())
 
         proxy.freeze()  # the node hangs: its connections open, nothing answered
-        result: list[SampleSet] = []
+        result: list[SourceReport] = []
         cycle = threading.Thread(target=lambda: result.append(sampler.sample()), daemon=True)
         cycle.start()
         # Every key of the other nodes is read (and `pinned`, by value), the hung one awaited.
@@ -105,8 +103,8 @@ def test_a_hung_node_holds_no_other_nodes_reads_hostage(cluster):
         sampler.close()
         proxy.cut()
 
-    assert _depths(result[0]) == {
+    assert _depths(result[0].samples) == {
         ("pinned", pinned, "", "pending"): 2.0
     }  # the scanned group withdrawn
-    reports = {report.pattern: report.errors for report in telemetry.health.key_groups()}
+    reports = {report.pattern: report.errors for report in result[0].key_groups or []}
     assert reports == {SCANNED["pattern"]: {"node_down": 1}, by_value["pattern"]: {}}

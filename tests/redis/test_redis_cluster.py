@@ -15,8 +15,6 @@ from redis.exceptions import RedisClusterException
 
 from exporter.commands import redis_acl
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import scrape_series, value, wait_for
@@ -168,14 +166,14 @@ def test_a_slot_in_migration_is_read_whole_following_ask(cluster):
             client.acl_log_reset()
     redis_source = config.sources.default_redis()
     assert redis_source is not None
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(redis_source, telemetry, 15.0)
+    sampler = RedisKeySampler(redis_source, 15.0)
     try:
         for node, keys in ((source, 5), (target, 4)):  # ASK at the source for the keys moved
             with node.client() as client:
                 assert client.cluster("COUNTKEYSINSLOT", slot) == keys
         for _ in range(2):  # and the next cycle likewise: ASK needs no new slot map
-            samples = {spec.name: dict(part.items()) for spec, part in sampler.sample().metrics()}
+            cycle = sampler.sample()
+            samples = {spec.name: dict(part.items()) for spec, part in cycle.samples.metrics()}
             now = time.time()
             depths, ages = samples["queue_depth"], samples["queue_oldest_age_seconds"]
             assert depths == {
@@ -185,7 +183,7 @@ def test_a_slot_in_migration_is_read_whole_following_ask(cluster):
             # the oldest head of the six lists is p1's (moved); the job hash it names moved too
             assert abs(ages[("migrating", "{orders}", "", "pending")] - (now - 1_000_001)) < 60
             assert abs(ages[("by_hash", "{orders}", "", "pending")] - (now - 2_000_000)) < 60
-            assert [report.errors for report in telemetry.health.key_groups()] == [{}, {}]
+            assert [report.errors for report in cycle.key_groups or []] == [{}, {}]
         for node in cluster.nodes:
             with node.client() as client:
                 assert client.acl_log() == []  # nothing refused

@@ -16,8 +16,6 @@ import pytest
 import redis
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig
 from exporter.redis.members import members_of
 from exporter.sources.readers.celery import CeleryReader
@@ -159,19 +157,18 @@ def test_a_flooded_queue_set_costs_a_key_group_max_keys_members(server, kind):
     }
     settings = {"url": _url(server), "key_groups": [group], "max_keys": max_keys}
     config = config_module.from_dict({"sources": {"redis": settings}})
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
+    sampler = RedisKeySampler(config.sources.redis, 15.0)
     with Cost(server) as cost:
-        samples = sampler.sample()
+        cycle = sampler.sample()
     sampler.close()
     depths = {
         labels: value
-        for spec, part in samples.metrics()
+        for spec, part in cycle.samples.metrics()
         if spec.name == "queue_depth"
         for labels, value in part.items()
     }
     assert len(depths) == max_keys
-    (report,) = telemetry.health.key_groups()
+    (report,) = cycle.key_groups or []
     assert report.errors == {"too_many_members": 1}
     assert report.failed_keys == (("too_many_members", "known"),)
     assert f"{FLOOD} members, {max_keys} (max_keys) read" in (report.last_warning or "")

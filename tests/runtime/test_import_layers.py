@@ -57,7 +57,8 @@ LAYERS: dict[str, set[str]] = {
     },
     "sources.redis_keys": {"core", "redis", "output", "sources"},
     "sources.postgres": {"core", "output", "sources"},
-    "sources": {"core", "output", "leader"},  # the protocol, the runner, outages, deadlines
+    # the protocol, the runner, outages, deadlines; a report carries a reader's lifecycle tally
+    "sources": {"core", "output", "leader", "lifecycle"},
     "leader": {"core", "redis", "output"},
     "lifecycle": {"core", "output"},
     "output": {"core"},

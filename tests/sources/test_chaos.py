@@ -30,9 +30,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from exporter.lifecycle import wire
 from exporter.lifecycle.producer import EventEmitter
 from exporter.output.health import HealthBoard
-from exporter.output.samples import SampleSet
 from exporter.output.telemetry import Telemetry
 from exporter.sources.runner import SourceRunner
+from exporter.sources.source import SourceReport
 from tests.attune_db import Attune
 from tests.conftest import (
     POSTGRES_ADMIN_DSN,
@@ -386,14 +386,14 @@ class _SlowSource(PlainSource):
         self.active = 0
         self.most_active = 0
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         self.active += 1
         self.most_active = max(self.most_active, self.active)
         started = time.monotonic()
         time.sleep(0.25 if len(self.cycles) < 3 else 0.01)  # three cycles overrun the interval
         self.cycles.append((started, time.monotonic()))
         self.active -= 1
-        return SampleSet()
+        return SourceReport()
 
 
 class _StopRecordingWaits(threading.Event):

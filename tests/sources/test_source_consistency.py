@@ -12,9 +12,9 @@ import pytest
 
 from exporter.output.catalog import BY_NAME
 from exporter.output.health import HealthBoard
-from exporter.output.samples import SampleSet
 from exporter.output.telemetry import Telemetry
 from exporter.sources.runner import SourceRunner
+from exporter.sources.source import SourceReport
 from tests.conftest import parse_exposition, value
 from tests.plain_source import PlainSource
 
@@ -30,13 +30,13 @@ class _Flapping(PlainSource):
     def __init__(self) -> None:
         self.cycles = 0
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         self.cycles += 1
         if self.cycles % 2:
             raise RuntimeError("down this cycle")
-        samples = SampleSet()
-        samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
-        return samples
+        report = SourceReport()
+        report.samples.add(BY_NAME["queue_depth"], {"system": "s", "queue": "q"}, 1.0)
+        return report
 
 
 def test_a_scrape_never_shows_a_sources_series_beside_its_other_health():

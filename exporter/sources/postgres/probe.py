@@ -24,11 +24,11 @@ def probe(postgres_config: PostgresSourceConfig, context: ProbeContext) -> Findi
         return Findings(failures=[f"postgres at {target}"])
     echo(f"postgres at {target}:")
     failures = []
-    sources = postgres.build_sources(postgres_config, context.telemetry, context.sample_interval)
+    sources = postgres.build_sources(postgres_config, context.sample_interval)
     try:
         for source in sources:
             try:
-                samples = sample_within_deadline(source)
+                report = sample_within_deadline(source)
             except Exception as error:
                 reason = (
                     "timeout"
@@ -39,7 +39,9 @@ def probe(postgres_config: PostgresSourceConfig, context: ProbeContext) -> Findi
                 failures.append(source.name)
                 continue
             reads = f"; {source.reads}" if source.reads else ""
-            echo(f"  {source.name}: {source.last_rows} row(s); {_series_summary(samples)}{reads}")
+            echo(
+                f"  {source.name}: {source.last_rows} row(s); {_series_summary(report.samples)}{reads}"
+            )
     finally:
         for source in sources:
             source.close()

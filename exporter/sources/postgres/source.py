@@ -36,8 +36,6 @@ from psycopg import errors
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from exporter.core.logs import LogLimiter
-from exporter.output.samples import SampleSet
-from exporter.output.telemetry import Telemetry
 from exporter.sources.postgres.collectors import (
     CollectorRefused,
     QueryShapeError,
@@ -45,6 +43,7 @@ from exporter.sources.postgres.collectors import (
     SqlCollector,
 )
 from exporter.sources.postgres.config import PostgresSourceConfig
+from exporter.sources.source import SourceReport
 
 Columns = tuple[tuple[str, int], ...]
 log = logging.getLogger(__name__)
@@ -295,7 +294,6 @@ class PostgresCollectorSource:
         self,
         collector: SqlCollector,
         connector: PostgresConnector,
-        telemetry: Telemetry,
         interval: float,
         statement_timeout: float,
         read_interval: float | None = None,
@@ -310,7 +308,6 @@ class PostgresCollectorSource:
         self.statement_timeout = statement_timeout
         # Waiting for a connection, then the query: past both, the server is not answering.
         self.deadline = connector.config.connect_timeout + statement_timeout
-        self.telemetry = telemetry
         self._connector = connector
         self._converter: tuple[Columns, RowConverter] | None = None
         self._sampling_thread: int | None = None
@@ -323,21 +320,19 @@ class PostgresCollectorSource:
 
     def reads_every(self, cycle: float) -> None:
         """Say how the collector reads if that is less often than every `cycle` seconds
-        (check-config prints it, the status page shows it)."""
+        (check-config prints it; each report carries it to the status page)."""
         self.reads = self.collector.reads_note(cycle)
-        if self.reads is not None:
-            self.telemetry.health.describe_reads(self.name, self.reads)
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         last, failed = self._last_read, self._last_failure
         now = time.monotonic()
         # within half a sampling cycle of the read interval: read now rather than a cycle late
         if last is not None and now - last[0] + self.interval / 2 < self.read_interval:
             self._sampling_thread = threading.get_ident()  # severable at the deadline
             self._connector.check_answering()
-            samples = SampleSet()
-            self._converter_for(last[2]).convert(last[1], samples, since_read=now - last[0])
-            return samples
+            report = SourceReport(reads=self.reads)
+            self._converter_for(last[2]).convert(last[1], report.samples, since_read=now - last[0])
+            return report
         if failed is not None and now - failed[0] + self.interval / 2 < self.read_interval:
             # a failed costly read is tried again on its own interval, not every cycle; it
             # stays failed (series withdrawn, the error counted) until then
@@ -350,7 +345,7 @@ class PostgresCollectorSource:
                 self._last_failure = (now, error)
             raise
 
-    def _read(self) -> SampleSet:
+    def _read(self) -> SourceReport:
         self._sampling_thread = threading.get_ident()
         collector = self.collector
         if self._check_due and collector.refuse_when is not None:
@@ -367,21 +362,21 @@ class PostgresCollectorSource:
             # timed from the end of the read, after the query's now(): an age grown from here
             # is behind the clock by the query's time at most, never ahead of it
             self._last_read = (time.monotonic(), rows, columns)
+        report = SourceReport(reads=self.reads)
         if more:  # counted once per run, whatever the number of rows beyond
-            self.telemetry.count_error(self.name, "too_many_rows")
+            report.count_error("too_many_rows")
             _limited.warning(
                 self.name,
                 "%s: the query returns more than max_rows (%d) rows: the rest is not read",
                 self.name,
                 collector.max_rows,
             )
-        samples = SampleSet()
-        nulls, refused = self._converter_for(columns).convert(rows, samples)
+        nulls, refused = self._converter_for(columns).convert(rows, report.samples)
         if nulls:
-            self.telemetry.count_error(self.name, "null_value", nulls)
+            report.count_error("null_value", nulls)
         if refused:
-            self.telemetry.count_error(self.name, "bad_number", refused)
-        return samples
+            report.count_error("bad_number", refused)
+        return report
 
     def error_reason(self, error: Exception) -> str:
         return error_reason(error)
@@ -442,7 +437,6 @@ def error_reason(error: Exception) -> str:
 
 def build_sources(
     config: PostgresSourceConfig,
-    telemetry: Telemetry,
     default_interval: float,
     connector: PostgresConnector | None = None,
 ) -> list[PostgresCollectorSource]:
@@ -453,7 +447,6 @@ def build_sources(
         PostgresCollectorSource(
             collector,
             connector,
-            telemetry,
             sampled_every(collector, interval),
             collector.timeout or config.statement_timeout,
             read_interval=collector.interval or interval,

@@ -8,7 +8,8 @@ The application is not changed and nothing is written to its data.
 How a reader runs: as a `Source` (sources/runner.py) wrapped by `NativeSource`. The
 SourceRunner calls `NativeSource.sample()` on the reader's interval, which hands the reader
 a fresh `Signals`; the reader fills it in `read()` and raises when its backend cannot be
-read. What it filled is applied only when the whole read succeeded:
+read. What it filled becomes the cycle's report (sources/source.py `SourceReport`, as every
+source's), which the runner applies only when the whole read succeeded:
 - `signals.tally` (an lifecycle/metrics.py `Tally`: counter increments, histogram observations,
   worker heartbeats) goes to the shared `EventMetrics`, exactly like a batch of stream events;
 - `signals.samples` (a `SampleSet`, e.g. depth of a state no key group can see) is published
@@ -81,6 +82,7 @@ from exporter.redis.connection import (
     sever,
 )
 from exporter.sources.redis_keys.values import selects
+from exporter.sources.source import LifecycleRead, SourceReport
 
 # Workers a reader reported are forgotten after this many of its intervals without a report:
 # a worker that left (or a reader that fails) leaves queue_workers within that time.
@@ -434,7 +436,8 @@ class NativeSource:
         self.name = self.reader.name
         self.interval = interval
         self.deadline = interval  # a read that outlasts its interval is cut off (sources/runner.py)
-        self.metrics = metrics
+        # The feed's registry and zero-valued self-metrics, declared once: its reads' updates
+        # go to `metrics` through the runner (LifecycleRead)
         self.workers: WorkerRegistry = metrics.worker_registry(
             interval * WORKER_TIMEOUT_INTERVALS, MAX_WORKERS, redis_source
         )
@@ -443,7 +446,7 @@ class NativeSource:
         self._caveat: str | None = None
         metrics.declare_stream(self.name, self.workers)
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         another_led = self._terms.another_led()
         if another_led is not None:
             log.info(
@@ -461,30 +464,31 @@ class NativeSource:
         deadline = ReadDeadline.starting_now(self.deadline)
         signals = Signals(source=self.name, deadline=deadline)
         self.reader.read(signals)
-        self.metrics.record(self.name, signals.tally, self.workers)
-        self._report_silence(signals.silent)
-        self._report_caveat(signals.caveat)
+        self._log_silence(signals.silent)
+        self._log_caveat(signals.caveat)
+        samples = signals.samples
         if self.redis_source is not None:
-            return signals.samples.with_label(SOURCE_LABEL, self.redis_source)
-        return signals.samples
+            samples = samples.with_label(SOURCE_LABEL, self.redis_source)
+        heard = LifecycleRead(
+            self.name, signals.tally, self.workers, signals.silent, signals.caveat
+        )
+        return SourceReport(samples, lifecycle=heard)
 
-    def _report_silence(self, silent: str | None) -> None:
-        """Say when the reader starts and stops hearing nothing: once each in the log, and on
-        the health board and queue_exporter_native_silent while it lasts."""
+    def _log_silence(self, silent: str | None) -> None:
+        """Say when the reader starts and stops hearing nothing, once each (the runner puts it
+        on the health board and queue_exporter_native_silent while it lasts)."""
         if silent is not None and self._silent is None:
             log.warning("%s: %s", self.name, silent)
         elif silent is None and self._silent is not None:
             log.info("%s: hears its system again: every series is served", self.name)
         self._silent = silent
-        self.metrics.report_silence(self.name, self.workers, silent)
 
-    def _report_caveat(self, caveat: str | None) -> None:
-        """Say what the reader cannot tell: in the log when it starts or changes, on the
-        health board while it lasts."""
+    def _log_caveat(self, caveat: str | None) -> None:
+        """Say what the reader cannot tell when it starts or changes (the runner puts it on the
+        health board while it lasts)."""
         if caveat is not None and caveat != self._caveat:
             log.warning("%s: %s", self.name, caveat)
         self._caveat = caveat
-        self.metrics.report_caveat(self.name, caveat)
 
     def error_reason(self, error: Exception) -> str:
         if isinstance(error, ReaderError):

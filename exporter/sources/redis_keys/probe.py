@@ -17,7 +17,6 @@ from exporter.core.printable import printable
 from exporter.output.catalog import BY_NAME
 from exporter.output.health import KeyGroupReport
 from exporter.output.samples import LabelValues, SampleSet
-from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig, redis_error_reason
 from exporter.sources.probe import Echo, Findings, ProbeContext, first_line, text
 from exporter.sources.redis_keys.config import RedisSourceConfig
@@ -34,15 +33,15 @@ def probe(
 ) -> Findings:
     """Each Redis with key groups, sampled once: what its groups matched, and what is wrong."""
     findings = Findings()
-    for sampler in redis_samplers(redis, context.telemetry, context.sample_interval):
-        findings.add(_sampler_key_groups(sampler, context.telemetry, context.echo))
+    for sampler in redis_samplers(redis, context.sample_interval):
+        findings.add(_sampler_key_groups(sampler, context.echo))
     return findings
 
 
-def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Echo) -> Findings:
+def _sampler_key_groups(sampler: RedisKeySampler, echo: Echo) -> Findings:
     target = sampler.config.masked_url()
     try:
-        samples = sample_within_deadline(sampler)
+        report = sample_within_deadline(sampler)
     except Exception as error:
         reason = "timeout" if isinstance(error, DeadlineExceeded) else redis_error_reason(error)
         echo(f"redis keys at {target}: FAILED ({reason}: {first_line(error)})")
@@ -57,15 +56,15 @@ def _sampler_key_groups(sampler: RedisKeySampler, telemetry: Telemetry, echo: Ec
             f"redis at {target}: the database holds no keys at all (DBSIZE 0): the wrong "
             "database number in the URL, or nothing has written there yet"
         )
-    depths = _values(samples, "queue_depth")
-    ages = _values(samples, "queue_oldest_age_seconds")
-    reports = [report for report in telemetry.health.key_groups() if report.source == sampler.name]
-    for report in reports:
-        for line in _key_group_lines(report, depths, ages):
+    depths = _values(report.samples, "queue_depth")
+    ages = _values(report.samples, "queue_oldest_age_seconds")
+    groups = report.key_groups or []
+    for group in groups:
+        for line in _key_group_lines(group, depths, ages):
             echo(f"  {line}")
-        findings.warnings += _key_group_warnings(sampler, report)
+        findings.warnings += _key_group_warnings(sampler, group)
     if not empty:
-        findings.warnings += _unmatched_groups(sampler.config.key_groups, reports)
+        findings.warnings += _unmatched_groups(sampler.config.key_groups, groups)
     return findings
 
 

@@ -9,9 +9,9 @@ Redis Cluster every shard is scanned at once, the keys its SCAN finds read on it
 next round sent as soon as its own replies are in (sources/redis_keys/rounds.py).
 
 Each cycle also tallies, per key group, the keys it matched, the series they gave and what
-could not be read (key, reason). The tallies go onto the HealthBoard, and problems are logged
-at WARNING naming group, key and reason, rate-limited: a typo in a pattern must not look like
-an empty queue.
+could not be read (key, reason). The tallies go into the cycle's report (sources/source.py),
+which the runner puts on the HealthBoard and counts; problems are logged at WARNING naming
+group, key and reason, rate-limited: a typo in a pattern must not look like an empty queue.
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import redis
 
 from exporter.core.logs import LogLimiter
 from exporter.output.catalog import SOURCE_LABEL
-from exporter.output.samples import SampleSet
-from exporter.output.telemetry import Telemetry
 from exporter.redis.cluster import ClusterNodes
 from exporter.redis.connection import follow_failover, redis_error_reason, sever
 from exporter.redis.members import members_of
@@ -48,6 +46,7 @@ from exporter.sources.redis_keys.rounds import Transport
 from exporter.sources.redis_keys.scans import KeyScan, ScanPlan
 from exporter.sources.redis_keys.types import FoundKey, GroupTally, Route, key_match, text
 from exporter.sources.redis_keys.values import BuiltKeys, built_keys, member_values, select
+from exporter.sources.source import SourceReport
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +61,6 @@ _NO_KEYS_ENUMERATED = "matched no keys: the values or set that name its queues a
 
 def redis_samplers(
     redis: RedisSourceConfig | list[RedisSourceConfig] | None,
-    telemetry: Telemetry,
     default_interval: float,
 ) -> list[RedisKeySampler]:
     """A key sampler per Redis with key groups. Several Redis sources are each named
@@ -70,9 +68,9 @@ def redis_samplers(
     its series as they always were."""
     if not isinstance(redis, list):
         one = [redis] if redis is not None and redis.key_groups else []
-        return [RedisKeySampler(config, telemetry, default_interval) for config in one]
+        return [RedisKeySampler(config, default_interval) for config in one]
     return [
-        RedisKeySampler(config, telemetry, default_interval, source_label=config.name)
+        RedisKeySampler(config, default_interval, source_label=config.name)
         for config in redis
         if config.key_groups
     ]
@@ -82,7 +80,6 @@ class RedisKeySampler:
     def __init__(
         self,
         config: RedisSourceConfig,
-        telemetry: Telemetry,
         default_interval: float,
         source_label: str | None = None,
     ) -> None:
@@ -91,7 +88,6 @@ class RedisKeySampler:
         self.config = config
         self.interval = config.sample_interval or default_interval
         self.deadline = config.cycle_timeout or self.interval
-        self.telemetry = telemetry
         self._client: redis.Redis | None = None
         self._regexes = {group.pattern: key_regex(group.pattern) for group in config.key_groups}
         # A key not starting with a pattern's literal prefix is not the pattern's: a shared
@@ -109,15 +105,12 @@ class RedisKeySampler:
 
     # -- Source protocol -------------------------------------------------------------------
 
-    def sample(self) -> SampleSet:
+    def sample(self) -> SourceReport:
         client = self._connect()
         follow_failover(client)  # behind Sentinel: this cycle reads the master of now
         if self._nodes is not None:
             self._nodes.refresh_if_moved()
-        tallies = [
-            GroupTally(group, self.name, self.telemetry, self._warnings)
-            for group in self.config.key_groups
-        ]
+        tallies = [GroupTally(group, self.name, self._warnings) for group in self.config.key_groups]
         cycle = Cycle(time.time(), tallies, self.config.max_item_bytes, self._nodes, self._learned)
         self._room = KeyRoom(self.config.max_keys, len(self.config.key_groups))
         # Commands stream through in pipeline-sized rounds while SCAN goes on, so a cycle holds
@@ -129,10 +122,10 @@ class RedisKeySampler:
             rounds.abandon()
         self._learned = cycle.learned
         cycle.withdraw_lost_groups()
-        self._report(tallies)
+        samples = cycle.samples
         if self.source_label is not None:
-            return cycle.samples.with_label(SOURCE_LABEL, self.source_label)
-        return cycle.samples
+            samples = samples.with_label(SOURCE_LABEL, self.source_label)
+        return self._report(tallies, SourceReport(samples))
 
     def _sample_groups(self, cycle: Cycle, rounds: Transport) -> None:
         """Find and read every key group's keys."""
@@ -192,8 +185,9 @@ class RedisKeySampler:
         elif self._client is not None:
             self._client.close()
 
-    def _report(self, tallies: list[GroupTally]) -> None:
-        """Put the cycle's findings on the HealthBoard; the first cycle's also in the log."""
+    def _report(self, tallies: list[GroupTally], report: SourceReport) -> SourceReport:
+        """The cycle's findings in its report (the runner puts them on the HealthBoard); the
+        first cycle's also in the log."""
         for tally in tallies:
             if tally.group.enumerated:  # its queues named and empty read 0: the truth
                 if tally.named == 0:
@@ -202,20 +196,22 @@ class RedisKeySampler:
                 tally.warn("no_keys", _NO_KEYS)
         level = logging.DEBUG if self._reported_once else logging.INFO
         self._reported_once = True
-        reports = [tally.report() for tally in tallies]  # its queues counted once, for both
-        for report in reports:
+        report.key_groups = [tally.report() for tally in tallies]  # its queues counted once
+        for group in report.key_groups:
             log.log(
                 level,
                 "key group %r (system %s, %s): %d key(s) matched, %d queue(s), %d series%s",
-                report.pattern,
-                report.system,
-                report.type,
-                report.keys_matched,
-                report.queues,
-                report.series,
-                f", errors {report.errors}" if report.errors else "",
+                group.pattern,
+                group.system,
+                group.type,
+                group.keys_matched,
+                group.queues,
+                group.series,
+                f", errors {group.errors}" if group.errors else "",
             )
-        self.telemetry.health.report_key_groups(self.name, reports)
+        for tally in tallies:
+            tally.count_into(report)
+        return report
 
     # -- finding keys and running commands ------------------------------------------------------
 

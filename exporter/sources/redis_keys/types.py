@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 from exporter.core.logs import LogLimiter
 from exporter.output.catalog import QUEUE_LABELS, MetricSpec
 from exporter.output.health import KeyGroupReport
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.groups import KeyGroup
+from exporter.sources.source import SourceReport
 
 # How many matched keys and series a KeyGroupReport names as examples.
 EXAMPLES = 5
@@ -102,12 +102,12 @@ def key_match(group: KeyGroup, captured: dict[str, str]) -> KeyMatch:
 
 
 class GroupTally:
-    """What one key group met during one cycle; becomes its KeyGroupReport."""
+    """What one key group met during one cycle; becomes its KeyGroupReport and the errors it
+    counts in the cycle's SourceReport."""
 
-    def __init__(self, group: KeyGroup, source: str, telemetry: Telemetry, warnings: LogLimiter):
+    def __init__(self, group: KeyGroup, source: str, warnings: LogLimiter):
         self.group = group
         self.source = source
-        self.telemetry = telemetry
         self.warnings = warnings
         self.keys = 0  # keys found: scanned, or built from values and present
         self.named = 0  # keys built from values, present or not (their queues read 0 if not)
@@ -115,7 +115,10 @@ class GroupTally:
         self.example_keys: list[bytes] = []
         self.failed_keys: list[tuple[str, bytes]] = []  # the first few (reason, key)
         self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
-        self.errors: Counter[str] = Counter()
+        self.errors: Counter[str] = Counter()  # by reason: keys, or keys not read
+        # queue_exporter_source_errors_total's increments by reason: a key each, but once a
+        # cycle for too_many_keys (however many keys went unread)
+        self.counted: Counter[str] = Counter()
         self.last_warning: str | None = None
         self.unselected: list[str] = []  # values found in Redis that `select` left out
         self._failed: set[tuple[bytes, str]] = set()
@@ -147,19 +150,15 @@ class GroupTally:
         self.errors[reason] += 1
         if len(self.failed_keys) < EXAMPLES:
             self.failed_keys.append((reason, key))
-        group = self.group
-        self.telemetry.count_error(self.source, reason, system=group.system, pattern=group.pattern)
+        self.counted[reason] += 1
         words = REASON_WORDS.get(reason, reason) + (f" ({detail})" if detail else "")
         self.warn(reason, f"key {text(key)[:200]!r}: {words}")
 
     def over_limit(self, unread: int, limit: int) -> None:
         """Count (once a cycle) and name the keys the group did not read: the groups together
         found more than the source's max_keys, `limit` (sources/redis_keys/room.py)."""
-        group = self.group
         self.errors["too_many_keys"] += unread
-        self.telemetry.count_error(
-            self.source, "too_many_keys", system=group.system, pattern=group.pattern
-        )
+        self.counted["too_many_keys"] += 1
         self.warn(
             "too_many_keys",
             f"{unread} key(s) not read: the key groups found more than max_keys ({limit}) "
@@ -193,6 +192,12 @@ class GroupTally:
             problem,
             reason,
         )
+
+    def count_into(self, report: SourceReport) -> None:
+        """Add the errors the group counted this cycle to the cycle's report."""
+        group = self.group
+        for reason, count in self.counted.items():
+            report.count_error(reason, count, group.system, group.pattern)
 
     def report(self) -> KeyGroupReport:
         group = self.group

@@ -32,6 +32,7 @@ from exporter.sources.readers.config import BullReaderConfig
 from exporter.sources.readers.framework import NativeSource, ReadDeadline, ReaderError, Signals
 from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
+from tests.applied_source import AppliedSource
 from tests.conftest import parse_exposition, total
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BULL_MAJORS, Bull
@@ -132,12 +133,13 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(
     telemetry = Telemetry(HealthBoard())
     metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
     token = [1]
-    source = NativeSource(
+    reader = NativeSource(
         lambda: BullReader(BullReaderConfig(workers=False), connection),
         10.0,  # its deadline: a baseline over 30,000 kept jobs on a loaded host
         metrics,
         term=lambda: token[0],
     )
+    source = AppliedSource(reader, telemetry, metrics)
 
     def served() -> float:
         series = parse_exposition(telemetry.render(False).decode())

@@ -29,6 +29,7 @@ from exporter.sources.readers.config import CeleryReaderConfig
 from exporter.sources.readers.framework import NativeSource, ReadDeadline, ReaderError, Signals
 from exporter.sources.source import DeadlineExceeded, sample_within_deadline
 from exporter.sources.streams.config import EventsSourceConfig
+from tests.applied_source import AppliedSource
 from tests.conftest import REDIS_HOST, REDIS_PORT, parse_exposition, total, value, wait_for
 from tests.private_redis import PrivateRedis
 from tests.tcp_proxy import TcpProxy
@@ -70,9 +71,8 @@ class _Feed:
         self.telemetry = Telemetry(HealthBoard())
         metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
         reader = CeleryReaderConfig()
-        self.source = NativeSource(
-            lambda: CeleryReader(reader, connection, INTERVAL), INTERVAL, metrics
-        )
+        source = NativeSource(lambda: CeleryReader(reader, connection, INTERVAL), INTERVAL, metrics)
+        self.source = AppliedSource(source, self.telemetry, metrics)
 
     def read(self) -> None:
         sample_within_deadline(self.source)
@@ -215,7 +215,8 @@ def test_worker_offline_removes_the_worker_at_once(redis_url):
     telemetry = Telemetry(HealthBoard())
     metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
     reader = CeleryReaderConfig(inspect=False, events_timeout=600)
-    source = NativeSource(lambda: CeleryReader(reader, connection, 600), 600, metrics)
+    native = NativeSource(lambda: CeleryReader(reader, connection, 600), 600, metrics)
+    source = AppliedSource(native, telemetry, metrics)
 
     def workers() -> float | None:
         source.sample()

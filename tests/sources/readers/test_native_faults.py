@@ -42,6 +42,7 @@ from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.sidekiq import SidekiqReader
 from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
+from tests.applied_source import AppliedSource
 from tests.conftest import Series, parse_exposition, scrape_series, total, value, wait_for
 from tests.private_redis import PrivateRedis
 
@@ -168,7 +169,7 @@ def _leadership(redis_url: str, identity: str) -> Leadership:
 
 def _native_sources(
     redis_url: str, term: Callable[[], int | None] | None
-) -> tuple[Telemetry, list[NativeSource]]:
+) -> tuple[Telemetry, list[AppliedSource]]:
     """The RQ and Celery readers run as the exporter runs them, reading every 0.1 s."""
     connection = RedisConnectionConfig(url=redis_url)
     telemetry = Telemetry(HealthBoard())
@@ -179,10 +180,10 @@ def _native_sources(
             lambda: CeleryReader(CeleryReaderConfig(), connection, 0.1), 0.1, metrics, term=term
         ),
     ]
-    return telemetry, sources
+    return telemetry, [AppliedSource(source, telemetry, metrics) for source in sources]
 
 
-def _read_all(telemetry: Telemetry, sources: list[NativeSource]) -> Series:
+def _read_all(telemetry: Telemetry, sources: list[AppliedSource]) -> Series:
     for source in sources:
         source.sample()
     return parse_exposition(telemetry.render(False).decode())

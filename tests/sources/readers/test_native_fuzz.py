@@ -45,6 +45,7 @@ from exporter.sources.readers.resque import ResqueReader
 from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.saq import SaqReader
 from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.runner import apply_report
 from exporter.sources.streams.config import EventsSourceConfig
 from tests import claims
 from tests.conftest import Series, parse_exposition, total
@@ -99,11 +100,12 @@ class _Feed:
 
     def __init__(self, make_reader: Any) -> None:
         self.telemetry = Telemetry(HealthBoard())
-        metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
-        self.source = NativeSource(make_reader, 2.0, metrics)
+        self.metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
+        self.source = NativeSource(make_reader, 2.0, self.metrics)
 
     def read(self) -> Series:
-        self.telemetry.publish(self.source.name, self.source.sample())  # never raises
+        report = self.source.sample()  # never raises
+        apply_report(self.telemetry, self.metrics, self.source.name, report)
         assert self.telemetry.store.dropped_values == 0  # the reader refused every bad value
         assert list(parse_openmetrics(self.telemetry.render(True).decode()))
         return parse_exposition(self.telemetry.render(False).decode())

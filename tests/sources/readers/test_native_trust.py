@@ -62,6 +62,7 @@ from exporter.sources.readers.framework import (
 from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.rq_windows import MAX_NEW
 from exporter.sources.readers.sidekiq import SidekiqReader
+from exporter.sources.runner import apply_report
 from exporter.sources.streams.config import EventsSourceConfig
 from tests.conftest import Series, parse_exposition, total, value
 
@@ -128,11 +129,11 @@ class _Feed:
 
     def __init__(self, make_reader: Any, interval: float = 2.0) -> None:
         self.telemetry = Telemetry(HealthBoard())
-        metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
-        self.source = NativeSource(make_reader, interval, metrics)
+        self.metrics = EventMetrics(self.telemetry, EventsSourceConfig().buckets())
+        self.source = NativeSource(make_reader, interval, self.metrics)
 
     def read(self) -> Series:
-        self.telemetry.publish(self.source.name, self.source.sample())
+        apply_report(self.telemetry, self.metrics, self.source.name, self.source.sample())
         assert self.telemetry.store.dropped_values == 0  # the reader refused every bad value
         return _rendered(self.telemetry)
 
@@ -496,16 +497,17 @@ def test_sql_collector_rows_are_bounded(postgres_dsn):
         {"dsn": postgres_dsn, "collectors": [collector(max_rows), collector(1_000_000)]}
     )
     telemetry = Telemetry(HealthBoard())
-    reference, flood = postgres.build_sources(config, telemetry, 5.0)
+    reference, flood = postgres.build_sources(config, 5.0)
     try:
         _reset_rss_peak()
-        assert len(reference.sample()) == max_rows
+        assert len(reference.sample().samples) == max_rows
         idle = _rss_peak()
         for _ in range(2):
             _reset_rss_peak()
-            samples = flood.sample()
+            report = flood.sample()
             peak = _rss_peak()
-            assert len(samples) == max_rows
+            apply_report(telemetry, None, flood.name, report)
+            assert len(report.samples) == max_rows
             assert peak <= idle * 1.3, (peak / 2**20, idle / 2**20)
         series = parse_exposition(telemetry.render(False).decode())
         errors = "queue_exporter_source_errors_total"
@@ -531,9 +533,9 @@ def test_sql_values_not_finite_are_refused(postgres_dsn):
     collector = {"name": "odd", "query": query, "labels": ["queue"], "values": values}
     config = PostgresSourceConfig.model_validate({"dsn": postgres_dsn, "collectors": [collector]})
     telemetry = Telemetry(HealthBoard())
-    (source,) = postgres.build_sources(config, telemetry, 5.0)
+    (source,) = postgres.build_sources(config, 5.0)
     try:
-        telemetry.publish(source.name, source.sample())
+        apply_report(telemetry, None, source.name, source.sample())
         series = _rendered(telemetry)
         assert {
             dict(labels)["queue"]: v for (name, labels), v in series.items() if name == "sql_depth"

@@ -48,6 +48,7 @@ from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.saq import SaqReader
 from exporter.sources.readers.sidekiq import SidekiqReader
 from exporter.sources.streams.config import EventsSourceConfig
+from tests.applied_source import AppliedSource
 from tests.conformance.adapters.base import require
 from tests.conformance.adapters.rq import RQ_PYTHONS, rq_driver, rq_worker
 from tests.conftest import parse_exposition, stop_process, total, wait_for
@@ -391,12 +392,13 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
     completions, and as many execution times (RQ, BullMQ, SAQ)."""
     system.fill(KEPT)
 
-    def replica(token: list[int]) -> tuple[NativeSource, Callable[[], tuple[float, float]]]:
+    def replica(token: list[int]) -> tuple[AppliedSource, Callable[[], tuple[float, float]]]:
         telemetry = Telemetry(HealthBoard())
         metrics = EventMetrics(telemetry, EventsSourceConfig().buckets())
-        source = NativeSource(
+        native = NativeSource(
             lambda: system.reader(system.url), 10.0, metrics, term=lambda: token[0]
         )
+        source = AppliedSource(native, telemetry, metrics)
 
         def served() -> tuple[float, float]:
             """Completions served, and execution times (as many, with runtimes; else 0)."""
@@ -414,7 +416,9 @@ def test_a_handover_over_30k_kept_jobs_counts_only_what_finished_after(system):
     b, b_served = replica(b_token)
     runtimes = 1 if system.runtimes else 0
 
-    def settle(source: NativeSource, served: Callable[[], tuple[float, float]], count: int) -> None:
+    def settle(
+        source: AppliedSource, served: Callable[[], tuple[float, float]], count: int
+    ) -> None:
         def counted() -> bool:
             source.sample()
             completed, timed = served()

@@ -13,8 +13,6 @@ from collections import Counter
 import redis
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import scrape_series, total, wait_for
 
@@ -74,24 +72,24 @@ def test_queues_beyond_max_keys_are_counted_not_read(redis_client, redis_url, ru
     assert "max_keys" in (reports["built"].last_warning or "")
 
 
-def _sampler(redis_url: str, max_keys: int, *groups: dict) -> tuple[RedisKeySampler, Telemetry]:
+def _sampler(redis_url: str, max_keys: int, *groups: dict) -> RedisKeySampler:
     settings = {"url": redis_url, "key_groups": list(groups), "max_keys": max_keys}
     config = config_module.from_dict({"sources": {"redis": settings}})
-    telemetry = Telemetry(HealthBoard())
-    return RedisKeySampler(config.sources.redis, telemetry, 15.0), telemetry
+    return RedisKeySampler(config.sources.redis, 15.0)
 
 
-def _cycle(sampler: RedisKeySampler, telemetry: Telemetry) -> tuple[Counter[str], dict]:
+def _cycle(sampler: RedisKeySampler) -> tuple[Counter[str], dict]:
     """One cycle: per system, the queues whose depth was read (their depth each checked), and
     each group's errors."""
     read: Counter[str] = Counter()
-    for spec, series in sampler.sample().metrics():
+    report = sampler.sample()
+    for spec, series in report.samples.metrics():
         if spec.name == "queue_depth":
             for labels, depth in series.items():
                 system = labels[spec.labels.index("system")]
                 assert depth == DEPTHS.get(system, 1), (labels, depth)
                 read[system] += 1
-    return read, {report.system: dict(report.errors) for report in telemetry.health.key_groups()}
+    return read, {group.system: dict(group.errors) for group in report.key_groups or []}
 
 
 def _scanned(system: str) -> dict:
@@ -122,9 +120,9 @@ def test_a_share_a_group_leaves_unused_is_lent_to_the_group_that_needs_it(redis_
     _queues(redis_client, "few", 20)
     _queues(redis_client, "built", 5, named=True)
     groups = (_scanned("busy"), _scanned("idle"), _scanned("few"), _built("built"))
-    sampler, telemetry = _sampler(redis_url, 2_000, *groups)
+    sampler = _sampler(redis_url, 2_000, *groups)
     for _ in range(2):  # the second cycle goes by the routes the first learned
-        read, errors = _cycle(sampler, telemetry)
+        read, errors = _cycle(sampler)
         assert read == {"busy": 1_500, "few": 20, "built": 5}
         assert errors == {"busy": {}, "idle": {}, "few": {}, "built": {}}
 
@@ -138,9 +136,9 @@ def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, re
     _queues(redis_client, "few", 60)
     _queues(redis_client, "built", 400, named=True)
     groups = (_scanned("busy"), _scanned("other"), _scanned("few"), _built("built"))
-    sampler, telemetry = _sampler(redis_url, 600, *groups)
+    sampler = _sampler(redis_url, 600, *groups)
     for _ in range(2):
-        read, errors = _cycle(sampler, telemetry)
+        read, errors = _cycle(sampler)
         assert read == {"busy": 180, "other": 180, "few": 60, "built": 180}
         assert errors == {
             "busy": {"too_many_keys": 320},
@@ -157,10 +155,10 @@ def test_keys_naming_more_queues_than_max_keys_are_taken_up_to_it(redis_client, 
     _queues(redis_client, "named", 300)
     redis_client.mset({f"meta:q{n}": 1 for n in range(300)})
     group = {**_scanned("named"), "values_from_keys": {"queue": "meta:{value}"}}
-    sampler, telemetry = _sampler(redis_url, 100, group)
+    sampler = _sampler(redis_url, 100, group)
     for _ in range(2):
-        read, errors = _cycle(sampler, telemetry)
+        read, errors = _cycle(sampler)
         assert read == {"named": 100}
         assert errors == {"named": {"too_many_values": 1}}
-    (report,) = telemetry.health.key_groups()
+    (report,) = sampler.sample().key_groups or []
     assert "200 more keys match, 100 (max_keys) taken" in (report.last_warning or "")

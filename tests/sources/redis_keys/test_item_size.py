@@ -14,8 +14,6 @@ from typing import Any
 import pytest
 import redis
 
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.config import RedisSourceConfig
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 from tests.conftest import is_ready, value, wait_for
@@ -87,20 +85,20 @@ def test_an_item_over_the_limit_skips_only_its_age(redis_client, redis_url, form
     write(redis_client, "q:small", _item(60, LIMIT // 2))
     key_group = {"system": "app", "pattern": "q:{queue}", "state": "pending", **group}
     config = RedisSourceConfig(url=redis_url, max_item_bytes=LIMIT, key_groups=[key_group])
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config, telemetry, 15.0)
+    sampler = RedisKeySampler(config, 15.0)
     try:
         sampler.sample()
-        samples = sampler.sample()  # a head found too large is probed first: the same result
+        cycle = sampler.sample()  # a head found too large is probed first: the same result
     finally:
         sampler.close()
-        telemetry.shutdown()
 
-    series = {(spec.name, labels[1]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    series = {
+        (spec.name, labels[1]): v for spec, s in cycle.samples.metrics() for labels, v in s.items()
+    }
     assert series[("queue_depth", "big")] == series[("queue_depth", "small")] == 2
     assert ("queue_oldest_age_seconds", "big") not in series
     assert series[("queue_oldest_age_seconds", "small")] >= 60
-    (report,) = telemetry.health.key_groups()
+    (report,) = cycle.key_groups or []
     assert report.errors == {"item_too_large": 1}
     assert report.last_warning is not None and "larger than max_item_bytes" in report.last_warning
 
@@ -131,21 +129,21 @@ def test_an_item_over_the_limit_in_a_key_split_by_label_fails_only_itself(
     if key_type != "hash":
         key_group["oldest"] = {"end": "head", "time_in": "json", "field": "t"}
     config = RedisSourceConfig(url=redis_url, max_item_bytes=LIMIT, key_groups=[key_group])
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config, telemetry, 15.0)
+    sampler = RedisKeySampler(config, 15.0)
     try:
-        samples = sampler.sample()
+        cycle = sampler.sample()
     finally:
         sampler.close()
-        telemetry.shutdown()
 
-    series = {(spec.name, labels[2]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    series = {
+        (spec.name, labels[2]): v for spec, s in cycle.samples.metrics() for labels, v in s.items()
+    }
     depths = {label: v for (name, label), v in series.items() if name == "queue_depth"}
     assert depths == {"__unread__": 1, "a": 1, "b": 1}  # the big one counts, unread
     if key_type != "hash":
         assert series[("queue_oldest_age_seconds", "a")] >= 60  # the next one is read
         assert ("queue_oldest_age_seconds", "__unread__") not in series
-    (report,) = telemetry.health.key_groups()
+    (report,) = cycle.key_groups or []
     assert report.errors == {"item_too_large": 1}
 
 
@@ -258,16 +256,16 @@ def test_a_refused_bounded_read_costs_the_ages_only(private_redis):
         "state": "pending",
         "oldest": {"time_in": "json", "field": "t"},
     }
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(RedisSourceConfig(url=url, key_groups=[key_group]), telemetry, 15.0)
+    sampler = RedisKeySampler(RedisSourceConfig(url=url, key_groups=[key_group]), 15.0)
     try:
-        samples = sampler.sample()
+        cycle = sampler.sample()
     finally:
         sampler.close()
-        telemetry.shutdown()
         admin.close()
 
-    series = {(spec.name, labels[1]): v for spec, s in samples.metrics() for labels, v in s.items()}
+    series = {
+        (spec.name, labels[1]): v for spec, s in cycle.samples.metrics() for labels, v in s.items()
+    }
     assert series == {("queue_depth", "a"): 2, ("queue_depth", "b"): 1}
-    (report,) = telemetry.health.key_groups()
+    (report,) = cycle.key_groups or []
     assert report.errors == {"response_error": 2}

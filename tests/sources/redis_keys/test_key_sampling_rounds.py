@@ -10,8 +10,6 @@ import time
 import pytest
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 ZSET = {"system": "jobs", "pattern": "delayed:{_shard}:{queue}", "type": "zset"}
@@ -36,14 +34,13 @@ def _load(client, now: float) -> None:
 def _sample(url: str, pipeline_size: int):
     settings = {"url": url, "key_groups": [GENERAL, PLAIN], "pipeline_size": pipeline_size}
     config = config_module.from_dict({"sources": {"redis": {**settings, "max_item_bytes": 256}}})
-    telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config.sources.redis, telemetry, 15.0)
+    sampler = RedisKeySampler(config.sources.redis, 15.0)
     try:
-        samples = sampler.sample()
+        report = sampler.sample()
     finally:
         sampler.close()
-    series = {spec.name: dict(part.items()) for spec, part in samples.metrics()}
-    return series, telemetry.health.key_groups()
+    series = {spec.name: dict(part.items()) for spec, part in report.samples.metrics()}
+    return series, report.key_groups
 
 
 def _by_state(table: dict, state: str) -> dict:

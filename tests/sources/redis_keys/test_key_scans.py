@@ -13,11 +13,10 @@ import pytest
 import redis
 
 from exporter.config import settings as config_module
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.sources.redis_keys.groups import shared_glob
 from exporter.sources.redis_keys.sampler import RedisKeySampler
 from exporter.sources.redis_keys.scans import RETRY_AFTER
+from exporter.sources.source import SourceReport
 from tests.private_redis import PrivateRedis
 
 PAGE = 50  # scan_count: the SCAN page, and the unclaimed keys a shared SCAN may always return
@@ -42,15 +41,20 @@ def _sampler(client: redis.Redis, *groups: dict) -> RedisKeySampler:
     port = client.connection_pool.connection_kwargs["port"]
     settings = {"url": f"redis://127.0.0.1:{port}/0", "key_groups": list(groups)}
     config = config_module.from_dict({"sources": {"redis": {**settings, "scan_count": PAGE}}})
-    return RedisKeySampler(config.sources.redis, Telemetry(HealthBoard()), 15.0)
+    return RedisKeySampler(config.sources.redis, 15.0)
 
 
 def _cycle(client: redis.Redis, sampler: RedisKeySampler) -> tuple[dict, int]:
     """One cycle's series, and how many SCANs Redis answered for it."""
+    report, scans = _reported_cycle(client, sampler)
+    return {spec.name: dict(part.items()) for spec, part in report.samples.metrics()}, scans
+
+
+def _reported_cycle(client: redis.Redis, sampler: RedisKeySampler) -> tuple[SourceReport, int]:
+    """One cycle's report, and how many SCANs Redis answered for it."""
     client.config_resetstat()
-    samples = sampler.sample()
-    scans = client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
-    return {spec.name: dict(part.items()) for spec, part in samples.metrics()}, scans
+    report = sampler.sample()
+    return report, client.info("commandstats").get("cmdstat_scan", {}).get("calls", 0)
 
 
 def _passes(client: redis.Redis) -> int:
@@ -108,10 +112,11 @@ def test_groups_share_one_scan_and_give_what_each_scanned_apart_gives(server):
         assert series["queue_depth"][("jobs", "q7", "", "pending")] == 2
         assert series["queue_depth"][("jobs", "q0", "", "dead_letter")] == 1
 
-        again, scans = _cycle(server, shared)  # from the keys remembered: the same again
-        assert again["queue_depth"] == series["queue_depth"]
+        again, scans = _reported_cycle(server, shared)  # from the keys remembered: the same again
+        depths = {spec.name: dict(part.items()) for spec, part in again.samples.metrics()}
+        assert depths["queue_depth"] == series["queue_depth"]
         assert _one_pass(scans, _passes(server))
-        reports = {report.pattern: report for report in shared.telemetry.health.key_groups()}
+        reports = {report.pattern: report for report in again.key_groups or []}
         assert reports[QUEUES["pattern"]].keys_matched == 300
         assert reports[DEAD["pattern"]].keys_matched == 1
     finally:

@@ -27,8 +27,6 @@ import redis
 
 from exporter.config import settings as config_module
 from exporter.core.logs import LogLimiter
-from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.redis import pipeline
 from exporter.sources.redis_keys import rounds
 from exporter.sources.redis_keys.commands import Cycle, GroupReads, Learned
@@ -165,10 +163,7 @@ def sample(scenario: Scenario, client: redis.Redis | None) -> Cycle:
     Redis's (recording) or None (replaying: the wire never touches it)."""
     config = config_module.from_dict(scenario.config).sources.redis
     assert not isinstance(config, list) and config is not None
-    telemetry = Telemetry(HealthBoard())
-    tallies = [
-        GroupTally(group, "redis", telemetry, LogLimiter(log)) for group in config.key_groups
-    ]
+    tallies = [GroupTally(group, "redis", LogLimiter(log)) for group in config.key_groups]
     cycle = Cycle(NOW, tallies, config.max_item_bytes, None, Learned())
     transport = rounds.Transport(cycle, client, None, config.pipeline_size)
     for tally in tallies:
