@@ -214,8 +214,9 @@ def _build_consumers(config: Config, context: BuildContext) -> Built:
     consumers = build_consumers(
         config.sources.events,
         config.sources.default_redis(),
-        context.telemetry,
         context.event_metrics,
+        context.telemetry.health,
+        context.telemetry.count_error,
         config.sources.redis_source,
     )
     return Built(consumers=consumers)

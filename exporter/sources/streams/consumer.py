@@ -29,7 +29,6 @@ from exporter.core.logs import LogLimiter
 from exporter.lifecycle.metrics import EventMetrics, Tally, WorkerRegistry
 from exporter.lifecycle.refusals import Refusals
 from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
 from exporter.redis.connection import RedisConnectionConfig, redis_error_reason, sever
 from exporter.redis.pipeline import Args, transaction
 from exporter.sources.outage import Outage
@@ -458,28 +457,30 @@ def _text(value: bytes | str) -> str:
 def build_consumers(
     settings: EventsSourceConfig | None,
     default_connection: RedisConnectionConfig | None,
-    telemetry: Telemetry,
-    metrics: EventMetrics | None = None,
+    metrics: EventMetrics | None,
+    health: HealthBoard,
+    count_error: Callable[[str, str], object],
     redis_source: Callable[[RedisConnectionConfig | None], str | None] = lambda _: None,
 ) -> list[StreamConsumer]:
     """One consumer per configured stream; the connection defaults to sources.redis's. The
-    EventMetrics may be shared with other feeds (native readers); one is made when none is.
+    EventMetrics are shared with other feeds (native readers); the consumers' failures go to
+    `health` and `count_error` (Telemetry's), as every source's do through its runner.
     `redis_source` names a stream's Redis (its own connection, or None: the default one) in
     the redis_source label (SourcesConfig.redis_source), or None with one Redis."""
     if settings is None or not settings.streams:
         return []
+    if metrics is None:
+        raise ValueError("event streams are configured: their consumers need EventMetrics")
     connection = settings.redis or default_connection or RedisConnectionConfig()
     names = [redis_source(stream.redis or settings.redis) for stream in settings.streams]
-    by_redis = any(name is not None for name in names)
-    metrics = metrics or EventMetrics(telemetry, settings.buckets(), by_redis)
     return [
         StreamConsumer(
             stream,
             settings,
             stream.redis or connection,
             metrics,
-            telemetry.health,
-            telemetry.count_error,
+            health,
+            count_error,
             name,
         )
         for stream, name in zip(settings.streams, names, strict=True)
