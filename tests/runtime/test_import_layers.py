@@ -66,6 +66,12 @@ LAYERS: dict[str, set[str]] = {
     "core": set(),
 }
 
+# A source returns what it saw (sources/source.py SourceReport) and the runner alone applies it
+# to the store, the health board and the self-metrics: no other module under exporter/sources
+# imports the Telemetry that holds them (a source holding it would write to it mid-cycle).
+TELEMETRY = "exporter.output.telemetry"
+TELEMETRY_AMONG_THE_SOURCES = {"exporter.sources.runner"}
+
 
 def package_of(module: str) -> str:
     """A module's package in LAYERS: `exporter.sources.redis_keys.groups` is in
@@ -209,3 +215,12 @@ def test_each_package_imports_only_what_the_table_allows():
             if there not in (here, PACKAGE) and there not in LAYERS[here]:
                 wrong.append(f"{name} -> {target} ({here} may not import {there})")
     assert wrong == []
+
+
+def test_among_the_sources_only_the_runner_imports_telemetry():
+    importers = {
+        name
+        for name, targets in graph().items()
+        if name.startswith("exporter.sources") and TELEMETRY in targets
+    }
+    assert importers == TELEMETRY_AMONG_THE_SOURCES
