@@ -171,7 +171,12 @@ def _run(cleanup: ExitStack, signals: SignalInbox, settings: DemoSettings) -> No
     cleanup.callback(workload.join)
     cleanup.callback(workload_running.set)
     _banner(config, app.server.port, settings.rate, settings.seed)
-    _status_loop(signals, settings.duration, StatusLine(app.telemetry.render), workload)
+    _status_loop(
+        signals,
+        settings.duration,
+        StatusLine(app.telemetry.own_samples, app.telemetry.store.families),
+        workload,
+    )
 
 
 # How long the exporter waits for the workload to write every key and stream it reads.
