@@ -154,7 +154,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
             return results
 
         def hot_cycle() -> list[SampleSet]:
-            return [source.sample() for source in hot]
+            return [source.sample().samples for source in hot]
 
         same(hot_cycle(), fetch(*BARE))
         for name, query in [("hot path", q) for q in BARE] + [("finished page", finished)]:
