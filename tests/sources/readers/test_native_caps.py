@@ -24,6 +24,7 @@ from exporter.sources.readers.config import SaqReaderConfig
 from exporter.sources.readers.framework import ReadDeadline, Signals
 from exporter.sources.readers.saq import SaqReader
 from tests.conftest import stop_process, wait_for
+from tests.private_redis import PrivateRedis
 from tests.saq_app.control import driver
 from tests.saq_app.control import worker as start_worker
 from tests.tools import missing
@@ -105,9 +106,11 @@ def _counted_across(
         stop_process(process, signal.SIGTERM)
 
 
-def test_a_key_of_100k_colons_is_refused_unparsed(saq_installed, redis_client, redis_url):
+def test_a_key_of_100k_colons_is_refused_unparsed(saq_installed, tmp_path):
     """Found by the baseline's look (a SCAN), and announced after it (PUBLISH on the key, as
-    SAQ announces a job's status): refused unparsed both times."""
+    SAQ announces a job's status): refused unparsed both times. On a redis-server of its own:
+    a PUBLISH reaches every subscriber of the server, whatever its database, so the shared
+    server would hand the key to every other test's SAQ reader."""
     key = "saq:job:" + ":" * 100_000
 
     def plant(client: Any) -> None:
@@ -116,8 +119,12 @@ def test_a_key_of_100k_colons_is_refused_unparsed(saq_installed, redis_client, r
     def announce(client: Any) -> None:
         client.publish(key, "complete")
 
-    for signals in _counted_across(redis_url, plant, redis_client, announce):
-        assert signals.tally.invalid.get("oversized_field") == 1
+    server = PrivateRedis(tmp_path).start()
+    try:
+        for signals in _counted_across(server.url, plant, server.client(), announce):
+            assert signals.tally.invalid.get("oversized_field") == 1
+    finally:
+        server.stop()
 
 
 def test_100k_fake_live_workers_are_read_up_to_the_limit(saq_installed, redis_client, redis_url):
