@@ -11,9 +11,10 @@ one entry as `unprocessable` (consumer.py).
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from exporter.core import numbers
 from exporter.core.numbers import BIG as _BIG
@@ -67,6 +68,7 @@ INVALID_REASONS = (
     "wrong_type",  # native readers: a record's key holds another Redis type than the system's
     "over_limit",  # native readers: a record beyond a limit (workers remembered, queues listed)
     "unprocessable",  # an error of the exporter's own, counted instead of crashing
+    "bad_traceparent",  # a malformed trace context: only that field is dropped, not the event
 )
 
 _EVENT_BY_BYTES = {name.encode(): name for name in EVENTS}
@@ -97,6 +99,7 @@ _FIELDS = (
     "active",
     "capacity",
     "ok",
+    "traceparent",
 )
 
 
@@ -132,6 +135,11 @@ class Event:
     ok: bool = True
     active: int | None = None
     capacity: int | None = None
+    # The job's W3C trace context (kept for exemplars, stored nowhere yet).
+    trace: TraceContext | None = None
+    # (reason, detail) of an optional field dropped as malformed: the event itself is valid;
+    # the consumer counts the reason as it counts a refused entry's.
+    dropped_field: tuple[str, str] | None = None
 
     # Set by whoever makes the event: parse(), or of() for one built in code.
     name: str
@@ -211,6 +219,7 @@ class Layout:
     active: int | None
     capacity: int | None
     ok: int | None
+    traceparent: int | None
 
     def __init__(self, names: tuple[bytes, ...]) -> None:
         position = {name: index for index, name in enumerate(names)}
@@ -264,6 +273,9 @@ def _parse(layout: Layout, values: list[bytes], now: float | None, max_future: f
         event.ts = ts if 0 <= ts <= horizon else _epoch(ts_raw, horizon)
         _labels(event, layout, values)
         _numbers(event, layout, values, horizon)
+        at = layout.traceparent
+        if at is not None:
+            _trace(event, values[at])
     except InvalidEvent:
         raise
     except UnicodeDecodeError:
@@ -403,6 +415,52 @@ def _rare_numbers(event: Event, layout: Layout, values: list[bytes]) -> None:
         event.ok = raw == b"1"
 
 
+class TraceContext(NamedTuple):
+    """A W3C trace context (https://www.w3.org/TR/trace-context/#traceparent-header)."""
+
+    trace_id: str  # 32 lowercase hex digits, not all zeros
+    span_id: str  # the parent-id: 16 lowercase hex digits, not all zeros
+    flags: int  # trace-flags; bit 0 is `sampled`
+
+
+# version-trace_id-parent_id-flags, lowercase hex. Version 00 is exactly this; a later version
+# may append fields after a dash (the spec's forward-compatibility rule), read as version 00.
+_TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?", re.S)
+_ZERO_TRACE_ID = b"0" * 32
+_ZERO_SPAN_ID = b"0" * 16
+MAX_TRACEPARENT_BYTES = 512  # the spec's propagators may refuse longer headers
+
+
+def parse_traceparent(raw: bytes) -> TraceContext:
+    """A traceparent value as a TraceContext; InvalidEvent("bad_traceparent") names what
+    breaks the spec: version ff, version 00 with anything after its flags, a later version
+    whose flags are followed by anything but a dash, non-hex or uppercase digits, an
+    all-zero trace id or parent id."""
+    if len(raw) > MAX_TRACEPARENT_BYTES:
+        raise InvalidEvent("bad_traceparent", f"{len(raw)} bytes")
+    match = _TRACEPARENT.fullmatch(raw)
+    if match is None:
+        raise InvalidEvent("bad_traceparent", f"not version-traceid-parentid-flags: {raw[:64]!r}")
+    version, trace_id, span_id, flags, rest = match.groups()
+    if version == b"ff":
+        raise InvalidEvent("bad_traceparent", "version ff is forbidden")
+    if version == b"00" and rest is not None:
+        raise InvalidEvent("bad_traceparent", "version 00 has nothing after its flags")
+    if trace_id == _ZERO_TRACE_ID:
+        raise InvalidEvent("bad_traceparent", "all-zero trace id")
+    if span_id == _ZERO_SPAN_ID:
+        raise InvalidEvent("bad_traceparent", "all-zero parent id")
+    return TraceContext(trace_id.decode(), span_id.decode(), int(flags, 16))
+
+
+def _trace(event: Event, raw: bytes) -> None:
+    """The event's trace context, or the field dropped and named: never the event refused."""
+    try:
+        event.trace = parse_traceparent(raw)
+    except InvalidEvent as error:
+        event.dropped_field = (error.reason, f"traceparent dropped: {error.detail}")
+
+
 # The check of each numeric field of an event built in code (Event.of), given its horizon.
 _CHECKS: dict[str, Any] = {
     "enqueued_at": numbers.epoch,
@@ -463,7 +521,9 @@ def encode(
             continue
         entry[key] = _format(value)
     if validate:
-        parse({key.encode(): value.encode() for key, value in entry.items()})
+        parsed = parse({key.encode(): value.encode() for key, value in entry.items()})
+        if parsed.dropped_field is not None:  # the consumer would drop it: say so now
+            raise InvalidEvent(*parsed.dropped_field)
     return entry
 
 
