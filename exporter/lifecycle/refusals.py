@@ -32,3 +32,16 @@ class Refusals:
             reason,
             f": {detail}" if detail else "",
         )
+
+    def drop_field(self, tally: Tally, entry_id: bytes, reason: str, detail: str = "") -> None:
+        """A malformed optional field of a valid entry: counted by reason like a refused
+        entry and named alike, while the entry's event is counted as if it lacked the field."""
+        tally.refuse(reason)
+        self._limiter.warning(
+            reason,
+            "%s: dropped a field of entry %s (%s)%s",
+            self.stream,
+            entry_id.decode(errors="replace"),
+            reason,
+            f": {detail}" if detail else "",
+        )

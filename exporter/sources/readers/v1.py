@@ -61,5 +61,7 @@ def decode_v1(
         except InvalidEvent as error:
             refusals.refuse(tally, entry_id, error.reason, error.detail)
             continue
+        if event.dropped_field is not None:  # a malformed optional field: counted, event kept
+            refusals.drop_field(tally, entry_id, *event.dropped_field)
         apply(tally, event, system)
     tally.consumed += consumed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -180,6 +181,30 @@ def test_realistic_mix_gives_exact_counters_and_histograms(redis_url, run_export
         scrape_series(app), "queue_exporter_stream_pending", stream=STREAM, group="queue-exporter"
     )
     assert pending is not None and pending <= 1000  # the last batch is acked with the next read
+
+
+def test_a_bad_traceparent_costs_that_field_not_the_event(redis_url, run_exporter, caplog):
+    caplog.set_level(logging.WARNING, logger="exporter.lifecycle.refusals")
+    app = _ready(run_exporter(_events_config(redis_url)))
+    emitter = EventEmitter(redis_url, STREAM, system="shop")
+    job = {k: v for k, v in JOB.items() if k != "system"}
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    bad = "00-00000000000000000000000000000000-00f067aa0ba902b7-01"  # all-zero trace id
+    emitter.emit("completed", **job, duration=0.5, traceparent=good)
+    emitter.emit("completed", **job, duration=0.5, traceparent=bad)
+    emitter.emit("completed", **job, duration=0.5)
+    emitter.close()
+    assert emitter.sent == 3
+    series = _consumed(app, 3)
+    assert value(series, "queue_jobs_completed_total", **JOB) == 3
+    assert value(series, "queue_job_execution_seconds_count", **JOB) == 3
+    invalid = "queue_exporter_events_invalid_total"
+    assert value(series, invalid, stream=STREAM, reason="bad_traceparent") == 1
+    warnings = [record.getMessage() for record in caplog.records]
+    assert any(
+        STREAM in message and "bad_traceparent" in message and "all-zero trace id" in message
+        for message in warnings
+    ), warnings
 
 
 def test_workers_from_heartbeats_and_a_dead_worker_disappears(redis_url, run_exporter):
