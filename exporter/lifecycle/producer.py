@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import redis
 import redis.asyncio
+from opentelemetry import trace
 
 from exporter.lifecycle import wire
 
@@ -45,6 +46,20 @@ def add_entries(pipe: Any, stream: str, entries: Iterable[Entry], maxlen: int) -
     does not touch the network): how the emitters and `queue-exporter emit` write events."""
     for entry in entries:
         pipe.xadd(stream, entry, maxlen=maxlen, approximate=True)
+
+
+def current_traceparent() -> str | None:
+    """The W3C traceparent of the active OpenTelemetry span, None when there is none.
+
+    opentelemetry-api alone: with no SDK (or no span) the current span is the API's
+    INVALID_SPAN, and the identity check is all it costs."""
+    span = trace.get_current_span()
+    if span is trace.INVALID_SPAN:
+        return None
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def classify_error(error: BaseException) -> str:
@@ -120,6 +135,8 @@ class _Emitter:
                 return
             if self.system is not None and fields.get("system") is None:
                 fields["system"] = self.system
+            if "traceparent" not in fields and (traceparent := current_traceparent()):
+                fields["traceparent"] = traceparent  # one given by the caller wins
             self._buffer.append(wire.encode(event, fields, validate=False))
             if len(self._buffer) >= self.batch_size:
                 self._wake()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import time
 from datetime import UTC, datetime
 
@@ -11,6 +13,11 @@ import pytest
 import redis
 import redis.asyncio
 from click.testing import CliRunner
+from opentelemetry import context as otel_context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from exporter.commands.cli import main
 from exporter.lifecycle.producer import AsyncEventEmitter, EventEmitter
@@ -223,7 +230,89 @@ def test_emit_command(redis_client, redis_url):
     assert event["event"] == "completed" and event["v"] == "1" and event["duration"] == "0.5"
     result = runner.invoke(main, [*args, "event=completed", "queue=q", "duration=-1"])
     assert result.exit_code == 1 and "negative_duration" in result.output
+    result = runner.invoke(main, [*args, "event=completed", "queue=q", "traceparent=00-x"])
+    assert result.exit_code == 1 and "bad_traceparent" in result.output
     result = runner.invoke(main, [*args, "queue=q"])
     assert result.exit_code == 2 and "event=NAME is required" in result.output
     result = runner.invoke(main, [*args, "--repeat", "3", "event=dequeue_empty", "queue=q"])
     assert result.exit_code == 0 and redis_client.xlen(STREAM) == 4
+
+
+def _propagated_traceparent() -> str:
+    """The traceparent OpenTelemetry's own propagator sends for the active span."""
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier["traceparent"]
+
+
+def test_events_carry_the_active_spans_trace_context(redis_client, redis_url):
+    tracer = TracerProvider().get_tracer("tests")  # a real SDK span, no global provider set
+    with EventEmitter(redis_url, STREAM) as emitter:
+        emitter.emit("enqueued", queue="q", job_id="untraced")
+        with tracer.start_as_current_span("enqueue", kind=SpanKind.PRODUCER):
+            enqueue_traceparent = _propagated_traceparent()
+            emitter.emit("enqueued", queue="q", job_id="traced")
+        # an unsampled span is still the job's trace (sampled bit clear): its context is carried
+        unsampled = TracerProvider(sampler=ALWAYS_OFF).get_tracer("tests")
+        with unsampled.start_as_current_span("job") as span:
+            job_traceparent = _propagated_traceparent()
+            with emitter.job("q", "t"):
+                pass
+            emitter.emit("enqueued", queue="q", traceparent="given by the caller")
+        assert span.get_span_context().is_valid and not span.get_span_context().trace_flags.sampled
+    events = _events(redis_client)
+    assert [event.get("traceparent") for event in events] == [
+        None,
+        enqueue_traceparent,
+        job_traceparent,
+        job_traceparent,
+        "given by the caller",
+    ]
+    assert enqueue_traceparent != job_traceparent
+    assert emitter.dropped == 0
+
+
+def test_a_non_recording_span_from_the_api_alone_is_carried_too(redis_client, redis_url):
+    """No SDK: a context propagated into the app (NonRecordingSpan) is the active span."""
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00"
+    context = TraceContextTextMapPropagator().extract({"traceparent": incoming})
+    with EventEmitter(redis_url, STREAM) as emitter:
+        token = otel_context.attach(context)
+        try:
+            emitter.emit("started", queue="q")
+        finally:
+            otel_context.detach(token)
+        emitter.emit("started", queue="q")
+    assert [event.get("traceparent") for event in _events(redis_client)] == [incoming, None]
+
+
+_API_ONLY_APP = """
+import sys
+sys.modules["opentelemetry.sdk"] = None  # an app without the SDK: importing it fails
+from opentelemetry import context, trace
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from exporter.lifecycle.producer import EventEmitter
+
+with EventEmitter(sys.argv[1], sys.argv[2]) as emitter:
+    emitter.emit("started", queue="q")
+    incoming = TraceContextTextMapPropagator().extract({"traceparent": sys.argv[3]})
+    token = context.attach(incoming)
+    emitter.emit("started", queue="q")
+    with trace.get_tracer("app").start_as_current_span("no sdk: a non-recording span"):
+        emitter.emit("started", queue="q")
+    context.detach(token)
+assert emitter.sent == 3, emitter.dropped_by_reason
+"""
+
+
+def test_the_producer_needs_no_opentelemetry_sdk(redis_client, redis_url):
+    incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    subprocess.run(
+        [sys.executable, "-c", _API_ONLY_APP, redis_url, STREAM, incoming], check=True, timeout=60
+    )
+    # without an SDK a tracer's span continues the incoming context: the same traceparent
+    assert [event.get("traceparent") for event in _events(redis_client)] == [
+        None,
+        incoming,
+        incoming,
+    ]
