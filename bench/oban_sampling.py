@@ -27,7 +27,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
@@ -35,15 +34,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.postgres_presets import _series  # noqa: E402
-from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
+from bench.postgres_sampling import (  # noqa: E402
+    DEFAULT_ADMIN_DSN,
+    Rows,
+    bare_fetch,
+    interleaved_medians,
+    scratch_database,
+)
 from exporter.config import presets  # noqa: E402
 from exporter.config import settings as config_module  # noqa: E402
 from exporter.output.samples import SampleSet  # noqa: E402
 from exporter.runtime.app import App  # noqa: E402
 from exporter.sources.postgres.source import PostgresCollectorSource  # noqa: E402
-
-DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-Rows = list[tuple[Any, ...]]
 
 FILL = """
 INSERT INTO oban_producers (uuid, name, node, queue, meta)
@@ -142,16 +144,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     finished = finished.replace('"${schema}"', "public").format(**FINISHED_AFTER)
     load_before = os.getloadavg()
     with psycopg.connect(dsn) as bare:
-
-        def fetch(*queries: str) -> list[Rows]:
-            results = []
-            with bare.cursor(binary=True) as cursor:
-                cursor.execute("SET LOCAL jit = off")  # as the exporter's sessions run
-                for query in queries:
-                    cursor.execute(query.encode())
-                    results.append(cursor.fetchall())
-            bare.rollback()
-            return results
+        fetch = bare_fetch(bare)
 
         def hot_cycle() -> list[SampleSet]:
             return [source.sample().samples for source in hot]

@@ -40,14 +40,17 @@ from psycopg.conninfo import conninfo_to_dict
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
+from bench.postgres_sampling import (  # noqa: E402
+    DEFAULT_ADMIN_DSN,
+    bare_fetch,
+    interleaved_medians,
+    scratch_database,
+)
 from exporter.config import presets  # noqa: E402
 from exporter.config import settings as config_module  # noqa: E402
 from exporter.output.samples import SampleSet  # noqa: E402
 from exporter.runtime.app import App  # noqa: E402
 from exporter.sources.postgres.source import PostgresCollectorSource  # noqa: E402
-
-DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 # 82% finished; the unfinished 18%: created and due, created for later, retry, active.
 FILL = """
@@ -127,16 +130,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     load_before = os.getloadavg()
 
     with psycopg.connect(dsn) as bare:
-
-        def fetch(*queries: str) -> list[list[tuple[Any, ...]]]:
-            rows = []
-            with bare.cursor(binary=True) as cursor:
-                cursor.execute("SET LOCAL jit = off")  # as the exporter's sessions run
-                for query in queries:
-                    cursor.execute(query)
-                    rows.append(cursor.fetchall())
-            bare.rollback()
-            return rows
+        fetch = bare_fetch(bare)
 
         def hot_cycle() -> tuple[SampleSet, SampleSet]:
             return jobs.sample().samples, due.sample().samples

@@ -35,13 +35,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.postgres_presets import _series  # noqa: E402
-from bench.postgres_sampling import interleaved_medians, scratch_database  # noqa: E402
+from bench.postgres_sampling import (  # noqa: E402
+    DEFAULT_ADMIN_DSN,
+    Rows,
+    bare_fetch,
+    interleaved_medians,
+    scratch_database,
+)
 from exporter.config import presets  # noqa: E402
 from exporter.config import settings as config_module  # noqa: E402
 from exporter.runtime.app import App  # noqa: E402
-
-DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-Rows = list[tuple[Any, ...]]
 
 FILL = """
 INSERT INTO pgqueuer (priority, entrypoint, status, attempts, execute_after, updated, payload)
@@ -129,16 +132,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
     explain(dsn)
     load_before = os.getloadavg()
     with psycopg.connect(dsn) as bare:
-
-        def fetch(*queries: str) -> list[Rows]:
-            results = []
-            with bare.cursor(binary=True) as cursor:
-                cursor.execute("SET LOCAL jit = off")  # as the exporter's sessions run
-                for query in queries:
-                    cursor.execute(query.encode())
-                    results.append(cursor.fetchall())
-            bare.rollback()
-            return results
+        fetch = bare_fetch(bare)
 
         same_hot(hot.sample().samples, fetch(*BARE_HOT))
         failed = {(q, "failed"): float(n) for q, n in fetch(BARE_FAILED)[0]}

@@ -26,6 +26,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -39,6 +40,25 @@ from exporter.sources.runner import apply_report
 from tests.attune_db import schema_ddl
 
 DEFAULT_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+Rows = list[tuple[Any, ...]]
+
+
+def bare_fetch(bare: psycopg.Connection[Any]) -> Callable[..., list[Rows]]:
+    """The bare loop every PostgreSQL preset bench times the exporter against: each query's
+    rows, in one transaction on `bare`, JIT off as the exporter's sessions run, rolled back."""
+
+    def fetch(*queries: str) -> list[Rows]:
+        results = []
+        with bare.cursor(binary=True) as cursor:
+            cursor.execute("SET LOCAL jit = off")
+            for query in queries:
+                cursor.execute(query.encode())
+                results.append(cursor.fetchall())
+        bare.rollback()
+        return results
+
+    return fetch
+
 
 FILL = """
 SET search_path TO attune, public;
