@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from tests.applied_source import AppliedSource
 from tests.conftest import parse_exposition, total
 from tests.private_redis import PrivateRedis
 from tests.real_queues import BULL_MAJORS, Bull
+from tests.sources.readers.floods import drain
 
 QUEUE = "work"
 COMPLETED = f"bull:{QUEUE}:completed"
@@ -207,30 +209,6 @@ def test_a_refused_job_read_loses_none(tmp_path, major):
         server.stop()
 
 
-def _output_bytes(client: redis.Redis) -> int:
-    return int(client.info("stats")["total_net_output_bytes"])
-
-
-def _drain(
-    reader: BullReader, admin: redis.Redis, reads: int
-) -> tuple[list[float], list[int], dict]:
-    """Reads until one counts nothing (at most `reads`): what each counted, the bytes the
-    server sent for each, and what they refused."""
-    counted: list[float] = []
-    sent: list[int] = []
-    refused: dict[str, int] = {}
-    for _ in range(reads):
-        before = _output_bytes(admin)
-        signals = _read(reader)
-        sent.append(_output_bytes(admin) - before)
-        counted.append(_counted(signals))
-        for reason, count in signals.tally.invalid.items():
-            refused[reason] = refused.get(reason, 0) + count
-        if not counted[-1]:
-            break
-    return counted, sent, refused
-
-
 def test_300k_jobs_finishing_in_a_second_are_all_counted(tmp_path):
     """The issue's attack: 300,000 jobs finishing within one second (300 a ms, in Bull's
     layout) between two reads, then 5 real Bull jobs. Each read takes MAX_NEW new members and
@@ -249,7 +227,9 @@ def test_300k_jobs_finishing_in_a_second_are_all_counted(tmp_path):
         # scored below most of the flood (found as late members, as a slow worker's are)
         _fill(admin, FLOOD, int(time.time() * 1000) + 1, FLOOD // 1_000)
         _complete(bull, 5)
-        counted, sent, refused = _drain(reader, admin, FLOOD // MAX_NEW + 5)
+        counted, sent, refused = drain(
+            partial(_read, reader), _counted, admin, FLOOD // MAX_NEW + 5
+        )
         assert sum(counted) == FLOOD + 5, counted
         assert refused == {}
         # MAX_NEW past the cursor, and the rest of the 300 of one ms a full read cut into
@@ -284,7 +264,7 @@ def test_a_backlog_trimmed_before_it_was_read_is_counted_as_over_limit(tmp_path)
         assert _counted(first) == MAX_NEW
         _complete(bull, 1, removeOnComplete=12_000)
         assert admin.zcard(COMPLETED) == 12_000
-        counted, _, refused = _drain(reader, admin, 10)
+        counted, _, refused = drain(partial(_read, reader), _counted, admin, 10)
         assert refused == {"over_limit": 1}
         assert sum(counted) == 12_000, counted
         print(f"after the trim: {sum(counted):.0f} counted in {len(counted)} reads, {refused}")
@@ -323,7 +303,7 @@ def test_late_finishes_are_counted_once_and_a_late_flood_in_parts(tmp_path):
             30,
             RUN_MS,
         )
-        counted, _, refused = _drain(reader, admin, 10)
+        counted, _, refused = drain(partial(_read, reader), _counted, admin, 10)
         assert sum(counted) == KEPT and refused == {}, counted
         assert len(counted) > 2 and max(counted) <= MAX_NEW + 30, counted
     finally:

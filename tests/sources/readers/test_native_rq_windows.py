@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import redis
@@ -32,6 +33,7 @@ from exporter.sources.readers.rq import RqReader
 from exporter.sources.readers.rq_windows import MAX_NEW
 from tests import claims
 from tests.private_redis import PrivateRedis
+from tests.sources.readers.floods import drain, output_bytes
 
 QUEUE = "work"
 FLOOD = 300_000
@@ -84,28 +86,6 @@ def _completed(signals: Signals) -> float:
     return sum(n for (name, _), n in counts if name == "queue_jobs_completed_total")
 
 
-def _output_bytes(client: redis.Redis) -> int:
-    return int(client.info("stats")["total_net_output_bytes"])
-
-
-def _drain(reader: RqReader, admin: redis.Redis, reads: int) -> tuple[list[float], list[int], dict]:
-    """Reads until one counts nothing (at most `reads`): what each counted, the bytes the
-    server sent for each, and what they refused."""
-    counted: list[float] = []
-    sent: list[int] = []
-    refused: dict[str, int] = {}
-    for _ in range(reads):
-        before = _output_bytes(admin)
-        signals = _read(reader)
-        sent.append(_output_bytes(admin) - before)
-        counted.append(_completed(signals))
-        for reason, count in signals.tally.invalid.items():
-            refused[reason] = refused.get(reason, 0) + count
-        if not counted[-1]:
-            break
-    return counted, sent, refused
-
-
 def _reader(server: PrivateRedis) -> RqReader:
     return RqReader(RqReaderConfig(), RedisConnectionConfig(url=server.url))
 
@@ -127,13 +107,13 @@ def test_an_idle_read_costs_the_same_whatever_is_kept(tmp_path: Path) -> None:
             reader = _reader(server)
             try:
                 _read(reader)  # the baseline
-                before = _output_bytes(admin)
+                before = output_bytes(admin)
                 signals = _read(reader)
-                idle[kept] = _output_bytes(admin) - before
+                idle[kept] = output_bytes(admin) - before
                 assert (_completed(signals), signals.tally.invalid) == (0, {})
                 if kept == KEPT:
                     _run(admin, 3)
-                    counted, _, refused = _drain(reader, admin, 5)
+                    counted, _, refused = drain(partial(_read, reader), _completed, admin, 5)
                     assert (sum(counted), counted[-1], refused) == (3, 0, {}), counted
             finally:
                 reader.close()
@@ -160,7 +140,9 @@ def test_300k_jobs_finishing_in_one_second_are_all_counted(tmp_path: Path) -> No
         _fill(admin, "finished", FLOOD, second + 500, 0, "flood-")
         assert admin.zcount(f"rq:finished:{QUEUE}", second + 500, second + 500) >= FLOOD
         _run(admin, 5)
-        counted, sent, refused = _drain(reader, admin, FLOOD // MAX_NEW + 5)
+        counted, sent, refused = drain(
+            lambda: _read(reader), _completed, admin, FLOOD // MAX_NEW + 5
+        )
         assert sum(counted) == FLOOD + 5, counted
         assert refused == {}
         assert max(counted) <= MAX_NEW + 5

@@ -40,6 +40,7 @@ from exporter.sources.streams.config import EventsSourceConfig
 from tests.conftest import wait_for
 from tests.private_redis import PrivateRedis
 from tests.saq_app.control import driver
+from tests.sources.readers.floods import output_bytes
 from tests.sources.readers.test_native_windows import JOBS_PER_SCRIPT, KEPT, QUEUE, Saq
 from tests.tcp_proxy import TcpProxy
 from tests.tools import missing
@@ -84,11 +85,6 @@ def server(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 def _reader(server: PrivateRedis) -> SaqReader:
     return SaqReader(SaqReaderConfig(queues=[QUEUE]), RedisConnectionConfig(url=server.url))
-
-
-def _output_bytes(client: redis.Redis) -> int:
-    """What the server sent its clients so far (pub/sub messages too)."""
-    return int(client.info("stats")["total_net_output_bytes"])
 
 
 class _Reads:
@@ -154,27 +150,27 @@ def test_a_read_after_jobs_finished_fetches_what_is_new_over_30k_kept(saq_instal
         assert truth == 100
         warm: list[int] = []
         for _ in range(math.ceil((KEPT + 1) / MAX_READS)):
-            before = _output_bytes(admin)
+            before = output_bytes(admin)
             assert reads.read() == (0, 0)
-            warm.append(_output_bytes(admin) - before)
+            warm.append(output_bytes(admin) - before)
         assert reads.failed == truth
         # the look: the baseline's read less the next, which read as many statuses
         look = warm[0] - warm[1]
         idle = []
         for _ in range(3):
-            before = _output_bytes(admin)
+            before = output_bytes(admin)
             assert reads.read() == (0, 0)
-            idle.append(_output_bytes(admin) - before)
+            idle.append(output_bytes(admin) - before)
         assert reads.failed == truth
         finished_before = system.finished()
-        before = _output_bytes(admin)
+        before = output_bytes(admin)
         system.run(3)
         counting = reads.until_timed(3)
         while reads.completed < 3:  # the worker writes its counts every second
             assert len(counting) < 100, counting
             time.sleep(0.1)
             counting.append(reads.read()[1])
-        spent = _output_bytes(admin) - before
+        spent = output_bytes(admin) - before
         assert system.finished() - finished_before == 3
         assert (reads.completed, reads.timed, reads.lost, reads.refused) == (3, 3, 0, {})
         assert reads.failed == truth
@@ -210,9 +206,9 @@ def test_300k_jobs_finishing_in_a_second_are_all_observed(saq_installed, server)
         sent, timed = [], []
         while reads.timed < FLOOD:
             assert len(timed) < FLOOD // MAX_READS + 10, timed
-            before = _output_bytes(admin)
+            before = output_bytes(admin)
             timed.append(reads.read()[1])
-            sent.append(_output_bytes(admin) - before)
+            sent.append(output_bytes(admin) - before)
         timed.append(reads.read()[1])
         assert timed[-1] == 0 and reads.timed == FLOOD, timed
         assert max(timed) == MAX_READS
