@@ -1,5 +1,6 @@
 """How the suite runs (a pytest plugin, loaded by conftest.py): which tests share a worker
-under pytest-xdist, CI's refusal of skipped tests, and the Hypothesis profiles.
+under pytest-xdist, CI's refusal of skipped tests, the Hypothesis profiles, and the logging
+state each test gets back.
 
 scripts/test.sh runs `pytest -n 6 --dist loadgroup`: a test runs on any worker unless it has an
 `xdist_group` mark, and all tests of one group run on the same worker, one after another.
@@ -12,7 +13,11 @@ Groups are given here, so a new test file needs no mark of its own (docs/testing
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import settings
@@ -39,6 +44,21 @@ settings.register_profile("ci", derandomize=True, print_blob=True, database=None
 settings.register_profile("dev", print_blob=True)
 HYPOTHESIS_PROFILE = os.environ.get("QE_HYPOTHESIS_PROFILE") or ("ci" if CI else "dev")
 settings.load_profile(HYPOTHESIS_PROFILE)
+
+
+@pytest.fixture(autouse=True)
+def _logging_state_restored() -> Iterator[None]:
+    """A command run in-process (CliRunner) configures logging for the whole process: the root
+    level (check-config sets ERROR), its handlers and the exception hooks. Put back after each
+    test, so a later test on the same worker still sees its warnings in caplog."""
+    root = logging.getLogger()
+    level, handlers = root.level, root.handlers[:]
+    hooks = sys.excepthook, threading.excepthook
+    yield
+    root.setLevel(level)
+    root.handlers[:] = handlers
+    sys.excepthook, threading.excepthook = hooks
+    logging.captureWarnings(False)
 
 
 def pytest_report_header() -> list[str]:

@@ -128,13 +128,13 @@ def test_a_redis_restarted_empty_counts_what_it_lost(private_redis, caplog, trim
     client = private_redis.client()
     _write(client, 40 + trimmed)  # the producer writes a new stream (say, its buffer) ...
     client.xtrim(STREAM, maxlen=40, approximate=False)  # ... trimmed before the group exists
-    stop = _run(reader)  # the consumer finds its connection broken, reconnects
-    try:
-        with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING):  # before the thread: it may name the gap at once
+        stop = _run(reader)  # the consumer finds its connection broken, reconnects
+        try:
             wait_for(lambda: reader.counts() == (70, 70, 70 + trimmed))
-    finally:
-        stop.set()
-        reader.consumer.thread.join(10)
+        finally:
+            stop.set()
+            reader.consumer.thread.join(10)
     named = f"events:{STREAM}: {70 + trimmed} entries lost before the group applied them"
     assert f"{named} [data_lost]" in [record.getMessage() for record in caplog.records]
     assert client.xinfo_groups(STREAM)[0]["lag"] == 0
