@@ -165,11 +165,17 @@ def _postgres_feeds_events(config: Config) -> bool:
 
 def _probe_postgres(config: Config, context: ProbeContext) -> Findings:
     postgres_config = config.sources.postgres
-    if postgres_config is None or not postgres_config.collectors:
+    if postgres_config is None or not (
+        postgres_config.collectors or _postgres_feeds_events(config)
+    ):
         return Findings()
     from exporter.sources.postgres import probe
+    from exporter.sources.readers import finished_rows_probe
 
-    return probe.probe(postgres_config, context)
+    findings = probe.probe(postgres_config, context)
+    if not findings.unreachable:  # a server that refused is named once, above
+        findings.add(finished_rows_probe.probe(postgres_config, context))
+    return findings
 
 
 def _no_redis(config: Config) -> RedisNeeds:

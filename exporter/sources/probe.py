@@ -23,7 +23,8 @@ class Findings:
 
     failures: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # Redis targets that did not answer: named once, not tried again by the later parts
+    # Targets (masked Redis URLs, PostgreSQL DSNs) that did not answer: named once, not tried
+    # again by the later parts
     unreachable: set[str] = field(default_factory=set)
 
     def add(self, other: Findings) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import psycopg
 
 from exporter.config import presets
+from tests.commands.test_check_config import run_cli
 from tests.conformance.adapters.django_tasks import FINISHED_INDEX, DjangoTasks
 
 TABLE = "django_tasks_database_dbtaskresult"
@@ -82,3 +83,23 @@ def test_finished_tasks_are_read_only_through_an_index_on_finished_at(postgres_d
             plan = "\n".join(r[0] for r in connection.execute(f"EXPLAIN {query}"))
             assert f"Seq Scan on {TABLE}" not in plan, plan
             assert "django_tasks_finished_idx" in plan, plan
+
+
+def test_check_config_says_the_finished_tasks_go_uncounted_until_finished_at_is_indexed(
+    postgres_dsn: str,
+) -> None:
+    """Without the operator's index on finished_at the native reader counts nothing: the
+    verdict is a warning naming the index to make, not OK; once made, the reader reads."""
+    DjangoTasks(postgres_dsn).run("migrate")
+    args = ("check-config", "--postgres-dsn", postgres_dsn, "--preset", "django_tasks", "--connect")
+    before = run_cli(*args)
+    assert before.returncode == 0, before.stdout + before.stderr
+    assert "native:django_tasks: silent (django-tasks-db indexes no finished row" in before.stdout
+    assert "OK with 1 warning" in before.stdout, before.stdout
+    assert "CREATE INDEX CONCURRENTLY django_tasks_finished_idx" in before.stdout
+    with psycopg.connect(postgres_dsn, autocommit=True) as connection:
+        connection.execute(FINISHED_INDEX)
+    after = run_cli(*args)
+    assert after.returncode == 0, after.stdout + after.stderr
+    assert f"native:django_tasks: reads {TABLE} (its baseline answered)" in after.stdout
+    assert "warning" not in after.stdout, after.stdout

@@ -46,7 +46,8 @@ class FinishedRowsConfig(StrictModel):
         None,
         description="a read-only statement run before the reads: a row whose column "
         "`unavailable` is not NULL leaves the reader silent with that text (nothing read, the "
-        "reason on the status page and in queue_exporter_native_silent), for a version of the "
+        "reason on the status page, in queue_exporter_native_silent and as a check-config "
+        "--connect warning), for a version of the "
         "system whose finished rows cannot be read without a scan; checked at every read while "
         "it says so, and after a failed read",
     )

@@ -14,14 +14,14 @@ from exporter.sources.source import DeadlineExceeded, sample_within_deadline
 
 
 def probe(postgres_config: PostgresSourceConfig, context: ProbeContext) -> Findings:
-    if not postgres_config.collectors:
-        return Findings()
+    """The server once, then each collector. A server that refuses is in `unreachable`, so
+    the finished-rows readers' probe (readers/finished_rows_probe.py) does not try it again."""
     echo = context.echo
     target = postgres_config.masked_dsn() or f"DSN from {postgres_config.dsn_file}"
     refused = _postgres_refusal(postgres_config)
     if refused is not None:  # one line, within connect_timeout: not a pool retrying per collector
         echo(f"postgres at {target}: FAILED ({refused})")
-        return Findings(failures=[f"postgres at {target}"])
+        return Findings(failures=[f"postgres at {target}"], unreachable={target})
     echo(f"postgres at {target}:")
     failures = []
     sources = postgres.build_sources(postgres_config, context.sample_interval)
