@@ -22,7 +22,12 @@ from opentelemetry.sdk.metrics import (
     UpDownCounter,
 )
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
-from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    OTELResourceDetector,
+    Resource,
+)
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest as _untyped_text
 from prometheus_client.openmetrics.exposition import generate_latest as _untyped_openmetrics
@@ -35,7 +40,7 @@ from exporter.output.catalog import AUTH_FAILURE_REASONS, BY_NAME
 from exporter.output.health import HealthBoard
 from exporter.output.otlp import StoreExporter
 from exporter.output.store import Family
-from exporter.output.telemetry_config import OtlpConfig
+from exporter.output.telemetry_config import DEFAULT_SERVICE_NAME, OtlpConfig
 
 # The SDK's own cap silently folds series; ours counts them, so the SDK's must never bind first.
 _SDK_CARDINALITY = 1_000_000
@@ -70,9 +75,10 @@ class SelfMetrics:
                 cardinality_limits=limits_by_class,
             )
         ]
+        resource = exporter_resource(otlp.service_name if otlp else DEFAULT_SERVICE_NAME)
         if otlp is not None and otlp.enabled:
-            readers.append(_otlp_reader(otlp, read_store))
-        self.provider = MeterProvider(metric_readers=readers, resource=_resource())
+            readers.append(_otlp_reader(otlp, read_store, resource))
+        self.provider = MeterProvider(metric_readers=readers, resource=resource)
         self.meter: Meter = self.provider.get_meter("queue-exporter", __version__)
         self._overflow = self.meter.create_counter(
             "queue_exporter_series_overflow_total",
@@ -155,11 +161,18 @@ class SelfMetrics:
             )
 
 
-def _resource() -> Resource:
-    return Resource.create({"service.name": "queue-exporter", "service.version": __version__})
+def exporter_resource(service_name: str) -> Resource:
+    """The SDK's own resource (Resource.create: its detectors, OTEL_RESOURCE_ATTRIBUTES and
+    OTEL_SERVICE_NAME among them), with our service name and version where the environment
+    names none: an explicit attribute would override the environment's."""
+    from_environment = OTELResourceDetector().detect().attributes
+    defaults = {SERVICE_NAME: service_name, SERVICE_VERSION: __version__}
+    return Resource.create({k: v for k, v in defaults.items() if k not in from_environment})
 
 
-def _otlp_reader(otlp: OtlpConfig, read: Callable[[], list[Family]]) -> MetricReader:
+def _otlp_reader(
+    otlp: OtlpConfig, read: Callable[[], list[Family]], resource: Resource
+) -> MetricReader:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     except ImportError as error:  # the extra is optional
@@ -167,6 +180,6 @@ def _otlp_reader(otlp: OtlpConfig, read: Callable[[], list[Family]]) -> MetricRe
             "OTLP push needs the otlp extra: pip install 'queue-exporter[otlp]'"
         ) from error
     return PeriodicExportingMetricReader(
-        StoreExporter(OTLPMetricExporter(), read, _resource()),
+        StoreExporter(OTLPMetricExporter(), read, resource),
         export_interval_millis=int(otlp.interval * 1000),
     )

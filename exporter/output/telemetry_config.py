@@ -6,6 +6,8 @@ from pydantic import Field
 
 from exporter.core.models import StrictModel
 
+DEFAULT_SERVICE_NAME = "queue-exporter"
+
 
 class LimitsConfig(StrictModel):
     max_series_per_metric: int = Field(
@@ -27,3 +29,9 @@ class OtlpConfig(StrictModel):
         False, description="also push every metric over OTLP/HTTP (OTEL_EXPORTER_OTLP_* apply)"
     )
     interval: float = Field(15.0, gt=0, description="seconds between pushes")
+    service_name: str = Field(
+        DEFAULT_SERVICE_NAME,
+        min_length=1,
+        description="the resource's service.name, unless OTEL_SERVICE_NAME or "
+        "OTEL_RESOURCE_ATTRIBUTES names one",
+    )

@@ -11,6 +11,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
 )
 
+from exporter import __version__
 from tests.conftest import wait_for
 
 
@@ -41,6 +42,17 @@ class _Receiver:
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}/v1/metrics"
+
+    def resources(self) -> list[dict[str, str]]:
+        """Each pushed resource's attributes."""
+        return [
+            {
+                attribute.key: attribute.value.string_value
+                for attribute in resource.resource.attributes
+            }
+            for request in self.requests
+            for resource in request.resource_metrics
+        ]
 
     def gauge_points(self, name: str) -> list[tuple[dict[str, str], float]]:
         points = []
@@ -86,11 +98,50 @@ def test_sampled_and_self_metrics_are_pushed(
     assert wait_for(pushed_depth)[-1] == 3
     up = wait_for(lambda: receiver.gauge_points("queue_exporter_source_up"))
     assert ({"source": "redis"}, 1.0) in up
-    services = {
-        attribute.value.string_value
-        for request in receiver.requests
-        for resource in request.resource_metrics
-        for attribute in resource.resource.attributes
-        if attribute.key == "service.name"
-    }
-    assert services == {"queue-exporter"}
+    assert {resource["service.name"] for resource in receiver.resources()} == {"queue-exporter"}
+    assert {resource["service.version"] for resource in receiver.resources()} == {__version__}
+
+
+def _push_self_metrics(receiver, run_exporter, monkeypatch, otlp: dict) -> list[dict[str, str]]:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
+    run_exporter({"otlp": {"enabled": True, "interval": 0.3, **otlp}})
+    wait_for(lambda: receiver.gauge_points("queue_exporter_build_info"))
+    return receiver.resources()
+
+
+def test_the_resource_carries_otel_resource_attributes(receiver, run_exporter, monkeypatch):
+    # what the chart sets from the downward API, and a value percent-encoded as the spec asks
+    monkeypatch.setenv(
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "k8s.pod.name=queue-exporter-7d9f-x2x,k8s.namespace.name=queues,"
+        "deployment.environment.name=pre%20prod",
+    )
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    resources = _push_self_metrics(receiver, run_exporter, monkeypatch, {})
+    for resource in resources:
+        assert resource["k8s.pod.name"] == "queue-exporter-7d9f-x2x"
+        assert resource["k8s.namespace.name"] == "queues"
+        assert resource["deployment.environment.name"] == "pre prod"
+        assert resource["service.name"] == "queue-exporter"
+        assert resource["telemetry.sdk.name"] == "opentelemetry"  # the SDK's own detector
+
+
+def test_the_service_name_is_settable(receiver, run_exporter, monkeypatch):
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    resources = _push_self_metrics(receiver, run_exporter, monkeypatch, {"service_name": "billing"})
+    assert {resource["service.name"] for resource in resources} == {"billing"}
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [("OTEL_SERVICE_NAME", "from-env"), ("OTEL_RESOURCE_ATTRIBUTES", "service.name=from-env")],
+)
+def test_the_environment_names_the_service_over_the_setting(
+    receiver, run_exporter, monkeypatch, variable, value
+):
+    monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES", raising=False)
+    monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
+    monkeypatch.setenv(variable, value)
+    resources = _push_self_metrics(receiver, run_exporter, monkeypatch, {"service_name": "billing"})
+    assert {resource["service.name"] for resource in resources} == {"from-env"}
