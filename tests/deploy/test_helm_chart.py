@@ -21,9 +21,14 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import redis
 import yaml
 
 from exporter.config.settings import SourcesConfig
+from tests.conftest import scrape_when
+from tests.conftest import value as series_value
+from tests.private_redis import PrivateRedis, free_port
+from tests.tls_certs import Pki, make_pki
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "queue-exporter"
@@ -80,6 +85,11 @@ def _everything() -> dict[str, Any]:
         },
         "extraEnv": [{"name": "TZ", "value": "UTC"}],
         "extraArgs": ["--log-level=debug"],
+        "extraVolumes": [{"name": "presets", "configMap": {"name": "team-presets"}}],
+        "extraVolumeMounts": [{"name": "presets", "mountPath": "/etc/team", "readOnly": True}],
+        "otelResourceAttributes": {"deployment.environment.name": "prod"},
+        "redisTLS": {"caSecret": "redis-ca", "clientCertSecret": "redis-client"},
+        "postgresTLS": {"caSecret": "pg-ca", "clientCertSecret": "pg-client"},
         "podAnnotations": {"example.com/team": "jobs"},
         "podLabels": {"team": "jobs"},
         "serviceAccount": {"annotations": {"example.com/role": "none"}},
@@ -166,6 +176,18 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         },
         "redisAuth": {"sentinelPassword": "sentinel-secret"},
     },
+    # cert-manager's one Secret (ca.crt, tls.crt, tls.key) for Redis; a CA alone for PostgreSQL
+    "backend-tls": {
+        "config": {
+            "presets": ["rq"],
+            "sources": {
+                "redis": {"url": "rediss://redis:6380/0"},
+                "postgres": {"host": "db", "dbname": "jobs"},
+            },
+        },
+        "redisTLS": {"caSecret": "redis-exporter-cert", "clientCertSecret": "redis-exporter-cert"},
+        "postgresTLS": {"caSecret": "pg-ca", "caKey": "root.crt"},
+    },
     "tls": {
         "webConfig": {"enabled": True, "tlsSecret": "queue-exporter-tls"},
         "serviceMonitor": {"enabled": True},
@@ -235,6 +257,10 @@ def test_strict_lint_is_clean(value_set: str) -> None:
         ({"replicas": 2}, "replicas"),
         ({"image": {"digest": "latest"}}, "/image/digest"),
         ({"port": 70000}, "/port"),
+        ({"redisTLS": {"ca": "x"}}, "/redisTLS"),
+        ({"postgresTLS": {"caKey": ""}}, "/postgresTLS/caKey"),
+        ({"extraVolumeMounts": [{"name": "x"}]}, "/extraVolumeMounts/0"),
+        ({"otelResourceAttributes": {"team": "a,b"}}, "/otelResourceAttributes/team"),
     ],
 )
 def test_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
@@ -339,6 +365,9 @@ def mounted_files(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, s
         source_kind = (
             "secret" if "secret" in volume else "configMap" if "configMap" in volume else ""
         )
+        if "projected" in volume:
+            files.update(_projected(volume, mount["mountPath"]))
+            continue
         if not source_kind:
             files[mount["mountPath"]] = "dir"
             continue
@@ -350,13 +379,47 @@ def mounted_files(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, s
     return files
 
 
+def _projected(volume: dict[str, Any], path: str) -> dict[str, str]:
+    """A projected volume's files: path -> 'secret NAME KEY'."""
+    files = {}
+    for source in volume["projected"]["sources"]:
+        secret = source["secret"]
+        for item in secret["items"]:
+            files[f"{path}/{item['path']}"] = f"secret {secret['name']} {item['key']}"
+    return files
+
+
 def rendered_config(docs: list[dict[str, Any]]) -> dict[str, Any]:
     configmap = next(doc for doc in kind(docs, "ConfigMap") if "config.yml" in doc["data"])
     config: dict[str, Any] = yaml.safe_load(configmap["data"]["config.yml"])
     return config
 
 
-@pytest.mark.parametrize("value_set", ["defaults", "everything", "existing-secrets", "tls"])
+FILE_SETTINGS = ("password_file", "sentinel_password_file", "dsn_file")
+FILE_SETTINGS += (
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+    "sslrootcert",
+    "sslcert",
+    "sslkey",
+)
+
+
+def configured_files(config: dict[str, Any]) -> list[str]:
+    """Every file the exporter's config names in its sources (each Redis of a list too)."""
+    sources = config.get("sources", {})
+    connections = [sources.get("postgres") or {}, (sources.get("events") or {}).get("redis") or {}]
+    redis = sources.get("redis") or {}
+    connections += redis if isinstance(redis, list) else [redis]
+    return [
+        connection[key] for connection in connections for key in FILE_SETTINGS if key in connection
+    ]
+
+
+@pytest.mark.parametrize(
+    "value_set", ["defaults", "everything", "existing-secrets", "tls", "backend-tls"]
+)
 def test_config_files_are_mounted(renders: dict[str, list[dict[str, Any]]], value_set: str) -> None:
     docs = renders[value_set]
     ((pod, container),) = exporter_pods(docs)
@@ -365,12 +428,7 @@ def test_config_files_are_mounted(renders: dict[str, list[dict[str, Any]]], valu
     assert "--config=/etc/queue-exporter/config/config.yml" in container["args"]
     assert files["/etc/queue-exporter/config/config.yml"].startswith("configMap")
     assert files["/tmp"] == "dir"  # the root filesystem is read-only
-    paths = [config.get("web_config_file")]
-    paths += [
-        source.get(key)
-        for source in config.get("sources", {}).values()
-        for key in ("password_file", "sentinel_password_file", "dsn_file")
-    ]
+    paths = [config.get("web_config_file"), *configured_files(config)]
     for path in filter(None, paths):
         assert files[path].startswith("secret "), path
     if VALUE_SETS[value_set].get("webConfig", {}).get("tlsSecret"):
@@ -384,6 +442,136 @@ def test_existing_secrets_are_referenced(renders: dict[str, list[dict[str, Any]]
     assert files["/etc/queue-exporter/redis/sentinel-password"] == "secret redis sentinel-pw"
     assert files["/etc/queue-exporter/postgres/dsn"] == "secret pg-app uri"
     assert files["/etc/queue-exporter/web/web-config.yml"] == "secret web web.yml"
+
+
+def test_backend_tls_comes_from_its_secrets(renders: dict[str, list[dict[str, Any]]]) -> None:
+    docs = renders["backend-tls"]
+    ((pod, container),) = exporter_pods(docs)
+    files = mounted_files(pod, container)
+    assert files["/etc/queue-exporter/redis-tls/ca.crt"] == "secret redis-exporter-cert ca.crt"
+    assert files["/etc/queue-exporter/redis-tls/client.crt"] == "secret redis-exporter-cert tls.crt"
+    assert files["/etc/queue-exporter/redis-tls/client.key"] == "secret redis-exporter-cert tls.key"
+    assert files["/etc/queue-exporter/postgres-tls/ca.crt"] == "secret pg-ca root.crt"
+    sources = rendered_config(docs)["sources"]
+    assert sources["redis"]["tls_ca_file"] == "/etc/queue-exporter/redis-tls/ca.crt"
+    assert sources["redis"]["tls_cert_file"] == "/etc/queue-exporter/redis-tls/client.crt"
+    assert sources["redis"]["tls_key_file"] == "/etc/queue-exporter/redis-tls/client.key"
+    assert sources["postgres"]["sslrootcert"] == "/etc/queue-exporter/postgres-tls/ca.crt"
+    assert sources["postgres"]["sslmode"] == "verify-full"  # a CA that verifies nothing is none
+    assert "sslcert" not in sources["postgres"] and "sslkey" not in sources["postgres"]
+    # libpq refuses a client key others than the owner's group may read
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    (client,) = volumes["queue-exporter-redis-tls"]["projected"]["sources"][1:]
+    assert [item.get("mode") for item in client["secret"]["items"]] == [None, 0o440]
+
+
+def test_a_configured_sslmode_is_kept() -> None:
+    values = copy.deepcopy(VALUE_SETS["backend-tls"])
+    values["config"]["sources"]["postgres"]["sslmode"] = "verify-ca"
+    assert (
+        rendered_config(documents(render(values)))["sources"]["postgres"]["sslmode"] == "verify-ca"
+    )
+
+
+def test_extra_volumes_are_mounted(renders: dict[str, list[dict[str, Any]]]) -> None:
+    ((pod, container),) = exporter_pods(renders["everything"])
+    assert mounted_files(pod, container)["/etc/team"] == "configMap team-presets *"
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {
+        variable["name"]: variable.get("value", variable.get("valueFrom"))
+        for variable in container["env"]
+    }
+
+
+@pytest.mark.parametrize("value_set", ["defaults", "everything"])
+def test_the_otlp_resource_names_the_pod_and_its_namespace(
+    renders: dict[str, list[dict[str, Any]]], value_set: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The downward API's pod name and namespace, expanded as Kubernetes expands $(VAR) (from
+    variables defined earlier), read by the SDK's own detector."""
+    from opentelemetry.sdk.resources import OTELResourceDetector
+
+    ((_, container),) = exporter_pods(renders[value_set])
+    env = _env(container)
+    names = [variable["name"] for variable in container["env"]]
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert names.index("OTEL_RESOURCE_ATTRIBUTES") > names.index("POD_NAMESPACE")
+    pod = {"POD_NAME": "queues-queue-exporter-7d9f-x2x", "POD_NAMESPACE": NAMESPACE}
+    expanded = re.sub(r"\$\((\w+)\)", lambda m: pod[m[1]], env["OTEL_RESOURCE_ATTRIBUTES"])
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", expanded)
+    attributes = OTELResourceDetector().detect().attributes
+    assert attributes["k8s.pod.name"] == pod["POD_NAME"]
+    assert attributes["k8s.namespace.name"] == NAMESPACE
+    extra = VALUE_SETS[value_set].get("otelResourceAttributes", {})
+    assert {key: attributes[key] for key in extra} == extra
+
+
+def _lay_out_mounted_files(
+    pod: dict[str, Any], container: dict[str, Any], secrets: dict[str, dict[str, Path]], root: Path
+) -> None:
+    """The pod's files from Secrets, copied under `root` where the container would see them."""
+    for path, description in mounted_files(pod, container).items():
+        if description.startswith("secret ") and not description.endswith(" *"):
+            _, name, key = description.split()
+            file = root / path.removeprefix("/")
+            file.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(secrets[name][key], file)
+
+
+@pytest.fixture
+def tls_redis(tmp_path: Path) -> Iterator[tuple[PrivateRedis, Pki]]:
+    """A redis-server of the test's own whose TLS port asks for a client certificate."""
+    pki = make_pki(tmp_path / "pki")
+    server = PrivateRedis(
+        tmp_path,
+        *("--tls-port", str(free_port())),
+        *("--tls-cert-file", str(pki.path("server.crt"))),
+        *("--tls-key-file", str(pki.path("server.key"))),
+        *("--tls-ca-cert-file", str(pki.path("ca.crt")), "--tls-auth-clients", "yes"),
+    )
+    yield server.start(), pki
+    server.stop()
+
+
+def test_the_chart_tls_paths_reach_a_tls_redis(
+    tls_redis: tuple[PrivateRedis, Pki], tmp_path: Path, run_exporter: Any
+) -> None:
+    """The rendered config, with the files the rendered volumes mount from cert-manager's
+    Secret, opens rediss:// to a server that verifies the client certificate."""
+    server, pki = tls_redis
+    tls_port = int(server.extra_args[server.extra_args.index("--tls-port") + 1])
+    values = {"redisTLS": VALUE_SETS["backend-tls"]["redisTLS"]}
+    values["config"] = {
+        "presets": ["orchestrata"],
+        "sources": {"redis": {"url": f"rediss://127.0.0.1:{tls_port}/0"}},
+    }
+    docs = documents(render(values))
+    ((pod, container),) = exporter_pods(docs)
+    certificate = {"ca.crt": "ca.crt", "tls.crt": "client.crt", "tls.key": "client.key"}
+    secrets = {"redis-exporter-cert": {key: pki.path(file) for key, file in certificate.items()}}
+    root = tmp_path / "pod"
+    _lay_out_mounted_files(pod, container, secrets, root)
+    config = rendered_config(docs)
+    redis_source = config["sources"]["redis"]
+    for setting in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        redis_source[setting] = str(root / redis_source[setting].removeprefix("/"))
+    with redis.Redis(
+        host="127.0.0.1",
+        port=tls_port,
+        ssl=True,
+        ssl_ca_certs=str(pki.path("ca.crt")),
+        ssl_certfile=str(pki.path("client.crt")),
+        ssl_keyfile=str(pki.path("client.key")),
+    ) as client:
+        client.rpush("orchestrata:dlq:billing", "{}", "{}", "{}")
+        expected = client.llen("orchestrata:dlq:billing")
+    config["listen_address"] = "127.0.0.1:0"
+    app = run_exporter(config)
+    series = scrape_when(app, "queue_depth", queue="billing", state="dead_letter")
+    assert series_value(series, "queue_depth", queue="billing", state="dead_letter") == expected
 
 
 def test_secrets_stay_out_of_the_configmap(renders: dict[str, list[dict[str, Any]]]) -> None:
@@ -415,6 +603,10 @@ def test_rendered_config_passes_check_config(
     for name in ("redis/password", "redis/sentinel-password", "postgres/dsn"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("postgresql://u:p@db/jobs" if "dsn" in name else "pw")
+    for path in configured_files(yaml.safe_load(text)):  # the TLS files: present, as mounted
+        file = root / path.removeprefix("/etc/queue-exporter/")
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.touch()
     (root / "web").mkdir()
     (root / "web" / "web-config.yml").write_text(
         yaml.safe_dump(VALUE_SETS[value_set].get("webConfig", {}).get("config", {}))

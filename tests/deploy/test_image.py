@@ -199,6 +199,18 @@ def containers() -> Iterator[list[Container]]:
 # -- the tests ----------------------------------------------------------------------------------
 
 
+def pod_env(container: dict[str, Any]) -> dict[str, str]:
+    """The container's environment as the kubelet gives it: each downward API field
+    "image-test-pod", each $(VAR) of a value expanded from the variables before it."""
+    env: dict[str, str] = {}
+    for item in container["env"]:
+        if "value" in item:
+            env[item["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m[1]], item["value"])
+        else:
+            env[item["name"]] = "image-test-pod"
+    return env
+
+
 def test_serves_as_the_chart_runs_it(
     image, redis_db, redis_client, postgres_dsn, tmp_path, containers
 ):
@@ -224,7 +236,7 @@ def test_serves_as_the_chart_runs_it(
     )
     # The chart's image reference is the one scripts/build-image.sh builds.
     assert container["image"] == image.reference
-    env = [f"--env={item['name']}=image-test-pod" for item in container["env"]]
+    env = [f"--env={name}={setting}" for name, setting in pod_env(container).items()]
     flags = [
         *security_flags(pod, container),
         *volume_flags(pod, container, docs, tmp_path),

@@ -151,10 +151,95 @@ Sentinel ignores the Sentinels' password). */}}
 {{- $_ := set $postgres "dsn_file" "/etc/queue-exporter/postgres/dsn" }}
 {{- $_ := set $sources "postgres" $postgres }}
 {{- end }}
+{{- with include "queue-exporter.tlsFiles" (dict "tls" .Values.redisTLS "backend" "redis") | fromYaml }}
+{{- $files := dict "tls_ca_file" .ca "tls_cert_file" .cert "tls_key_file" .key }}
+{{- $redis := get $sources "redis" | default dict }}
+{{- $events := get $sources "events" | default dict }}
+{{- range (kindIs "slice" $redis | ternary $redis (list $redis)) }}
+{{- include "queue-exporter.setFiles" (dict "into" . "files" $files) }}
+{{- end }}
+{{- $_ := set $sources "redis" $redis }}
+{{- with get $events "redis" }}
+{{- include "queue-exporter.setFiles" (dict "into" . "files" $files) }}
+{{- end }}
+{{- end }}
+{{- with include "queue-exporter.tlsFiles" (dict "tls" .Values.postgresTLS "backend" "postgres") | fromYaml }}
+{{- $postgres := get $sources "postgres" | default dict }}
+{{- include "queue-exporter.setFiles" (dict "into" $postgres "files" (dict "sslrootcert" .ca "sslcert" .cert "sslkey" .key)) }}
+{{- if and .ca (not (hasKey $postgres "sslmode")) }}
+{{- $_ := set $postgres "sslmode" "verify-full" }}
+{{- end }}
+{{- $_ := set $sources "postgres" $postgres }}
+{{- end }}
 {{- if $sources }}
 {{- $_ := set $config "sources" $sources }}
 {{- end }}
 {{- toYaml $config }}
+{{- end }}
+
+{{/*
+Where a backend's TLS files are mounted (YAML: ca, cert, key; empty when none of them is):
+the volume "queue-exporter.tlsVolume" lays them out so.
+*/}}
+{{- define "queue-exporter.tlsFiles" -}}
+{{- $dir := printf "/etc/queue-exporter/%s-tls" .backend }}
+{{- with .tls.caSecret }}
+ca: {{ $dir }}/ca.crt
+{{- end }}
+{{- with .tls.clientCertSecret }}
+cert: {{ $dir }}/client.crt
+key: {{ $dir }}/client.key
+{{- end }}
+{{- end }}
+
+{{/* Sets each of .files (setting: path) that has a path on the dict .into. */}}
+{{- define "queue-exporter.setFiles" -}}
+{{- range $setting, $path := .files }}
+{{- if $path }}
+{{- $_ := set $.into $setting $path }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A backend's TLS material as one projected volume, its CA and client certificate from their
+Secrets. libpq refuses a client key readable by others than its owner's group: the key is
+0440 in both modes (in sidecar mode, the worker pod then needs an fsGroup of the exporter's
+group to read it).
+*/}}
+{{- define "queue-exporter.tlsVolume" -}}
+{{- if or .tls.caSecret .tls.clientCertSecret }}
+- name: queue-exporter-{{ .backend }}-tls
+  projected:
+    defaultMode: {{ .mode }}
+    sources:
+      {{- with .tls.caSecret }}
+      - secret:
+          name: {{ . }}
+          items:
+            - key: {{ $.tls.caKey }}
+              path: ca.crt
+      {{- end }}
+      {{- with .tls.clientCertSecret }}
+      - secret:
+          name: {{ . }}
+          items:
+            - key: {{ $.tls.certKey }}
+              path: client.crt
+            - key: {{ $.tls.keyKey }}
+              path: client.key
+              mode: 288
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* OTEL_RESOURCE_ATTRIBUTES: the pod's name and namespace (downward API), then the values'. */}}
+{{- define "queue-exporter.otelResourceAttributes" -}}
+{{- $attributes := list "k8s.pod.name=$(POD_NAME)" "k8s.namespace.name=$(POD_NAMESPACE)" }}
+{{- range $key, $value := .Values.otelResourceAttributes }}
+{{- $attributes = append $attributes (printf "%s=%s" $key $value) }}
+{{- end }}
+{{- join "," $attributes }}
 {{- end }}
 
 {{/* Pod annotations that roll the pods when the configuration changes. */}}
@@ -195,6 +280,13 @@ Deployment mode uses it; in sidecar mode the user's worker pod template includes
       valueFrom:
         fieldRef:
           fieldPath: metadata.name
+    - name: POD_NAMESPACE
+      valueFrom:
+        fieldRef:
+          fieldPath: metadata.namespace
+    # The OTLP push's resource (the SDK reads it); $(VAR) refers to the variables above.
+    - name: OTEL_RESOURCE_ATTRIBUTES
+      value: {{ include "queue-exporter.otelResourceAttributes" . | quote }}
     {{- with .Values.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -228,6 +320,13 @@ Deployment mode uses it; in sidecar mode the user's worker pod template includes
       mountPath: /etc/queue-exporter/postgres
       readOnly: true
     {{- end }}
+    {{- range $backend, $tls := dict "redis" .Values.redisTLS "postgres" .Values.postgresTLS }}
+    {{- if or $tls.caSecret $tls.clientCertSecret }}
+    - name: queue-exporter-{{ $backend }}-tls
+      mountPath: /etc/queue-exporter/{{ $backend }}-tls
+      readOnly: true
+    {{- end }}
+    {{- end }}
     {{- if .Values.webConfig.enabled }}
     - name: queue-exporter-web
       mountPath: /etc/queue-exporter/web
@@ -237,6 +336,9 @@ Deployment mode uses it; in sidecar mode the user's worker pod template includes
       mountPath: /etc/queue-exporter/tls
       readOnly: true
     {{- end }}
+    {{- end }}
+    {{- with .Values.extraVolumeMounts }}
+    {{- toYaml . | nindent 4 }}
     {{- end }}
 {{- end }}
 
@@ -294,6 +396,11 @@ it; a worker pod may have none, so there they are world-readable inside the cont
     secretName: {{ . }}
     defaultMode: {{ $mode }}
 {{- end }}
+{{- end }}
+{{- include "queue-exporter.tlsVolume" (dict "tls" .Values.redisTLS "backend" "redis" "mode" $mode) }}
+{{- include "queue-exporter.tlsVolume" (dict "tls" .Values.postgresTLS "backend" "postgres" "mode" $mode) }}
+{{- with .Values.extraVolumes }}
+{{ toYaml . }}
 {{- end }}
 {{- end }}
 
