@@ -55,7 +55,62 @@ def metrics_page() -> str:
                 labels += f", [{catalog.SOURCE_LABEL}]"
             lines.append(f"| `{spec.name}` | {spec.kind} | {labels} | {meaning} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + conventions_section())
+
+
+def conventions_section() -> list[str]:
+    """The OpenTelemetry messaging semantic conventions: the mapping, from catalog.CONVENTIONS."""
+    renamed = ", ".join(
+        f"`{ours}` → `{theirs}`" for ours, theirs in catalog.SEMCONV_ATTRIBUTES.items()
+    )
+    lines = [
+        "## OpenTelemetry messaging semantic conventions",
+        "",
+        "With `messaging_conventions: true` (off by default) the families below are also served",
+        f"under the names of OpenTelemetry's [messaging metrics conventions]({catalog.SEMCONV_URL}),",
+        "beside (never instead of) the project's own: the same series, the same values, read from",
+        "the same store at the same render or push. Their status is",
+        f"**{catalog.SEMCONV_STATUS.capitalize()}** (the conventions' name for experimental): a later",
+        "release of the conventions may rename them, and the project's names stay the contract.",
+        "",
+        f"Attributes: {renamed}; `{catalog.SEMCONV_OPERATION}` (required by the conventions) is",
+        "added with the operation below; every other label (`job_type`, `priority`,",
+        f"`{catalog.SOURCE_LABEL}`) is kept as it is. Over OTLP the names and attributes are dotted",
+        "and the metric carries the convention's unit; on `/metrics` they are written as",
+        "OpenTelemetry's Prometheus compatibility writes them: dots become underscores, the unit's",
+        "suffix follows (`s`: `_seconds`; a unit in braces adds none), then `_total` on a counter.",
+        "",
+        "| convention (OTLP) | on /metrics | type | unit | read from | messaging.operation.name | why the same |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for convention in catalog.CONVENTIONS:
+        spec = catalog.BY_NAME[convention.source]
+        prometheus = catalog.prometheus_name(convention, spec.kind)
+        lines.append(
+            f"| `{convention.name}` | `{prometheus}` | {spec.kind} | `{convention.unit}` "
+            f"| `{spec.name}` | `{convention.operation}` | {convention.why} |"
+        )
+    return [
+        *lines,
+        "",
+        "Left out, as not the same measurement:",
+        "",
+        "- `messaging.client.operation.duration` (a client's send or receive call):",
+        "  `queue_backend_operation_seconds` times a client's enqueue and dequeue beside operations",
+        "  of the queue system's own (`snapshot_write`, ...), which are no messaging operation.",
+        "- `error.type`: the conventions set it on a failed operation of the families above. No",
+        "  mapped family has an outcome: `queue_job_execution_seconds` holds failed attempts",
+        "  beside completed ones (so `messaging.process.duration` has no `error.type` on them),",
+        "  and failures by class (`queue_jobs_failed_total`'s `error_type`) have no convention of",
+        "  their own to go to.",
+        "- Queue depth, ages, workers and the rest: the conventions define no such metric.",
+        "",
+        "The OTLP push's resource is the OpenTelemetry SDK's (`Resource.create`): the attributes of",
+        "`OTEL_RESOURCE_ATTRIBUTES` (the chart sets `k8s.pod.name` and `k8s.namespace.name` there",
+        "from the downward API), `service.name` from `OTEL_SERVICE_NAME` or that variable, else",
+        "`otlp.service_name` (`queue-exporter`), and `service.version`.",
+        "",
+    ]
 
 
 def presets_page() -> str:

@@ -149,6 +149,12 @@ class Config(StrictModel):
     )
     limits: LimitsConfig = Field(default_factory=LimitsConfig)
     otlp: OtlpConfig = Field(default_factory=OtlpConfig)
+    messaging_conventions: bool = Field(
+        False,
+        description="also serve the job families that OpenTelemetry's messaging semantic "
+        "conventions (status: development) name, under those names, on /metrics and over "
+        "OTLP (docs/metrics.md)",
+    )
     sources: SourcesConfig = Field(default_factory=SourcesConfig)
     leader_election: LeaderElectionConfig = Field(default_factory=LeaderElectionConfig)
     not_recorded: dict[str, dict[str, str]] = Field(

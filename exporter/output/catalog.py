@@ -51,10 +51,12 @@ class MetricSpec:
     # job family, and the self-metrics of a stream or native reader (two servers may each
     # hold a stream of the same key). Not in `labels`: one Redis alone never gives it.
     per_redis: bool = False
+    # UCUM, for OTLP: only the semantic-convention families carry one (our names say theirs).
+    unit: str = ""
 
     def __hash__(self) -> int:
         """The name's (cached by str): specs key the tables a sampling cycle adds each series
-        to, and the generated hash of all seven fields was a tenth of a 100k-key cycle."""
+        to, and the generated hash of all the fields was a tenth of a 100k-key cycle."""
         return hash(self.name)
 
     def combined(self, earlier: float, value: float) -> float:
@@ -404,6 +406,86 @@ NATIVE_ONLY: frozenset[str] = frozenset({"queue_exporter_native_silent"})
 # graphile_worker) serves: a configuration that turns neither on (the demo) has no series of
 # them, which is no gap.
 OPT_IN: frozenset[str] = NATIVE_ONLY | {"queue_depth_estimate"}
+
+
+# -- OpenTelemetry's messaging semantic conventions ----------------------------------------------
+#
+# Served beside (never instead of) the families above when `messaging_conventions` is on: each
+# a family of this catalog under the convention's name, its series and values the same. Only
+# what measures the same thing is mapped (docs/metrics.md has the table and what is left out).
+# The conventions' status is Development: their names may change in a later release.
+
+SEMCONV_STATUS = "development"
+SEMCONV_URL = "https://opentelemetry.io/docs/specs/semconv/messaging/messaging-metrics/"
+# Our label -> the convention's attribute. Every other label is kept as it is. (error.type
+# would be error_type's, but no mapped family has it: docs/metrics.md.)
+SEMCONV_ATTRIBUTES = {"system": "messaging.system", "queue": "messaging.destination.name"}
+# Required on every messaging metric: the system-specific name of the operation.
+SEMCONV_OPERATION = "messaging.operation.name"
+# OpenTelemetry's Prometheus compatibility: a unit's suffix (one in braces adds none).
+_PROMETHEUS_UNITS = {"s": "seconds", "{message}": ""}
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One semantic-convention metric and the family of ours it is read from."""
+
+    name: str  # the convention's (dotted) name, as OTLP carries it
+    unit: str  # UCUM, as the convention gives it
+    source: str  # the family of this catalog with the same measurements
+    operation: str  # its messaging.operation.name
+    why: str  # why the two measure the same thing (docs/metrics.md)
+
+
+CONVENTIONS: tuple[Convention, ...] = (
+    Convention(
+        "messaging.process.duration",
+        "s",
+        "queue_job_execution_seconds",
+        "process",
+        "the handler's time on one attempt, which the convention calls processing (failed "
+        "attempts too, without error.type: the histogram does not split by outcome)",
+    ),
+    Convention(
+        "messaging.client.consumed.messages",
+        "{message}",
+        "queue_jobs_dequeued_total",
+        "dequeue",
+        "jobs handed to a worker: once per delivery, as the convention counts",
+    ),
+    Convention(
+        "messaging.client.sent.messages",
+        "{message}",
+        "queue_jobs_enqueued_total",
+        "enqueue",
+        "jobs the producer put on the queue (failed sends are not in the family: no error.type)",
+    ),
+)
+CONVENTIONS_BY_SOURCE: dict[str, tuple[Convention, ...]] = {
+    source: tuple(c for c in CONVENTIONS if c.source == source)
+    for source in {c.source for c in CONVENTIONS}
+}
+
+
+def prometheus_name(convention: Convention, kind: Kind) -> str:
+    """The convention's name in Prometheus exposition, as OpenTelemetry's Prometheus
+    compatibility writes it: dots become underscores, then the unit's suffix, then `_total`
+    for a counter (messaging.process.duration in s: messaging_process_duration_seconds)."""
+    suffix = _PROMETHEUS_UNITS[convention.unit]
+    name = convention.name.replace(".", "_") + (f"_{suffix}" if suffix else "")
+    return f"{name}_total" if kind == "counter" else name
+
+
+def convention_spec(spec: MetricSpec, convention: Convention, otlp: bool) -> MetricSpec:
+    """The convention's family read from `spec` (with the labels it has, redis_source too):
+    the convention's name and attributes, dotted for OTLP, underscored for Prometheus, the
+    operation's attribute last."""
+    labels = (*(SEMCONV_ATTRIBUTES.get(label, label) for label in spec.labels), SEMCONV_OPERATION)
+    name = convention.name if otlp else prometheus_name(convention, spec.kind)
+    if not otlp:
+        labels = tuple(label.replace(".", "_") for label in labels)
+    help = f"OpenTelemetry messaging semantic convention ({SEMCONV_STATUS}): {spec.name}."
+    return replace(spec, name=name, labels=labels, help=help, unit=convention.unit)
 
 
 @dataclass(frozen=True)

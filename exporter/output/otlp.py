@@ -103,7 +103,7 @@ def store_metrics(families: list[Family], start_ns: int) -> list[Metric]:
                 data = Sum(points, AggregationTemporality.CUMULATIVE, is_monotonic=True)
             else:
                 data = Gauge(points)
-        metrics.append(Metric(spec.name, spec.help, None, data))
+        metrics.append(Metric(spec.name, spec.help, spec.unit or None, data))
     return metrics
 
 

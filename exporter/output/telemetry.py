@@ -27,9 +27,10 @@ from exporter import __version__
 from exporter.core.printable import printable
 from exporter.output import exposition
 from exporter.output.catalog import BY_NAME
+from exporter.output.conventions import with_conventions
 from exporter.output.health import HealthBoard
 from exporter.output.samples import SampleSet, Series
-from exporter.output.store import MetricStore, NumberFamily, SeriesGuard
+from exporter.output.store import Family, MetricStore, NumberFamily, SeriesGuard
 from exporter.output.telemetry_config import LimitsConfig, OtlpConfig
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ class Telemetry:
         otlp: OtlpConfig | None = None,
         *,
         self_metrics_later: bool = False,
+        messaging_conventions: bool = False,
     ) -> None:
         """With `self_metrics_later` the SDK's instruments wait for build_self_metrics() (serve
         answers its first scrapes before the SDK loads): until then /metrics carries
@@ -56,6 +58,8 @@ class Telemetry:
         self.health = health
         self.limits = limits or LimitsConfig()
         self.otlp = otlp
+        # Also serve OpenTelemetry's messaging semantic-convention names (conventions.py).
+        self.messaging_conventions = messaging_conventions
         # Held while a sampled source's series and its health change together (SourceRunner)
         # and while a render reads both: no scrape serves a source's new series beside its old
         # queue_exporter_source_up, or its old series beside the new.
@@ -89,7 +93,7 @@ class Telemetry:
             return
         from exporter.output.self_metrics import SelfMetrics
 
-        built = SelfMetrics(self.health, self.build_labels, self.otlp, self.store.families)
+        built = SelfMetrics(self.health, self.build_labels, self.otlp, self._pushed_families)
         with self._handover:
             for reason, count in self._held_auth_failures.items():
                 built.count_auth_failure(reason, count)
@@ -168,9 +172,16 @@ class Telemetry:
                 families = self.store.families()
         finally:
             self._rendering.fences = None
+        if self.messaging_conventions:
+            families = with_conventions(families, otlp=False)
         chunks = exposition.render(families, openmetrics, self._line_starts)
         body = b"".join([*own, *chunks, exposition.OPENMETRICS_EOF if openmetrics else b""])
         return exposition.Rendered(body, tuple(fences))
+
+    def _pushed_families(self) -> list[Family]:
+        """What an OTLP push carries of the store."""
+        families = self.store.families()
+        return with_conventions(families, otlp=True) if self.messaging_conventions else families
 
     def _own(self, openmetrics: bool) -> list[bytes]:
         if self._self_metrics is not None:

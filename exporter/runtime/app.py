@@ -45,7 +45,11 @@ class App:
         self.config = config
         self.health = HealthBoard()
         self.telemetry = Telemetry(
-            self.health, config.limits, config.otlp, self_metrics_later=listen_first
+            self.health,
+            config.limits,
+            config.otlp,
+            self_metrics_later=listen_first,
+            messaging_conventions=config.messaging_conventions,
         )
         self.stopping = threading.Event()
         self._shutdown_lock = threading.Lock()
