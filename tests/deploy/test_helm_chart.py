@@ -880,8 +880,9 @@ def failed_checks(report: dict[str, Any]) -> list[str]:
     return [f"{check['check_id']} {check['resource']}" for check in failed]
 
 
-def test_checkov_passes_on_the_default_render(tmp_path: Path) -> None:
-    report = run_checkov({}, tmp_path / "render", CHECKOV_SKIPS)
+@pytest.mark.parametrize("value_set", ["defaults", "backend-tls"])
+def test_checkov_passes_on_the_render(tmp_path: Path, value_set: str) -> None:
+    report = run_checkov(VALUE_SETS[value_set], tmp_path / "render", CHECKOV_SKIPS)
     assert failed_checks(report) == []
     assert report["summary"]["passed"] > 50
 
