@@ -27,6 +27,7 @@ import yaml
 from exporter.config.settings import SourcesConfig
 from tests.conftest import scrape_when
 from tests.conftest import value as series_value
+from tests.private_postgres import TlsPostgres
 from tests.private_redis import PrivateRedis, free_port
 from tests.tls_certs import Pki, make_pki
 
@@ -572,6 +573,62 @@ def test_the_chart_tls_paths_reach_a_tls_redis(
     app = run_exporter(config)
     series = scrape_when(app, "queue_depth", queue="billing", state="dead_letter")
     assert series_value(series, "queue_depth", queue="billing", state="dead_letter") == expected
+
+
+@pytest.fixture
+def tls_postgres(tmp_path: Path) -> Iterator[tuple[TlsPostgres, Pki]]:
+    pki = make_pki(tmp_path / "pki")
+    server = TlsPostgres(pki)
+    try:
+        yield server.start(), pki
+    finally:
+        server.stop()
+
+
+def test_the_chart_tls_paths_reach_a_tls_postgres(
+    tls_postgres: tuple[TlsPostgres, Pki], tmp_path: Path, run_exporter: Any
+) -> None:
+    """The same for PostgreSQL: libpq, given the rendered sslrootcert, sslcert, sslkey and
+    sslmode, verifies the server and shows the client certificate the server asks for."""
+    server, pki = tls_postgres
+    values = {
+        "config": {
+            "sources": {
+                "postgres": {
+                    "host": "127.0.0.1",
+                    "port": server.port,
+                    "user": "postgres",
+                    "dbname": "postgres",
+                    "collectors": [
+                        {
+                            "name": "tls_probe",
+                            "query": "SELECT ssl::int AS ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+                            "values": [{"column": "ssl", "metric": "tls_probe_ssl"}],
+                        }
+                    ],
+                }
+            }
+        },
+        "postgresTLS": {"caSecret": "pg-client", "clientCertSecret": "pg-client"},
+    }
+    docs = documents(render(values))
+    ((pod, container),) = exporter_pods(docs)
+    certificate = {"ca.crt": "ca.crt", "tls.crt": "client.crt", "tls.key": "client.key"}
+    secrets = {"pg-client": {key: pki.path(file) for key, file in certificate.items()}}
+    root = tmp_path / "pod"
+    _lay_out_mounted_files(pod, container, secrets, root)
+    config = rendered_config(docs)
+    postgres = config["sources"]["postgres"]
+    assert postgres["sslmode"] == "verify-full"
+    for setting in ("sslrootcert", "sslcert", "sslkey"):
+        postgres[setting] = str(root / postgres[setting].removeprefix("/"))
+    # In the pod the key is root's, 0440, read by the exporter's group: libpq allows that. Here
+    # the test's own user owns the copy, and libpq then wants it private to that user.
+    Path(postgres["sslkey"]).chmod(0o600)
+    config["listen_address"] = "127.0.0.1:0"
+    app = run_exporter(config)
+    series = scrape_when(app, "tls_probe_ssl")
+    assert series_value(series, "tls_probe_ssl") == 1
 
 
 def test_secrets_stay_out_of_the_configmap(renders: dict[str, list[dict[str, Any]]]) -> None:
