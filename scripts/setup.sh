@@ -50,7 +50,7 @@ TOOL_VENVS=(
   "checkov checkov==3.3.30" # the chart's security checks: pins packaging<24, pytest 9 refuses that
   "rq2 rq>=2,<3"            # tests/conformance/ (rq): RQ's own counts under every major
   "rq1 rq>=1,<2"
-  "arq arq==0.28.0"         # pins redis-py below 6: tests/conformance/ (arq)
+  "arq arq==0.28.0 opentelemetry-api==1.45.2 opentelemetry-sdk==1.45.2 opentelemetry-instrumentation-arq==0.50b1" # pins redis-py below 6: tests/conformance/ (arq), tests/hooks/ (OpenTelemetry)
   "dramatiq1 dramatiq[redis]==1.18.0" # Dramatiq 1.x beside the dev extra's 2.x
   "huey2 huey==2.6.0 redis==8.1.0"    # Huey 2.x beside the dev extra's 3.x
   "taskiq taskiq-redis==1.2.4 taskiq==0.13.0" # tests/conformance/ (taskiq): aiohttp, pycron
