@@ -60,6 +60,8 @@ LAYERS: dict[str, set[str]] = {
     # the protocol, the runner, outages, deadlines; a report carries a reader's lifecycle tally
     "sources": {"core", "output", "leader", "lifecycle"},
     "leader": {"core", "redis", "output"},
+    # the ready hooks apps load (celery, rq, dramatiq, arq): nothing of the exporter imports them
+    "hooks": {"core", "lifecycle"},
     "lifecycle": {"core", "output"},
     "output": {"core"},
     "redis": {"core"},
