@@ -52,6 +52,11 @@ if TYPE_CHECKING:
 ENQUEUED_AT = "queue_exporter_enqueued_at"
 TIMEOUTS = (TimeLimitExceeded, SoftTimeLimitExceeded)
 MAX_FAILURES_REMEMBERED = 1024
+# Tasks started and not ended that a process remembers: more than a pool process runs at once
+# (one; a thread pool's threads), bounding what tasks ending unannounced (no success, failure
+# or retry signal: Reject, Ignore) leave; no task_postrun receiver to pop them costs a signal
+# dispatch per task less.
+MAX_RUNNING_REMEMBERED = 1024
 
 
 def install(
@@ -73,8 +78,7 @@ class CeleryHooks:
     def __init__(self, app: Celery, emitters: ProcessEmitter) -> None:
         self.app = app
         self.emitters = emitters
-        # task id -> (perf_counter at start, epoch at start): the child runs one task at a time
-        # per thread; popped at the task's end
+        # task id -> (perf_counter at start, epoch at start), popped at the task's outcome
         self._started: dict[str, tuple[float, float]] = {}
         self._failures: OrderedDict[str, None] = OrderedDict()  # the latest failed task ids
 
@@ -85,7 +89,6 @@ class CeleryHooks:
         signals.task_success.connect(self._succeeded, weak=False)
         signals.task_retry.connect(self._retried, weak=False)
         signals.task_failure.connect(self._failed, weak=False)
-        signals.task_postrun.connect(self._ran, weak=False)
         signals.worker_process_shutdown.connect(self._shutdown, weak=False)
         loader = self.app.loader
         on_task_init = loader.on_task_init
@@ -128,6 +131,8 @@ class CeleryHooks:
     def _task_started(self, task_id: str, task: Task) -> None:
         if task.app is not self.app:
             return
+        if len(self._started) >= MAX_RUNNING_REMEMBERED:  # ended unannounced (Reject, Ignore)
+            del self._started[next(iter(self._started))]
         started = self._started[task_id] = (time.perf_counter(), time.time())
         self.emitters.get().emit("started", **self._fields(task), ts=started[1])
 
@@ -177,10 +182,6 @@ class CeleryHooks:
         if len(self._failures) > MAX_FAILURES_REMEMBERED:
             self._failures.popitem(last=False)
         return False
-
-    def _ran(self, task_id: str = "", **_: Any) -> None:
-        """The task's end, whatever it was (a Reject or Ignore sends no outcome signal)."""
-        self._started.pop(task_id, None)
 
     def _shutdown(self, **_: Any) -> None:
         self.emitters.close()
