@@ -9,7 +9,7 @@ with the stream named by `QUEUE_EXPORTER_EVENTS_STREAM` (and, optionally, the Re
 
 | RQ | event |
 |---|---|
-| EventQueue.enqueue_job | `enqueued` at RQ's enqueued_at (a retry, re-enqueued by RQ, is not a new job) |
+| EventQueue.enqueue_job | `enqueued` at RQ's enqueued_at (a retry, re-enqueued by RQ, is not a new job; a job deferred on a dependency is not enqueued yet) |
 | EventWorker.execute_job, before the work horse | `started` (with RQ's enqueued_at) |
 | the job's status once the horse is done | `completed` / `failed` at RQ's ended_at, with RQ's started_at and the duration between them; a `JobTimeoutException` is error_type `timeout` (and `timed_out`), a job left for another attempt `failed` (`retryable`) then `retried` |
 
@@ -99,6 +99,8 @@ class EventQueue(Queue):
         if traceparent is not None:
             job.meta[TRACEPARENT] = traceparent
         job = super().enqueue_job(job, *args, **kwargs)
+        if job.get_status(refresh=False) == JobStatus.DEFERRED:
+            return job  # reaches the queue when what it waits on ends: not `enqueued` now
         fields = {"queue": self.name, "job_type": job.func_name or "", "job_id": job.id}
         emitter_for(self.connection).emit(
             "enqueued", **fields, ts=_epoch(job.enqueued_at), traceparent=traceparent

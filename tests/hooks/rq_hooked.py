@@ -2,7 +2,8 @@
 
     python -m tests.hooks.rq_hooked REDIS_URL PLAN_JSON [--traced]
 
-enqueues each step of the plan ({"call", "seconds", optional "retries", "timeout"}) with
+enqueues each step of the plan ({"call", "seconds", optional "retries", "timeout", "after":
+the index of the job it depends on}) with
 EventQueue on the queue `hooked` (QUEUE_EXPORTER_EVENTS_STREAM names the stream) and prints the
 jobs' ids; with --traced each enqueue runs in a span of its own (an SDK tracer), and the ids
 come with the trace id of that span. A `traced` job returns the trace id of a span it starts
@@ -50,6 +51,8 @@ def enqueue(url: str, plan: list[dict], traced_enqueue: bool) -> list[dict]:
             options["retry"] = Retry(max=step["retries"])
         if "timeout" in step:
             options["job_timeout"] = step["timeout"]
+        if "after" in step:  # deferred until that job of the plan ended
+            options["depends_on"] = made[step["after"]]["id"]
         function = f"tests.hooks.rq_hooked.{step['call']}"  # not __main__'s: the worker's
         if traced_enqueue:
             with tracer.start_as_current_span("enqueue") as span:

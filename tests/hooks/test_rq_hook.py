@@ -31,6 +31,7 @@ PLAN = [
     {"call": "fail_after", "seconds": 0},
     {"call": "fail_after", "seconds": 0, "retries": 1},  # a retryable failure, then the final
     {"call": "sleep_for", "seconds": 5, "timeout": 1},  # RQ's JobTimeoutException
+    {"call": "sleep_for", "seconds": 0, "after": 0},  # deferred, then enqueued by RQ itself
 ]
 
 
@@ -47,11 +48,11 @@ def enqueue(redis_url: str, plan: list[dict], env: dict[str, str], traced: bool)
     return made
 
 
-def burst_worker(redis_url: str, env: dict[str, str]) -> str:
+def burst_worker(redis_url: str, env: dict[str, str], worker_class: str = "EventWorker") -> str:
     """A real `rq worker --burst` with the hook's worker class, run until the queue is empty;
     its stderr (RQ's log and the hook's closing count)."""
     argv = [RQ, "worker", "--url", redis_url, "--burst"]
-    argv += ["--worker-class", "exporter.hooks.rq.EventWorker", QUEUE]
+    argv += ["--worker-class", f"exporter.hooks.rq.{worker_class}", QUEUE]
     done = subprocess.run(
         argv, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
@@ -73,7 +74,7 @@ def test_events_are_rqs_own_record_of_each_job(traced, redis_url, redis_client, 
     events = events_by_job(redis_client, STREAM)
     assert set(events) == set(jobs)
     ok_ids = [m["id"] for m in made[:3]] + [made[-1]["id"]]
-    failed_id, retried_id, timed_out_id = (m["id"] for m in made[3:6])
+    failed_id, retried_id, timed_out_id, deferred_id = (m["id"] for m in made[3:7])
 
     for job_id in ok_ids:
         job, seen = jobs[job_id], events[job_id]
@@ -103,6 +104,12 @@ def test_events_are_rqs_own_record_of_each_job(traced, redis_url, redis_client, 
         "non_retryable",
     ]
     assert jobs[retried_id].get_status() == JobStatus.FAILED
+    deferred = jobs[deferred_id]  # never through enqueue_job once its dependency ended
+    assert deferred.get_status() == JobStatus.FINISHED
+    assert names(events[deferred_id]) == ["started", "completed"]
+    assert events[deferred_id][0].enqueued_at == pytest.approx(
+        epoch(deferred.enqueued_at), abs=1e-5
+    )
 
     for entry in made:
         traces = {e.trace.trace_id if e.trace else None for e in events[entry["id"]]}
@@ -111,7 +118,8 @@ def test_events_are_rqs_own_record_of_each_job(traced, redis_url, redis_client, 
     if traced:
         assert jobs[made[-1]["id"]].return_value() == made[-1]["trace_id"]
 
-    runtimes = [epoch(jobs[i].ended_at) - epoch(jobs[i].started_at) for i in ok_ids[:3]]
+    sleeps = [*ok_ids[:3], deferred_id]
+    runtimes = [epoch(jobs[i].ended_at) - epoch(jobs[i].started_at) for i in sleeps]
     labels = {"system": "rq", "queue": QUEUE}
 
     def served():
@@ -130,17 +138,31 @@ def test_events_are_rqs_own_record_of_each_job(traced, redis_url, redis_client, 
     job_type = jobs[ok_ids[0]].func_name
     # the bounds below 1 s: the job timed out at 1 s is a sleep_for too
     assert_runtimes_bucketed(series, runtimes, below=1.0, **labels, job_type=job_type)
-    assert total(series, "queue_job_wait_seconds_count", **labels) == 8  # each start
+    assert total(series, "queue_job_wait_seconds_count", **labels) == 9  # each start
 
 
 EXPECTED_COUNTS = {
-    "enqueued": 7,
-    "completed": 4,
+    "enqueued": 7,  # not the deferred job
+    "completed": 5,
     "failed": 4,  # a failure, a timeout, a retried attempt and its final one
     "timed_out": 1,
     "retried": 1,
-    "started": 8,
+    "started": 9,
 }
+
+
+def test_the_simple_worker_emits_the_same(redis_url, redis_client):
+    """SimpleEventWorker: the job in the worker's own process, the trace attached around it."""
+    env = hooked_env()
+    made = enqueue(redis_url, [{"call": "traced", "seconds": 0.1}] * 2, env, traced=True)
+    burst_worker(redis_url, env, "SimpleEventWorker")
+    events = events_by_job(redis_client, STREAM)
+    for entry in made:
+        job = Job.fetch(entry["id"], connection=redis_client)
+        assert job.return_value() == entry["trace_id"]  # the job's span: the enqueuer's trace
+        assert names(events[job.id]) == ["enqueued", "started", "completed"]
+        assert {e.trace.trace_id for e in events[job.id]} == {entry["trace_id"]}
+        assert events[job.id][-1].ts == pytest.approx(epoch(job.ended_at), abs=1e-5)
 
 
 def test_a_hung_event_redis_costs_events_never_the_jobs(redis_url, redis_client, tmp_path):
