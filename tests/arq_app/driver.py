@@ -37,12 +37,26 @@ async def enqueue(redis: ArqRedis, plan: list[dict[str, Any]]) -> list[str]:
     return made
 
 
+async def _queued_jobs(redis: ArqRedis, queue: str) -> list[Any]:
+    """arq's queued_jobs, read again when a worker finished a job between its ZRANGE of the
+    queue and its GET of the job (arq raises 'job ... not found'): a race of arq's own two reads
+    that a busy machine widens."""
+    for _ in range(20):
+        try:
+            return list(await redis.queued_jobs(queue_name=queue))
+        except RuntimeError as error:
+            if "not found" not in str(error):
+                raise
+            await asyncio.sleep(0.05)
+    return list(await redis.queued_jobs(queue_name=queue))
+
+
 async def truth(redis: ArqRedis, queues: list[str]) -> dict[str, Any]:
     now_ms = int(time.time() * 1000)
     views: dict[str, Any] = {}
     for queue in queues:
         jobs = []
-        for job in await redis.queued_jobs(queue_name=queue):
+        for job in await _queued_jobs(redis, queue):
             status = await Job(job.job_id or "", redis, _queue_name=queue).status()
             jobs.append({"id": job.job_id, "score": job.score, "status": status.value})
         views[queue] = jobs
