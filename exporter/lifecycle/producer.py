@@ -111,6 +111,7 @@ class _Emitter:
         self.last_error: str | None = None
         self._buffer: deque[Entry] = deque()
         self._retry: list[Entry] = []
+        self._in_flight = 0  # the batch the flusher is sending: neither sent nor buffered yet
         self._closed = False
 
     @property
@@ -119,7 +120,8 @@ class _Emitter:
 
     @property
     def buffered(self) -> int:
-        return len(self._buffer) + len(self._retry)
+        """Events emitted and not sent yet: in the buffer, kept to retry, or being sent."""
+        return len(self._buffer) + len(self._retry) + self._in_flight
 
     def emit(self, event: str, /, **fields: wire.FieldValue) -> None:
         """Queue one event for sending. Never blocks on Redis, never raises."""
@@ -218,20 +220,29 @@ class _Emitter:
         self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + count
 
     def _next_batch(self) -> list[Entry]:
+        """The batch to send next, counted in flight until _sent or _failed says how it went
+        (flush waits for it: taken from the buffer is not sent)."""
         if self._retry:
             batch, self._retry = self._retry, []
-            return batch
-        buffer, size = self._buffer, self.batch_size
-        batch = []
-        while buffer and len(batch) < size:
-            batch.append(buffer.popleft())
+        else:
+            buffer, size = self._buffer, self.batch_size
+            batch = []
+            while buffer and len(batch) < size:
+                batch.append(buffer.popleft())
+        self._in_flight = len(batch)
         return batch
+
+    def _sent(self, batch: list[Entry]) -> None:
+        self.sent += len(batch)
+        self.last_error = None
+        self._in_flight = 0
 
     def _failed(self, batch: list[Entry], error: Exception) -> None:
         if self.last_error is None:
             log.warning("event stream %s unavailable, buffering: %s", self.stream, error)
         self.last_error = f"{type(error).__name__}: {error}"
         self._retry = batch
+        self._in_flight = 0
 
 
 def _safe_classify(classify: Callable[[BaseException], str], error: BaseException) -> str:
@@ -309,8 +320,7 @@ class EventEmitter(_Emitter):
         except Exception as error:  # redis errors and anything else: keep the caller safe
             self._failed(batch, error)
             return False
-        self.sent += len(batch)
-        self.last_error = None
+        self._sent(batch)
         return True
 
 
@@ -393,6 +403,5 @@ class AsyncEventEmitter(_Emitter):
         except Exception as error:
             self._failed(batch, error)
             return False
-        self.sent += len(batch)
-        self.last_error = None
+        self._sent(batch)
         return True

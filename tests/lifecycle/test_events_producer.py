@@ -47,16 +47,14 @@ def test_emit_while_redis_is_down_never_raises_and_counts_drops(redis_client, re
         emitter.emit("enqueued", queue="q", job_id=n)
     assert emitter.sent == 0
     assert emitter.dropped_by_reason["buffer_full"] >= 850
-    # every event kept or counted dropped, once the flusher is not holding a batch it is trying
-    # to send (its batch is neither buffered nor dropped while in flight)
+    # every event kept (a batch being sent included) or counted dropped
     wait_for(lambda: emitter.dropped + emitter.buffered == 1000)
     wait_for(lambda: emitter.last_error)
 
     proxy.start()  # Redis is back: what was kept is sent
     try:
-        # buffered reaches 0 while the last batch is still in flight: wait for it to be sent
-        wait_for(lambda: emitter.sent + emitter.dropped == 1000)
-        assert emitter.buffered == 0
+        assert emitter.flush()
+        assert emitter.sent + emitter.dropped == 1000
         assert redis_client.xlen(STREAM) == emitter.sent
         assert emitter.last_error is None
         emitter.close()
@@ -64,6 +62,28 @@ def test_emit_while_redis_is_down_never_raises_and_counts_drops(redis_client, re
         proxy.cut()
     emitter.emit("enqueued", queue="q")  # after close: dropped, not raised
     assert emitter.dropped_by_reason["closed"] == 1
+
+
+def test_flush_waits_for_the_batch_being_sent(redis_client, redis_db):
+    """A batch the flusher took from the buffer is not sent yet: flush() waits for it (a hook
+    closing at a worker's exit would otherwise lose the last batch)."""
+    proxy = TcpProxy(REDIS_HOST, REDIS_PORT).start()
+    emitter = EventEmitter(f"redis://127.0.0.1:{proxy.port}/{redis_db}", STREAM)
+    try:
+        emitter.emit("enqueued", queue="q")
+        assert emitter.flush()  # connected
+        proxy.freeze()  # Redis hangs: the next batch is in flight, its reply held
+        for n in range(10):
+            emitter.emit("enqueued", queue="q", job_id=n)
+        wait_for(lambda: proxy.held())  # the flusher took the batch and sent it
+        assert emitter.buffered == 10
+        assert not emitter.flush(timeout=0.2)
+        proxy.thaw()
+        assert emitter.flush()
+        assert redis_client.xlen(STREAM) == 11
+    finally:
+        emitter.close()
+        proxy.cut()
 
 
 def test_emit_never_raises_on_values_it_cannot_format(redis_client, redis_url):
