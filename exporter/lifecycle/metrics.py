@@ -16,10 +16,10 @@ from typing import TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 
-from exporter.lifecycle.wire import Event, InvalidEvent
+from exporter.lifecycle.wire import Event, InvalidEvent, TraceContext
 from exporter.output.catalog import BY_NAME, SOURCE_LABEL, MetricSpec
 from exporter.output.samples import LabelValues, Series
-from exporter.output.store import OVERFLOW
+from exporter.output.store import OVERFLOW, Exemplar
 from exporter.output.telemetry import Telemetry
 
 # A queue's workers: busy, idle, busy slots, free slots (None: a worker does not say its slots)
@@ -48,6 +48,8 @@ class Tally:
 
     counts: dict[tuple[str, LabelValues], float] = field(default_factory=dict)
     observations: dict[tuple[str, LabelValues], list[float]] = field(default_factory=dict)
+    # The counts and observations of events that carried a trace context (traceparent)
+    exemplars: dict[tuple[str, LabelValues], list[Exemplar]] = field(default_factory=dict)
     heartbeats: list[Heartbeat] = field(default_factory=list)
     # (system, queue, worker) of workers gone from a queue (Celery's worker-offline, or a
     # worker whose queues became known): they leave its series now, not at their timeout
@@ -69,6 +71,13 @@ class Tally:
             observations[key] = [value]
         else:
             values.append(value)
+
+    def exemplify(
+        self, metric: str, labels: LabelValues, value: float, trace: TraceContext, ts: float
+    ) -> None:
+        """The trace an observation (or a counter's increment) of `value` at `ts` was made in."""
+        exemplar = Exemplar(value, trace.trace_id, trace.span_id, ts)
+        self.exemplars.setdefault((metric, labels), []).append(exemplar)
 
     def refuse(self, reason: str) -> None:
         self.invalid[reason] = self.invalid.get(reason, 0) + 1
@@ -122,6 +131,8 @@ def _started(tally: Tally, event: Event, job: LabelValues) -> None:
             observations[key] = [wait]
         else:
             values.append(wait)
+        if event.trace is not None:
+            tally.exemplify("queue_job_wait_seconds", job, wait, event.trace, event.ts)
 
 
 def _attempt_ended(tally: Tally, event: Event, job: LabelValues) -> None:
@@ -131,11 +142,16 @@ def _attempt_ended(tally: Tally, event: Event, job: LabelValues) -> None:
         duration = max(event.ts - event.started_at, 0.0)
     # setdefault's spare list costs less than a call to tally.observe (every job's last event).
     observations = tally.observations
+    trace = event.trace
     if duration is not None:
         observations.setdefault(("queue_job_execution_seconds", job), []).append(duration)
+        if trace is not None:
+            tally.exemplify("queue_job_execution_seconds", job, duration, trace, event.ts)
     if event.enqueued_at is not None:
         total = max(event.ts - event.enqueued_at, 0.0)
         observations.setdefault(("queue_job_total_seconds", job), []).append(total)
+        if trace is not None:
+            tally.exemplify("queue_job_total_seconds", job, total, trace, event.ts)
 
 
 def _attempts(tally: Tally, event: Event, job: LabelValues) -> None:
@@ -147,12 +163,17 @@ def _attempts(tally: Tally, event: Event, job: LabelValues) -> None:
 def _completed(tally: Tally, event: Event, job: LabelValues) -> None:
     counts, key = tally.counts, ("queue_jobs_completed_total", job)
     counts[key] = counts.get(key, 0.0) + 1.0
+    if event.trace is not None:
+        tally.exemplify("queue_jobs_completed_total", job, 1.0, event.trace, event.ts)
     _attempt_ended(tally, event, job)
     _attempts(tally, event, job)
 
 
 def _failed(tally: Tally, event: Event, job: LabelValues) -> None:
-    tally.count("queue_jobs_failed_total", (*job, event.error_type))
+    failed = (*job, event.error_type)
+    tally.count("queue_jobs_failed_total", failed)
+    if event.trace is not None:
+        tally.exemplify("queue_jobs_failed_total", failed, 1.0, event.trace, event.ts)
     _attempt_ended(tally, event, job)
     if event.error_type in FINAL_ERROR_TYPES:
         _attempts(tally, event, job)
@@ -454,9 +475,10 @@ class EventMetrics:
             self._store.apply(
                 _suffixed(tally.counts, workers.suffix),
                 _suffixed(tally.observations, workers.suffix),
+                _suffixed(tally.exemplars, workers.suffix),
             )
         else:
-            self._store.apply(tally.counts, tally.observations)
+            self._store.apply(tally.counts, tally.observations, tally.exemplars)
         if tally.departed:
             workers.forget(tally.departed)
         if tally.heartbeats:

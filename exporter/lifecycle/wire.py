@@ -135,7 +135,7 @@ class Event:
     ok: bool = True
     active: int | None = None
     capacity: int | None = None
-    # The job's W3C trace context (kept for exemplars, stored nowhere yet).
+    # The job's W3C trace context: the exemplar of its durations and completion or failure.
     trace: TraceContext | None = None
     # (reason, detail) of an optional field dropped as malformed: the event itself is valid;
     # the consumer counts the reason as it counts a refused entry's.

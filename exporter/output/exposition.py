@@ -20,6 +20,12 @@ that count, and those starts are formatted again with every value escaped.
 Values are checked the same way, by their sum: a sum that is not finite sends the chunk's
 values to the careful speller, which spells +Inf, -Inf and NaN as both formats want.
 
+Exemplars (OpenMetrics only; the 0.0.4 text format has no place for them): a counter's line
+or a histogram bucket's line ends with ` # {trace_id="..",span_id=".."} value timestamp`
+where the store kept one. A family without exemplars takes the path above unchanged; one with
+them adds a lookup per line of its counters and a second template for its histogram series
+that keep one.
+
 Chunks keep memory flat: a few thousand lines are joined and encoded at a time, so what stays
 is the encoded body and the kept starts, not a string per line.
 """
@@ -27,13 +33,13 @@ is the encoded body and the kept starts, not a string per line.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, repeat
 from typing import cast
 
 from exporter.output.samples import LabelValues, Series, label_sets_and_values
-from exporter.output.store import Family, HistogramFamily, NumberFamily
+from exporter.output.store import BucketExemplars, Exemplar, Family, HistogramFamily, NumberFamily
 
 # The formats' media types, as prometheus_client names them (CONTENT_TYPE_PLAIN_0_0_4 and the
 # OpenMetrics CONTENT_TYPE_LATEST, tests/output/test_exposition.py): spelled here, since serve answers
@@ -84,9 +90,10 @@ def render(families: Iterable[Family], openmetrics: bool, starts: LineStarts) ->
             start = _start_format(spec.name, spec.labels)
             known = starts.by_format.get(start, {})
             quotes = 2 * len(spec.labels)  # in a start, around its label values
-            kept[start] = _write_numbers(out, start, quotes, family.series, known)
+            ends = _exemplar_ends(family.exemplars) if openmetrics and family.exemplars else None
+            kept[start] = _write_numbers(out, start, quotes, family.series, known, ends)
         else:
-            _write_histogram(out, family)
+            _write_histogram(out, family, openmetrics and bool(family.exemplars))
     starts.by_format = kept
     return out
 
@@ -104,9 +111,15 @@ def _header(name: str, help: str, kind: str, openmetrics: bool) -> bytes:
 
 
 def _write_numbers(
-    out: list[bytes], start_format: str, quotes: int, series: Series, known: dict[LabelValues, str]
+    out: list[bytes],
+    start_format: str,
+    quotes: int,
+    series: Series,
+    known: dict[LabelValues, str],
+    ends: Mapping[LabelValues, str] | None = None,
 ) -> dict[LabelValues, str]:
-    """Writes the series' lines, taking their starts from `known` (adding those it lacks).
+    """Writes the series' lines, taking their starts from `known` (adding those it lacks);
+    `ends`: the end of the lines that carry an exemplar (the others end with a newline).
     Returns the starts to keep: `known`, unless it holds label sets the series no longer have."""
     for part in series.parts:
         label_sets, values = label_sets_and_values(part)
@@ -117,7 +130,12 @@ def _write_numbers(
                 starts = _new_starts(chunk, start_format, quotes, known)
             numbers = list(islice(values, len(chunk)))
             spell: Callable[[float], str] = str if _finite(numbers) else number
-            text = "".join(chain.from_iterable(zip(starts, map(spell, numbers), repeat("\n"))))
+            line_ends: Iterable[str] = (
+                repeat("\n") if ends is None else [ends.get(labels, "\n") for labels in chunk]
+            )
+            text = "".join(
+                chain.from_iterable(zip(starts, map(spell, numbers), line_ends, strict=False))
+            )
             out.append(text.encode("utf-8", "replace"))
     if len(known) == len(series):
         return known
@@ -139,7 +157,8 @@ def _new_starts(
     return list(map(known.__getitem__, chunk))
 
 
-def _write_histogram(out: list[bytes], family: HistogramFamily) -> None:
+def _write_histogram(out: list[bytes], family: HistogramFamily, with_exemplars: bool) -> None:
+    """The family's lines; `with_exemplars`: its series' bucket lines carry the exemplars kept."""
     spec = family.spec
     labels_format = ",".join(f'{label}="%s"' for label in spec.labels)
     label_sets = list(family.series)
@@ -147,25 +166,61 @@ def _write_histogram(out: list[bytes], family: HistogramFamily) -> None:
     if not _plain("".join(label_texts), 2 * len(spec.labels) * len(label_sets)):
         label_texts = [labels_format % tuple(map(escape, labels)) for labels in label_sets]
     template = _histogram_template(spec.name, family.bounds, bool(spec.labels))
+    exemplars = family.exemplars if with_exemplars else {}
+    exemplified = ""  # the template of series with exemplars, made when one has them
+    if exemplars:
+        exemplified = _histogram_template(spec.name, family.bounds, bool(spec.labels), True)
     per_chunk = max(CHUNK // (len(family.bounds) + 3), 1)
     lines: list[str] = []
-    for labels, (buckets, total, count) in zip(label_texts, family.series.values(), strict=True):
-        series = template.replace(_LABELS, labels.replace("%", "%%"))
-        lines.append(series % (*accumulate(buckets), count, number(total)))
+    for label_values, labels, (buckets, total, count) in zip(
+        label_sets, label_texts, family.series.values(), strict=True
+    ):
+        slots = exemplars.get(label_values)
+        if slots is None:
+            series = template.replace(_LABELS, labels.replace("%", "%%"))
+            lines.append(series % (*accumulate(buckets), count, number(total)))
+        else:
+            series = exemplified.replace(_LABELS, labels.replace("%", "%%"))
+            lines.append(series % (*_with_exemplars(buckets, slots), count, number(total)))
         if len(lines) >= per_chunk:
             out.append("".join(lines).encode("utf-8", "replace"))
             lines.clear()
     out.append("".join(lines).encode("utf-8", "replace"))
 
 
-def _histogram_template(name: str, bounds: Sequence[float], labelled: bool) -> str:
+def _histogram_template(
+    name: str, bounds: Sequence[float], labelled: bool, exemplars: bool = False
+) -> str:
     """The lines of one series of the histogram, its labels still to be put in place of
     _LABELS: `%d` per cumulative bucket count (+Inf last), then `%d` the count, `%s` the sum.
-    Writing a series is then one replace and one format, whatever its number of buckets."""
+    Writing a series is then one replace and one format, whatever its number of buckets.
+    `exemplars`: each bucket's count is followed by `%s`, its exemplar's text or nothing."""
     les = [_go_float(bound) for bound in bounds] + ["+Inf"]
     labels, joiner, braced = (_LABELS, ",", "{" + _LABELS + "}") if labelled else ("", "", "")
-    buckets = "".join(f'{name}_bucket{{{labels}{joiner}le="{le}"}} %d\n' for le in les)
+    after = "%s" if exemplars else ""
+    buckets = "".join(f'{name}_bucket{{{labels}{joiner}le="{le}"}} %d{after}\n' for le in les)
     return buckets + f"{name}_count{braced} %d\n{name}_sum{braced} %s\n"
+
+
+def _with_exemplars(buckets: list[int], slots: BucketExemplars) -> Iterable[int | str]:
+    """Each cumulative bucket count, then its exemplar's text (or nothing)."""
+    texts = ("" if exemplar is None else exemplar_text(exemplar) for exemplar in slots)
+    return chain.from_iterable(zip(accumulate(buckets), texts, strict=True))
+
+
+def _exemplar_ends(exemplars: Mapping[LabelValues, Exemplar]) -> dict[LabelValues, str]:
+    """The end of each counter line that carries an exemplar: its text and the newline."""
+    return {labels: exemplar_text(exemplar) + "\n" for labels, exemplar in exemplars.items()}
+
+
+def exemplar_text(exemplar: Exemplar) -> str:
+    """` # {trace_id="..",span_id=".."} value timestamp`, as OpenMetrics 1.0 writes an
+    exemplar after a sample (its label set far under the 128 characters it allows). The store
+    keeps only hex ids and finite values (store.sound_exemplar): nothing to escape or spell."""
+    return (
+        f' # {{trace_id="{exemplar.trace_id}",span_id="{exemplar.span_id}"}} '
+        f"{exemplar.value} {exemplar.time}"
+    )
 
 
 def _start_format(name: str, label_names: tuple[str, ...]) -> str:

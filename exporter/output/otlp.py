@@ -4,15 +4,17 @@ One MeterProvider holds the exporter's self-metrics; its periodic reader hands e
 collection to StoreExporter, which adds the store's families as they are at that moment,
 built straight into the OpenTelemetry data model, then passes everything to the OTLP
 exporter. Nothing is replayed through SDK instruments: a push costs one read of the store,
-however many events or samples came in since the last one.
+however many events or samples came in since the last one. The exemplars the store keeps
+(a trace's ids beside a counter's or a histogram bucket's observation) ride on their points.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from opentelemetry.sdk.metrics import Exemplar as OtelExemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -31,7 +33,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from exporter import __version__
-from exporter.output.store import Family, HistogramFamily, NumberFamily
+from exporter.output.store import Exemplar, Family, HistogramFamily, NumberFamily
 
 SCOPE = InstrumentationScope("queue-exporter.store", __version__)
 
@@ -80,6 +82,7 @@ def store_metrics(families: list[Family], start_ns: int) -> list[Metric]:
         data: Gauge | Sum | Histogram
         if isinstance(family, HistogramFamily):
             bounds = list(family.bounds)
+            exemplars = family.exemplars
             data = Histogram(
                 [
                     HistogramDataPoint(
@@ -92,6 +95,7 @@ def store_metrics(families: list[Family], start_ns: int) -> list[Metric]:
                         bounds,
                         None,  # type: ignore[arg-type]  # min and max are not kept
                         None,  # type: ignore[arg-type]
+                        _otel_exemplars(exemplars.get(labels, ())),
                     )
                     for labels, (buckets, total, count) in family.series.items()
                 ],
@@ -109,7 +113,34 @@ def store_metrics(families: list[Family], start_ns: int) -> list[Metric]:
 
 def _number_points(family: NumberFamily, start_ns: int, now: int) -> list[NumberDataPoint]:
     names = family.spec.labels
+    exemplars = family.exemplars
+    if not exemplars:
+        return [
+            NumberDataPoint(dict(zip(names, labels, strict=True)), start_ns, now, value)
+            for labels, value in family.series.items()
+        ]
     return [
-        NumberDataPoint(dict(zip(names, labels, strict=True)), start_ns, now, value)
+        NumberDataPoint(
+            dict(zip(names, labels, strict=True)),
+            start_ns,
+            now,
+            value,
+            _otel_exemplars((exemplars.get(labels),)),
+        )
         for labels, value in family.series.items()
+    ]
+
+
+def _otel_exemplars(exemplars: Iterable[Exemplar | None]) -> list[OtelExemplar]:
+    """The store's exemplars (None: an empty slot) in the OpenTelemetry data model."""
+    return [
+        OtelExemplar(
+            {},
+            exemplar.value,
+            round(exemplar.time * 1e9),
+            int(exemplar.span_id, 16),
+            int(exemplar.trace_id, 16),
+        )
+        for exemplar in exemplars
+        if exemplar is not None
     ]

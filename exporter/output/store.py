@@ -25,6 +25,12 @@ both formats spell), a counter's and a histogram observation's finite and not ne
 source checks its values (numbers.py) and counts what it refuses; what would still come unsound
 is dropped here and logged, so no stored value can make a render fail or a sum NaN.
 
+Exemplars: an observation that carries a trace context (a lifecycle event's traceparent) may
+come with an Exemplar. A histogram series keeps the last one of each bucket, a counter series
+the last one: at most buckets + 1 (or 1) per series, whatever the traffic, and none at all
+(one empty slot) for series whose events carry no trace context. They go with their series:
+dropped when it idles out, folded with it into the overflow set.
+
 Event series no batch has updated for `idle_timeout` seconds are dropped and leave the
 guard, so job types that come and go do not grow memory without bound. A dropped counter
 that comes back starts again from zero, which rate() and increase() read as a reset.
@@ -34,13 +40,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import sys
 import threading
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NamedTuple, TypeVar
 
 from exporter.core.logs import LogLimiter
 from exporter.core.numbers import all_finite, is_finite
@@ -67,12 +74,27 @@ HistogramPoint = tuple[list[int], float, int]
 GaugeReader = Callable[[], Iterable[tuple[MetricSpec, Series]]]
 
 
+class Exemplar(NamedTuple):
+    """One observation and the trace it was made in: OpenMetrics' and OTLP's exemplar."""
+
+    value: float  # the observed value (a counter's: its increment)
+    trace_id: str  # 32 lowercase hex digits (W3C trace context)
+    span_id: str  # 16 lowercase hex digits
+    time: float  # the observation's time, seconds since the epoch
+
+
+# A histogram series' exemplars, one slot a bucket (+Inf last): None where none was kept.
+BucketExemplars = list[Exemplar | None]
+
+
 @dataclass(frozen=True, slots=True)
 class NumberFamily:
     """A gauge or counter family as read at one moment."""
 
     spec: MetricSpec
     series: Series
+    # A counter's series that keep an exemplar (only those), by label values.
+    exemplars: Mapping[LabelValues, Exemplar] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +102,8 @@ class HistogramFamily:
     spec: MetricSpec
     bounds: tuple[float, ...]
     series: dict[LabelValues, HistogramPoint]
+    # The series that keep an exemplar (only those): one slot a bucket.
+    exemplars: dict[LabelValues, BucketExemplars] = field(default_factory=dict)
 
 
 Family = NumberFamily | HistogramFamily
@@ -175,21 +199,24 @@ class _Series:
 
 
 class _CounterSeries(_Series):
-    __slots__ = ("value",)
+    __slots__ = ("exemplar", "value")
 
     def __init__(self) -> None:
         super().__init__()
         self.value = 0.0
+        self.exemplar: Exemplar | None = None  # the last increment that carried one
 
 
 class _HistogramSeries(_Series):
-    __slots__ = ("buckets", "count", "sum")
+    __slots__ = ("buckets", "count", "exemplars", "sum")
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self.buckets = [0] * size  # per bucket (not cumulative); the last one is +Inf
         self.sum = 0.0
         self.count = 0
+        # Made at the first exemplar: the last one of each bucket.
+        self.exemplars: BucketExemplars | None = None
 
 
 _S = TypeVar("_S", bound=_Series)
@@ -218,6 +245,8 @@ class MetricStore:
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._gauge_readers: list[GaugeReader] = []
         self._event_label: str | None = None
+        # Metrics whose series ever kept an exemplar: a render looks for them there alone.
+        self._exemplified: set[str] = set()
         self.dropped_values = 0  # unsound values no source refused (a bug: tests assert 0)
         for spec in ALL:
             if spec.kind == "histogram":
@@ -332,9 +361,14 @@ class MetricStore:
         return self._bounds[metric]
 
     def apply(
-        self, counts: dict[SeriesKey, float], observations: dict[SeriesKey, list[float]]
+        self,
+        counts: dict[SeriesKey, float],
+        observations: dict[SeriesKey, list[float]],
+        exemplars: dict[SeriesKey, list[Exemplar]] | None = None,
     ) -> None:
-        """Add one batch: counter increments and histogram observations by metric and labels."""
+        """Add one batch: counter increments and histogram observations by metric and labels,
+        and the exemplars of those that carried a trace context (each already counted or
+        observed in this batch)."""
         counters = self._counters
         now = self.clock()
         with self._lock:
@@ -352,7 +386,46 @@ class MetricStore:
                 state.touched = now
             for (metric, labels), values in observations.items():
                 self._observe(metric, labels, values, now)
+            if exemplars:
+                self._keep_exemplars(exemplars)
             self._sweep_when_due(now)
+
+    def _keep_exemplars(self, exemplars: dict[SeriesKey, list[Exemplar]]) -> None:
+        """Each exemplar in the series its observation went to (its own, or the overflow's):
+        a histogram's in the slot of its bucket, a counter's as the one it keeps."""
+        for (metric, labels), kept in exemplars.items():
+            sound = [exemplar for exemplar in kept if sound_exemplar(exemplar)]
+            if len(sound) < len(kept):
+                self._dropped(metric, len(kept) - len(sound))
+            if not sound:
+                continue
+            histograms = self._histograms.get(metric)
+            if histograms is not None:
+                state = self._updated(histograms, labels)
+                if state is None:
+                    continue
+                bounds = self._bounds[metric]
+                slots = state.exemplars
+                if slots is None:
+                    slots = state.exemplars = [None] * (len(bounds) + 1)
+                for exemplar in sound:
+                    slots[bisect_left(bounds, exemplar.value)] = exemplar
+            else:
+                counted = self._updated(self._counters.get(metric, {}), labels)
+                if counted is None:
+                    continue
+                counted.exemplar = sound[-1]
+            self._exemplified.add(metric)
+
+    def _updated(self, series: dict[LabelValues, _S], labels: LabelValues) -> _S | None:
+        """The series this batch updated for `labels`: under them, clipped, or the overflow's
+        (None: the update was refused, and its exemplar goes with it)."""
+        state = series.get(labels)
+        if state is None:
+            state = series.get(self.guard.clip(labels))
+        if state is None:
+            state = series.get((OVERFLOW,) * len(labels))
+        return state
 
     def _new_series(
         self,
@@ -451,6 +524,7 @@ class MetricStore:
                 for name, series in self._histograms.items()
                 if series
             }
+            counted_exemplars, observed_exemplars = self._exemplars()
         for reader in self._gauge_readers:
             for spec, series in reader():
                 numbers.setdefault(spec, []).append(series)
@@ -463,14 +537,58 @@ class MetricStore:
         for spec in ALL:
             spec = widened.get(spec, spec)
             if spec in numbers:
-                families.append(NumberFamily(spec, _merged(numbers.pop(spec))))
+                kept = counted_exemplars.get(spec.name, {})
+                families.append(NumberFamily(spec, _merged(numbers.pop(spec)), kept))
             elif spec.name in histograms:
                 bounds = self._bounds[spec.name]
                 spec = self.event_spec(spec.name)
-                families.append(HistogramFamily(spec, bounds, histograms[spec.name]))
+                observed = observed_exemplars.get(spec.name, {})
+                families.append(HistogramFamily(spec, bounds, histograms[spec.name], observed))
         # What is left: the families of SQL collectors, defined by the configuration.
         families += [NumberFamily(spec, _merged(feeds)) for spec, feeds in numbers.items()]
         return families
+
+    def _exemplars(
+        self,
+    ) -> tuple[
+        dict[str, dict[LabelValues, Exemplar]], dict[str, dict[LabelValues, BucketExemplars]]
+    ]:
+        """The exemplars kept, by metric then label values: the counters', the histograms' (a
+        copy of each series' slots). Only the metrics that ever kept one are walked, so a store
+        without exemplars pays nothing per series. Under self._lock."""
+        counted: dict[str, dict[LabelValues, Exemplar]] = {}
+        observed: dict[str, dict[LabelValues, BucketExemplars]] = {}
+        for name in self._exemplified:
+            if name in self._histograms:
+                slots = {
+                    labels: list(state.exemplars)
+                    for labels, state in self._histograms[name].items()
+                    if state.exemplars is not None
+                }
+                observed[name] = slots
+            else:
+                counted[name] = {
+                    labels: state.exemplar
+                    for labels, state in self._counters.get(name, {}).items()
+                    if state.exemplar is not None
+                }
+        return counted, observed
+
+
+_TRACE_ID = re.compile("[0-9a-f]{32}")
+_SPAN_ID = re.compile("[0-9a-f]{16}")
+
+
+def sound_exemplar(exemplar: Exemplar) -> bool:
+    """Whether both formats can carry it as it is: W3C ids (lowercase hex; OTLP wants them
+    as bytes), a finite non-negative value and a finite time (a renderer spells them with
+    str(), nothing escaped)."""
+    return (
+        _TRACE_ID.fullmatch(exemplar.trace_id) is not None
+        and _SPAN_ID.fullmatch(exemplar.span_id) is not None
+        and is_finite(exemplar.value, non_negative=True)
+        and is_finite(exemplar.time, non_negative=True)
+    )
 
 
 def _values(part: SeriesPart) -> Iterable[float]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -12,6 +14,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 )
 
 from exporter import __version__
+from exporter.lifecycle.producer import EventEmitter
 from tests.conftest import wait_for
 
 
@@ -145,3 +148,48 @@ def test_the_environment_names_the_service_over_the_setting(
     monkeypatch.setenv(variable, value)
     resources = _push_self_metrics(receiver, run_exporter, monkeypatch, {"service_name": "billing"})
     assert {resource["service.name"] for resource in resources} == {"from-env"}
+
+
+def test_exemplars_ride_on_the_pushed_points(receiver, redis_url, run_exporter, monkeypatch):
+    """A job's traceparent reaches the OTLP receiver as its points' exemplars (trace and span
+    ids as bytes, the observed value, the event's time)."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", receiver.endpoint)
+    stream = "shop:events"
+    app = run_exporter(
+        {
+            "otlp": {"enabled": True, "interval": 0.3},
+            "sources": {
+                "redis": {"url": redis_url},
+                "events": {"streams": [{"key": stream, "system": "shop"}], "block_ms": 50},
+            },
+        }
+    )
+    wait_for(lambda: app.health.snapshot()[f"events:{stream}"].up)
+    trace_id, span_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    ended = time.time()
+    emitter = EventEmitter(redis_url, stream, system="shop")
+    job = {"queue": "billing", "job_type": "invoice"}
+    emitter.emit(
+        "completed", **job, ts=ended, duration=200.0, traceparent=f"00-{trace_id}-{span_id}-01"
+    )
+    emitter.emit("completed", **job, duration=0.01)  # no trace context: no exemplar
+    emitter.close()
+
+    def exemplars(name: str) -> list[Any]:
+        found = []
+        for request in receiver.requests:
+            for resource in request.resource_metrics:
+                for scope in resource.scope_metrics:
+                    for metric in scope.metrics:
+                        if metric.name == name:
+                            data = metric.histogram if metric.HasField("histogram") else metric.sum
+                            found += [e for point in data.data_points for e in point.exemplars]
+        return found
+
+    (histogram, *_) = wait_for(lambda: exemplars("queue_job_execution_seconds"))
+    assert (histogram.trace_id.hex(), histogram.span_id.hex()) == (trace_id, span_id)
+    assert histogram.as_double == 200.0
+    assert abs(histogram.time_unix_nano / 1e9 - ended) < 1e-3
+    (counted, *_) = wait_for(lambda: exemplars("queue_jobs_completed_total"))
+    assert (counted.trace_id.hex(), counted.as_double) == (trace_id, 1.0)
+    assert {e.trace_id.hex() for e in exemplars("queue_job_execution_seconds")} == {trace_id}

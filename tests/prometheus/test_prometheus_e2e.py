@@ -100,7 +100,8 @@ def _demo_config(redis_url: str, postgres_dsn: str, consumer: str) -> dict[str, 
 
 
 class Prometheus:
-    def __init__(self, workdir: Path, targets: list[str]) -> None:
+    def __init__(self, workdir: Path, targets: list[str], flags: tuple[str, ...] = ()) -> None:
+        """`flags`: more of prometheus' own (--enable-feature=exemplar-storage)."""
         self.port = free_port()
         rules = workdir / "queue-exporter.rules.yml"
         rules.write_text(render_rules(FAST_RULES))
@@ -122,6 +123,7 @@ class Prometheus:
                 f"--config.file={config_path}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",
+                *flags,
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
