@@ -88,7 +88,10 @@ def panel(
     height: int = 8,
     stacked: bool = False,
     max_value: float | None = None,
+    exemplars: bool = False,
 ) -> PanelBuilder:
+    """`exemplars`: the panel's range queries ask Prometheus for exemplars too (Grafana draws
+    them as points; their trace link is the Prometheus data source's, TRACES_LINK)."""
     built: PanelBuilder
     if kind == "timeseries":
         series = timeseries.Panel().line_width(1).fill_opacity(10 if not stacked else 40)
@@ -130,8 +133,31 @@ def panel(
             .ref_id(ref)
             .datasource(DATASOURCE)
         )
+        if exemplars and not instant:
+            target = target.exemplar(True)
         built = built.with_target(target.instant() if instant else target.range())
+    if exemplars:
+        built = built.links([TRACES_LINK])
     return built
+
+
+# The tracing data source the job-duration panels point to (Tempo by default; docs/
+# dashboards-and-alerts.md, *Exemplars*, for Jaeger). Grafana takes an exemplar's own link
+# from the Prometheus data source's exemplar settings (exemplarTraceIdDestinations), which a
+# dashboard cannot set; the panels link to the traces of this data source in Explore.
+TRACING_DATASOURCE = "tracing_datasource"
+TRACES_LINK = (
+    dashboard.DashboardLink(f"Traces in ${{{TRACING_DATASOURCE}}}")
+    .type(model.DashboardLinkType.LINK)
+    .url(f'/explore?left={{"datasource":"${{{TRACING_DATASOURCE}}}"}}')
+    .target_blank(True)
+)
+
+
+def tracing_variable() -> dashboard.DatasourceVariable:
+    return (
+        dashboard.DatasourceVariable(TRACING_DATASOURCE).label("Tracing data source").type("tempo")
+    )
 
 
 def quantiles(metric: str, selector: str, by: str = "") -> tuple[Query, ...]:

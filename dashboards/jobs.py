@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard
 
-from dashboards.common import JOB_TYPE, RATE, Query, new_dashboard, panel, quantiles
+from dashboards.common import (
+    JOB_TYPE,
+    RATE,
+    Query,
+    new_dashboard,
+    panel,
+    quantiles,
+    tracing_variable,
+)
 
 _FINISHED = '{__name__=~"queue_jobs_completed_total|queue_jobs_failed_total", ' + JOB_TYPE + "}"
 
@@ -20,6 +28,7 @@ def build() -> dashboard.Dashboard:
             "Jobs",
             "Throughput, failures, timings and retries of jobs, from lifecycle events.",
         )
+        .with_variable(tracing_variable())
         .with_row(dashboard.Row("Throughput and failures"))
         .with_panel(
             panel(
@@ -76,6 +85,7 @@ def build() -> dashboard.Dashboard:
                 "s",
                 *quantiles("queue_job_execution_seconds", JOB_TYPE),
                 width=8,
+                exemplars=True,
             )
         )
         .with_panel(
@@ -86,6 +96,7 @@ def build() -> dashboard.Dashboard:
                 "s",
                 *quantiles("queue_job_wait_seconds", JOB_TYPE),
                 width=8,
+                exemplars=True,
             )
         )
         .with_panel(
@@ -96,6 +107,7 @@ def build() -> dashboard.Dashboard:
                 "s",
                 *quantiles("queue_job_total_seconds", JOB_TYPE),
                 width=8,
+                exemplars=True,
             )
         )
         .with_panel(
@@ -110,6 +122,7 @@ def build() -> dashboard.Dashboard:
                     "{{job_type}}",
                 ),
                 width=24,
+                exemplars=True,
             )
         )
         .with_row(dashboard.Row("Retries, dead letters and scheduling"))

@@ -13,6 +13,8 @@ from tests.dashboard_queries import dashboards, panel_queries, panels
 from tests.tools import run
 
 VARIABLES = ["datasource", "namespace", "job", "system", "queue", "job_type"]
+# The job-duration panels: exemplars drawn, and a link to the tracing data source's traces.
+DURATION_PANELS = {"Execution time", "Wait time", "Total time", "p95 execution time by job type"}
 
 
 def test_committed_json_is_what_the_code_generates():
@@ -41,8 +43,9 @@ def test_dashboard_conventions():
         uids.add(document["uid"])
         assert "queue-exporter" in document["tags"]
         assert document["title"].startswith("Queue exporter / "), name  # whose, in a Grafana
-        assert [v["name"] for v in document["templating"]["list"]] == VARIABLES
-        for variable in document["templating"]["list"][1:]:
+        tracing = ["tracing_datasource"] if name == "queue-exporter-jobs.json" else []
+        assert [v["name"] for v in document["templating"]["list"]] == VARIABLES + tracing
+        for variable in document["templating"]["list"][1 : len(VARIABLES)]:
             assert variable["includeAll"] and variable["allValue"] == ".*", variable["name"]
             assert variable["datasource"]["uid"] == "${datasource}"
     assert len(uids) == len(dashboards())
@@ -122,3 +125,29 @@ def test_every_query_is_valid_promql(tmp_path: Path):
     path.write_text(yaml.safe_dump(rules, width=1_000))
     result = run("promtool", "check", "rules", str(path))
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_job_duration_panels_show_exemplars_and_link_the_tracing_data_source():
+    """Each duration panel's range queries ask for exemplars (the exporter serves them in
+    OpenMetrics: tests/prometheus/test_prometheus_exemplars.py); its link opens the traces of
+    the data source the `tracing_datasource` variable names, a variable of Grafana's Tempo
+    data source type (docs/dashboards-and-alerts.md: Jaeger's)."""
+    jobs = dashboards()["queue-exporter-jobs.json"]
+    (tracing,) = [v for v in jobs["templating"]["list"] if v["name"] == "tracing_datasource"]
+    assert (tracing["type"], tracing["query"], tracing["multi"]) == ("datasource", "tempo", False)
+    asking = set()
+    for name, document in dashboards().items():
+        for panel in panels(document):
+            if any(target.get("exemplar") for target in panel["targets"]):
+                asking.add(panel["title"])
+                assert name == "queue-exporter-jobs.json"
+                assert all(target["exemplar"] for target in panel["targets"]), panel["title"]
+                assert "_seconds_bucket" in panel["targets"][0]["expr"], panel["title"]
+                (link,) = panel["links"]
+                assert "${tracing_datasource}" in link["url"] and link["url"].startswith(
+                    "/explore?"
+                )
+    assert asking == DURATION_PANELS
+    readme = Path(__file__).resolve().parents[2] / "docs" / "dashboards-and-alerts.md"
+    for needed in ("exemplarTraceIdDestinations", "tracing_datasource", "Tempo", "Jaeger"):
+        assert needed in readme.read_text(), needed
