@@ -22,6 +22,7 @@ from pydantic_core import PydanticUndefined
 from exporter.config import presets
 from exporter.config.settings import Config
 from exporter.core.printable import printable
+from exporter.lifecycle.metrics import EXEMPLIFIED
 from exporter.output import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,6 +43,14 @@ def metrics_page() -> str:
         "family also carries this label, last: the name of the Redis the series was read from",
         '(README, "Several Redis servers"); with one Redis it is not there. Every queue and job',
         "family carries it, and so do the exporter's own series of a stream or native reader.",
+        "",
+        "**Exemplars**: "
+        + ", ".join(f"`{name}`" for name in EXEMPLIFIED)
+        + " carry the trace and span ids of a lifecycle event that had a `traceparent`",
+        "(docs/events.md, *Trace context*): a histogram series the last such observation of each",
+        "bucket, a counter series the last such increment. They are served in OpenMetrics (when",
+        "the scraper asks for it, as Prometheus does) and over OTLP, never in the 0.0.4 text",
+        "format; Prometheus keeps them with `--enable-feature=exemplar-storage`.",
         "",
     ]
     for origin, title in ORIGINS.items():

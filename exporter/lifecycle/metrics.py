@@ -28,6 +28,16 @@ NO_WORKERS: WorkerTotal = (0, 0, 0, 0)
 
 _V = TypeVar("_V")
 
+# The families whose series keep exemplars of the events that carry a traceparent: the job
+# durations (one a bucket) and the completions and failures (docs/metrics.md lists them).
+EXEMPLIFIED = (
+    "queue_job_execution_seconds",
+    "queue_job_total_seconds",
+    "queue_job_wait_seconds",
+    "queue_jobs_completed_total",
+    "queue_jobs_failed_total",
+)
+
 # Failures after which the job is not retried: its attempts are final.
 FINAL_ERROR_TYPES = frozenset({"non_retryable", "handler_not_found"})
 

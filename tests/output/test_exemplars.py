@@ -18,7 +18,7 @@ from prometheus_client.openmetrics.parser import (
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from exporter.lifecycle import wire
-from exporter.lifecycle.metrics import EventMetrics, Tally, apply
+from exporter.lifecycle.metrics import EXEMPLIFIED, EventMetrics, Tally, apply
 from exporter.output.catalog import BY_NAME
 from exporter.output.health import HealthBoard
 from exporter.output.otlp import store_metrics
@@ -85,6 +85,7 @@ def test_each_bucket_keeps_its_latest_traced_observation_and_counters_theirs():
     _record(telemetry, events)
 
     read = _exemplars(telemetry.render(True).decode())
+    assert {name.removesuffix("_bucket") for name, _ in read} == set(EXEMPLIFIED)
     for index, duration in enumerate(durations):
         n = len(durations) + index + 1  # the later job of the pair
         bound = (*BOUNDS, float("inf"))[bisect_left(BOUNDS, duration)]
