@@ -33,13 +33,20 @@ is the encoded body and the kept starts, not a string per line.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain, islice, repeat
 from typing import cast
 
 from exporter.output.samples import LabelValues, Series, label_sets_and_values
-from exporter.output.store import BucketExemplars, Exemplar, Family, HistogramFamily, NumberFamily
+from exporter.output.store import (
+    BucketExemplars,
+    Exemplar,
+    Family,
+    HistogramFamily,
+    HistogramPoint,
+    NumberFamily,
+)
 
 # The formats' media types, as prometheus_client names them (CONTENT_TYPE_PLAIN_0_0_4 and the
 # OpenMetrics CONTENT_TYPE_LATEST, tests/output/test_exposition.py): spelled here, since serve answers
@@ -166,26 +173,37 @@ def _write_histogram(out: list[bytes], family: HistogramFamily, with_exemplars: 
     if not _plain("".join(label_texts), 2 * len(spec.labels) * len(label_sets)):
         label_texts = [labels_format % tuple(map(escape, labels)) for labels in label_sets]
     template = _histogram_template(spec.name, family.bounds, bool(spec.labels))
-    exemplars = family.exemplars if with_exemplars else {}
-    exemplified = ""  # the template of series with exemplars, made when one has them
-    if exemplars:
-        exemplified = _histogram_template(spec.name, family.bounds, bool(spec.labels), True)
+    texts = zip(label_texts, family.series.values(), strict=True)
+    if with_exemplars and family.exemplars:
+        series = _exemplified_series(family, label_sets, texts, template)
+    else:  # the common case: no lookup per series
+        series = (
+            template.replace(_LABELS, labels.replace("%", "%%"))
+            % (*accumulate(buckets), count, number(total))
+            for labels, (buckets, total, count) in texts
+        )
     per_chunk = max(CHUNK // (len(family.bounds) + 3), 1)
-    lines: list[str] = []
-    for label_values, labels, (buckets, total, count) in zip(
-        label_sets, label_texts, family.series.values(), strict=True
-    ):
+    while lines := list(islice(series, per_chunk)):
+        out.append("".join(lines).encode("utf-8", "replace"))
+
+
+def _exemplified_series(
+    family: HistogramFamily,
+    label_sets: list[LabelValues],
+    texts: Iterable[tuple[str, HistogramPoint]],
+    template: str,
+) -> Iterator[str]:
+    """Each series' lines, those of a series that keeps exemplars written with them."""
+    spec, exemplars = family.spec, family.exemplars
+    exemplified = _histogram_template(spec.name, family.bounds, bool(spec.labels), True)
+    for label_values, (labels, (buckets, total, count)) in zip(label_sets, texts, strict=True):
         slots = exemplars.get(label_values)
         if slots is None:
-            series = template.replace(_LABELS, labels.replace("%", "%%"))
-            lines.append(series % (*accumulate(buckets), count, number(total)))
+            lines = template.replace(_LABELS, labels.replace("%", "%%"))
+            yield lines % (*accumulate(buckets), count, number(total))
         else:
-            series = exemplified.replace(_LABELS, labels.replace("%", "%%"))
-            lines.append(series % (*_with_exemplars(buckets, slots), count, number(total)))
-        if len(lines) >= per_chunk:
-            out.append("".join(lines).encode("utf-8", "replace"))
-            lines.clear()
-    out.append("".join(lines).encode("utf-8", "replace"))
+            lines = exemplified.replace(_LABELS, labels.replace("%", "%%"))
+            yield lines % (*_with_exemplars(buckets, slots), count, number(total))
 
 
 def _histogram_template(
