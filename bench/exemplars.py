@@ -18,6 +18,11 @@ exemplars parse back to those put in, and the text body carries none.
 Memory (tracemalloc): the store's bytes per histogram series and per counter series, without
 exemplars and with one in every slot, each of its own trace (no id string shared).
 
+Ingest: the CPU a `completed` event costs through metrics.apply and EventMetrics.record, in
+batches of 1,000 (5 queues x 20 job types), with a traceparent (three exemplars: execution,
+total, the counter) and without; parsing excluded (docs/benchmarks.md has the traceparent's
+parse cost). Best of 7 interleaved rounds of 3 x 20 batches.
+
 `--without-exemplars`: the render figures without exemplars alone, with nothing this
 script needs from the store's exemplar API (the code before it ran them too).
 """
@@ -40,7 +45,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from exporter.lifecycle.metrics import EventMetrics, Tally
+from exporter.lifecycle import wire
+from exporter.lifecycle.metrics import EventMetrics, Tally, apply
 from exporter.output.health import HealthBoard
 from exporter.output.store import HistogramFamily, NumberFamily
 from exporter.output.telemetry import Telemetry
@@ -210,6 +216,45 @@ def memory(job_types: int) -> None:
         telemetry.shutdown()
 
 
+def completed_events(traced: bool) -> list[wire.Event]:
+    """1,000 `completed` events as the consumer parses them, each of its own trace if traced."""
+    now = time.time()
+    events = []
+    for n in range(1000):
+        fields: dict[str, wire.FieldValue] = {"queue": f"q{n % 5}", "job_type": f"t{n % 20}"}
+        fields |= {"duration": (n % 97) / 10, "enqueued_at": now - 5}
+        if traced:
+            fields["traceparent"] = f"00-{n + 1:032x}-{n + 1:016x}-01"
+        entry = wire.encode("completed", fields, ts=now)
+        events.append(wire.parse({key.encode(): value.encode() for key, value in entry.items()}))
+    return events
+
+
+def ingest_cost() -> None:
+    telemetry = Telemetry(HealthBoard())
+    metrics = EventMetrics(telemetry, {})
+    workers = metrics.worker_registry(60.0, 100)
+    batches = {traced: completed_events(traced) for traced in (False, True)}
+
+    def batch(traced: bool) -> None:
+        tally = Tally()
+        for event in batches[traced]:
+            apply(tally, event, "app")
+        metrics.record("app:events", tally, workers)
+
+    best: dict[bool, float] = {False: float("inf"), True: float("inf")}
+    for _ in range(7):
+        for traced in (False, True):
+            for _ in range(3):
+                started = time.process_time()
+                for _ in range(20):
+                    batch(traced)
+                best[traced] = min(best[traced], (time.process_time() - started) / 20_000)
+    untraced, traced = best[False] * 1e6, best[True] * 1e6
+    print(f"ingest, CPU per completed event: {untraced:.2f} µs untraced, {traced:.2f} µs traced")
+    telemetry.shutdown()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--job-types", type=int, default=500)
@@ -219,6 +264,7 @@ def main() -> None:
     render_speed(args.job_types, args.rounds, not args.without_exemplars)
     if not args.without_exemplars:
         memory(args.job_types)
+        ingest_cost()
 
 
 if __name__ == "__main__":
