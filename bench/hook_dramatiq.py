@@ -64,7 +64,8 @@ class Run:
     def close(self) -> None:
         self.worker.stop()
         if self.hook is not None:
-            self.hook.emitter.close()
+            self.emitter = self.hook.emitter  # this process's, kept for its counts once closed
+            self.emitter.close()
         self.broker.close()
 
 
@@ -82,7 +83,7 @@ def check(kind: str, run: Run, messages: int, client: redis.Redis) -> None:
     if run.ran != messages:
         raise SystemExit(f"{kind}: the actor ran {run.ran} of {messages} messages")
     if run.hook is not None:
-        emitter = run.hook.emitter
+        emitter = run.emitter
         if emitter.dropped or emitter.sent != 3 * messages or client.xlen(STREAM) != 3 * messages:
             raise SystemExit(f"hook: sent {emitter.sent}, dropped {emitter.dropped_by_reason}")
 

@@ -13,7 +13,6 @@ attached the job's context.
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -24,6 +23,7 @@ from dramatiq.common import q_name
 from dramatiq.middleware import Middleware
 from dramatiq.middleware.time_limit import TimeLimitExceeded
 
+from exporter.hooks.process_emitter import ProcessEmitter
 from exporter.lifecycle.producer import EventEmitter, classify_error
 
 # The thread class of a Worker's consumers: ConsumerThread since Dramatiq 2, _ConsumerThread before.
@@ -53,14 +53,25 @@ class LifecycleEvents(Middleware):
         **options: Unpack[EmitterOptions],
     ) -> None:
         options.setdefault("system", "dramatiq")
-        self.emitter = (
-            events if isinstance(events, EventEmitter) else EventEmitter(events, stream, **options)
-        )
-        if not isinstance(events, EventEmitter):
-            # its own emitter's buffer is sent when the process ends (up to 2 s), worker or not
-            atexit.register(self.emitter.close, 2.0)
+        # From a URL or a client: an emitter per process (a broker module imported before a
+        # fork, as a preloading web server does, would otherwise buffer in a flusher the child
+        # lacks), closed at each process's exit. An emitter of the app's own is used as given.
+        self._given: EventEmitter | None = None
+        self._emitters: ProcessEmitter | None = None
+        if isinstance(events, EventEmitter):
+            self._given = events
+        else:
+            self._emitters = ProcessEmitter(events, stream, **options)
         # Per message being processed: when its attempt started (wall clock, monotonic).
         self._started: dict[str, tuple[float, float]] = {}
+
+    @property
+    def emitter(self) -> EventEmitter:
+        """This process's emitter."""
+        if self._emitters is not None:
+            return self._emitters.get()
+        assert self._given is not None
+        return self._given
 
     def after_enqueue(self, broker: Broker, message: Message[Any], delay: int | None) -> None:
         if _moved_from_delay_queue(delay):
