@@ -1,17 +1,23 @@
 """At rest: the CPU and memory of an idle `queue-exporter serve` (issue 42's sidecar cost).
 
-    .venv/bin/python bench/at_rest.py [--presets rq,celery] [--settle 20] [--seconds 60]
-        [--before DIR]
+    .venv/bin/python bench/at_rest.py [--presets rq,celery] [--settle 20] [--seconds 280]
+        [--before DIR] [--env NAME=VALUE]
 
 A redis-server of the benchmark's own, empty. For each preset, `serve --preset NAME` starts
 at the default interval, is left `--settle` seconds (start-up and the first cycles), and is
 then watched for `--seconds`: the CPU it used in that time (user and system, from
-/proc/PID/stat, in clock ticks) per second of wall time, and its resident memory (VmRSS) at
-the end. A scrape before and after proves it serves. `--before DIR` runs another source tree
-(a checkout of an earlier commit) the same way, alternating with this one, so a change is
-measured against what it changed under the same load.
+/proc/PID/stat, in clock ticks) per second of wall time, and its resident memory (VmRSS, and
+of it the anonymous and the file-backed pages) at the end: by default 5 minutes after the
+start, issue 42's measure. A scrape before and after proves it serves. `--before DIR` runs
+another source tree (a checkout of an earlier commit) the same way, alternating with this
+one, so a change is measured against what it changed under the same load; `--env NAME=VALUE`
+runs this tree a second time with that variable set (MALLOC_ARENA_MAX=2, say), alternated too.
 
-The tick is 10 ms: over 60 s, one tick is 0.17 ms/s, the resolution of the CPU figure.
+The floor, printed first: a fresh interpreter that imports only the libraries a Redis sidecar
+cannot run without (redis-py, Tornado, pydantic) and sleeps; its RSS is what no change inside
+the exporter can go below.
+
+The tick is 10 ms: over 280 s, one tick is 0.04 ms/s, the resolution of the CPU figure.
 """
 
 from __future__ import annotations
@@ -38,11 +44,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmRSS")
+# What the floor imports: the libraries under `serve --preset rq` and `--preset celery`.
+FLOOR_IMPORTS = "import redis, tornado.web, pydantic"
+
+
+def rss_mib(pid: int) -> str:
+    """VmRSS, then its anonymous and file-backed parts, in MiB."""
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    rss, anonymous, files = (
+        int(fields[name].split()[0]) / 1024 for name in ("VmRSS", "RssAnon", "RssFile")
+    )
+    return f"{rss:6.1f} MiB RSS ({anonymous:4.1f} anon, {files:4.1f} file)"
+
+
+def floor(settle: float) -> str:
+    """The RSS of an interpreter holding only the sidecar's libraries."""
+    script = f"{FLOOR_IMPORTS}\nimport sys, time\nprint(flush=True)\ntime.sleep(3600)"
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert process.stdout is not None
+        if process.stdout.readline() != b"\n":
+            raise RuntimeError(f"{FLOOR_IMPORTS!r} failed")
+        time.sleep(min(settle, 5.0))
+        return rss_mib(process.pid)
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def serves(port: int) -> bool:
@@ -50,11 +79,18 @@ def serves(port: int) -> bool:
         return response.status == 200 and b"queue_exporter_build_info" in response.read()
 
 
-def at_rest(tree: Path, preset: str, redis_url: str, settle: float, seconds: float) -> str:
+def at_rest(
+    tree: Path,
+    extra_env: dict[str, str],
+    preset: str,
+    redis_url: str,
+    settle: float,
+    seconds: float,
+) -> str:
     port = free_port()
     command = [sys.executable, "-m", "exporter", "serve", "--preset", preset]
     command += ["--redis-url", redis_url, "--listen-address", f"127.0.0.1:{port}"]
-    environment = {**os.environ, "PYTHONPATH": str(tree)}
+    environment = {**os.environ, "PYTHONPATH": str(tree), **extra_env}
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             command, cwd=tree, env=environment, stdout=subprocess.DEVNULL, stderr=log
@@ -76,24 +112,30 @@ def at_rest(tree: Path, preset: str, redis_url: str, settle: float, seconds: flo
         finally:
             process.terminate()
             process.wait(30)
-    return f"{1000 * used / wall:5.2f} ms CPU/s  {memory:6.1f} MiB RSS"
+    return f"{1000 * used / wall:5.2f} ms CPU/s  {memory}"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--presets", default="rq,celery")
     parser.add_argument("--settle", type=float, default=20.0)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=280.0)
     parser.add_argument("--before", type=Path, help="another source tree, run in turn")
+    parser.add_argument("--env", help="NAME=VALUE: this tree again with it set, in turn")
     args = parser.parse_args()
-    trees = {"this tree": Path(__file__).resolve().parent.parent}
+    here = Path(__file__).resolve().parent.parent
+    runs: dict[str, tuple[Path, dict[str, str]]] = {"this tree": (here, {})}
     if args.before:
-        trees = {"before": args.before.resolve(), **trees}
+        runs = {"before": (args.before.resolve(), {}), **runs}
+    if args.env:
+        name, _, value = args.env.partition("=")
+        runs[args.env] = (here, {name: value})
+    print(f"{'floor':10s} {FLOOR_IMPORTS!r}: {floor(args.settle)}", flush=True)
     with private_redis() as url:
         for preset in args.presets.split(","):
-            for label, tree in trees.items():
-                figure = at_rest(tree, preset, url, args.settle, args.seconds)
-                print(f"{preset:10s} {label:10s} {figure}", flush=True)
+            for label, (tree, extra_env) in runs.items():
+                figure = at_rest(tree, extra_env, preset, url, args.settle, args.seconds)
+                print(f"{preset:10s} {label:20s} {figure}", flush=True)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from exporter.config.settings import Config
 from exporter.http.server import MetricsServer
 from exporter.http.status_page import StatusPage
 from exporter.output.health import HealthBoard
-from exporter.output.telemetry import Telemetry
+from exporter.output.telemetry import Telemetry, release_free_heap
 from exporter.runtime.signals import SignalInbox
 
 if TYPE_CHECKING:
@@ -129,6 +129,7 @@ class App:
             self._build_sources()
             gc.freeze()  # the sources' build too (and the few objects of a request under way)
             self.health.building(False)
+        release_free_heap()  # what start-up freed, before the samplers and consumers start
         if self.leadership is not None:
             self.leadership.start(self.stopping)
         for runner in self.runners:
