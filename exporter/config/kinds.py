@@ -215,6 +215,8 @@ def _mask_postgres(config: Config, document: dict[str, Any]) -> None:
 
 
 def _build_consumers(config: Config, context: BuildContext) -> Built:
+    if not _events_feed_events(config):  # no stream: the consumer's modules stay unloaded
+        return Built()
     from exporter.sources.streams.consumer import build_consumers
 
     consumers = build_consumers(

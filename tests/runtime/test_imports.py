@@ -127,3 +127,70 @@ def test_serve_answers_before_loading_redis_py_the_sources_or_the_sdk():
     absent += ["opentelemetry", "prometheus_client", "psutil", "exporter.output.self_metrics"]
     absent += ["exporter.http.web_config", "bcrypt"]
     assert [name for name in absent if name in modules or name in packages(modules)] == []
+
+
+# What a one-preset Redis sidecar (`serve --preset rq`, `--preset celery` with its reader) never
+# loads, each a backend or an output its configuration does not use (issue 42: memory and
+# start-up in every worker pod). Not on the list, loaded by what the sidecar does use:
+# redis.asyncio and redis.observability (redis-py 8.1 imports both from its own __init__ and
+# its commands), asyncio (Tornado), prometheus_client (the self-metrics' exposition).
+UNUSED_BY_A_REDIS_SIDECAR = [
+    "psycopg",
+    "psycopg_pool",
+    "exporter.sources.postgres.source",
+    "opentelemetry.exporter.otlp",
+    "google.protobuf",
+    "grpc",
+    "requests",
+    "exporter.demo",
+    "exporter.commands.emit",
+    "exporter.lifecycle.producer",
+    "exporter.sources.streams.consumer",
+]
+READERS = ["rq", "celery", "sidekiq", "resque", "bull", "bullmq", "saq", "finished_rows"]
+
+
+def loaded_by_serve(configured: str) -> set[str]:
+    """The modules of a process holding what `serve` builds for `configured`: the sources, the
+    self-metrics and, when enabled, OTLP (built, not started)."""
+    return loaded_after(
+        "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
+        "from exporter.runtime.app import App\n"
+        f"app = App(config.from_dict({configured}))\n"
+        "app.shutdown()"
+    )
+
+
+def present(names: list[str], modules: set[str]) -> list[str]:
+    return [name for name in names if name in modules or name in packages(modules)]
+
+
+@pytest.mark.parametrize("preset", ["rq", "celery"])
+def test_a_redis_sidecar_loads_no_backend_or_output_it_does_not_use(preset: str):
+    modules = loaded_by_serve(
+        f"{{'presets': ['{preset}'], 'sources': {{'redis': {{'url': 'redis://127.0.0.1:1/0'}}}}}}"
+    )
+    assert f"exporter.sources.readers.{preset}" in modules  # its reader was built
+    other_readers = [f"exporter.sources.readers.{name}" for name in READERS if name != preset]
+    assert present(UNUSED_BY_A_REDIS_SIDECAR + other_readers, modules) == []
+
+
+@pytest.mark.parametrize(
+    ("configured", "needed"),
+    [
+        (
+            "{'presets': ['rq'], 'otlp': {'enabled': True},"
+            " 'sources': {'redis': {'url': 'redis://127.0.0.1:1/0'}}}",
+            ["opentelemetry.exporter.otlp", "google.protobuf"],
+        ),
+        (
+            "{'presets': ['oban'], 'sources': {'postgres':"
+            " {'dsn': 'postgresql://nobody@127.0.0.1:1/none', 'connect_timeout': 1}}}",
+            ["psycopg", "psycopg_pool", "exporter.sources.postgres.source"],
+        ),
+    ],
+)
+def test_a_backend_or_output_the_configuration_uses_is_loaded(configured: str, needed: list[str]):
+    """The other side of the test above: the same look finds what a configuration does use,
+    so a name on that list would be seen if it were loaded."""
+    assert present(needed, loaded_by_serve(configured)) == needed
