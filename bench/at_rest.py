@@ -14,8 +14,10 @@ one, so a change is measured against what it changed under the same load; `--env
 runs this tree a second time with that variable set (MALLOC_ARENA_MAX=2, say), alternated too.
 
 The floor, printed first: a fresh interpreter that imports only the libraries a Redis sidecar
-cannot run without (redis-py, Tornado, pydantic) and sleeps; its RSS is what no change inside
-the exporter can go below.
+cannot run without (redis-py, Tornado, pydantic), validates one pydantic model (which loads
+pydantic's schema builder, as the configuration does) and sleeps; its RSS is what no change
+inside the exporter can go below. Then the same with what the exporter adds, layer by layer
+(LAYERS): where the rest of its RSS comes from.
 
 The tick is 10 ms: over 280 s, one tick is 0.04 ms/s, the resolution of the CPU figure.
 """
@@ -44,8 +46,21 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-# What the floor imports: the libraries under `serve --preset rq` and `--preset celery`.
-FLOOR_IMPORTS = "import redis, tornado.web, pydantic"
+# What the floor runs: the libraries under `serve --preset rq` and `--preset celery`, used.
+FLOOR = "import redis, tornado.web, pydantic\nclass One(pydantic.BaseModel):\n    x: int\nOne(x=1)"
+# Then what the exporter adds, layer by layer, each in a fresh interpreter with those before.
+LAYERS = {
+    "floor: redis-py, Tornado, pydantic (one model)": FLOOR,
+    "+ yaml, click (configuration, command line)": "import yaml, click",
+    "+ prometheus_client, the OTel SDK's Prometheus reader (self-metrics)": (
+        "import prometheus_client, opentelemetry.exporter.prometheus, opentelemetry.sdk.metrics"
+    ),
+    "+ the exporter's modules that serve --preset rq imports": (
+        "import exporter.commands.cli, exporter.runtime.app, exporter.runtime.build, "
+        "exporter.output.self_metrics, exporter.sources.runner, exporter.leader.election, "
+        "exporter.sources.redis_keys.sampler, exporter.sources.readers.rq"
+    ),
+}
 
 
 def rss_mib(pid: int) -> str:
@@ -59,15 +74,20 @@ def rss_mib(pid: int) -> str:
     return f"{rss:6.1f} MiB RSS ({anonymous:4.1f} anon, {files:4.1f} file)"
 
 
-def floor(settle: float) -> str:
-    """The RSS of an interpreter holding only the sidecar's libraries."""
-    script = f"{FLOOR_IMPORTS}\nimport sys, time\nprint(flush=True)\ntime.sleep(3600)"
-    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+def idle_rss(tree: Path, script: str) -> str:
+    """The RSS of a fresh interpreter that ran `script` and sleeps."""
+    script += "\nimport time\nprint(flush=True)\ntime.sleep(3600)"
+    process = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=tree,
+        env={**os.environ, "PYTHONPATH": str(tree)},
+        stdout=subprocess.PIPE,
+    )
     try:
         assert process.stdout is not None
         if process.stdout.readline() != b"\n":
-            raise RuntimeError(f"{FLOOR_IMPORTS!r} failed")
-        time.sleep(min(settle, 5.0))
+            raise RuntimeError(f"{script!r} failed")
+        time.sleep(2.0)
         return rss_mib(process.pid)
     finally:
         process.terminate()
@@ -130,7 +150,10 @@ def main() -> None:
     if args.env:
         name, _, value = args.env.partition("=")
         runs[args.env] = (here, {name: value})
-    print(f"{'floor':10s} {FLOOR_IMPORTS!r}: {floor(args.settle)}", flush=True)
+    script = ""
+    for label, layer in LAYERS.items():
+        script += layer + "\n"
+        print(f"{idle_rss(here, script)}  {label}", flush=True)
     with private_redis() as url:
         for preset in args.presets.split(","):
             for label, (tree, extra_env) in runs.items():
