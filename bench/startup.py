@@ -5,10 +5,12 @@
 A redis-server of the benchmark's own holds one queue of the preset. Each run starts a fresh
 process and polls its /metrics every few milliseconds until it answers 200; the time from
 spawning the process to that answer is the start-up. The floor is the leanest Python process
-that answers HTTP: `python -m http.server`, started and polled the same way. The two alternate
-(after a warm-up run of each, which fills the page cache), so a busy host slows both alike;
-medians and their ratio are printed. Both must answer 200, and the exporter's first body must
-carry its own metrics, or the run fails.
+that answers HTTP: `python -m http.server`, started and polled the same way. A third
+contender runs the same server after importing the libraries `serve` loads before its first
+answer (Tornado, pydantic with one model built, yaml, click): the floor of any start-up built
+on them. They alternate (after a warm-up run of each, which fills the page cache), so a
+busy host slows them alike; medians and their ratios are printed. Each must answer 200, and
+the exporter's first body must carry its own metrics, or the run fails.
 
 `--before DIR` also runs the exporter of another source tree (a checkout of an earlier
 commit, say) in the same rounds, so a change is measured against what it changed under the
@@ -110,6 +112,23 @@ def bare_run() -> Timing:
     return first_answer(command, f"http://127.0.0.1:{port}/")
 
 
+# The libraries `serve` loads before its first answer (Tornado, pydantic with a model built,
+# yaml, click), then the bare server: the floor of any start-up built on them.
+_LIBRARIES_THEN_BARE = (
+    "import tornado.web, pydantic, yaml, click, runpy, sys\n"
+    "class One(pydantic.BaseModel):\n    x: int\n"
+    "One(x=1)\n"
+    "sys.argv = ['http.server', *sys.argv[1:]]\n"
+    "runpy.run_module('http.server', run_name='__main__')"
+)
+
+
+def libraries_run() -> Timing:
+    port = free_port()
+    command = [sys.executable, "-c", _LIBRARIES_THEN_BARE, str(port), "--bind", "127.0.0.1"]
+    return first_answer(command, f"http://127.0.0.1:{port}/")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=9)
@@ -126,17 +145,20 @@ def main() -> None:
         if args.before:
             exporter_run(redis_url, args.preset, args.before)
         bare_run()
-        exporter_runs, bare_runs, before_runs = [], [], []
+        libraries_run()
+        exporter_runs, bare_runs, before_runs, libraries_runs = [], [], [], []
         for _ in range(args.runs):
             exporter_runs.append(exporter_run(redis_url, args.preset))
             bare_runs.append(bare_run())
+            libraries_runs.append(libraries_run())
             if args.before:
                 before_runs.append(exporter_run(redis_url, args.preset, args.before))
 
     print(f"{args.runs} runs each, interleaved; medians of the wall time from spawn to the first")
     print("200, and of the CPU time the process used (user + system, to its exit just after):")
     print(f"{'':36} {'wall':>8} {'CPU':>8}")
-    rows = [("python -m http.server", bare_runs), (f"serve --preset {args.preset}", exporter_runs)]
+    rows = [("python -m http.server", bare_runs), ("  after serve's libraries", libraries_runs)]
+    rows.append((f"serve --preset {args.preset}", exporter_runs))
     if args.before:
         rows.append((f"serve --preset {args.preset} (before)", before_runs))
     for name, runs in rows:
@@ -147,6 +169,8 @@ def main() -> None:
         if args.before:
             ratio = _median(before_runs, measure) / _median(bare_runs, measure)
             print(f"before / bare ({measure}): {ratio:.2f}x")
+        ratio = _median(libraries_runs, measure) / _median(bare_runs, measure)
+        print(f"libraries' floor / bare ({measure}): {ratio:.2f}x")
 
 
 def _median(runs: list[Timing], measure: str) -> float:
