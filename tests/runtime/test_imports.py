@@ -152,8 +152,11 @@ READERS = ["rq", "celery", "sidekiq", "resque", "bull", "bullmq", "saq", "finish
 
 def loaded_by_serve(configured: str) -> set[str]:
     """The modules of a process holding what `serve` builds for `configured`: the sources, the
-    self-metrics and, when enabled, OTLP (built, not started)."""
+    self-metrics and, when enabled, OTLP (built, not started; its last push at shutdown goes to
+    port 1, where nothing listens, rather than to whatever may listen on the default port)."""
     return loaded_after(
+        "import os\n"
+        "os.environ['OTEL_EXPORTER_OTLP_ENDPOINT'] = 'http://127.0.0.1:1'\n"
         "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
         "from exporter.runtime.app import App\n"
         f"app = App(config.from_dict({configured}))\n"
