@@ -287,7 +287,7 @@ def release_free_heap() -> None:
     Reading the configuration, building the models and importing the sources leave freed
     chunks across glibc's heap that it keeps for later allocations; an idle sidecar never
     makes them, so they would stay resident for the life of the pod. malloc_trim(0) returns
-    every whole free page of every arena: 2 MiB of RSS at rest (docs/benchmarks.md, "At
+    every whole free page of every arena: 1.8-1.9 MiB of RSS at rest (docs/benchmarks.md, "At
     rest"). Elsewhere than glibc this does nothing.
     """
     try:
