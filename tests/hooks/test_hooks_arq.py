@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from tests.conftest import scrape_series, total, value, wait_for
-from tests.hooks.stream import by_job, events_of, json_lines, names, trace_id
+from tests.hooks.events import (
+    by_job,
+    events_of,
+    exporter_reading,
+    json_lines,
+    trace_id,
+    written_names,
+)
 from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
 from tests.tools import missing
@@ -79,15 +86,7 @@ def _finished(app: Driver, job_ids: list[str]) -> dict[str, dict[str, Any]] | No
 def test_events_match_arqs_own_truth_and_are_served(
     otel, redis_client, redis_url, run_exporter, tmp_path
 ):
-    exporter = run_exporter(
-        {
-            "sources": {
-                "redis": {"url": redis_url},
-                "events": {"streams": [{"key": STREAM, "system": "arq"}], "block_ms": 50},
-            }
-        }
-    )
-    wait_for(lambda: exporter.health.snapshot()[f"events:{STREAM}"].up)
+    exporter = exporter_reading(run_exporter, redis_url, STREAM, "arq")
     truth = tmp_path / "runs.jsonl"
     app = _app(redis_url, truth, OTEL="1" if otel else "0")
     try:
@@ -108,7 +107,7 @@ def test_events_match_arqs_own_truth_and_are_served(
         wanted = list(EXPECTED[function])
         if step.get("defer_by"):
             wanted.insert(1, "scheduled")
-        assert names(job) == wanted, (function, job)
+        assert written_names(job) == wanted, (function, job)
         assert {(e["queue"], e["job_type"], e["system"]) for e in job} == {(QUEUE, function, "arq")}
         assert len(runs[sent["id"]]) == RUNS[function] == info["job_try"]
         _check_times(job, info, runs[sent["id"]])

@@ -18,7 +18,14 @@ import redis
 from dramatiq import Message
 
 from tests.conftest import scrape_series, total, value, wait_for
-from tests.hooks.stream import by_job, events_of, json_lines, names, trace_id
+from tests.hooks.events import (
+    by_job,
+    events_of,
+    exporter_reading,
+    json_lines,
+    trace_id,
+    written_names,
+)
 from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
 
@@ -66,15 +73,7 @@ def _dead_letters(client: redis.Redis) -> dict[str, Message[Any]]:
 def test_events_match_dramatiqs_own_truth_and_are_served(
     otel, redis_client, redis_url, run_exporter, tmp_path
 ):
-    exporter = run_exporter(
-        {
-            "sources": {
-                "redis": {"url": redis_url},
-                "events": {"streams": [{"key": STREAM, "system": "dramatiq"}], "block_ms": 50},
-            }
-        }
-    )
-    wait_for(lambda: exporter.health.snapshot()[f"events:{STREAM}"].up)
+    exporter = exporter_reading(run_exporter, redis_url, STREAM, "dramatiq")
     truth = tmp_path / "runs.jsonl"
     app = _app(redis_url, truth, OTEL="1" if otel else "0")
     try:
@@ -107,7 +106,7 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
         wanted = list(expected[actor])
         if step.get("delay"):
             wanted.insert(1, "scheduled")
-        assert names(job) == wanted, (actor, job)
+        assert written_names(job) == wanted, (actor, job)
         _check_times(job, message, runs[message["id"]])
         assert {(e["queue"], e["job_type"], e["system"]) for e in job} == {
             (QUEUE, actor, "dramatiq")
@@ -126,7 +125,7 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
             assert {run["trace_id"] for run in runs[message["id"]]} == {message["trace_id"]}
         else:
             assert message["trace_id"] is None and traces == {None}
-    assert sum(names(jobs[m["id"]]).count("scheduled") for m in messages) == 1
+    assert sum(written_names(jobs[m["id"]]).count("scheduled") for m in messages) == 1
     error_types = {
         m["actor"]: {e["error_type"] for e in jobs[m["id"]] if e["event"] == "failed"}
         for m in messages
