@@ -6,7 +6,8 @@ enqueues each step of the plan ({"call", "seconds", optional "retries", "timeout
 the index of the job it depends on}) with
 EventQueue on the queue `hooked` (QUEUE_EXPORTER_EVENTS_STREAM names the stream) and prints the
 jobs' ids; with --traced each enqueue runs in a span of its own (an SDK tracer), and the ids
-come with the trace id of that span. A `traced` job returns the trace id of a span it starts
+come with the trace id of that span. `sleep_for` and `fail_after` are the other RQ tests' jobs
+(tests/rq_app/jobs.py); a `traced` job returns the trace id of a span it starts
 (with an SDK tracer in the work horse): the job's own word on the trace it ran in.
 """
 
@@ -23,16 +24,6 @@ from rq import Retry
 from exporter.hooks.rq import EventQueue
 
 QUEUE = "hooked"
-
-
-def sleep_for(seconds: float) -> float:
-    time.sleep(seconds)
-    return seconds
-
-
-def fail_after(seconds: float) -> None:
-    time.sleep(seconds)
-    raise RuntimeError("failing on purpose")
 
 
 def traced(seconds: float) -> str:
@@ -53,7 +44,9 @@ def enqueue(url: str, plan: list[dict], traced_enqueue: bool) -> list[dict]:
             options["job_timeout"] = step["timeout"]
         if "after" in step:  # deferred until that job of the plan ended
             options["depends_on"] = made[step["after"]]["id"]
-        function = f"tests.hooks.rq_hooked.{step['call']}"  # not __main__'s: the worker's
+        # not __main__'s: the worker's (the plain jobs are the other RQ tests')
+        module = "tests.hooks.rq_hooked" if step["call"] == "traced" else "tests.rq_app.jobs"
+        function = f"{module}.{step['call']}"
         if traced_enqueue:
             with tracer.start_as_current_span("enqueue") as span:
                 job = queue.enqueue(function, step["seconds"], **options)
