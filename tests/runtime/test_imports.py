@@ -16,10 +16,11 @@ HEAVY = ("opentelemetry", "redis", "hiredis", "psycopg", "psycopg_pool", "tornad
 def loaded_after(statement: str) -> set[str]:
     """The modules a fresh interpreter holds after running `statement`."""
     script = f"import json, sys\n{statement}\nprint(json.dumps(sorted(sys.modules)))"
-    output = subprocess.run(
-        [sys.executable, "-c", script], check=True, capture_output=True, text=True, timeout=60
-    ).stdout
-    return set(json.loads(output.splitlines()[-1]))
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return set(json.loads(done.stdout.splitlines()[-1]))
 
 
 def packages(modules: set[str]) -> set[str]:
@@ -159,7 +160,8 @@ def loaded_by_serve(configured: str) -> set[str]:
         "os.environ['OTEL_EXPORTER_OTLP_ENDPOINT'] = 'http://127.0.0.1:1'\n"
         "from exporter.commands import cli\nfrom exporter.config import settings as config\n"
         "from exporter.runtime.app import App\n"
-        f"app = App(config.from_dict({configured}))\n"
+        # a port of its own: the default may be held by another test's exporter
+        f"app = App(config.from_dict({{**{configured}, 'listen_address': '127.0.0.1:0'}}))\n"
         "app.shutdown()"
     )
 
