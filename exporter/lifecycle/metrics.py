@@ -296,6 +296,54 @@ _SYSTEM_HANDLERS: dict[str, Handler] = {
 }
 
 
+# -- the frequent job events, by keys built once per label set ---------------------------------
+
+FREQUENT_JOB_EVENTS = ("enqueued", "dequeued", "started", "completed")
+
+
+class FrequentEvent:
+    """A frequent job event of one label set, its tally keys built once: readers/v1.py tallies
+    a plain entry with it, without an Event or a handler call (bench/event_ingest.py). It
+    updates what its handler above does (tests/sources/readers/test_v1_plain.py: the same
+    tallies for any entry)."""
+
+    __slots__ = ("attempts", "count", "execution", "hit", "name", "total", "wait")
+
+    def __init__(self, name: str, job: LabelValues) -> None:
+        if name not in FREQUENT_JOB_EVENTS:
+            raise ValueError(f"{name} is not a frequent job event")
+        self.name = name
+        self.count = (f"queue_jobs_{name}_total", job)
+        self.hit = ("queue_dequeue_attempts_total", (job[0], job[1], "hit"))
+        self.wait = ("queue_job_wait_seconds", job)
+        self.execution = ("queue_job_execution_seconds", job)
+        self.total = ("queue_job_total_seconds", job)
+        self.attempts = ("queue_job_attempts", job)
+
+    def tally(
+        self,
+        tally: Tally,
+        ts: float,
+        enqueued_at: float | None,
+        duration: float | None,
+        attempt: int | None,
+    ) -> None:
+        counts, observations, name = tally.counts, tally.observations, self.name
+        counts[self.count] = counts.get(self.count, 0.0) + 1.0
+        if name == "dequeued":
+            counts[self.hit] = counts.get(self.hit, 0.0) + 1.0
+        elif name == "started":
+            if enqueued_at is not None:
+                observations.setdefault(self.wait, []).append(max(ts - enqueued_at, 0.0))
+        elif name == "completed":
+            if duration is not None:
+                observations.setdefault(self.execution, []).append(duration)
+            if enqueued_at is not None:
+                observations.setdefault(self.total, []).append(max(ts - enqueued_at, 0.0))
+            if attempt is not None:
+                observations.setdefault(self.attempts, []).append(float(attempt))
+
+
 # -- workers ------------------------------------------------------------------------------------
 
 

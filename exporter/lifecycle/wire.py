@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 from exporter.core import numbers
@@ -198,7 +199,7 @@ class Layout:
     for a layout no values can make valid, which `refusal` names.
     """
 
-    __slots__ = (*_FIELDS, "rare", "required", "refusal")
+    __slots__ = (*_FIELDS, "rare", "required", "refusal", "plain")
 
     system: int | None
     queue: int | None
@@ -234,6 +235,69 @@ class Layout:
             self.refusal = ("oversized_field", f"{len(position)} fields")
         elif version is not None and event is not None and ts is not None:
             self.required = (version, event, ts)
+        self.plain = PlainLayout(self) if PlainLayout.fits(self) else None
+
+
+class PlainLayout:
+    """Where the fields of a plain entry sit in the flat list hiredis reads (names and values
+    alternating): no rare field, no trace context, a queue. Most events are such entries;
+    readers/v1.py tallies them without making an Event (bench/event_ingest.py)."""
+
+    __slots__ = (
+        "_present",
+        "attempt",
+        "duration",
+        "enqueued_at",
+        "job",
+        "job_id",
+        "ts",
+        "version",
+        "worker",
+    )
+
+    def __init__(self, layout: Layout) -> None:
+        assert layout.required is not None and layout.queue is not None
+        self.version, event, self.ts = (2 * at + 1 for at in layout.required)
+        labels = (layout.system, layout.queue, layout.job_type, layout.priority)
+        self._present = tuple(at is not None for at in labels)
+        # The raw event name and (system, queue, job_type, priority) present, in one C call.
+        self.job = itemgetter(event, *(2 * at + 1 for at in labels if at is not None))
+        self.worker = _flat(layout.worker)
+        self.job_id = _flat(layout.job_id)
+        self.enqueued_at = _flat(layout.enqueued_at)
+        self.duration = _flat(layout.duration)
+        self.attempt = _flat(layout.attempt)
+
+    @staticmethod
+    def fits(layout: Layout) -> bool:
+        return (
+            layout.required is not None
+            and not layout.rare
+            and layout.traceparent is None
+            and layout.queue is not None
+        )
+
+    def labels(self, job: tuple[bytes, ...]) -> tuple[bytes, bytes, bytes, bytes]:
+        """job's raw (system, queue, job_type, priority), b"" for those absent."""
+        values = iter(job[1:])
+        system, queue, job_type, priority = (
+            next(values) if present else b"" for present in self._present
+        )
+        return system, queue, job_type, priority
+
+
+def _flat(at: int | None) -> int | None:
+    return None if at is None else 2 * at + 1
+
+
+def layout_of(names: tuple[bytes, ...]) -> Layout:
+    """The layout of an entry's field names (learned once, bounded)."""
+    return _layouts.get(names) or _learn(names)
+
+
+def remembered(raw: bytes) -> str | None:
+    """The label value `raw` decoded and checked before (in _texts), else None."""
+    return _texts.get(raw)
 
 
 # Layouts by field names. Bounded like _texts: emptied when full; a layout of long names (no

@@ -208,16 +208,23 @@ def test_v1_entries_the_decoder_refuses_leave_the_batch_whole(redis_client, redi
 def test_an_exporter_bug_on_one_event_costs_only_that_event(
     redis_client, redis_url, monkeypatch, caplog
 ):
-    """Whatever escapes the decoder (here a bug planted in the event mapping) refuses the one
-    entry that raised, as `unprocessable`; the batch's other entries count exactly once."""
-    apply = v1_module.apply
+    """Whatever escapes the decoder (here a bug planted in the event mapping, on both of its
+    paths: plain entries and parsed events) refuses the one entry that raised, as
+    `unprocessable`; the batch's other entries count exactly once."""
+    apply, tally_plain = v1_module.apply, v1_module.tally_plain
 
     def buggy(tally, event, system):
         if event.job_type == "boom":
             raise KeyError("planted")
         apply(tally, event, system)
 
+    def buggy_plain(plain, flat, *rest):
+        if b"boom" in flat:
+            raise KeyError("planted")
+        return tally_plain(plain, flat, *rest)
+
     monkeypatch.setattr(v1_module, "apply", buggy)
+    monkeypatch.setattr(v1_module, "tally_plain", buggy_plain)
     pipe = redis_client.pipeline(transaction=False)
     for n in range(300):
         pipe.xadd(V1_STREAM, wire.encode("enqueued", {"queue": "q", "job_type": "t"}))
