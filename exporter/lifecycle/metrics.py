@@ -304,8 +304,9 @@ FREQUENT_JOB_EVENTS = ("enqueued", "dequeued", "started", "completed")
 class FrequentEvent:
     """A frequent job event of one label set, its tally keys built once: readers/v1.py tallies
     a plain entry with it, without an Event or a handler call (bench/event_ingest.py). It
-    updates what its handler above does (tests/sources/readers/test_v1_plain.py: the same
-    tallies for any entry)."""
+    updates what its handler above does for an event without a trace context (one with a
+    trace goes through the handlers, which keep its exemplars); tests/sources/readers/
+    test_v1_plain.py checks the same tallies for any entry."""
 
     __slots__ = ("attempts", "count", "execution", "hit", "name", "total", "wait")
 

@@ -62,7 +62,8 @@ _NUMBERS = [
     b"x",
     b"",
 ]
-_LABELS = [b"q1", b"q2", b"t", b"", b"\xff\xfe", "é".encode(), b"w" * 1100, b"w" * 300]
+_TRACE = b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01"  # a valid traceparent: exemplars
+_LABELS = [b"q1", b"q2", b"t", b"", b"\xff\xfe", "é".encode(), b"w" * 1100, b"w" * 300, _TRACE]
 _value = st.one_of(
     st.sampled_from(_NUMBERS), st.sampled_from(_LABELS), st.sampled_from(_EVENTS), st.binary()
 )
@@ -123,6 +124,7 @@ def _decoded(entries: list[tuple[bytes, list[bytes]]], frequent: dict) -> Tally:
 def _same(ours: Tally, theirs: Tally) -> None:
     assert ours.counts == theirs.counts
     assert ours.observations == theirs.observations
+    assert ours.exemplars == theirs.exemplars
     assert ours.invalid == theirs.invalid
     assert ours.heartbeats == theirs.heartbeats
     assert (ours.consumed, ours.lost) == (theirs.consumed, theirs.lost)
