@@ -12,6 +12,7 @@ from exporter.lifecycle.wire import (
     MAX_FIELD_BYTES,
     InvalidEvent,
     PlainLayout,
+    known_layout,
     layout_of,
     parse,
     parse_flat,
@@ -76,7 +77,8 @@ def decode_v1(
     for entry_id, fields in entries:
         consumed += 1
         if type(fields) is list:
-            plain = layout_of(tuple(fields[0::2])).plain
+            names = tuple(fields[0::2])
+            plain = (known_layout(names) or layout_of(names)).plain
             if plain is not None and tally_plain(plain, fields, system, horizon, tally, frequent):
                 continue
         try:
