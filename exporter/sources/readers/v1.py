@@ -109,8 +109,9 @@ def tally_plain(
     """Tally a plain entry of a frequent job event as parse() and apply() would, and say so;
     False, having changed nothing, for an entry it does not take (another event, a label not
     seen before, a number out of the common range, anything invalid): parse() reads it.
-    The batch path (decode, tallies, store) 5.2-5.6 -> 4.5-4.8 µs per event, the end-to-end
-    CPU ratio 0.60-0.65x -> 0.76-0.83x (bench/event_decode.py, bench/event_ingest.py)."""
+    The batch path (decode, tallies, store) went from 2.07-2.21x the floor's decode to
+    1.41-1.57x (bench/event_decode.py), the consumer end to end from 0.60-0.74x of the bare
+    loop's CPU to 0.74-0.87x (bench/event_ingest.py; docs/benchmarks.md)."""
     job = plain.job(flat)
     event = frequent.get((plain, job))
     if event is None:
