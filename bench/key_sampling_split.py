@@ -1,0 +1,122 @@
+"""Where a key-sampling cycle's CPU goes: this process's and the redis-server's apart, and the
+garbage collections a cycle runs, the exporter's cycle against bench/key_sampling.py's floor.
+
+    .venv/bin/python bench/key_sampling_split.py [--sizes 100000,1000000] [--runs 4]
+
+For each size: bench/key_sampling.py's keys (N Orchestrata queue lists among 100,000 other
+keys) in a redis-server of the benchmark's own; after a warm-up of each, the floor and one
+cycle of the orchestrata preset in turn, `--runs` times, each cycle checked to give the
+floor's series. Per run: this process's CPU (time.process_time) and the redis-server's (INFO
+cpu) for each side, and the collections the cyclic GC ran during the exporter's cycle (by
+generation, from gc.callbacks) and the CPU they took. The process starts as `serve` does:
+what start-up built frozen (gc.freeze()). bench/key_sampling.py gives the sum of both CPUs,
+the figure its target is stated in; this says which side of it moves with the number of keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.key_sampling import (
+    EVERY_KEY,
+    RawRedis,
+    floor_loop,
+    load_average,
+    load_keys,
+    private_redis,
+    same_result,
+)
+from exporter.config import settings as config_module
+from exporter.sources.redis_keys.sampler import RedisKeySampler
+
+
+class Collections:
+    """The cyclic GC's collections by generation, and the process CPU they took, since reset."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.cpu = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_collection)
+
+    def reset(self) -> None:
+        self.counts, self.cpu = [0, 0, 0], 0.0
+
+    def _on_collection(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.cpu += time.process_time() - self._started
+            self.counts[info["generation"]] += 1
+
+
+def server_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Collections) -> None:
+    config = config_module.from_dict(
+        {"presets": ["orchestrata"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
+    )
+    assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
+    sampler = RedisKeySampler(config.sources.redis, 15.0)
+    raw = RawRedis(url)
+    gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
+    found = floor_loop(raw)  # the warm-up of each
+    sampler.sample()
+    ratios: dict[str, list[float]] = {"process": [], "redis": [], "both": []}
+    for _ in range(runs):
+        server, cpu = server_cpu(client), time.process_time()
+        found = floor_loop(raw)
+        floor_cpu, floor_server = time.process_time() - cpu, server_cpu(client) - server
+        collections.reset()
+        server, cpu = server_cpu(client), time.process_time()
+        cycle = sampler.sample()
+        ours_cpu, ours_server = time.process_time() - cpu, server_cpu(client) - server
+        counts, gc_cpu = list(collections.counts), collections.cpu
+        same_result(found, cycle.samples, 60.0)
+        ratios["process"].append(ours_cpu / floor_cpu)
+        ratios["redis"].append(ours_server / floor_server)
+        ratios["both"].append((ours_cpu + ours_server) / (floor_cpu + floor_server))
+        print(
+            f"{size:>9} process {floor_cpu:6.3f} s {ours_cpu:6.3f} s "
+            f"({ratios['process'][-1]:.2f}x)  redis {floor_server:6.3f} s {ours_server:6.3f} s "
+            f"({ratios['redis'][-1]:.2f}x)  both {ratios['both'][-1]:.2f}x  "
+            f"GC {counts} {gc_cpu:.3f} s  load {load_average()}",
+            flush=True,
+        )
+    medians = ", ".join(f"{name} {statistics.median(r):.2f}x" for name, r in ratios.items())
+    print(f"{size:>9} medians, exporter / floor CPU: {medians}")
+    raw.close()
+    sampler.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000,1000000")
+    parser.add_argument("--unrelated", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=4)
+    args = parser.parse_args()
+    print(f"{'keys':>9} CPU: floor, exporter (ratio)")
+    collections = Collections()
+    with private_redis() as url:
+        client = redis.Redis.from_url(url)
+        for size in (int(s) for s in args.sizes.split(",")):
+            load_keys(client, size, args.unrelated)
+            measure(url, client, size, args.runs, collections)
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
