@@ -303,17 +303,22 @@ class CostClock:
         return statistics.median(table[name])
 
 
+def preset_sampler(url: str, preset: str) -> RedisKeySampler:
+    """The key sampler of one preset in its default configuration, every key read."""
+    config = config_module.from_dict(
+        {"presets": [preset], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
+    )
+    assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
+    return RedisKeySampler(config.sources.redis, 15.0)
+
+
 def measure(
     url: str, client: redis.Redis, size: int, args: argparse.Namespace, proxy_pid: int | None = None
 ) -> dict[str, float]:
     """The figures of the floor, the exporter and the peer reading the keys through `url` (the
     server's own, or a delaying proxy's); `client` reaches the server directly."""
-    config = config_module.from_dict(
-        {"presets": ["orchestrata"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
-    )
-    assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
     telemetry = Telemetry(HealthBoard())
-    sampler = RedisKeySampler(config.sources.redis, 15.0)
+    sampler = preset_sampler(url, "orchestrata")
     raw = RawRedis(url)
     gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
     binary = shutil.which("prometheus-redis-exporter")

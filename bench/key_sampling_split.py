@@ -28,16 +28,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.key_sampling import (
-    EVERY_KEY,
     RawRedis,
     floor_loop,
     load_average,
     load_keys,
+    preset_sampler,
     private_redis,
     same_result,
 )
-from exporter.config import settings as config_module
-from exporter.sources.redis_keys.sampler import RedisKeySampler
 
 
 class Collections:
@@ -66,11 +64,7 @@ def server_cpu(client: redis.Redis) -> float:
 
 
 def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Collections) -> None:
-    config = config_module.from_dict(
-        {"presets": ["orchestrata"], "sources": {"redis": {"url": url, "max_keys": EVERY_KEY}}}
-    )
-    assert config.sources.redis is not None and not isinstance(config.sources.redis, list)
-    sampler = RedisKeySampler(config.sources.redis, 15.0)
+    sampler = preset_sampler(url, "orchestrata")
     raw = RawRedis(url)
     gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
     found = floor_loop(raw)  # the warm-up of each
