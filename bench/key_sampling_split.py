@@ -11,6 +11,10 @@ cpu) for each side, and the collections the cyclic GC ran during the exporter's 
 generation, from gc.callbacks) and the CPU they took. The process starts as `serve` does:
 what start-up built frozen (gc.freeze()). bench/key_sampling.py gives the sum of both CPUs,
 the figure its target is stated in; this says which side of it moves with the number of keys.
+
+With --free-room, instead: the cycle's process CPU with KeyRoom.take as it is, alternated with
+KeyRoom.take answering READ at once (what no cheaper take can beat: every key is read here,
+max_keys lifted), each checked against the floor: the most a faster room could win.
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from bench.key_sampling import (
     private_redis,
     same_result,
 )
+from exporter.sources.redis_keys import room
+from exporter.sources.redis_keys.types import FoundKey, GroupTally
 
 
 class Collections:
@@ -96,11 +102,43 @@ def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Co
     sampler.close()
 
 
+def free_take(_room: room.KeyRoom, _tally: GroupTally, _found: FoundKey) -> room.Fate:
+    return room.Fate.READ
+
+
+def room_bound(url: str, size: int, runs: int) -> None:
+    """The cycle's process CPU with KeyRoom.take as it is and free, alternated (--free-room)."""
+    sampler = preset_sampler(url, "orchestrata")
+    raw = RawRedis(url)
+    gc.freeze()
+    floor_loop(raw)
+    sampler.sample()
+    sides = {"as it is": room.KeyRoom.take, "free": free_take}
+    spent: dict[str, list[float]] = {name: [] for name in sides}
+    try:
+        for run in range(runs):
+            for name in sides if run % 2 == 0 else reversed(sides):
+                room.KeyRoom.take = sides[name]  # type: ignore[method-assign]
+                found = floor_loop(raw)
+                cpu = time.process_time()
+                cycle = sampler.sample()
+                spent[name].append(time.process_time() - cpu)
+                same_result(found, cycle.samples, 60.0)
+                print(f"{size:>9} KeyRoom.take {name}: {spent[name][-1]:.3f} s", flush=True)
+    finally:
+        room.KeyRoom.take = sides["as it is"]  # type: ignore[method-assign]
+    medians = ", ".join(f"{name} {statistics.median(cpu):.3f} s" for name, cpu in spent.items())
+    print(f"{size:>9} medians, the cycle's process CPU, KeyRoom.take {medians}")
+    raw.close()
+    sampler.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--unrelated", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=4)
+    parser.add_argument("--free-room", action="store_true", help="KeyRoom.take as is and free")
     args = parser.parse_args()
     print(f"{'keys':>9} CPU: floor, exporter (ratio)")
     collections = Collections()
@@ -108,7 +146,10 @@ def main() -> None:
         client = redis.Redis.from_url(url)
         for size in (int(s) for s in args.sizes.split(",")):
             load_keys(client, size, args.unrelated)
-            measure(url, client, size, args.runs, collections)
+            if args.free_room:
+                room_bound(url, size, args.runs)
+            else:
+                measure(url, client, size, args.runs, collections)
         client.close()
 
 
