@@ -1,4 +1,5 @@
-"""The lowest version of every runtime dependency pyproject.toml allows, as pip requirements.
+"""The lowest version of every runtime dependency pyproject.toml allows, and of the extras a
+sidecar runs with (FLOOR_EXTRAS), as pip requirements.
 
     python3 scripts/floors.py > floors.txt && pip install -r floors.txt
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 import re
 import tomllib
 from pathlib import Path
+
+# What a sidecar may run with beside its dependencies: the OTLP push (`otlp.enabled`), whose
+# modules tests/runtime/test_imports.py finds loaded when a configuration uses it.
+FLOOR_EXTRAS = ("otlp",)
 
 _REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9_.\[\],-]+?)\s*(?P<specifiers>[<>=!~].*)?$")
 
@@ -29,8 +34,12 @@ def floor(requirement: str) -> str:
 
 def main() -> None:
     project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    extras = project["project"]["optional-dependencies"]
     for requirement in project["project"]["dependencies"]:
         print(floor(requirement))
+    for extra in FLOOR_EXTRAS:
+        for requirement in extras[extra]:
+            print(floor(requirement))
 
 
 if __name__ == "__main__":
