@@ -1,7 +1,7 @@
 """A Dramatiq app with exporter.hooks.dramatiq on its broker: the app the hook's tests run.
 
-    python -m tests.hooks.hooked_dramatiq send PLAN_JSON   # one JSON line per message sent
-    python -m tests.hooks.hooked_dramatiq work             # a worker until SIGTERM
+    python -m tests.hooks.dramatiq_hooked send PLAN_JSON   # one JSON line per message sent
+    python -m tests.hooks.dramatiq_hooked work             # a worker until SIGTERM
 
 A plan is a list of {"actor", optional "args", "delay" (ms)}. Each process prints, last, its
 emitter's counts (sent, dropped by reason) as one JSON line, once the hook closed its emitter at

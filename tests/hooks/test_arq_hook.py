@@ -1,5 +1,5 @@
 """exporter.hooks.arq with the real arq: a real `arq` worker (the arq venv's) runs an app whose
-settings and pool have the hook (tests/hooks/hooked_arq.py); what the hook wrote is compared
+settings and pool have the hook (tests/hooks/arq_hooked.py); what the hook wrote is compared
 with arq's own truth (Job.result_info(): enqueue, start and finish times, success, job_try; the
 jobs' own clocks), then with what an exporter reading the stream serves; with and without
 OpenTelemetry's arq instrumentation. An events Redis that hangs, then dies, costs counted
@@ -59,11 +59,11 @@ def _app(redis_url: str, truth: Path, **more: str) -> Driver:
         "TRUTH": str(truth),
         **more,
     }
-    return Driver([str(ARQ_BIN / "python"), "-m", "tests.hooks.hooked_arq"], env)
+    return Driver([str(ARQ_BIN / "python"), "-m", "tests.hooks.arq_hooked"], env)
 
 
 def _worker(app: Driver) -> Any:
-    return app.start([str(ARQ_BIN / "arq"), "tests.hooks.hooked_arq.WorkerSettings"])
+    return app.start([str(ARQ_BIN / "arq"), "tests.hooks.arq_hooked.WorkerSettings"])
 
 
 def _runs(truth: Path) -> dict[str, list[dict[str, Any]]]:

@@ -1,9 +1,9 @@
 """An arq app with exporter.hooks.arq on its worker settings and its pool: the app the hook's
 tests run, with the arq venv's Python (arq pins redis-py below 6).
 
-    python -m tests.hooks.hooked_arq send PLAN_JSON     # one JSON line per job, then the counts
-    python -m tests.hooks.hooked_arq truth JOB_IDS_JSON  # arq's own result_info() of each job
-    arq tests.hooks.hooked_arq.WorkerSettings           # a real worker; prints "ready", and the
+    python -m tests.hooks.arq_hooked send PLAN_JSON     # one JSON line per job, then the counts
+    python -m tests.hooks.arq_hooked truth JOB_IDS_JSON  # arq's own result_info() of each job
+    arq tests.hooks.arq_hooked.WorkerSettings           # a real worker; prints "ready", and the
                                                         # emitter's counts at exit
 
 A plan is a list of {"function", optional "args", "defer_by" (seconds)}. Environment: REDIS_URL

@@ -1,5 +1,5 @@
 """exporter.hooks.dramatiq with the real Dramatiq: a real Worker runs an app whose broker has
-the hook (tests/hooks/hooked_dramatiq.py); what the hook wrote is compared with Dramatiq's own
+the hook (tests/hooks/dramatiq_hooked.py); what the hook wrote is compared with Dramatiq's own
 truth (each sent message's id and timestamp, the actors' own clocks, the messages Dramatiq put
 in its dead-letter queue with their retry counts), then with what an exporter reading the
 stream serves; with and without OpenTelemetry's Dramatiq instrumentation. An events Redis that
@@ -30,7 +30,7 @@ from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
 
 ROOT = Path(__file__).resolve().parents[2]
-APP = [sys.executable, "-m", "tests.hooks.hooked_dramatiq"]
+APP = [sys.executable, "-m", "tests.hooks.dramatiq_hooked"]
 STREAM = "hooks:dramatiq:events"
 QUEUE = "hooked"
 PLAN = [
