@@ -33,7 +33,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.postgres_presets import _series  # noqa: E402
+from bench.postgres_presets import nonzero_series  # noqa: E402
 from bench.postgres_sampling import (  # noqa: E402
     DEFAULT_ADMIN_DSN,
     Rows,
@@ -179,16 +179,19 @@ def same(exporter: list[SampleSet], bare: list[Rows]) -> None:
     depths: dict[tuple[str, ...], float] = {}
     for queue, state, count, _, _ in rows:
         depths[queue, state] = depths.get((queue, state), 0) + count
-    assert _series(exporter, "queue_depth") == depths, (_series(exporter, "queue_depth"), depths)
-    ages = set(_series(exporter, "queue_oldest_age_seconds"))
+    assert nonzero_series(exporter, "queue_depth") == depths, (
+        nonzero_series(exporter, "queue_depth"),
+        depths,
+    )
+    ages = set(nonzero_series(exporter, "queue_oldest_age_seconds"))
     assert ages == {(q, s) for q, s, _, available, executing in rows if available or executing}
     due = {(queue, ""): float(count) for queue, count in bare[1]}
-    assert _series(exporter, "queue_scheduled_due") == due
+    assert nonzero_series(exporter, "queue_scheduled_due") == due
     busy: dict[tuple[str, ...], float] = {}
     for queue, limit, running in bare[2]:
         for key, n in (("busy", running), ("free", limit - running)):
             busy[queue, key] = busy.get((queue, key), 0) + n
-    served = _series(exporter, "queue_worker_slots")
+    served = nonzero_series(exporter, "queue_worker_slots")
     assert served == {k: v for k, v in busy.items() if v}, (served, busy)
 
 

@@ -27,6 +27,7 @@ The load average (os.getloadavg) is printed before and after: the host is shared
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -264,16 +265,8 @@ def native(dsn: str, runs: int) -> None:
         row = bare.execute(finished["baseline"]).fetchone()
         assert row is not None and row[0] is not None
         query = BARE_FINISHED % int(row[0])
-
-        def fetch() -> object:
-            with bare.cursor(binary=True) as cursor:
-                cursor.execute("SET LOCAL jit = off")
-                cursor.execute(query.encode())
-                rows = cursor.fetchall()
-            bare.rollback()
-            return rows
-
-        assert fetch() == []  # nothing finished since: the reader counts nothing either
+        fetch = functools.partial(bare_fetch(bare), query)
+        assert fetch() == [[]]  # nothing finished since: the reader counts nothing either
         bare_read, exporter_read = interleaved_medians([fetch, source.sample], runs)
     print(f"  native: bare SELECT         {bare_read * 1000:8.1f} ms")
     print(

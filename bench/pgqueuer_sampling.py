@@ -34,7 +34,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.postgres_presets import _series  # noqa: E402
+from bench.postgres_presets import nonzero_series  # noqa: E402
 from bench.postgres_sampling import (  # noqa: E402
     DEFAULT_ADMIN_DSN,
     Rows,
@@ -136,7 +136,7 @@ def run(dsn: str, args: argparse.Namespace) -> None:
 
         same_hot(hot.sample().samples, fetch(*BARE_HOT))
         failed = {(q, "failed"): float(n) for q, n in fetch(BARE_FAILED)[0]}
-        assert _series([slow.sample().samples], "queue_depth") == failed
+        assert nonzero_series([slow.sample().samples], "queue_depth") == failed
         native.sample()  # the baseline
         finished = presets.expand("pgqueuer")["sources"]["postgres"]["finished"][0]
         row = bare.execute(finished["baseline"]).fetchone()
@@ -194,9 +194,9 @@ def same_hot(exporter: Any, bare: list[Rows]) -> None:
         depths[queue, "retry" if retried else "scheduled"] = float(count)
     for queue, count, _ in bare[2]:
         depths[queue, "active"] = float(count)
-    served = _series([exporter], "queue_depth")
+    served = nonzero_series([exporter], "queue_depth")
     assert served == depths, (served, depths)
-    ages = set(_series([exporter], "queue_oldest_age_seconds"))
+    ages = set(nonzero_series([exporter], "queue_oldest_age_seconds"))
     assert ages == {(q, "pending") for q, _, _ in bare[0]} | {(q, "active") for q, _, _ in bare[2]}
 
 

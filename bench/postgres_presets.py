@@ -28,6 +28,7 @@ The load average (os.getloadavg) is printed before and after: the host is shared
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import subprocess
 import sys
@@ -326,16 +327,8 @@ def django_tasks_native(dsn: str, app: App, runs: int) -> None:
         row = bare.execute(finished["baseline"].encode()).fetchone()
         assert row is not None and row[0] is not None
         query = DJANGO_TASKS_FINISHED % int(row[0])
-
-        def fetch() -> object:
-            with bare.cursor(binary=True) as cursor:
-                cursor.execute("SET LOCAL jit = off")
-                cursor.execute(query.encode())
-                rows = cursor.fetchall()
-            bare.rollback()
-            return rows
-
-        assert fetch() == []  # nothing finished since: the reader counts nothing either
+        fetch = functools.partial(bare_fetch(bare), query)
+        assert fetch() == [[]]  # nothing finished since: the reader counts nothing either
         bare_read, exporter_read = interleaved_medians([fetch, source.sample], runs)
     print("  native reader (index on finished_at made), a read after its baseline")
     print(f"    bare SELECT       {bare_read * 1000:8.1f} ms")
@@ -345,7 +338,7 @@ def django_tasks_native(dsn: str, app: App, runs: int) -> None:
     )
 
 
-def _series(samples: list[SampleSet], metric: str) -> dict[tuple[str, ...], float]:
+def nonzero_series(samples: list[SampleSet], metric: str) -> dict[tuple[str, ...], float]:
     """The metric's non-zero series as {(queue, state): value}."""
     found: dict[tuple[str, ...], float] = {}
     for sample_set in samples:
@@ -376,13 +369,16 @@ def same_procrastinate(exporter: list[SampleSet], bare: list[Rows]) -> None:
     for queue, status, later, retried, count, _, _ in bare[0]:
         key = (queue, _state(status, bool(later), retried))
         depths[key] = depths.get(key, 0) + count
-    assert _series(exporter, "queue_depth") == depths, (_series(exporter, "queue_depth"), depths)
-    ages = set(_series(exporter, "queue_oldest_age_seconds"))
+    assert nonzero_series(exporter, "queue_depth") == depths, (
+        nonzero_series(exporter, "queue_depth"),
+        depths,
+    )
+    ages = set(nonzero_series(exporter, "queue_oldest_age_seconds"))
     assert ages == {(q, "pending") for q, _ in bare[1]} | {(q, "active") for q, _ in bare[2]}
     due = {(queue, ""): float(count) for queue, count in bare[3]}
-    assert _series(exporter, "queue_scheduled_due") == due
+    assert nonzero_series(exporter, "queue_scheduled_due") == due
     workers = {("", "busy" if busy else "idle"): float(n) for busy, n in bare[4]}
-    assert _series(exporter, "queue_workers") == workers, (workers,)
+    assert nonzero_series(exporter, "queue_workers") == workers, (workers,)
 
 
 def same_graphile(exporter: list[SampleSet], bare: list[Rows]) -> None:
@@ -390,10 +386,15 @@ def same_graphile(exporter: list[SampleSet], bare: list[Rows]) -> None:
     for queue, later, retried, count, _ in bare[0]:
         key = (queue, _state("todo", bool(later), retried))
         depths[key] = depths.get(key, 0) + count
-    assert _series(exporter, "queue_depth") == depths, (_series(exporter, "queue_depth"), depths)
-    ages = set(_series(exporter, "queue_oldest_age_seconds"))
+    assert nonzero_series(exporter, "queue_depth") == depths, (
+        nonzero_series(exporter, "queue_depth"),
+        depths,
+    )
+    ages = set(nonzero_series(exporter, "queue_oldest_age_seconds"))
     assert ages == {(q, "pending") for q, later, _, _, since in bare[0] if since is not None}
-    assert _series(exporter, "queue_scheduled_due") == {(q, ""): float(n) for q, n in bare[1]}
+    assert nonzero_series(exporter, "queue_scheduled_due") == {
+        (q, ""): float(n) for q, n in bare[1]
+    }
 
 
 def same_django_tasks(exporter: list[SampleSet], bare: list[Rows]) -> None:
@@ -401,14 +402,21 @@ def same_django_tasks(exporter: list[SampleSet], bare: list[Rows]) -> None:
         (queue, "scheduled" if later else "pending"): float(count)
         for queue, later, count, _ in bare[0]
     }
-    assert _series(exporter, "queue_depth") == depths, (_series(exporter, "queue_depth"), depths)
-    ages = set(_series(exporter, "queue_oldest_age_seconds"))
+    assert nonzero_series(exporter, "queue_depth") == depths, (
+        nonzero_series(exporter, "queue_depth"),
+        depths,
+    )
+    ages = set(nonzero_series(exporter, "queue_oldest_age_seconds"))
     assert ages == {(queue, "pending") for queue, later, _, _ in bare[0] if not later}
-    assert _series(exporter, "queue_scheduled_due") == {(q, ""): float(n) for q, n in bare[1]}
+    assert nonzero_series(exporter, "queue_scheduled_due") == {
+        (q, ""): float(n) for q, n in bare[1]
+    }
 
 
 def _same_depths(exporter: SampleSet, expected: dict[tuple[str, ...], float]) -> None:
-    assert _series([exporter], "queue_depth") == expected, (_series([exporter], "queue_depth"),)
+    assert nonzero_series([exporter], "queue_depth") == expected, (
+        nonzero_series([exporter], "queue_depth"),
+    )
 
 
 def same_procrastinate_failed(exporter: SampleSet, bare: Rows) -> None:
