@@ -30,6 +30,7 @@ dropped and counted when Redis is away longer than the buffer lasts.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import OrderedDict
 from datetime import datetime
@@ -38,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 
+from exporter.core.logs import LogLimiter
 from exporter.hooks.process_emitter import ProcessEmitter
 from exporter.lifecycle import wire
 from exporter.lifecycle.producer import classify_error
@@ -48,6 +50,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack
 
     from exporter.lifecycle.producer import EmitterOptions
+
+_limited = LogLimiter(logging.getLogger(__name__))
 
 ENQUEUED_AT = "queue_exporter_enqueued_at"
 TIMEOUTS = (TimeLimitExceeded, SoftTimeLimitExceeded)
@@ -190,7 +194,15 @@ class CeleryHooks:
         """The queue Celery's router sends the task to (its message's is not known here)."""
         try:
             return str(self.app.amqp.router.route({}, task.name)["queue"].name)
-        except Exception:  # a router of the app's own that fails: no event rather than a guess
+        except Exception as error:  # a router of the app's own that fails: no guess at a queue
+            _limited.warning(
+                ("router", task.name),
+                "celery hook: the router gave no queue for %s (%s: %s): its failure event "
+                "carries none",
+                task.name,
+                type(error).__name__,
+                str(error)[:200],
+            )
             return ""
 
     def _fields(self, task: Task) -> dict[str, wire.FieldValue]:
