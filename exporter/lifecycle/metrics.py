@@ -29,13 +29,15 @@ NO_WORKERS: WorkerTotal = (0, 0, 0, 0)
 _V = TypeVar("_V")
 
 # The families whose series keep exemplars of the events that carry a traceparent: the job
-# durations (one a bucket) and the completions and failures (docs/metrics.md lists them).
+# durations (one a bucket) and the completions, failures and time-outs (docs/metrics.md lists
+# them).
 EXEMPLIFIED = (
     "queue_job_execution_seconds",
     "queue_job_total_seconds",
     "queue_job_wait_seconds",
     "queue_jobs_completed_total",
     "queue_jobs_failed_total",
+    "queue_jobs_timed_out_total",
 )
 
 # Failures after which the job is not retried: its attempts are final.
@@ -191,6 +193,8 @@ def _failed(tally: Tally, event: Event, job: LabelValues) -> None:
 
 def _timed_out(tally: Tally, event: Event, job: LabelValues) -> None:
     tally.count("queue_jobs_timed_out_total", job)
+    if event.trace is not None:
+        tally.exemplify("queue_jobs_timed_out_total", job, 1.0, event.trace, event.ts)
     _attempt_ended(tally, event, job)
 
 

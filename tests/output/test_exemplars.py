@@ -80,6 +80,7 @@ def test_each_bucket_keeps_its_latest_traced_observation_and_counters_theirs():
             _event("completed", n, ended, duration=duration, enqueued_at=ended - duration - 1)
         )
     events.append(_event("failed", 99, now, duration=0.04, error_type="timeout"))
+    events.append(_event("timed_out", 98, now, duration=30.0))
     events.append(_event("started", 77, now, enqueued_at=now - 3))
     events.append(_event("completed", None, now, duration=0.003))  # no trace: none kept
     _record(telemetry, events)
@@ -100,6 +101,10 @@ def test_each_bucket_keeps_its_latest_traced_observation_and_counters_theirs():
     assert completed.labels["trace_id"] == f"{2 * len(durations):032x}" and completed.value == 1
     failed = read.pop(("queue_jobs_failed_total", _job(error_type="timeout")))
     assert failed.labels["trace_id"] == f"{99:032x}"
+    timed_out = read.pop(("queue_jobs_timed_out_total", _job()))
+    assert timed_out.labels["trace_id"] == f"{98:032x}" and timed_out.value == 1
+    timed_out_run = read.pop((f"{EXECUTION}_bucket", _job(le="30.0")))
+    assert timed_out_run.labels["trace_id"] == f"{98:032x}" and timed_out_run.value == 30
     failed_run = read.pop((f"{EXECUTION}_bucket", _job(le="0.05")))
     assert failed_run.labels["trace_id"] == f"{99:032x}" and failed_run.value == 0.04
     wait = read.pop(("queue_job_wait_seconds_bucket", _job(le="5.0")))
