@@ -117,6 +117,7 @@ def conventions_section() -> list[str]:
         "`messaging.process.duration` keeps the buckets of `queue_job_execution_seconds` (so its",
         "buckets equal ours; `sources.events.histogram_buckets` changes both), not the advised",
         "boundaries of the conventions (0.005 to 10 s), which would cut off jobs that run minutes.",
+        "Its buckets carry the exemplars of ours (the same trace on the same bucket).",
         "",
         "The OTLP push's resource is the OpenTelemetry SDK's (`Resource.create`): the attributes of",
         "`OTEL_RESOURCE_ATTRIBUTES` (the chart sets `k8s.pod.name` and `k8s.namespace.name` there",

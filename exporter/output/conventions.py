@@ -1,8 +1,9 @@
 """The OpenTelemetry messaging semantic-convention families, read from the store's families.
 
 Each is a catalog family under its convention's name (catalog.CONVENTIONS): the same series
-with the attributes renamed and messaging.operation.name added, the same values. Built at
-each render or push from what the store returned, so the two names can never disagree.
+with the attributes renamed and messaging.operation.name added, the same values and
+exemplars. Built at each render or push from what the store returned, so the two names can
+never disagree.
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ def _conventional(family: Family, convention: Convention, otlp: bool) -> Family:
     operation = (convention.operation,)
     if isinstance(family, HistogramFamily):
         points = {labels + operation: point for labels, point in family.series.items()}
-        return HistogramFamily(spec, family.bounds, points)
+        slots = {labels + operation: kept for labels, kept in family.exemplars.items()}
+        return HistogramFamily(spec, family.bounds, points, slots)
     return NumberFamily(
-        spec, Series([{labels + operation: v for labels, v in family.series.items()}])
+        spec,
+        Series([{labels + operation: v for labels, v in family.series.items()}]),
+        {labels + operation: kept for labels, kept in family.exemplars.items()},
     )

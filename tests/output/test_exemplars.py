@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from exporter.lifecycle import wire
 from exporter.lifecycle.metrics import EXEMPLIFIED, EventMetrics, Tally, apply
 from exporter.output.catalog import BY_NAME
+from exporter.output.conventions import with_conventions
 from exporter.output.health import HealthBoard
 from exporter.output.otlp import store_metrics
 from exporter.output.store import OVERFLOW, Exemplar, MetricStore, SeriesGuard
@@ -212,6 +213,31 @@ def test_otlp_points_carry_the_exemplars_kept():
     assert exemplar.time_unix_nano == pytest.approx(now * 1e9, abs=1e3)
     (counted,) = metrics["queue_jobs_completed_total"].data.data_points
     assert [(e.trace_id, e.value) for e in counted.exemplars] == [(12, 1.0)]
+    telemetry.shutdown()
+
+
+def test_the_convention_families_carry_their_sources_exemplars():
+    """messaging.process.duration is queue_job_execution_seconds renamed: the same exemplar on
+    the same bucket, on /metrics and over OTLP (docs/metrics.md)."""
+    telemetry = Telemetry(HealthBoard(), messaging_conventions=True)
+    now = time.time()
+    _record(telemetry, [_event("completed", 21, now, duration=7.0)])
+    read = _exemplars(telemetry.render(True).decode())
+    ours = read[(f"{EXECUTION}_bucket", _job(le="10.0"))]
+    labels = {
+        "messaging_system": "app",
+        "messaging_destination_name": "emails",
+        "job_type": "send",
+        "priority": "",
+        "messaging_operation_name": "process",
+        "le": "10.0",
+    }
+    theirs = read[("messaging_process_duration_seconds_bucket", tuple(sorted(labels.items())))]
+    assert theirs == ours and theirs.labels["trace_id"] == f"{21:032x}"
+    pushed = with_conventions(telemetry.store.families(), otlp=True)
+    metrics = {metric.name: metric for metric in store_metrics(pushed, 0)}
+    (point,) = metrics["messaging.process.duration"].data.data_points
+    assert [(e.trace_id, e.value) for e in point.exemplars] == [(21, 7.0)]
     telemetry.shutdown()
 
 
