@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import redis
 
 from exporter.config import settings as config_module
@@ -72,8 +73,12 @@ def test_queues_beyond_max_keys_are_counted_not_read(redis_client, redis_url, ru
     assert "max_keys" in (reports["built"].last_warning or "")
 
 
-def _sampler(redis_url: str, max_keys: int, *groups: dict) -> RedisKeySampler:
+def _sampler(
+    redis_url: str, max_keys: int, *groups: dict, scan_count: int | None = None
+) -> RedisKeySampler:
     settings = {"url": redis_url, "key_groups": list(groups), "max_keys": max_keys}
+    if scan_count is not None:
+        settings["scan_count"] = scan_count
     config = config_module.from_dict({"sources": {"redis": settings}})
     return RedisKeySampler(config.sources.redis, 15.0)
 
@@ -112,7 +117,16 @@ def _queues(client: redis.Redis, system: str, count: int, named: bool = False) -
 DEPTHS = {"few": 3}  # jobs per queue, 1 unless named; built queues not named read 0
 
 
-def test_a_share_a_group_leaves_unused_is_lent_to_the_group_that_needs_it(redis_client, redis_url):
+# SCAN pages of about 1,000 keys, or of about 10: the first pages of a group then fit within
+# its share and are read without asking the room key by key (KeyRoom.within_shares), the
+# later ones are taken key by key, and the keys read and counted are the same.
+PAGES = pytest.mark.parametrize("scan_count", [None, 10], ids=["default_pages", "small_pages"])
+
+
+@PAGES
+def test_a_share_a_group_leaves_unused_is_lent_to_the_group_that_needs_it(
+    redis_client, redis_url, scan_count
+):
     """max_keys 2,000 over four groups (500 each): a group of 1,500 queues beside an idle
     group, one of 20 queues and one of 5 built queues is read in full, nothing counted (before:
     500 read, 1,000 counted too_many_keys)."""
@@ -120,14 +134,17 @@ def test_a_share_a_group_leaves_unused_is_lent_to_the_group_that_needs_it(redis_
     _queues(redis_client, "few", 20)
     _queues(redis_client, "built", 5, named=True)
     groups = (_scanned("busy"), _scanned("idle"), _scanned("few"), _built("built"))
-    sampler = _sampler(redis_url, 2_000, *groups)
+    sampler = _sampler(redis_url, 2_000, *groups, scan_count=scan_count)
     for _ in range(2):  # the second cycle goes by the routes the first learned
         read, errors = _cycle(sampler)
         assert read == {"busy": 1_500, "few": 20, "built": 5}
         assert errors == {"busy": {}, "idle": {}, "few": {}, "built": {}}
 
 
-def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, redis_url):
+@PAGES
+def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(
+    redis_client, redis_url, scan_count
+):
     """max_keys 600 over four groups (150 each) that found 500, 320, 60 and 400 (built from a
     set): the group of 60 reads all, the room left (540) is split evenly, 180 each, and what is
     not read is counted exactly per group."""
@@ -136,7 +153,7 @@ def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, re
     _queues(redis_client, "few", 60)
     _queues(redis_client, "built", 400, named=True)
     groups = (_scanned("busy"), _scanned("other"), _scanned("few"), _built("built"))
-    sampler = _sampler(redis_url, 600, *groups)
+    sampler = _sampler(redis_url, 600, *groups, scan_count=scan_count)
     for _ in range(2):
         read, errors = _cycle(sampler)
         assert read == {"busy": 180, "other": 180, "few": 60, "built": 180}
@@ -146,6 +163,23 @@ def test_when_max_keys_binds_the_groups_in_need_share_it_evenly(redis_client, re
             "few": {},
             "built": {"too_many_keys": 220},
         }
+
+
+@PAGES
+def test_scanned_groups_share_max_keys_as_found_page_by_page(redis_client, redis_url, scan_count):
+    """max_keys 600 over three scanned groups (200 each) that found 500, 320 and 60: the group
+    of 60 reads all, the room left (540) is split evenly, 270 each, the rest counted. With
+    small pages each group's first keys are read page by page within its share, counted as
+    the room counts them key by key (KeyRoom.took)."""
+    _queues(redis_client, "busy", 500)
+    _queues(redis_client, "other", 320)
+    _queues(redis_client, "few", 60)
+    groups = (_scanned("busy"), _scanned("other"), _scanned("few"))
+    sampler = _sampler(redis_url, 600, *groups, scan_count=scan_count)
+    for _ in range(2):
+        read, errors = _cycle(sampler)
+        assert read == {"busy": 270, "other": 270, "few": 60}
+        assert errors == {"busy": {"too_many_keys": 230}, "other": {"too_many_keys": 50}, "few": {}}
 
 
 def test_keys_naming_more_queues_than_max_keys_are_taken_up_to_it(redis_client, redis_url):
