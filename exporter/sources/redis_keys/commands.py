@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, get_args
+from typing import Any, NamedTuple, cast, get_args
 
 import redis
 
@@ -682,8 +682,9 @@ class Cycle:
             self._add_age(labels, min(times))
 
     def _add_depth(self, tally: GroupTally, labels: Labels, depth: float) -> None:
-        self.samples.add_labelled(DEPTH, labels, depth)
-        tally.series[labels] = None
+        self.samples.table(DEPTH)  # the family's place among the samples, as it was met
+        previous = tally.series.get(labels)
+        tally.series[labels] = depth if previous is None else DEPTH.combined(previous, depth)
 
     def _age(self, labels: Labels, item_time: float | None) -> None:
         """The age of a head item's time; a time before 1970 or ahead of `latest` raises
@@ -853,13 +854,16 @@ class Cycle:
     def _counts(
         self, reads: GroupReads, part: Part, run: list[FoundKey], replies: list[Any]
     ) -> list[Command]:
-        """A run's counts of one part into their table: depths per series, due counts per
-        (system, queue). A key built from values whose count tells it exists (_TELLS_PRESENCE)
-        counts as found. With the first part come the queues' limits (max_depth)."""
+        """A run's counts of one part into their table: depths per series (the group's own:
+        _add_depths), due counts per (system, queue). A key built from values whose count tells
+        it exists (_TELLS_PRESENCE) counts as found. With the first part come the queues'
+        limits (max_depth)."""
         tally, spec, priority = reads.tally, part.spec, part.priority
         again: list[Command] = []
-        table = {} if spec is None else self.samples.table(spec)
-        series = tally.series if spec is DEPTH else None
+        by_series = spec is DEPTH
+        table: dict[Any, float] = {} if spec is None else self.samples.table(spec)
+        if by_series:
+            table = tally.series
         tells = reads.built and part.command in _TELLS_PRESENCE
         limit = reads.max_depth if part is reads.parts[0] else None
         limits = self.samples.table(MAX_DEPTH)
@@ -875,10 +879,8 @@ class Cycle:
                 continue
             if priority is not None:
                 labels = labels._replace(priority=priority)
-            row: tuple[str, ...] = labels if series is not None else queue  # a due count's
+            row = labels if by_series else queue  # a due count's
             table[row] = table.get(row, 0.0) + count
-            if series is not None:
-                series[labels] = None
             if tells and count:
                 tally.present(key)
             elif tells and part.command == "XLEN":  # a stream may exist empty
@@ -977,7 +979,30 @@ class Cycle:
             self.lost_groups.add(id(tally))
             tally.failed(key, reason, detail)
 
-    def withdraw_lost_groups(self) -> None:
+    def finish(self) -> None:
+        """Once every read of the cycle is handled: the groups' depths into the samples, then
+        the series of the groups that lost a cluster node withdrawn."""
+        self._add_depths()
+        self._withdraw_lost_groups()
+
+    def _add_depths(self) -> None:
+        """Each group's depths (GroupTally.series) into the depth table, summed where groups
+        share a series: per key a group writes its own table only, where it wrote both the
+        depth table and its series, one dict write a key less. At 100k keys the cycle's own
+        CPU was 1.67x the floor's this way, 1.73x writing both (bench/key_sampling_split.py
+        --before, docs/benchmarks.md)."""
+        for tally in self.tallies:
+            if not tally.series:
+                continue
+            table = self.samples.table(DEPTH)
+            if table.keys().isdisjoint(tally.series):  # no series of another group's
+                table.update(cast("dict[tuple[str, ...], float]", tally.series))  # one copy, in C
+                continue
+            for labels, depth in tally.series.items():
+                previous = table.get(labels)
+                table[labels] = depth if previous is None else DEPTH.combined(previous, depth)
+
+    def _withdraw_lost_groups(self) -> None:
         """A group some of whose keys sat on a cluster node that did not answer: its series
         would be partial sums, so none of them is served this cycle."""
         for tally in (tally for tally in self.tallies if id(tally) in self.lost_groups):

@@ -121,7 +121,7 @@ class RedisKeySampler:
         finally:  # a cycle that failed leaves no reply unread on a connection
             rounds.abandon()
         self._learned = cycle.learned
-        cycle.withdraw_lost_groups()
+        cycle.finish()
         samples = cycle.samples
         if self.source_label is not None:
             samples = samples.with_label(SOURCE_LABEL, self.source_label)

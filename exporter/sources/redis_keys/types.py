@@ -114,7 +114,9 @@ class GroupTally:
         self.enumerated = group.enumerated  # its keys built from values: asked once a cycle
         self.example_keys: list[bytes] = []
         self.failed_keys: list[tuple[str, bytes]] = []  # the first few (reason, key)
-        self.series: dict[Labels, None] = {}  # a dict: the first ones found are the examples
+        # its series and their depths summed, added into the cycle's samples once it is done
+        # (Cycle.finish); a dict: the first ones found are the examples
+        self.series: dict[Labels, float] = {}
         self.errors: Counter[str] = Counter()  # by reason: keys, or keys not read
         # queue_exporter_source_errors_total's increments by reason: a key each, but once a
         # cycle for too_many_keys (however many keys went unread)

@@ -190,6 +190,7 @@ def sample(scenario: Scenario, client: redis.Redis | None) -> Cycle:
             if page:
                 _read(cycle, transport, tally, page)
     transport.flush()
+    cycle.finish()  # as the sampler ends a cycle
     return cycle
 
 
