@@ -2,7 +2,7 @@
 garbage collections a cycle runs, the exporter's cycle against bench/key_sampling.py's floor.
 
     .venv/bin/python bench/key_sampling_split.py [--sizes 100000,1000000] [--runs 4]
-        [--free-room | --before DIR]
+        [--before DIR]
 
 For each size: bench/key_sampling.py's keys (N Orchestrata queue lists among 100,000 other
 keys) in a redis-server of the benchmark's own; after a warm-up of each, the floor and one
@@ -12,10 +12,6 @@ cpu) for each side, and the collections the cyclic GC ran during the exporter's 
 generation, from gc.callbacks) and the CPU they took. The process starts as `serve` does:
 what start-up built frozen (gc.freeze()). bench/key_sampling.py gives the sum of both CPUs,
 the figure its target is stated in; this says which side of it moves with the number of keys.
-
-With --free-room, instead: the cycle's process CPU with KeyRoom.take as it is, alternated with
-KeyRoom.take answering READ at once (what no cheaper take can beat: every key is read here,
-max_keys lifted), each checked against the floor: the most a faster room could win.
 
 With --before DIR (another source tree: a worktree of an earlier commit), instead: this tree's
 cycle and that tree's, each in a process of its own (its exporter and bench/key_sampling.py
@@ -53,8 +49,6 @@ from bench.key_sampling import (
     private_redis,
     same_result,
 )
-from exporter.sources.redis_keys import room
-from exporter.sources.redis_keys.types import FoundKey, GroupTally
 
 
 class Collections:
@@ -111,37 +105,6 @@ def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Co
         )
     medians = ", ".join(f"{name} {statistics.median(r):.2f}x" for name, r in ratios.items())
     print(f"{size:>9} medians, exporter / floor CPU: {medians}")
-    raw.close()
-    sampler.close()
-
-
-def free_take(_room: room.KeyRoom, _tally: GroupTally, _found: FoundKey) -> room.Fate:
-    return room.Fate.READ
-
-
-def room_bound(url: str, size: int, runs: int) -> None:
-    """The cycle's process CPU with KeyRoom.take as it is and free, alternated (--free-room)."""
-    sampler = preset_sampler(url, "orchestrata")
-    raw = RawRedis(url)
-    gc.freeze()
-    floor_loop(raw)
-    sampler.sample()
-    sides = {"as it is": room.KeyRoom.take, "free": free_take}
-    spent: dict[str, list[float]] = {name: [] for name in sides}
-    try:
-        for run in range(runs):
-            for name in sides if run % 2 == 0 else reversed(sides):
-                room.KeyRoom.take = sides[name]  # type: ignore[method-assign]
-                found = floor_loop(raw)
-                cpu = time.process_time()
-                cycle = sampler.sample()
-                spent[name].append(time.process_time() - cpu)
-                same_result(found, cycle.samples, 60.0)
-                print(f"{size:>9} KeyRoom.take {name}: {spent[name][-1]:.3f} s", flush=True)
-    finally:
-        room.KeyRoom.take = sides["as it is"]  # type: ignore[method-assign]
-    medians = ", ".join(f"{name} {statistics.median(cpu):.3f} s" for name, cpu in spent.items())
-    print(f"{size:>9} medians, the cycle's process CPU, KeyRoom.take {medians}")
     raw.close()
     sampler.close()
 
@@ -223,7 +186,6 @@ def main() -> None:
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--unrelated", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=4)
-    parser.add_argument("--free-room", action="store_true", help="KeyRoom.take as is and free")
     parser.add_argument("--before", help="another source tree, its cycle alternated with this")
     parser.add_argument("--worker", help=argparse.SUPPRESS)  # a --before side, on this URL
     args = parser.parse_args()
@@ -238,8 +200,6 @@ def main() -> None:
             load_keys(client, size, args.unrelated)
             if args.before:
                 before_and_after(url, args.before, size, args.runs)
-            elif args.free_room:
-                room_bound(url, size, args.runs)
             else:
                 measure(url, client, size, args.runs, collections)
         client.close()

@@ -256,22 +256,16 @@ class RedisKeySampler:
         prefixes = tuple(self._prefixes[tally.group.pattern] for tally in tallies)
         for keys in self._scan(cycle, scan.glob, tallies, rounds):
             pages: list[list[FoundKey]] = [[] for _ in tallies]
-            if self._room.within_shares(tallies, len(keys)):  # every key read: no take() each
-                known = len(routes)
-                unclaimed += self._routed(keys, tallies, prefixes, routes, last_cycle, pages)
-                for tally, page in zip(tallies, pages, strict=True):
-                    self._room.took(tally, len(page))
-                claimed += len(routes) - known
-            else:
-                counts = self._taken(keys, tallies, prefixes, routes, last_cycle, pages)
-                claimed, unclaimed = claimed + counts[0], unclaimed + counts[1]
+            every_read = self._room.within_shares(tallies, len(keys))
+            counts = self._paged(keys, tallies, prefixes, routes, last_cycle, pages, every_read)
+            claimed, unclaimed = claimed + counts[0], unclaimed + counts[1]
             for tally, page in zip(tallies, pages, strict=True):
                 if page:
                     yield tally, page
         if len(tallies) > 1:
             self._scan_plan.shared_scan_found(scan, claimed, unclaimed)
 
-    def _routed(
+    def _paged(
         self,
         keys: list[bytes],
         tallies: list[GroupTally],
@@ -279,10 +273,14 @@ class RedisKeySampler:
         routes: dict[bytes, Route],
         last_cycle: dict[bytes, Route],
         pages: list[list[FoundKey]],
-    ) -> int:
-        """A SCAN page's keys onto each group's page, every one read (KeyRoom.within_shares),
-        each remembered in `routes`; the keys no group takes are counted."""
-        unclaimed = 0
+        every_read: bool,
+    ) -> tuple[int, int]:
+        """A SCAN page's keys onto their groups' pages; the keys some group took, and none.
+        `every_read` (KeyRoom.within_shares): each key is read and the room counts the page at
+        once, not with a take() per key, which at 100k keys took the cycle's own CPU from 1.97x
+        the floor's to 1.79x (bench/key_sampling_split.py --before, docs/benchmarks.md). Else
+        the room takes each key: read now, kept to be read once every SCAN is done, or dropped."""
+        claimed = unclaimed = 0
         for key in keys:
             if key in routes:  # SCAN may return a key twice
                 continue
@@ -292,34 +290,13 @@ class RedisKeySampler:
                 if not route:
                     unclaimed += 1
                     continue
-            routes[key] = route
-            for index, found in route:
-                pages[index].append(found)
-        return unclaimed
-
-    def _taken(
-        self,
-        keys: list[bytes],
-        tallies: list[GroupTally],
-        prefixes: tuple[bytes, ...],
-        routes: dict[bytes, Route],
-        last_cycle: dict[bytes, Route],
-        pages: list[list[FoundKey]],
-    ) -> tuple[int, int]:
-        """A SCAN page's keys as the room takes each (KeyRoom.take): read now onto its group's
-        page, kept for later, or dropped; the keys some group took, and none."""
-        claimed = unclaimed = 0
-        for key in keys:
-            if key in routes:
-                continue
-            route = last_cycle.get(key)
-            if route is None:
-                route = self._route(key, tallies) if key.startswith(prefixes) else ()
-                if not route:
-                    unclaimed += 1
-                    continue
             claimed += 1
-            placed = False  # read now, or kept to be read once every SCAN is done
+            if every_read:
+                routes[key] = route
+                for index, found in route:
+                    pages[index].append(found)
+                continue
+            placed = False
             for index, found in route:
                 fate = self._room.take(tallies[index], found)
                 if fate is Fate.READ:
@@ -327,6 +304,9 @@ class RedisKeySampler:
                 placed = placed or fate is not Fate.DROPPED
             if placed:  # a key dropped at once is not remembered: a group may find millions
                 routes[key] = route
+        if every_read:
+            for tally, page in zip(tallies, pages, strict=True):
+                self._room.took(tally, len(page))
         return claimed, unclaimed
 
     def _route(self, key: bytes, tallies: list[GroupTally]) -> Route:
