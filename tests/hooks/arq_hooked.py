@@ -10,7 +10,8 @@ A plan is a list of {"function", optional "args", "defer_by" (seconds)}. Environ
 (arq's Redis), EVENTS_URL and EVENTS_STREAM (the hook's), EVENTS_BUFFER (its buffer size),
 EVENTS_NO_TIMEOUT=1 (an events client without socket timeouts: a call of the hook's that waited
 on Redis would then wait for ever), OTEL=1 (an SDK tracer provider and OpenTelemetry's arq
-instrumentation, in the sender a span around each enqueue), TRUTH (a file where the jobs write,
+instrumentation, in the sender a span around each enqueue), LATE_START (seconds each job's task holds the loop before
+its function runs), TRUTH (a file where the jobs write,
 one JSON line a run, their id, their own start and end times and the trace id OpenTelemetry
 says is active inside them).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import dataclasses
 import json
 import os
 import sys
@@ -114,6 +116,25 @@ class WorkerSettings:
     poll_delay = 0.05
     keep_result = 3600
     on_startup = _ready
+
+
+if os.environ.get("LATE_START"):
+    # A stand-in for an instrumentation whose wrapper holds the loop before the job's own
+    # coroutine runs (a span exporter's work, say): each job's task starts its function this
+    # late after arq started the job's timeout.
+    late = float(os.environ["LATE_START"])
+
+    def _started_late(coroutine: Any) -> Any:
+        async def started_late(ctx: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+            time.sleep(late)
+            return await coroutine(ctx, *args, **kwargs)
+
+        return started_late
+
+    WorkerSettings.functions = [
+        dataclasses.replace(function, coroutine=_started_late(function.coroutine))
+        for function in WorkerSettings.functions
+    ]
 
 
 async def send(plan: list[dict[str, Any]]) -> None:

@@ -182,6 +182,24 @@ def _check_times(
     assert finished <= info["finish_time"] + ROUNDING
 
 
+def test_a_job_whose_task_starts_late_is_still_timed_out(redis_client, redis_url, tmp_path):
+    """arq starts a job's timeout before its task runs a line: a task that starts late (held
+    0.15 s of the slow job's 0.3 s, as a slow instrumentation's wrapper would) is cancelled
+    having run less than its timeout, and is a time-out all the same, as arq records it."""
+    app = _app(redis_url, tmp_path / "runs.jsonl", LATE_START="0.15")
+    try:
+        worker = _worker(app)
+        sent, _ = json_lines(app.run("send", [{"function": "slow"}]))  # type: ignore[arg-type]
+        arq_truth = wait_for(lambda: _finished(app, [sent["id"]]))
+        app.stop(worker)
+    finally:
+        app.stop_all()
+    assert arq_truth[sent["id"]]["error"] == "TimeoutError"
+    job = by_job(events_of(redis_client, STREAM))[sent["id"]]
+    assert written_names(job) == EXPECTED["slow"]
+    assert [e["error_type"] for e in job if e["event"] == "failed"] == ["timeout"]
+
+
 def test_an_events_redis_that_hangs_then_dies_costs_counted_events_never_a_job(redis_url, tmp_path):
     """The worker's events client has no timeout at all: had the hook a Redis call in a job's
     path, that job would wait for ever on the stopped server. Every job succeeds (arq's own
