@@ -216,7 +216,8 @@ class SdkStore(MetricStore):
         self._meter = telemetry.meter
         self._instruments: dict[str, Any] = {}
 
-    def apply(self, counts: Any, observations: Any) -> None:
+    def apply(self, counts: Any, observations: Any, exemplars: Any = None) -> None:
+        """The batch into SDK instruments (exemplars: not kept by this variant)."""
         from exporter.output.catalog import BY_NAME
 
         for (metric, labels), amount in counts.items():
