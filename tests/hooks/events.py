@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -15,16 +15,25 @@ from exporter.lifecycle import wire
 from exporter.runtime.app import App
 from tests.conftest import wait_for
 
+_E = TypeVar("_E")
+
 
 def events_by_job(client: redis.Redis, stream: str) -> dict[str, list[wire.Event]]:
     """Every event of the stream, parsed as the consumer parses them (none refused, no field
-    dropped), by job id, in stream order."""
+    dropped), by job id, each job's in the order they happened (in_lifecycle_order)."""
     found: dict[str, list[wire.Event]] = defaultdict(list)
     for _, fields in client.xrange(stream):
         event = wire.parse(fields)
         assert event.dropped_field is None, (event, fields)
         found[event.job_id].append(event)
-    return dict(found)
+    return {job: in_lifecycle_order(events, lambda e: e.ts) for job, events in found.items()}
+
+
+def in_lifecycle_order(events: list[_E], ts: Callable[[_E], float]) -> list[_E]:
+    """A job's events by their ts, those of equal ts in stream order. One process writes its
+    events in the order they happen, but the sender's (enqueued) and the worker's reach the
+    stream in either order: a worker may send `started` before the sender has flushed."""
+    return sorted(events, key=ts)
 
 
 def names(events: list[wire.Event]) -> list[str]:
@@ -58,14 +67,14 @@ def events_of(client: redis.Redis, stream: str) -> list[dict[str, str]]:
 
 
 def by_job(events: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
-    """Each job's events, in the order they were written."""
+    """Each job's events, in the order they happened (in_lifecycle_order)."""
     jobs: dict[str, list[dict[str, str]]] = defaultdict(list)
     for event in events:
         jobs[event["job_id"]].append(event)
-    return dict(jobs)
+    return {job: in_lifecycle_order(found, lambda e: float(e["ts"])) for job, found in jobs.items()}
 
 
-def written_names(events: list[dict[str, str]]) -> list[str]:
+def event_names(events: list[dict[str, str]]) -> list[str]:
     return [event["event"] for event in events]
 
 

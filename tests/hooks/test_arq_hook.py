@@ -17,11 +17,11 @@ import pytest
 from tests.conftest import scrape_series, total, value, wait_for
 from tests.hooks.events import (
     by_job,
+    event_names,
     events_of,
     exporter_reading,
     json_lines,
     trace_id,
-    written_names,
 )
 from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
@@ -107,7 +107,7 @@ def test_events_match_arqs_own_truth_and_are_served(
         wanted = list(EXPECTED[function])
         if step.get("defer_by"):
             wanted.insert(1, "scheduled")
-        assert written_names(job) == wanted, (function, job)
+        assert event_names(job) == wanted, (function, job)
         assert {(e["queue"], e["job_type"], e["system"]) for e in job} == {(QUEUE, function, "arq")}
         assert len(runs[sent["id"]]) == RUNS[function] == info["job_try"]
         _check_times(job, info, runs[sent["id"]])
@@ -196,7 +196,7 @@ def test_a_job_whose_task_starts_late_is_still_timed_out(redis_client, redis_url
         app.stop_all()
     assert arq_truth[sent["id"]]["error"] == "TimeoutError"
     job = by_job(events_of(redis_client, STREAM))[sent["id"]]
-    assert written_names(job) == EXPECTED["slow"]
+    assert event_names(job) == EXPECTED["slow"]
     assert [e["error_type"] for e in job if e["event"] == "failed"] == ["timeout"]
 
 

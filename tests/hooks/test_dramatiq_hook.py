@@ -20,11 +20,11 @@ from dramatiq import Message
 from tests.conftest import scrape_series, total, value, wait_for
 from tests.hooks.events import (
     by_job,
+    event_names,
     events_of,
     exporter_reading,
     json_lines,
     trace_id,
-    written_names,
 )
 from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
@@ -106,7 +106,7 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
         wanted = list(expected[actor])
         if step.get("delay"):
             wanted.insert(1, "scheduled")
-        assert written_names(job) == wanted, (actor, job)
+        assert event_names(job) == wanted, (actor, job)
         _check_times(job, message, runs[message["id"]])
         assert {(e["queue"], e["job_type"], e["system"]) for e in job} == {
             (QUEUE, actor, "dramatiq")
@@ -125,7 +125,7 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
             assert {run["trace_id"] for run in runs[message["id"]]} == {message["trace_id"]}
         else:
             assert message["trace_id"] is None and traces == {None}
-    assert sum(written_names(jobs[m["id"]]).count("scheduled") for m in messages) == 1
+    assert sum(event_names(jobs[m["id"]]).count("scheduled") for m in messages) == 1
     error_types = {
         m["actor"]: {e["error_type"] for e in jobs[m["id"]] if e["event"] == "failed"}
         for m in messages
