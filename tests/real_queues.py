@@ -36,7 +36,7 @@ class Driver:
         self.env = {**os.environ, **env}
         self.started: list[subprocess.Popen[str]] = []
 
-    def run(self, command: str, spec: dict[str, Any], timeout: float = 120) -> str:
+    def run(self, command: str, spec: object, timeout: float = 120) -> str:
         done = subprocess.run(
             [*self.argv, command, json.dumps(spec)],
             env=self.env,

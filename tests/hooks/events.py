@@ -1,12 +1,16 @@
 """What the hook tests share: the stream as written (plain XRANGE, str fields) and as the
-exporter's consumer parses it, trace ids, a driver's JSON lines, and an exporter reading the
-stream (an events source)."""
+exporter's consumer parses it, trace ids, a driver's JSON lines, an exporter reading the
+stream (an events source), and an events Redis that hangs."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import redis
@@ -14,6 +18,7 @@ import redis
 from exporter.lifecycle import wire
 from exporter.runtime.app import App
 from tests.conftest import wait_for
+from tests.private_redis import PrivateRedis
 
 _E = TypeVar("_E")
 
@@ -86,3 +91,17 @@ def trace_id(event: dict[str, str]) -> str | None:
 
 def json_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+@contextmanager
+def hung_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A private Redis that takes connections and answers nothing (SIGSTOP): a blocking call to
+    it waits its whole deadline. Killed at the end if it was not before (SIGKILL reaches a
+    stopped process)."""
+    server = PrivateRedis(tmp_path).start()
+    try:
+        assert server.process is not None
+        os.kill(server.process.pid, signal.SIGSTOP)
+        yield server
+    finally:
+        server.stop()

@@ -7,8 +7,6 @@ events, never a job."""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +18,10 @@ from tests.hooks.events import (
     event_names,
     events_of,
     exporter_reading,
+    hung_redis,
     json_lines,
     trace_id,
 )
-from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
 from tests.tools import missing
 
@@ -76,7 +74,7 @@ def _runs(truth: Path) -> dict[str, list[dict[str, Any]]]:
 def _finished(app: Driver, job_ids: list[str]) -> dict[str, dict[str, Any]] | None:
     """arq's result_info() of every job, once each has one."""
     try:
-        infos = json_lines(app.run("truth", job_ids))  # type: ignore[arg-type]
+        infos = json_lines(app.run("truth", job_ids))
     except AssertionError:  # a job without a result yet
         return None
     return {info["id"]: info for info in infos}
@@ -91,7 +89,7 @@ def test_events_match_arqs_own_truth_and_are_served(
     app = _app(redis_url, truth, OTEL="1" if otel else "0")
     try:
         worker = _worker(app)
-        *jobs_sent, sender_counts = json_lines(app.run("send", PLAN))  # type: ignore[arg-type]
+        *jobs_sent, sender_counts = json_lines(app.run("send", PLAN))
         ids = [job["id"] for job in jobs_sent]
         arq_truth = wait_for(lambda: _finished(app, ids))
         *_, worker_counts = json_lines(app.stop(worker))
@@ -189,7 +187,7 @@ def test_a_job_whose_task_starts_late_is_still_timed_out(redis_client, redis_url
     app = _app(redis_url, tmp_path / "runs.jsonl", LATE_START="0.15")
     try:
         worker = _worker(app)
-        sent, _ = json_lines(app.run("send", [{"function": "slow"}]))  # type: ignore[arg-type]
+        sent, _ = json_lines(app.run("send", [{"function": "slow"}]))
         arq_truth = wait_for(lambda: _finished(app, [sent["id"]]))
         app.stop(worker)
     finally:
@@ -204,27 +202,24 @@ def test_an_events_redis_that_hangs_then_dies_costs_counted_events_never_a_job(r
     """The worker's events client has no timeout at all: had the hook a Redis call in a job's
     path, that job would wait for ever on the stopped server. Every job succeeds (arq's own
     result) while it is stopped; its events are dropped and counted, none is sent."""
-    events_redis = PrivateRedis(tmp_path).start()
     truth = tmp_path / "runs.jsonl"
     jobs = 10
     app = _app(redis_url, truth)
     try:
-        assert events_redis.process is not None
-        os.kill(events_redis.process.pid, signal.SIGSTOP)
-        app.env.update(
-            {"EVENTS_URL": events_redis.url, "EVENTS_NO_TIMEOUT": "1", "EVENTS_BUFFER": "4"}
-        )
-        worker = _worker(app)
-        app.env.update(
-            {"EVENTS_URL": redis_url, "EVENTS_NO_TIMEOUT": "0", "EVENTS_BUFFER": "10000"}
-        )
-        *sent, _ = json_lines(app.run("send", [{"function": "work", "args": [0]}] * jobs))  # type: ignore[arg-type]
-        infos = wait_for(lambda: _finished(app, [job["id"] for job in sent]))  # while stopped
-        events_redis.stop()  # SIGKILL: it dies stopped
-        *_, counts = json_lines(app.stop(worker))
+        with hung_redis(tmp_path) as events_redis:
+            app.env.update(
+                {"EVENTS_URL": events_redis.url, "EVENTS_NO_TIMEOUT": "1", "EVENTS_BUFFER": "4"}
+            )
+            worker = _worker(app)
+            app.env.update(
+                {"EVENTS_URL": redis_url, "EVENTS_NO_TIMEOUT": "0", "EVENTS_BUFFER": "10000"}
+            )
+            *sent, _ = json_lines(app.run("send", [{"function": "work", "args": [0]}] * jobs))
+            infos = wait_for(lambda: _finished(app, [job["id"] for job in sent]))  # while hung
+            events_redis.stop()  # SIGKILL: it dies stopped
+            *_, counts = json_lines(app.stop(worker))
     finally:
         app.stop_all()
-        events_redis.stop()
     assert all(info["success"] for info in infos.values()) and len(infos) == jobs
     assert counts["sent"] == 0
     assert sum(counts["dropped"].values()) == 2 * jobs  # started and completed of each

@@ -21,8 +21,7 @@ from celery import Celery
 from exporter.lifecycle.producer import URL_CLIENT_TIMEOUTS
 from tests.conformance.adapters.base import run_json
 from tests.conftest import scrape_series, stop_process, total, wait_for
-from tests.hooks.events import events_by_job, exporter_reading, names
-from tests.private_redis import PrivateRedis
+from tests.hooks.events import events_by_job, exporter_reading, hung_redis, names
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = Path(sys.executable).parent / "celery"
@@ -144,21 +143,15 @@ def test_a_hung_event_redis_costs_events_never_the_tasks(redis_url, tmp_path):
     every task still succeeds, none ran a socket timeout longer than its own sleep by Celery's
     own runtime (its worker log, which times the task with our `started` and before our
     `completed`), and what the pool processes buffered is counted dropped when they close."""
-    events_redis = PrivateRedis(tmp_path).start()
-    assert events_redis.process is not None
-    env = hooked_env(redis_url, otel=False, events_url=events_redis.url)
     log = tmp_path / "worker.log"
-    os.kill(events_redis.process.pid, signal.SIGSTOP)
-    try:
+    with hung_redis(tmp_path) as events_redis:
+        env = hooked_env(redis_url, otel=False, events_url=events_redis.url)
         ids = publish([{"task": "ok", "seconds": 0.1} for _ in range(4)], env)
         process = worker(env, log)
         try:
             found = results(redis_url, ids)
         finally:
             stop_process(process, signal.SIGTERM)
-    finally:
-        os.kill(events_redis.process.pid, signal.SIGCONT)
-        events_redis.stop()
     assert [found[i].state for i in ids] == ["SUCCESS"] * 4
     text = log.read_text()
     runtimes = [float(n) for n in re.findall(r"succeeded in ([0-9.]+)s", text)]

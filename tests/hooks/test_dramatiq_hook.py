@@ -7,8 +7,6 @@ hangs, then dies, costs counted events, never a job."""
 
 from __future__ import annotations
 
-import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,10 @@ from tests.hooks.events import (
     event_names,
     events_of,
     exporter_reading,
+    hung_redis,
     json_lines,
     trace_id,
 )
-from tests.private_redis import PrivateRedis
 from tests.real_queues import Driver
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +76,7 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
     app = _app(redis_url, truth, OTEL="1" if otel else "0")
     try:
         worker = app.start([*APP, "work"])
-        sent = json_lines(app.run("send", PLAN))  # type: ignore[arg-type]
+        sent = json_lines(app.run("send", PLAN))
         *messages, sender_counts = sent
         wait_for(lambda: len(_runs(truth)) == sum(RUNS.values()))
         wait_for(lambda: len(_dead_letters(redis_client)) == len(DEAD))
@@ -192,30 +190,24 @@ def test_an_events_redis_that_hangs_then_dies_costs_counted_events_never_a_job(
     """The worker's events client has no timeout at all: had the hook a Redis call in a job's
     path, that job would wait for ever on the stopped server. Every job completes while it is
     stopped; its events are dropped and counted, none is sent."""
-    events_redis = PrivateRedis(tmp_path).start()
     truth = tmp_path / "runs.jsonl"
     jobs = 10
     app = _app(redis_url, truth)
     try:
-        assert events_redis.process is not None
-        os.kill(events_redis.process.pid, signal.SIGSTOP)
-        worker_env = {
-            "EVENTS_URL": events_redis.url,
-            "EVENTS_NO_TIMEOUT": "1",
-            "EVENTS_BUFFER": "4",
-        }
-        app.env.update(worker_env)
-        worker = app.start([*APP, "work"])
-        app.env.update(
-            {"EVENTS_URL": redis_url, "EVENTS_NO_TIMEOUT": "0", "EVENTS_BUFFER": "10000"}
-        )
-        app.run("send", [{"actor": "work", "args": [0]}] * jobs)  # type: ignore[arg-type]
-        wait_for(lambda: len(_runs(truth)) == jobs)  # every job ran while the server is stopped
-        events_redis.stop()  # SIGKILL: it dies stopped
-        *_, counts = json_lines(app.stop(worker))
+        with hung_redis(tmp_path) as events_redis:
+            app.env.update(
+                {"EVENTS_URL": events_redis.url, "EVENTS_NO_TIMEOUT": "1", "EVENTS_BUFFER": "4"}
+            )
+            worker = app.start([*APP, "work"])
+            app.env.update(
+                {"EVENTS_URL": redis_url, "EVENTS_NO_TIMEOUT": "0", "EVENTS_BUFFER": "10000"}
+            )
+            app.run("send", [{"actor": "work", "args": [0]}] * jobs)
+            wait_for(lambda: len(_runs(truth)) == jobs)  # every job ran while the server hung
+            events_redis.stop()  # SIGKILL: it dies stopped
+            *_, counts = json_lines(app.stop(worker))
     finally:
         app.stop_all()
-        events_redis.stop()
     assert counts["sent"] == 0
     assert sum(counts["dropped"].values()) == 2 * jobs  # started and completed of each
     assert counts["dropped"]["buffer_full"] > 0

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from datetime import UTC
@@ -19,9 +18,8 @@ from rq.job import Job, JobStatus
 from exporter.lifecycle.producer import URL_CLIENT_TIMEOUTS
 from tests.conformance.adapters.base import run_json
 from tests.conftest import assert_runtimes_bucketed, scrape_series, total, wait_for
-from tests.hooks.events import events_by_job, exporter_reading, names
+from tests.hooks.events import events_by_job, exporter_reading, hung_redis, names
 from tests.hooks.rq_hooked import QUEUE
-from tests.private_redis import PrivateRedis
 
 ROOT = Path(__file__).resolve().parents[2]
 RQ = Path(sys.executable).parent / "rq"
@@ -169,17 +167,11 @@ def test_a_hung_event_redis_costs_events_never_the_jobs(redis_url, redis_client,
     """The event Redis stopped (SIGSTOP: a blocking call would wait its whole deadline): every
     job still finishes as RQ records it, none ran a socket timeout longer than its own sleep,
     and the events are counted dropped when the producer and the worker close."""
-    events_redis = PrivateRedis(tmp_path).start()
-    assert events_redis.process is not None
-    env = hooked_env(events_url=events_redis.url)
-    os.kill(events_redis.process.pid, signal.SIGSTOP)
-    try:
+    with hung_redis(tmp_path) as events_redis:
+        env = hooked_env(events_url=events_redis.url)
         plan = [{"call": "sleep_for", "seconds": 0.2} for _ in range(3)]
         made = enqueue(redis_url, plan, env, traced=False)
         log = burst_worker(redis_url, env)
-    finally:
-        os.kill(events_redis.process.pid, signal.SIGCONT)
-        events_redis.stop()
     jobs = [Job.fetch(m["id"], connection=redis_client) for m in made]
     assert [job.get_status() for job in jobs] == [JobStatus.FINISHED] * 3
     deadline = URL_CLIENT_TIMEOUTS["socket_timeout"]
