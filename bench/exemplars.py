@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
 import sys
 import time
 import tracemalloc
@@ -45,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.exposition import interleaved
 from exporter.lifecycle import wire
 from exporter.lifecycle.metrics import EventMetrics, Tally, apply
 from exporter.output.health import HealthBoard
@@ -140,17 +140,6 @@ def read_back(body: bytes, openmetrics: bool) -> tuple[Samples, dict[Any, Any]]:
     return samples, exemplars
 
 
-def interleaved(candidates: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    timings: dict[str, list[float]] = {name: [] for name in candidates}
-    for round_ in range(rounds + 1):
-        for name, action in candidates.items():
-            started = time.process_time()
-            action()
-            if round_:  # round 0 warms up
-                timings[name].append(time.process_time() - started)
-    return {name: statistics.median(values) for name, values in timings.items()}
-
-
 def render_speed(job_types: int, rounds: int, exemplars: bool) -> None:
     bare = filled(job_types)
     expected, _ = read_back(plain_writer(bare), False)
@@ -169,7 +158,7 @@ def render_speed(job_types: int, rounds: int, exemplars: bool) -> None:
         assert len(kept) == sum(map(len, wanted.values())), (len(kept), len(wanted))
         assert not read_back(traced.render(False), False)[1], "exemplars in the text format"
         candidates["openmetrics, exemplars"] = lambda: traced.render(True)
-    medians = interleaved(candidates, rounds)
+    medians = interleaved(candidates, rounds, time.process_time)
     plain = medians["plain"]
     print(f"{len(expected):,} event samples ({job_types:,} job types); medians of {rounds}")
     for name, median in medians.items():
