@@ -11,7 +11,7 @@ import pytest
 from exporter.lifecycle.producer import EventEmitter
 from exporter.output.catalog import BY_NAME, CONVENTIONS, Convention, convention_spec
 from tests.conftest import Series, scrape_series, total, wait_for
-from tests.output.test_otlp import receiver  # noqa: F401  (the fixture)
+from tests.output.test_otlp import attributes, metrics_named, receiver  # noqa: F401  (the fixture)
 
 STREAM = "conventions:events"
 DURATIONS = (0.5, 1.5)  # completed attempts
@@ -118,31 +118,10 @@ def test_off_serves_only_the_projects_names(redis_url, run_exporter):
     ]
 
 
-def _metrics(receiver, name: str) -> list:  # noqa: F811 (the fixture)
-    return [
-        metric
-        for request in receiver.requests
-        for resource in request.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-    ]
-
-
 def _in(request, name: str):
     """The one metric of that name in one push."""
-    (metric,) = [
-        metric
-        for resource in request.resource_metrics
-        for scope in resource.scope_metrics
-        for metric in scope.metrics
-        if metric.name == name
-    ]
+    (metric,) = metrics_named([request], name)
     return metric
-
-
-def _attributes(point) -> dict[str, str]:
-    return {a.key: a.value.string_value for a in point.attributes}
 
 
 def test_otlp_carries_the_dotted_names_with_units(
@@ -155,7 +134,7 @@ def test_otlp_carries_the_dotted_names_with_units(
     _exporter(run_exporter, redis_url, conventions=True, otlp={"enabled": True, "interval": 0.3})
 
     def pushed_all():
-        durations = _metrics(receiver, "messaging.process.duration")
+        durations = receiver.metrics("messaging.process.duration")
         if durations and durations[-1].histogram.data_points[0].count == len(DURATIONS) + 1:
             return durations[-1]
         return None
@@ -163,7 +142,7 @@ def test_otlp_carries_the_dotted_names_with_units(
     duration = wait_for(pushed_all)
     (point,) = duration.histogram.data_points
     assert duration.unit == "s"
-    assert _attributes(point) == {
+    assert attributes(point) == {
         "messaging.system": "app",
         "messaging.destination.name": "billing",
         "job_type": "invoice",
@@ -180,6 +159,6 @@ def test_otlp_carries_the_dotted_names_with_units(
     assert list(their_point.bucket_counts) == list(our_point.bucket_counts)
     assert list(their_point.explicit_bounds) == list(our_point.explicit_bounds)
     assert ours.unit == ""  # our names carry their unit already
-    (consumed,) = _metrics(receiver, "messaging.client.consumed.messages")[-1:]
+    (consumed,) = receiver.metrics("messaging.client.consumed.messages")[-1:]
     assert consumed.unit == "{message}" and consumed.sum.is_monotonic
     assert [p.as_double for p in consumed.sum.data_points] == [DEQUEUED]

@@ -57,17 +57,33 @@ class _Receiver:
             for resource in request.resource_metrics
         ]
 
+    def metrics(self, name: str) -> list[Any]:
+        """Every pushed metric of that name, oldest push first."""
+        return metrics_named(self.requests, name)
+
     def gauge_points(self, name: str) -> list[tuple[dict[str, str], float]]:
-        points = []
-        for request in self.requests:
-            for resource in request.resource_metrics:
-                for scope in resource.scope_metrics:
-                    for metric in scope.metrics:
-                        if metric.name == name:
-                            for point in metric.gauge.data_points:
-                                labels = {a.key: a.value.string_value for a in point.attributes}
-                                points.append((labels, point.as_double or point.as_int))
-        return points
+        return [
+            (attributes(point), point.as_double or point.as_int)
+            for metric in self.metrics(name)
+            for point in metric.gauge.data_points
+        ]
+
+
+def metrics_named(requests: list[ExportMetricsServiceRequest], name: str) -> list[Any]:
+    """The metrics of that name in these pushes, in their order."""
+    return [
+        metric
+        for request in requests
+        for resource in request.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name == name
+    ]
+
+
+def attributes(point: Any) -> dict[str, str]:
+    """A data point's attributes, as the labels they carry."""
+    return {a.key: a.value.string_value for a in point.attributes}
 
 
 @pytest.fixture
@@ -177,13 +193,9 @@ def test_exemplars_ride_on_the_pushed_points(receiver, redis_url, run_exporter, 
 
     def exemplars(name: str) -> list[Any]:
         found = []
-        for request in receiver.requests:
-            for resource in request.resource_metrics:
-                for scope in resource.scope_metrics:
-                    for metric in scope.metrics:
-                        if metric.name == name:
-                            data = metric.histogram if metric.HasField("histogram") else metric.sum
-                            found += [e for point in data.data_points for e in point.exemplars]
+        for metric in receiver.metrics(name):
+            data = metric.histogram if metric.HasField("histogram") else metric.sum
+            found += [e for point in data.data_points for e in point.exemplars]
         return found
 
     (histogram, *_) = wait_for(lambda: exemplars("queue_job_execution_seconds"))

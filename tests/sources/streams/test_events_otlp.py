@@ -6,22 +6,17 @@ import time
 
 from exporter.lifecycle.producer import EventEmitter
 from tests.conftest import wait_for
-from tests.output.test_otlp import receiver  # noqa: F401  (the fixture)
+from tests.output.test_otlp import attributes, receiver  # noqa: F401  (the fixture)
 
 STREAM = "otlp:events"
 
 
 def _points(receiver, name: str, kind: str) -> list[tuple[dict[str, str], object]]:  # noqa: F811 (the fixture)
-    points = []
-    for request in receiver.requests:
-        for resource in request.resource_metrics:
-            for scope in resource.scope_metrics:
-                for metric in scope.metrics:
-                    if metric.name == name:
-                        for point in getattr(metric, kind).data_points:
-                            labels = {a.key: a.value.string_value for a in point.attributes}
-                            points.append((labels, point))
-    return points
+    return [
+        (attributes(point), point)
+        for metric in receiver.metrics(name)
+        for point in getattr(metric, kind).data_points
+    ]
 
 
 def test_event_counters_and_histograms_are_pushed(
