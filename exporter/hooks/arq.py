@@ -145,9 +145,7 @@ class LifecycleEvents:
                 # task starts a loop turn (and an instrumentation's span) after the timer, so a
                 # job cancelled at its timeout had run less than it here (seen in CI, under load).
                 if time.perf_counter() - ctx.get(TIMER_STARTED, clock) >= timeout:
-                    ended = {**fields, "started_at": started_at, "duration": duration}
-                    emit("failed", **ended, error_type="timeout")
-                    emit("timed_out", **ended)
+                    self.emitter.timed_out(**fields, started_at=started_at, duration=duration)
                 raise  # cancelled otherwise (shutdown, abort): arq decides, no end is emitted
             except Exception as error:
                 ended = {

@@ -165,17 +165,15 @@ class CeleryHooks:
         if sender.app is not self.app or self._reported_before(task_id):
             return
         emitter = self.emitters.get()
-        timed_out = isinstance(exception, TIMEOUTS)
-        error_type = "timeout" if timed_out else _final_error_type(exception)
         if sender.request.id == task_id:
             fields = self._ended(sender)
         else:  # the worker's main process (a hard time limit, a lost pool process): no request
             fields = {"queue": self._routed_queue(sender), "job_type": sender.name}
             fields["job_id"] = task_id
-        emitter.emit("failed", **fields, error_type=error_type)
-        if timed_out:
-            times = ("duration", "started_at")  # the run is observed once, by `failed`
-            emitter.emit("timed_out", **{k: v for k, v in fields.items() if k not in times})
+        if isinstance(exception, TIMEOUTS):
+            emitter.timed_out(**fields)
+        else:
+            emitter.emit("failed", **fields, error_type=_final_error_type(exception))
 
     def _reported_before(self, task_id: str) -> bool:
         """Whether a failure of this task was emitted already: Celery 5.7's main process

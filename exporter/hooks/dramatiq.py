@@ -111,9 +111,10 @@ class LifecycleEvents(Middleware):
             self.emitter.emit("completed", **fields)
             return
         error_type = _error_type(broker, message, exception)
-        self.emitter.emit("failed", **fields, error_type=error_type)
         if error_type == "timeout":
-            self.emitter.emit("timed_out", **fields)
+            self.emitter.timed_out(**fields)
+        else:
+            self.emitter.emit("failed", **fields, error_type=error_type)
 
     def after_skip_message(self, broker: Broker, message: MessageProxy) -> None:
         self._started.pop(message.message_id, None)

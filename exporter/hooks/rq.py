@@ -163,9 +163,10 @@ def _emit_outcome(emitter: EventEmitter, job: Job, fields: dict[str, wire.FieldV
         emitter.emit("retried", **fields)
     elif status in (JobStatus.FAILED, JobStatus.STOPPED):
         error_type = _error_type(_exception_text(job)) if status == JobStatus.FAILED else "other"
-        emitter.emit("failed", **fields, **times, error_type=error_type)
-        if error_type == "timeout":  # its run is observed once, by `failed`
-            emitter.emit("timed_out", **fields, ts=times.get("ts"))
+        if error_type == "timeout":
+            emitter.timed_out(**fields, **times)
+        else:
+            emitter.emit("failed", **fields, **times, error_type=error_type)
 
 
 def _exception_text(job: Job) -> str:

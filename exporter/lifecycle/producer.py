@@ -74,6 +74,10 @@ def classify_error(error: BaseException) -> str:
 URL_CLIENT_TIMEOUTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
 
 
+# The fields that make an event observe a run's execution and total times.
+_RUN_TIMES = frozenset({"duration", "started_at", "enqueued_at"})
+
+
 class EmitterOptions(TypedDict, total=False):
     """The emitters' keyword options; their defaults are _Emitter's."""
 
@@ -175,6 +179,13 @@ class _Emitter:
             raise
         done = {**fields, "duration": time.perf_counter() - clock, "started_at": started_at}
         self.emit("completed", **done)
+
+    def timed_out(self, **failed: wire.FieldValue) -> None:
+        """A run its time limit ended: `failed` (error_type timeout) with the run's times, then
+        `timed_out` without them. Both events observe the times they carry (docs/events.md):
+        sent with both, one run would be observed twice."""
+        self.emit("failed", **failed, error_type="timeout")
+        self.emit("timed_out", **{k: v for k, v in failed.items() if k not in _RUN_TIMES})
 
     def timed(
         self,

@@ -132,6 +132,9 @@ def test_events_are_celerys_own_record_of_each_task(
     series = wait_for(served, timeout=30)
     # each attempt but the one killed, whose run the main process cannot time
     assert total(series, "queue_job_execution_seconds_count", **labels) == 7
+    # every attempt's time since enqueue, the killed one's too, each once: a time-out's by its
+    # `failed`, not again by its `timed_out` (10 when both carried it)
+    assert total(series, "queue_job_total_seconds_count", **labels) == 8
     assert total(series, "queue_job_wait_seconds_count", **labels) == 8
     ok = {**labels, "job_type": "hooks.ok"}
     assert total(series, "queue_job_execution_seconds_bucket", **ok, le="0.25") == 0

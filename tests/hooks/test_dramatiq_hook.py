@@ -156,6 +156,9 @@ def test_events_match_dramatiqs_own_truth_and_are_served(
     assert total(series, "queue_jobs_retried_total", **labels) == 1
     assert total(series, "queue_jobs_scheduled_total", **labels) == 1
     assert total(series, "queue_jobs_dead_lettered_total", **labels) == len(DEAD)
+    slow = {**labels, "job_type": "slow"}  # failed and timed_out: its one run observed once
+    assert total(series, "queue_job_execution_seconds_count", **slow) == 1
+    assert total(series, "queue_job_total_seconds_count", **slow) == 1
     work = {**labels, "job_type": "work"}
     assert total(series, "queue_job_execution_seconds_count", **work) == 3
     ran = sum(
