@@ -447,16 +447,13 @@ class StreamConsumer:
 
 
 def _stream_entries(reply: Any) -> list[Entry]:
-    """The entries of an XREADGROUP reply as hiredis parses it (RESP2: [[key, entries]],
-    RESP3: {key: entries}, nil when none): each an entry id and its flat field list, the
-    [id, fields] lists hiredis made, not copied (one stream's list as it is)."""
+    """The entries of an XREADGROUP reply of the one stream it names, as hiredis parses it
+    (RESP2: [[key, entries]], RESP3: {key: entries}, nil when none): each an entry id and its
+    flat field list, the [id, fields] lists hiredis made, not copied."""
     if not reply:
         return []
-    streams = list(reply.values()) if isinstance(reply, dict) else [entries for _, entries in reply]
-    if len(streams) == 1:
-        only: list[Entry] = streams[0]
-        return only
-    return [entry for entries in streams for entry in entries]
+    entries: list[Entry] = next(iter(reply.values())) if isinstance(reply, dict) else reply[0][1]
+    return entries
 
 
 def _text(value: bytes | str) -> str:
