@@ -31,7 +31,7 @@ import redis.asyncio
 from arq.constants import default_queue_name
 from arq.worker import Function, Retry, func
 
-from exporter.lifecycle.producer import AsyncEventEmitter, classify_error
+from exporter.lifecycle.producer import AsyncEventEmitter, final_error_type
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -157,7 +157,7 @@ class LifecycleEvents:
                     emit("failed", **ended, error_type="retryable")
                     emit("retried", **fields, delay=(error.defer_score or 0) / 1000)
                 else:
-                    emit("failed", **ended, error_type=_error_type(error))
+                    emit("failed", **ended, error_type=final_error_type(error))
                 raise
             duration = time.perf_counter() - clock
             emit("completed", **fields, started_at=started_at, duration=duration)
@@ -211,12 +211,6 @@ class _Marker:
 
     async def __call__(self, ctx: dict[str, Any]) -> None:
         return None
-
-
-def _error_type(error: BaseException) -> str:
-    """arq retries only a job raising Retry: any other exception fails the job for good."""
-    kind = classify_error(error)
-    return "non_retryable" if kind == "other" else kind
 
 
 def _seconds(value: float | timedelta | None) -> float | None:

@@ -42,7 +42,7 @@ from celery.exceptions import SoftTimeLimitExceeded, TimeLimitExceeded
 from exporter.core.logs import LogLimiter
 from exporter.hooks.process_emitter import ProcessEmitter
 from exporter.lifecycle import wire
-from exporter.lifecycle.producer import classify_error
+from exporter.lifecycle.producer import final_error_type
 
 if TYPE_CHECKING:
     import redis
@@ -173,7 +173,7 @@ class CeleryHooks:
         if isinstance(exception, TIMEOUTS):
             emitter.timed_out(**fields)
         else:
-            emitter.emit("failed", **fields, error_type=_final_error_type(exception))
+            emitter.emit("failed", **fields, error_type=final_error_type(exception))
 
     def _reported_before(self, task_id: str) -> bool:
         """Whether a failure of this task was emitted already: Celery 5.7's main process
@@ -224,12 +224,3 @@ class CeleryHooks:
             fields["duration"] = time.perf_counter() - started[0]
             fields["started_at"] = started[1]
         return fields
-
-
-def _final_error_type(exception: BaseException | None) -> str:
-    """task_failure is final (a retried attempt sends task_retry): an exception declaring its
-    class keeps it, any other is non_retryable."""
-    if exception is None:
-        return "other"
-    declared = classify_error(exception)
-    return "non_retryable" if declared == "other" else declared

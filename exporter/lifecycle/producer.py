@@ -70,6 +70,16 @@ def classify_error(error: BaseException) -> str:
     return "other"
 
 
+def final_error_type(error: BaseException | None) -> str:
+    """The error_type of a failure after which the job is not retried (a hook's library says
+    so): the class an exception declares (classify_error), else `non_retryable`; `other` when
+    no exception is known."""
+    if error is None:
+        return "other"
+    declared = classify_error(error)
+    return "non_retryable" if declared == "other" else declared
+
+
 # A client the emitter makes from a URL gives up on a hung Redis after these seconds.
 URL_CLIENT_TIMEOUTS: dict[str, Any] = {"socket_timeout": 2, "socket_connect_timeout": 2}
 
