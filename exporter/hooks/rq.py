@@ -24,6 +24,7 @@ execution, so the worker's events carry it and the spans the job starts are its 
 
 from __future__ import annotations
 
+import logging
 import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -35,9 +36,11 @@ from rq import Queue, SimpleWorker, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import JobStatus
 
+from exporter.core.logs import LogLimiter
 from exporter.hooks.process_emitter import ProcessEmitter
 from exporter.lifecycle import wire
 from exporter.lifecycle.producer import URL_CLIENT_TIMEOUTS, EventEmitter, traceparent_of
+from exporter.lifecycle.rq_failures import rq_error_type
 
 if TYPE_CHECKING:
     from contextvars import Token
@@ -52,6 +55,7 @@ URL_ENV = "QUEUE_EXPORTER_EVENTS_URL"
 SYSTEM_ENV = "QUEUE_EXPORTER_EVENTS_SYSTEM"
 TRACEPARENT = "traceparent"  # the job.meta key of the enqueuer's trace context
 _PROPAGATOR = TraceContextTextMapPropagator()
+_limited = LogLimiter(logging.getLogger(__name__))
 _configured: dict[str, Any] = {}
 _emitters: ProcessEmitter | None = None
 
@@ -162,27 +166,25 @@ def _emit_outcome(emitter: EventEmitter, job: Job, fields: dict[str, wire.FieldV
         emitter.emit("failed", **fields, error_type="retryable")
         emitter.emit("retried", **fields)
     elif status in (JobStatus.FAILED, JobStatus.STOPPED):
-        error_type = _error_type(_exception_text(job)) if status == JobStatus.FAILED else "other"
+        error_type = rq_error_type(_exception_text(job)) if status == JobStatus.FAILED else "other"
         if error_type == "timeout":
             emitter.timed_out(**fields, **times)
         else:
             emitter.emit("failed", **fields, **times, error_type=error_type)
+    else:  # canceled or deleted under the run, say: no end RQ recorded, none made up
+        _limited.warning(
+            ("status", status),
+            "RQ job %s of %s ended its run with status %r: no end event emitted",
+            job.id,
+            fields["job_type"],
+            str(status),
+        )
 
 
 def _exception_text(job: Job) -> str:
     result = job.latest_result()
     text = getattr(result, "exc_string", None) if result is not None else None
     return text or job.exc_info or ""
-
-
-def _error_type(exc_text: str) -> str:
-    """RQ's failed registry holds jobs with no attempt left: final, unless RQ timed it out or
-    lost its work horse."""
-    if "JobTimeoutException" in exc_text:
-        return "timeout"
-    if "AbandonedJobError" in exc_text or "terminated unexpectedly" in exc_text:
-        return "other"
-    return "non_retryable"
 
 
 def _epoch(moment: datetime | None) -> float | None:

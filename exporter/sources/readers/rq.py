@@ -44,6 +44,7 @@ import redis
 from exporter.core import numbers
 from exporter.core.item_time import TimeParseError, parse_time
 from exporter.lifecycle.metrics import apply
+from exporter.lifecycle.rq_failures import rq_error_type
 from exporter.lifecycle.wire import Event
 from exporter.output.catalog import BY_NAME
 from exporter.redis.connection import RedisConnectionConfig
@@ -378,7 +379,7 @@ class RqReader(RedisReader):
         elif what == "completed":
             event("completed", job.ended_at, duration=execution, enqueued_at=job.enqueued_at)
         elif what == "failed":
-            error_type = _error_type(job.exc_text)
+            error_type = rq_error_type(job.exc_text)
             event("failed", job.ended_at, error_type=error_type, duration=execution)
             if error_type == "timeout":
                 event("timed_out", job.ended_at)
@@ -409,14 +410,6 @@ def _job(fields: list[bytes | None], results: list[Any]) -> _Job:
 def _job_id(member: str) -> str:
     """A registry member's job id: RQ 2+ writes `<job id>:<execution id>` in started."""
     return member.split(":", 1)[0]
-
-
-def _error_type(exc_text: str) -> str:
-    if "JobTimeoutException" in exc_text:
-        return "timeout"
-    if "AbandonedJobError" in exc_text or "Moved to FailedJobRegistry" in exc_text:
-        return "other"  # the worker died under the job
-    return "non_retryable"  # the failed registry holds jobs with no attempt left
 
 
 def _decompress(raw: bytes) -> str:
