@@ -181,12 +181,17 @@ def parse(
 
 
 def parse_flat(
-    flat: list[bytes], now: float | None = None, max_future: float = DEFAULT_MAX_FUTURE
+    flat: list[bytes],
+    now: float | None = None,
+    max_future: float = DEFAULT_MAX_FUTURE,
+    layout: Layout | None = None,
 ) -> Event:
     """parse() of an entry as hiredis reads it, names and values alternating, without making
-    it a dict: the entry's Layout says where each field is."""
-    names = tuple(flat[0::2])
-    return _parse(_layouts.get(names) or _learn(names), flat[1::2], now, max_future)
+    it a dict: the entry's Layout says where each field is (`layout`, when the caller has
+    looked it up already: layout_of its names)."""
+    if layout is None:
+        layout = layout_of(tuple(flat[0::2]))
+    return _parse(layout, flat[1::2], now, max_future)
 
 
 class Layout:

@@ -76,18 +76,20 @@ def decode_v1(
     consumed = 0
     for entry_id, fields in entries:
         consumed += 1
+        layout = None
         if type(fields) is list:
             names = tuple(fields[0::2])
-            plain = (known_layout(names) or layout_of(names)).plain
+            layout = known_layout(names) or layout_of(names)
+            plain = layout.plain
             if plain is not None and tally_plain(plain, fields, system, horizon, tally, frequent):
                 continue
         try:
             # hiredis's flat lists are read as they are (never made dicts), redis-py's dicts
-            # as dicts: the same parse, field by field (wire.Layout).
+            # as dicts: the same parse, field by field (wire.Layout), the layout found once.
             event = (
                 parse(fields, now, max_future)
                 if isinstance(fields, dict)
-                else parse_flat(fields, now, max_future)
+                else parse_flat(fields, now, max_future, layout)
             )
         except InvalidEvent as error:
             refusals.refuse(tally, entry_id, error.reason, error.detail)
