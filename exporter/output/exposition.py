@@ -165,7 +165,8 @@ def _new_starts(
 
 
 def _write_histogram(out: list[bytes], family: HistogramFamily, with_exemplars: bool) -> None:
-    """The family's lines; `with_exemplars`: its series' bucket lines carry the exemplars kept."""
+    """The family's lines; `with_exemplars` (OpenMetrics, and the family keeps some): its
+    series' bucket lines carry the exemplars kept."""
     spec = family.spec
     labels_format = ",".join(f'{label}="%s"' for label in spec.labels)
     label_sets = list(family.series)
@@ -174,7 +175,7 @@ def _write_histogram(out: list[bytes], family: HistogramFamily, with_exemplars: 
         label_texts = [labels_format % tuple(map(escape, labels)) for labels in label_sets]
     template = _histogram_template(spec.name, family.bounds, bool(spec.labels))
     texts = zip(label_texts, family.series.values(), strict=True)
-    if with_exemplars and family.exemplars:
+    if with_exemplars:
         series = _exemplified_series(family, label_sets, texts, template)
     else:  # the common case: no lookup per series
         series = (

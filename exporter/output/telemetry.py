@@ -274,11 +274,9 @@ def return_large_buffers_to_the_system() -> None:
     sample exposition (bench/exposition.py); with the threshold fixed it stays within 1.2x.
     Elsewhere than glibc this does nothing.
     """
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
+    mallopt = _glibc("mallopt")
+    if mallopt is not None:
+        mallopt(_M_MMAP_THRESHOLD, 128 * 1024)
 
 
 def release_free_heap() -> None:
@@ -290,8 +288,16 @@ def release_free_heap() -> None:
     every whole free page of every arena: 1.8-1.9 MiB of RSS at rest (docs/benchmarks.md, "At
     rest"). Elsewhere than glibc this does nothing.
     """
+    trim = _glibc("malloc_trim")
+    if trim is not None:
+        trim(0)
+
+
+def _glibc(function: str) -> Callable[..., int] | None:
+    """A function of the C library the process runs on, None where it has none by that name
+    (not glibc, or no C library to load)."""
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        found: Callable[..., int] = getattr(ctypes.CDLL(None), function)
     except (AttributeError, OSError):
-        return
-    trim(0)
+        return None
+    return found

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from exporter.lifecycle import wire
 from exporter.lifecycle.metrics import Tally, apply
 from exporter.lifecycle.refusals import Refusals
-from exporter.sources.readers.v1 import decode_v1
+from exporter.sources.readers.v1 import Frequent, decode_v1
 
 pytestmark = pytest.mark.fast
 
@@ -115,7 +115,7 @@ def _reference(entries: list[tuple[bytes, list[bytes]]]) -> Tally:
     return tally
 
 
-def _decoded(entries: list[tuple[bytes, list[bytes]]], frequent: dict) -> Tally:  # type: ignore[type-arg]
+def _decoded(entries: list[tuple[bytes, list[bytes]]], frequent: Frequent) -> Tally:
     tally = Tally()
     fresh = [(entry_id, [bytes(part) for part in flat]) for entry_id, flat in entries]
     decode_v1(fresh, SYSTEM, NOW, MAX_FUTURE, tally, Refusals("s"), frequent)
@@ -135,7 +135,7 @@ def _same(ours: Tally, theirs: Tally) -> None:
 @given(st.lists(_entry(), max_size=20))
 def test_plain_path_tallies_as_parse_and_apply(flats):
     entries = [(b"%d-0" % n, flat) for n, flat in enumerate(flats)]
-    frequent: dict = {}  # type: ignore[type-arg]
+    frequent: Frequent = {}
     cold = _decoded(entries, frequent)  # labels not seen before: some go through parse()
     warm = _decoded(entries, frequent)  # seen: the plain path takes them
     reference = _reference(entries)
@@ -156,7 +156,7 @@ def test_plain_path_takes_the_common_entries():
         (b"2-0", [*common, b"event", b"started", b"ts", repr(NOW).encode(), b"enqueued_at", b"1"]),
         (b"3-0", [*common, b"event", b"completed", b"ts", repr(NOW).encode(), b"duration", b"2"]),
     ]
-    frequent: dict = {}  # type: ignore[type-arg]
+    frequent: Frequent = {}
     _decoded(entries, frequent)  # the first entry's labels are new: parse() reads it
     assert len(frequent) == 2
     _decoded(entries, frequent)
@@ -173,7 +173,7 @@ def test_plain_path_refuses_as_parse_does(name):
         for raw in _NUMBERS + _LABELS:
             fields = {b"v": b"1", b"event": event, b"ts": _NUMBERS[0], b"queue": b"q1", name: raw}
             entries.append((b"%d-0" % len(entries), [p for pair in fields.items() for p in pair]))
-    frequent: dict = {}  # type: ignore[type-arg]
+    frequent: Frequent = {}
     _same(_decoded(entries, frequent), _reference(entries))
     _same(_decoded(entries, frequent), _reference(entries))
     assert frequent  # the plain path took some of them
