@@ -124,8 +124,9 @@ class _Emitter:
         self.dropped_by_reason: dict[str, int] = {}
         self.last_error: str | None = None
         self._buffer: deque[Entry] = deque()
+        # The batch being sent, or kept to send again: taken from the buffer is not sent, so it
+        # stays here until _sent (flush waits for it).
         self._retry: list[Entry] = []
-        self._in_flight = 0  # the batch the flusher is sending: neither sent nor buffered yet
         self._closed = False
 
     @property
@@ -134,8 +135,8 @@ class _Emitter:
 
     @property
     def buffered(self) -> int:
-        """Events emitted and not sent yet: in the buffer, kept to retry, or being sent."""
-        return len(self._buffer) + len(self._retry) + self._in_flight
+        """Events emitted and not sent yet: in the buffer, being sent or kept to retry."""
+        return len(self._buffer) + len(self._retry)
 
     def emit(self, event: str, /, **fields: wire.FieldValue) -> None:
         """Queue one event for sending. Never blocks on Redis, never raises."""
@@ -241,29 +242,24 @@ class _Emitter:
         self.dropped_by_reason[reason] = self.dropped_by_reason.get(reason, 0) + count
 
     def _next_batch(self) -> list[Entry]:
-        """The batch to send next, counted in flight until _sent or _failed says how it went
-        (flush waits for it: taken from the buffer is not sent)."""
-        if self._retry:
-            batch, self._retry = self._retry, []
-        else:
+        """The batch to send next: the one kept to send again, else the buffer's next, kept
+        (and counted buffered) until _sent says it went."""
+        if not self._retry:
             buffer, size = self._buffer, self.batch_size
-            batch = []
-            while buffer and len(batch) < size:
-                batch.append(buffer.popleft())
-        self._in_flight = len(batch)
-        return batch
+            while buffer and len(self._retry) < size:
+                self._retry.append(buffer.popleft())
+        return self._retry
 
     def _sent(self, batch: list[Entry]) -> None:
         self.sent += len(batch)
         self.last_error = None
-        self._in_flight = 0
+        self._retry = []
 
     def _failed(self, batch: list[Entry], error: Exception) -> None:
         if self.last_error is None:
             log.warning("event stream %s unavailable, buffering: %s", self.stream, error)
         self.last_error = f"{type(error).__name__}: {error}"
         self._retry = batch
-        self._in_flight = 0
 
 
 def _safe_classify(classify: Callable[[BaseException], str], error: BaseException) -> str:
