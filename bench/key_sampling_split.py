@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,23 +77,41 @@ def server_cpu(client: redis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
-def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Collections) -> None:
+def warmed_up(url: str) -> tuple[Any, RawRedis]:
+    """The orchestrata preset's sampler and the floor's connection, each run once, what
+    start-up built frozen (gc.freeze(), as `serve` does: exporter/runtime/app.py)."""
     sampler = preset_sampler(url, "orchestrata")
     raw = RawRedis(url)
-    gc.freeze()  # as `serve` does once start-up is done (exporter/runtime/app.py)
-    found = floor_loop(raw)  # the warm-up of each
+    gc.freeze()
+    floor_loop(raw)
     sampler.sample()
+    return sampler, raw
+
+
+def floor_then_cycle(
+    sampler: Any, raw: RawRedis, client: redis.Redis, between: Callable[[], None] = lambda: None
+) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The floor, then one cycle checked to give its series: each one's CPU, this process's
+    and the redis-server's."""
+    server, cpu = server_cpu(client), time.process_time()
+    found = floor_loop(raw)
+    floor = (time.process_time() - cpu, server_cpu(client) - server)
+    between()
+    server, cpu = server_cpu(client), time.process_time()
+    cycle = sampler.sample()
+    ours = (time.process_time() - cpu, server_cpu(client) - server)
+    same_result(found, cycle.samples, 60.0)
+    return floor, ours
+
+
+def measure(url: str, client: redis.Redis, size: int, runs: int, collections: Collections) -> None:
+    sampler, raw = warmed_up(url)
     ratios: dict[str, list[float]] = {"process": [], "redis": [], "both": []}
     for _ in range(runs):
-        server, cpu = server_cpu(client), time.process_time()
-        found = floor_loop(raw)
-        floor_cpu, floor_server = time.process_time() - cpu, server_cpu(client) - server
-        collections.reset()
-        server, cpu = server_cpu(client), time.process_time()
-        cycle = sampler.sample()
-        ours_cpu, ours_server = time.process_time() - cpu, server_cpu(client) - server
+        (floor_cpu, floor_server), (ours_cpu, ours_server) = floor_then_cycle(
+            sampler, raw, client, collections.reset
+        )
         counts, gc_cpu = list(collections.counts), collections.cpu
-        same_result(found, cycle.samples, 60.0)
         ratios["process"].append(ours_cpu / floor_cpu)
         ratios["redis"].append(ours_server / floor_server)
         ratios["both"].append((ours_cpu + ours_server) / (floor_cpu + floor_server))
@@ -113,20 +132,10 @@ def worker(url: str) -> None:
     """One side of --before: after a warm-up, on each line of stdin the floor and then one
     cycle, checked equal; each one's CPU (this process's, the redis-server's) as a JSON line."""
     client = redis.Redis.from_url(url)
-    sampler = preset_sampler(url, "orchestrata")
-    raw = RawRedis(url)
-    gc.freeze()
-    floor_loop(raw)
-    sampler.sample()
+    sampler, raw = warmed_up(url)
     print("ready", flush=True)
     for _ in sys.stdin:
-        server, cpu = server_cpu(client), time.process_time()
-        found = floor_loop(raw)
-        floor = (time.process_time() - cpu, server_cpu(client) - server)
-        server, cpu = server_cpu(client), time.process_time()
-        cycle = sampler.sample()
-        ours = (time.process_time() - cpu, server_cpu(client) - server)
-        same_result(found, cycle.samples, 60.0)
+        floor, ours = floor_then_cycle(sampler, raw, client)
         print(json.dumps({"floor": floor, "cycle": ours}), flush=True)
 
 
