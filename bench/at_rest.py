@@ -18,7 +18,8 @@ cannot run without (redis-py, Tornado, pydantic), validates one pydantic model (
 pydantic's schema builder, as the configuration does) and sleeps; its RSS is what no change
 inside the exporter can go below. Then the same with what the exporter adds, layer by layer
 (LAYERS): where the rest of its RSS comes from. Last, every library group the sidecar loads
-(LIBRARIES), then all but one, for each: what leaving that group would save, given the others.
+(LIBRARIES), then all but one, for each: what leaving that group would save, given the others
+(asyncio, ssl and the OTel SDK are shared by several).
 
 The tick is 10 ms: over 280 s, one tick is 0.04 ms/s, the resolution of the CPU figure.
 """
@@ -47,34 +48,32 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-# What the floor runs: the libraries under `serve --preset rq` and `--preset celery`, used.
-# pydantic with one model validated: that loads its schema builder, as the configuration does.
-PYDANTIC_USED = "import pydantic\nclass One(pydantic.BaseModel):\n    x: int\nOne(x=1)"
-FLOOR = "import redis, tornado.web\n" + PYDANTIC_USED
-# Then what the exporter adds, layer by layer, each in a fresh interpreter with those before.
-LAYERS = {
-    "floor: redis-py, Tornado, pydantic (one model)": FLOOR,
-    "+ yaml, click (configuration, command line)": "import yaml, click",
-    "+ prometheus_client, the OTel SDK's Prometheus reader (self-metrics)": (
+# Each group of libraries the sidecar loads, as it uses them (pydantic with one model
+# validated: that loads its schema builder, as the configuration does).
+LIBRARIES = {
+    "redis-py": "import redis",
+    "Tornado": "import tornado.web, tornado.httpserver",
+    "pydantic (one model)": "import pydantic\nclass One(pydantic.BaseModel):\n    x: int\nOne(x=1)",
+    "the OTel SDK and prometheus_client": (
         "import prometheus_client, opentelemetry.exporter.prometheus, opentelemetry.sdk.metrics"
     ),
+    "yaml, click": "import yaml, click",
+}
+# What the exporter adds to the floor (the libraries under `serve --preset rq` and `--preset
+# celery`), layer by layer, each in a fresh interpreter with those before.
+LAYERS = {
+    "floor: redis-py, Tornado, pydantic (one model)": "\n".join(
+        LIBRARIES[name] for name in ("redis-py", "Tornado", "pydantic (one model)")
+    ),
+    "+ yaml, click (configuration, command line)": LIBRARIES["yaml, click"],
+    "+ prometheus_client, the OTel SDK's Prometheus reader (self-metrics)": LIBRARIES[
+        "the OTel SDK and prometheus_client"
+    ],
     "+ the exporter's modules that serve --preset rq imports": (
         "import exporter.commands.cli, exporter.runtime.app, exporter.runtime.build, "
         "exporter.output.self_metrics, exporter.sources.runner, exporter.leader.election, "
         "exporter.sources.redis_keys.sampler, exporter.sources.readers.rq"
     ),
-}
-
-# Each library the sidecar loads, and what it needs: one left out of the whole set at a time,
-# the RSS it would save given the others (asyncio and ssl are shared by several of them).
-LIBRARIES = {
-    "redis-py": "import redis",
-    "Tornado": "import tornado.web, tornado.httpserver",
-    "pydantic (one model)": PYDANTIC_USED,
-    "the OTel SDK and prometheus_client": (
-        "import prometheus_client, opentelemetry.exporter.prometheus, opentelemetry.sdk.metrics"
-    ),
-    "yaml, click": "import yaml, click",
 }
 
 

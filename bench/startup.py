@@ -40,6 +40,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.at_rest import LIBRARIES
 from bench.key_sampling import private_redis
 from tests.private_redis import free_port
 
@@ -114,12 +115,13 @@ def bare_run() -> Timing:
 
 # The libraries `serve` loads before its first answer (Tornado, pydantic with a model built,
 # yaml, click), then the bare server: the floor of any start-up built on them.
-_LIBRARIES_THEN_BARE = (
-    "import tornado.web, pydantic, yaml, click, runpy, sys\n"
-    "class One(pydantic.BaseModel):\n    x: int\n"
-    "One(x=1)\n"
-    "sys.argv = ['http.server', *sys.argv[1:]]\n"
-    "runpy.run_module('http.server', run_name='__main__')"
+_LIBRARIES_THEN_BARE = "\n".join(
+    (
+        *(LIBRARIES[name] for name in ("Tornado", "pydantic (one model)", "yaml, click")),
+        "import runpy, sys",
+        "sys.argv = ['http.server', *sys.argv[1:]]",
+        "runpy.run_module('http.server', run_name='__main__')",
+    )
 )
 
 
