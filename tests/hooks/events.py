@@ -10,6 +10,7 @@ import signal
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -39,6 +40,11 @@ def in_lifecycle_order(events: list[_E], ts: Callable[[_E], float]) -> list[_E]:
     events in the order they happen, but the sender's (enqueued) and the worker's reach the
     stream in either order: a worker may send `started` before the sender has flushed."""
     return sorted(events, key=ts)
+
+
+def epoch(moment: datetime) -> float:
+    """A library's time (naive ones are UTC, as RQ's and Celery's are) in seconds."""
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def names(events: list[wire.Event]) -> list[str]:

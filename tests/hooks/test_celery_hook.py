@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from celery import Celery
 from exporter.lifecycle.producer import URL_CLIENT_TIMEOUTS
 from tests.conformance.adapters.base import run_json
 from tests.conftest import scrape_series, stop_process, total, wait_for
-from tests.hooks.events import events_by_job, exporter_reading, hung_redis, names
+from tests.hooks.events import epoch, events_by_job, exporter_reading, hung_redis, names
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = Path(sys.executable).parent / "celery"
@@ -65,10 +64,6 @@ def results(redis_url: str, ids: list[str]) -> dict[str, object]:
     found = {task_id: reader.AsyncResult(task_id) for task_id in ids}
     wait_for(lambda: all(result.ready() for result in found.values()), timeout=120)
     return found
-
-
-def epoch(moment) -> float:
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @pytest.mark.parametrize("otel", [True, False], ids=["instrumented", "uninstrumented"])

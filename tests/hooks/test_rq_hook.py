@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ from rq.job import Job, JobStatus
 from exporter.lifecycle.producer import URL_CLIENT_TIMEOUTS
 from tests.conformance.adapters.base import run_json
 from tests.conftest import assert_runtimes_bucketed, scrape_series, total, wait_for
-from tests.hooks.events import events_by_job, exporter_reading, hung_redis, names
+from tests.hooks.events import epoch, events_by_job, exporter_reading, hung_redis, names
 from tests.hooks.rq_hooked import QUEUE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,10 +55,6 @@ def burst_worker(redis_url: str, env: dict[str, str], worker_class: str = "Event
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stderr
-
-
-def epoch(moment) -> float:
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 @pytest.mark.parametrize("traced", [True, False], ids=["traced", "untraced"])
