@@ -17,7 +17,6 @@ flusher thread's sending included).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,20 +105,14 @@ def main() -> None:
         print(f"{messages} messages, {options.rounds} interleaved rounds, medians (spread):")
         for phase in ("send", "process"):
             for measure in ("wall", "cpu"):
-                figures = {
-                    k: clock_figures(clock, measure, f"{k} {phase}") for k in ("bare", "hook")
-                }
-                bare, hook = (statistics.median(figures[k]) for k in ("bare", "hook"))
+                figures = {k: clock.figures(measure, f"{k} {phase}") for k in ("bare", "hook")}
+                bare, hook = (clock.median(measure, f"{k} {phase}") for k in ("bare", "hook"))
                 print(
                     f"  {phase:7} {measure:4}: bare {per_message(bare, messages)}, hook"
                     f" {per_message(hook, messages)} µs/message"
                     f" [{spread(figures['bare'], messages)} | {spread(figures['hook'], messages)}]"
                     f" -> hook {hook / bare:.2f}x, +{(hook - bare) / messages * 1e6:.1f} µs"
                 )
-
-
-def clock_figures(clock: CostClock, measure: str, name: str) -> list[float]:
-    return (clock.wall if measure == "wall" else clock.cpu)[name]
 
 
 def per_message(seconds: float, messages: int) -> str:

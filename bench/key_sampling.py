@@ -298,9 +298,12 @@ class CostClock:
             self.proxy_cpu.setdefault(name, []).append(proxy_used)
         return result
 
+    def figures(self, kind: str, name: str) -> list[float]:
+        """Every timing of `name` by `kind`: wall, cpu or proxy (CPU)."""
+        return {"wall": self.wall, "cpu": self.cpu, "proxy": self.proxy_cpu}[kind][name]
+
     def median(self, kind: str, name: str) -> float:
-        table = {"wall": self.wall, "cpu": self.cpu, "proxy": self.proxy_cpu}[kind]
-        return statistics.median(table[name])
+        return statistics.median(self.figures(kind, name))
 
 
 def preset_sampler(url: str, preset: str) -> RedisKeySampler:
