@@ -13,7 +13,9 @@ another source tree (a checkout of an earlier commit) the same way, alternating 
 one, so a change is measured against what it changed under the same load; `--env NAME=VALUE`
 runs this tree a second time with that variable set (MALLOC_ARENA_MAX=2, say), alternated too.
 
-The floor, printed first: a fresh interpreter that imports only the libraries a Redis sidecar
+First, the named stack alone (NAMED_STACK): what any Python sidecar on the OTel SDK and its
+Prometheus exporter holds, whatever Redis client, HTTP server and configuration it runs on.
+Then the floor: a fresh interpreter that imports only the libraries a Redis sidecar
 cannot run without (redis-py, Tornado, pydantic), validates one pydantic model (which loads
 pydantic's schema builder, as the configuration does) and sleeps; its RSS is what no change
 inside the exporter can go below. Then the same with what the exporter adds, layer by layer
@@ -59,6 +61,12 @@ LIBRARIES = {
     ),
     "yaml, click": "import yaml, click",
 }
+# What any sidecar on the project's named stack loads, whatever its Redis client, HTTP server
+# and configuration: the OTel SDK with its Prometheus exporter, hiredis, and the standard
+# library's asyncio, ssl and HTTP server. No rewrite inside the exporter goes below it.
+NAMED_STACK = (
+    LIBRARIES["the OTel SDK and prometheus_client"] + "\nimport hiredis, asyncio, ssl, http.server"
+)
 # What the exporter adds to the floor (the libraries under `serve --preset rq` and `--preset
 # celery`), layer by layer, each in a fresh interpreter with those before.
 LAYERS = {
@@ -164,6 +172,7 @@ def main() -> None:
     if args.env:
         name, _, value = args.env.partition("=")
         runs[args.env] = (here, {name: value})
+    print(f"{idle_rss(here, NAMED_STACK)}  the named stack alone", flush=True)
     script = ""
     for label, layer in LAYERS.items():
         script += layer + "\n"
