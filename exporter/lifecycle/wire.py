@@ -300,11 +300,6 @@ def layout_of(names: tuple[bytes, ...]) -> Layout:
     return _layouts.get(names) or _learn(names)
 
 
-def remembered(raw: bytes) -> str | None:
-    """The label value `raw` decoded and checked before (in _texts), else None."""
-    return _texts.get(raw)
-
-
 # Layouts by field names. Bounded like _texts: emptied when full; a layout of long names (no
 # producer's) is used once and not kept, so hostile names cost little memory.
 _layouts: dict[tuple[bytes, ...], Layout] = {}
@@ -422,6 +417,11 @@ def _rare_labels(event: Event, layout: Layout, values: list[bytes]) -> None:
 _texts: dict[bytes, str] = {}
 MAX_TEXTS = 10_000
 _MAX_TEXT_BYTES = 256
+
+# The label value of raw bytes decoded and checked before, else None: the bound lookup itself,
+# as known_layout, so readers/v1.py's plain path pays no call of ours per label it checks.
+# Valid for good: _texts is only ever emptied, never replaced.
+remembered = _texts.get
 
 
 def _text(raw: bytes) -> str:
