@@ -209,16 +209,22 @@ def same_result(bare: Result, ours: Result, client: redis.Redis, events: int) ->
 
 class SdkStore(MetricStore):
     """The alternative measured: counters pre-aggregated per batch (one add per label set),
-    histograms through the SDK's Histogram.record per observation."""
+    histograms through the SDK's Histogram.record per observation. The plain entries of the
+    frequent events go to the series they hold (`held`, the store's own), as in the exporter:
+    this times the SDK for the others only."""
 
     def __init__(self, telemetry: Telemetry) -> None:
         super().__init__(telemetry.store.guard)
         self._meter = telemetry.meter
         self._instruments: dict[str, Any] = {}
 
-    def apply(self, counts: Any, observations: Any, exemplars: Any = None) -> None:
+    def apply(
+        self, counts: Any, observations: Any, exemplars: Any = None, held: Any = None
+    ) -> None:
         """The batch into SDK instruments (exemplars: not kept by this variant)."""
         from exporter.output.catalog import BY_NAME
+
+        super().apply({}, {}, None, held)
 
         for (metric, labels), amount in counts.items():
             attributes = dict(zip(BY_NAME[metric].labels, labels, strict=True))

@@ -23,7 +23,9 @@ queue_exporter_series_overflow_total.
 Every value kept can be written soundly: a number (a gauge's may be NaN or infinite, which
 both formats spell), a counter's and a histogram observation's finite and not negative. Each
 source checks its values (numbers.py) and counts what it refuses; what would still come unsound
-is dropped here and logged, so no stored value can make a render fail or a sum NaN.
+through `apply` is dropped here and logged, so no stored value can make a render fail or a sum
+NaN. Series a caller holds (counter_series, histogram_series: the frequent lifecycle events')
+take only values its own checks bound (readers/v1.py's plain path).
 
 Exemplars: an observation that carries a trace context (a lifecycle event's traceparent) may
 come with an Exemplar. A histogram series keeps the last one of each bucket, a counter series
@@ -39,6 +41,7 @@ that comes back starts again from zero, which rate() and increase() read as a re
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 import sys
@@ -198,7 +201,7 @@ class _Series:
         self.touched = 0.0  # the clock's time of the last update
 
 
-class _CounterSeries(_Series):
+class CounterSeries(_Series):
     __slots__ = ("exemplar", "value")
 
     def __init__(self) -> None:
@@ -206,20 +209,45 @@ class _CounterSeries(_Series):
         self.value = 0.0
         self.exemplar: Exemplar | None = None  # the last increment that carried one
 
+    def add(self, amount: float, now: float) -> None:
+        """An increment known sound (MetricStore.apply checks those it is given)."""
+        self.value += amount
+        self.touched = now
 
-class _HistogramSeries(_Series):
-    __slots__ = ("buckets", "count", "exemplars", "sum")
 
-    def __init__(self, size: int) -> None:
+class HistogramSeries(_Series):
+    __slots__ = ("bounds", "buckets", "count", "exemplars", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
         super().__init__()
-        self.buckets = [0] * size  # per bucket (not cumulative); the last one is +Inf
+        self.bounds = bounds  # its metric's (fixed once it has an observation)
+        self.buckets = [0] * (len(bounds) + 1)  # per bucket (not cumulative); the last: +Inf
         self.sum = 0.0
         self.count = 0
         # Made at the first exemplar: the last one of each bucket.
         self.exemplars: BucketExemplars | None = None
 
+    def observe(self, value: float, now: float) -> None:
+        """One value known sound (MetricStore.apply checks those it is given)."""
+        self.buckets[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+        self.touched = now
+
+    def observe_all(self, values: list[float], now: float) -> None:
+        """A batch's values of the series, known sound."""
+        bounds, buckets = self.bounds, self.buckets
+        for value in values:
+            buckets[bisect_left(bounds, value)] += 1
+        self.sum += sum(values, 0.0)  # a float sum: integers near float range add up to inf
+        self.count += len(values)
+        self.touched = now
+
 
 _S = TypeVar("_S", bound=_Series)
+
+# MetricStore.generation: one sequence for all stores of the process.
+_generations = itertools.count()
 
 
 class MetricStore:
@@ -239,9 +267,12 @@ class MetricStore:
         self._snapshots: dict[str, dict[MetricSpec, Series]] = {}
         self._snapshot_lock = threading.Lock()
         self._lock = threading.Lock()  # counters, histograms and their bookkeeping
-        self._counters: dict[str, dict[LabelValues, _CounterSeries]] = {}
-        self._histograms: dict[str, dict[LabelValues, _HistogramSeries]] = {}
+        self._counters: dict[str, dict[LabelValues, CounterSeries]] = {}
+        self._histograms: dict[str, dict[LabelValues, HistogramSeries]] = {}
         self._next_sweep = 0.0
+        # New whenever series are dropped (a series held from before may be gone), and never
+        # another store's: a series held is of this store as long as its generation is this one.
+        self.generation = next(_generations)
         self._bounds: dict[str, tuple[float, ...]] = {}
         self._gauge_readers: list[GaugeReader] = []
         self._event_label: str | None = None
@@ -365,33 +396,57 @@ class MetricStore:
         counts: dict[SeriesKey, float],
         observations: dict[SeriesKey, list[float]],
         exemplars: dict[SeriesKey, list[Exemplar]] | None = None,
+        held: Callable[[float], None] | None = None,
     ) -> None:
         """Add one batch: counter increments and histogram observations by metric and labels,
         and the exemplars of those that carried a trace context (each already counted or
-        observed in this batch)."""
-        counters = self._counters
+        observed in this batch). `held(now)`, first: the batch's updates of series its caller
+        holds (counter_series, histogram_series), under the same lock, so a read sees the
+        batch whole or not at all."""
         now = self.clock()
+        # The batch's values checked at once (one C loop), not series by series: a batch's
+        # histogram series mostly hold one or two values each (bench/event_ingest.py).
+        sound = _sound_values([v for values in observations.values() for v in values], True)
         with self._lock:
+            if held is not None:
+                held(now)
             for (metric, labels), amount in counts.items():
                 if not 0 <= amount <= _FLOAT_MAX:  # also refuses nan and huge integers
                     self._dropped(metric, 1)
                     continue
-                series = counters.get(metric)
-                if series is None:  # not setdefault: it would build an empty dict per call
-                    series = counters[metric] = {}
-                state = series.get(labels)
-                if state is None:  # not admitted before: ask the guard (the rare case)
-                    state = self._new_series(series, metric, labels, _CounterSeries)
-                state.value += amount
-                state.touched = now
-            # The batch's values checked at once (one C loop), not series by series: a batch's
-            # histogram series mostly hold one or two values each (bench/event_ingest.py).
-            sound = _sound_values([v for values in observations.values() for v in values], True)
+                self.counter_series(metric, labels)[0].add(amount, now)
             for (metric, labels), values in observations.items():
-                self._observe(metric, labels, values, now, sound)
+                if not sound:
+                    values = self._sound_only(metric, values)
+                self.histogram_series(metric, labels)[0].observe_all(values, now)
             if exemplars:
                 self._keep_exemplars(exemplars)
             self._sweep_when_due(now)
+
+    def counter_series(self, metric: str, labels: LabelValues) -> tuple[CounterSeries, bool]:
+        """The series an increment under `labels` goes to (theirs, new, or the overflow's), and
+        whether it is theirs: then its caller may hold it, and update it from `held`, while
+        `generation` stays the same. Only under the lock: in `apply` or its `held`."""
+        series = self._counters.get(metric)
+        if series is None:  # not setdefault: it would build an empty dict per call
+            series = self._counters[metric] = {}
+        state = series.get(labels)
+        if state is not None:
+            return state, True
+        state = self._new_series(series, metric, labels, CounterSeries)  # ask the guard
+        return state, series.get(labels) is state
+
+    def histogram_series(self, metric: str, labels: LabelValues) -> tuple[HistogramSeries, bool]:
+        """counter_series' counterpart for a histogram."""
+        series = self._histograms.get(metric)
+        if series is None:
+            series = self._histograms[metric] = {}
+        state = series.get(labels)
+        if state is not None:
+            return state, True
+        bounds = self._bounds[metric]
+        state = self._new_series(series, metric, labels, lambda: HistogramSeries(bounds))
+        return state, series.get(labels) is state
 
     def _keep_exemplars(self, exemplars: dict[SeriesKey, list[Exemplar]]) -> None:
         """Each exemplar in the series its observation went to (its own, or the overflow's):
@@ -414,7 +469,7 @@ class MetricStore:
                             break
                         self._dropped(metric, 1)
 
-    def _keep_in_buckets(self, metric: str, state: _HistogramSeries, kept: list[Exemplar]) -> None:
+    def _keep_in_buckets(self, metric: str, state: HistogramSeries, kept: list[Exemplar]) -> None:
         bounds = self._bounds[metric]
         filled: set[int] = set()
         for exemplar in reversed(kept):
@@ -456,29 +511,12 @@ class MetricStore:
             state = series[labels] = new()
         return state
 
-    def _observe(
-        self, metric: str, labels: LabelValues, values: list[float], now: float, sound: bool
-    ) -> None:
-        """`sound`: all of the values are known sound (a histogram's), else each is checked."""
-        bounds = self._bounds[metric]
-        series = self._histograms.get(metric)
-        if series is None:
-            series = self._histograms[metric] = {}
-        state = series.get(labels)
-        if state is None:
-            size = len(bounds) + 1
-            state = self._new_series(series, metric, labels, lambda: _HistogramSeries(size))
-        if not sound and not _sound_values(values, True):
-            kept = [value for value in values if _sound_value(value, True)]
-            if len(kept) < len(values):
-                self._dropped(metric, len(values) - len(kept))
-            values = kept
-        buckets = state.buckets
-        for value in values:
-            buckets[bisect_left(bounds, value)] += 1
-        state.sum += sum(values, 0.0)  # a float sum: integers near float range add up to inf
-        state.count += len(values)
-        state.touched = now
+    def _sound_only(self, metric: str, values: list[float]) -> list[float]:
+        """The values a histogram can take (each checked: some of the batch's are not)."""
+        kept = [value for value in values if _sound_value(value, True)]
+        if len(kept) < len(values):
+            self._dropped(metric, len(values) - len(kept))
+        return kept
 
     def series_count(self) -> int:
         """Event counter and histogram series held."""
@@ -512,6 +550,8 @@ class MetricStore:
                 del series[labels]
                 self.guard.forget(metric, labels)
             dropped += len(idle)
+        if dropped:
+            self.generation = next(_generations)  # series held may be among them
         return dropped
 
     # -- event gauges ------------------------------------------------------------------------
