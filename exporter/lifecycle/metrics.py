@@ -75,8 +75,8 @@ class Tally:
     consumed: int = 0
     invalid: dict[str, int] = field(default_factory=dict)
     lost: int = 0
-    # The batch's plain frequent events (FrequentEvent.tally), recorded straight into the
-    # series they hold: (event, ts, enqueued_at, duration, attempt)
+    # The batch's plain frequent events (readers/v1.py's tally_plain), recorded straight into
+    # the series they hold (FrequentEvent.record): (event, ts, enqueued_at, duration, attempt)
     plain: list[PlainEvent] = field(default_factory=list)
 
     def count(self, metric: str, labels: LabelValues, amount: float = 1.0) -> None:
@@ -337,17 +337,6 @@ class FrequentEvent:
         self.attempts = ("queue_job_attempts", job)
         self._held: _Held | None = None
 
-    def tally(
-        self,
-        tally: Tally,
-        ts: float,
-        enqueued_at: float | None,
-        duration: float | None,
-        attempt: int | None,
-    ) -> None:
-        """Add the event to the batch: recorded with it (EventMetrics.record)."""
-        tally.plain.append((self, ts, enqueued_at, duration, attempt))
-
     def record(
         self,
         store: MetricStore,
@@ -361,7 +350,7 @@ class FrequentEvent:
         """Into the series it updates, under the store's lock (apply's `held`). The values are
         sound: readers/v1.py's plain path takes only numbers in parse()'s ranges."""
         held = self._held
-        if held is None or held.generation != store.generation or held.suffix != suffix:
+        if held is None or held.generation != store.generation or held.suffix is not suffix:
             held = self._held = _Held(store.generation, suffix)
         (held.count or self._counter(store, held, "count")).add(1.0, now)
         name = self.name

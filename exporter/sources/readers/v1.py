@@ -151,7 +151,7 @@ def tally_plain(
         return False
     if not 0 <= ts <= horizon:
         return False
-    event.tally(tally, ts, enqueued_at, duration, attempt)
+    tally.plain.append((event, ts, enqueued_at, duration, attempt))  # FrequentEvent.record
     return True
 
 
