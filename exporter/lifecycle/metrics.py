@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from opentelemetry.metrics import CallbackOptions, Counter, Observation
 
@@ -25,6 +25,7 @@ from exporter.output.store import (
     Exemplar,
     HistogramSeries,
     MetricStore,
+    SeriesKey,
 )
 from exporter.output.telemetry import Telemetry
 
@@ -33,6 +34,7 @@ WorkerTotal = tuple[int, int, int | None, int | None]
 NO_WORKERS: WorkerTotal = (0, 0, 0, 0)
 
 _V = TypeVar("_V")
+_Series = TypeVar("_Series", CounterSeries, HistogramSeries)
 
 # The families whose series keep exemplars of the events that carry a traceparent: the job
 # durations (one a bucket) and the completions, failures and time-outs (docs/metrics.md lists
@@ -319,7 +321,7 @@ class FrequentEvent:
     the batch's Tally, without an Event or a handler call, and EventMetrics.record updates the
     series it holds in the store, without a tally dict or a lookup per update: the consumer
     went from 0.72-0.83x of the bare loop's CPU (median 0.79x) to 0.79-0.93x (median 0.86x),
-    26.8k to 23.9k instructions per event (bench/event_ingest.py, bench/event_decode.py;
+    26.8k to 24.0k instructions per event (bench/event_ingest.py, bench/event_decode.py;
     docs/benchmarks.md). It updates what its handler above does for an event without a trace
     context (one with a trace goes through the handlers, which keep its exemplars);
     tests/sources/readers/test_v1_plain.py checks the same series for any entry."""
@@ -347,47 +349,59 @@ class FrequentEvent:
         enqueued_at: float | None,
         duration: float | None,
         attempt: int | None,
+        not_own: dict[SeriesKey, Any],
     ) -> None:
         """Into the series it updates, under the store's lock (apply's `held`). The values are
-        sound: readers/v1.py's plain path takes only numbers in parse()'s ranges."""
+        sound: readers/v1.py's plain path takes only numbers in parse()'s ranges. `not_own`:
+        the batch's series that are not their label set's own (below)."""
         held = self._held
         if held is None or held.generation != store.generation or held.suffix is not suffix:
             held = self._held = _Held(store.generation, suffix)
-        (held.count or self._counter(store, held, "count")).add(1.0, now)
+        (held.count or self._ask(store.counter_series, held, "count", not_own)).add(1.0, now)
         name = self.name
         if name == "dequeued":
-            (held.hit or self._counter(store, held, "hit")).add(1.0, now)
+            (held.hit or self._ask(store.counter_series, held, "hit", not_own)).add(1.0, now)
         elif name == "started":
             if enqueued_at is not None:
-                wait = held.wait or self._histogram(store, held, "wait")
+                wait = held.wait or self._ask(store.histogram_series, held, "wait", not_own)
                 wait.observe(max(ts - enqueued_at, 0.0), now)
         elif name == "completed":
             if duration is not None:
-                execution = held.execution or self._histogram(store, held, "execution")
+                execution = held.execution or self._ask(
+                    store.histogram_series, held, "execution", not_own
+                )
                 execution.observe(duration, now)
             if enqueued_at is not None:
-                total = held.total or self._histogram(store, held, "total")
+                total = held.total or self._ask(store.histogram_series, held, "total", not_own)
                 total.observe(max(ts - enqueued_at, 0.0), now)
             if attempt is not None:
-                attempts = held.attempts or self._histogram(store, held, "attempts")
+                attempts = held.attempts or self._ask(
+                    store.histogram_series, held, "attempts", not_own
+                )
                 attempts.observe(float(attempt), now)
 
     # A series is asked for at its first update, so none is made that its event does not update.
-    # It is held only when it is its own (not the overflow's, nor under clipped labels): a
-    # label set refused for want of room is asked about again, as MetricStore.apply does.
+    # It is held only when it is its own. One that is not (the overflow's, or one under clipped
+    # labels) is kept for the batch in `not_own` and asked for again the next: the store counts
+    # a refused label set once a batch, as it does for MetricStore.apply's updates.
 
-    def _counter(self, store: MetricStore, held: _Held, slot: str) -> CounterSeries:
-        metric, labels = getattr(self, slot)
-        series, own = store.counter_series(metric, (*labels, *held.suffix))
-        if own:
-            setattr(held, slot, series)
-        return series
-
-    def _histogram(self, store: MetricStore, held: _Held, slot: str) -> HistogramSeries:
-        metric, labels = getattr(self, slot)
-        series, own = store.histogram_series(metric, (*labels, *held.suffix))
-        if own:
-            setattr(held, slot, series)
+    def _ask(
+        self,
+        ask: Callable[[str, LabelValues], tuple[_Series, bool]],
+        held: _Held,
+        slot: str,
+        not_own: dict[SeriesKey, Any],
+    ) -> _Series:
+        """The series of `slot` (store.counter_series or histogram_series as `ask`)."""
+        slot_key: SeriesKey = getattr(self, slot)
+        key = (slot_key[0], (*slot_key[1], *held.suffix))
+        series: _Series | None = not_own.get(key)
+        if series is None:
+            series, own = ask(*key)
+            if own:
+                setattr(held, slot, series)
+            else:
+                not_own[key] = series
         return series
 
 
@@ -417,8 +431,9 @@ def record_plain(
     """A batch's plain events into their series: MetricStore.apply's `held`."""
 
     def held(now: float) -> None:
+        not_own: dict[SeriesKey, Any] = {}
         for event, ts, enqueued_at, duration, attempt in plain:
-            event.record(store, suffix, now, ts, enqueued_at, duration, attempt)
+            event.record(store, suffix, now, ts, enqueued_at, duration, attempt, not_own)
 
     return held
 

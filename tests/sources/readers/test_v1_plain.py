@@ -23,6 +23,7 @@ from exporter.lifecycle.refusals import Refusals
 from exporter.output.health import HealthBoard
 from exporter.output.store import HistogramFamily
 from exporter.output.telemetry import Telemetry
+from exporter.output.telemetry_config import LimitsConfig
 from exporter.sources.readers.v1 import Frequent, decode_v1
 
 pytestmark = pytest.mark.fast
@@ -202,3 +203,36 @@ def test_plain_path_refuses_as_parse_does(name):
     _same(_decoded(entries, frequent), _reference(entries))
     _same(_decoded(entries, frequent), _reference(entries))
     assert frequent  # the plain path took some of them
+
+
+def test_plain_path_counts_refused_label_sets_as_apply_does():
+    """Beyond a metric's room both paths fold the same label sets into the overflow series,
+    and count each refused label set once a batch, not once an event."""
+    entries = [
+        (b"%d-0" % n, [b"v", b"1", b"event", b"enqueued", b"ts", repr(NOW).encode(), b"queue"])
+        for n in range(100)
+    ]
+    for n, (_, flat) in enumerate(entries):
+        flat.append(b"q%d" % (n % 10))
+    frequent: Frequent = {}
+    _decoded(entries, frequent)  # labels learned: the plain path takes the entries from now on
+    assert len(_decoded(entries, frequent).plain) == len(entries)
+
+    def recorded(tally_of) -> list[str]:
+        # 4 samples: 3 counter label sets and the overflow's (store.SeriesGuard)
+        telemetry = Telemetry(HealthBoard(), LimitsConfig(max_series_per_metric=4))
+        metrics = EventMetrics(telemetry, {})
+        workers = metrics.worker_registry(60.0, 100)
+        for _ in range(3):
+            metrics.record("s", tally_of(), workers)
+        text = telemetry.render(False).decode()
+        telemetry.shutdown()
+        wanted = ("queue_jobs_enqueued_total{", "queue_exporter_series_overflow_total{")
+        return sorted(line for line in text.splitlines() if line.startswith(wanted))
+
+    plain = recorded(lambda: _decoded(entries, frequent))
+    assert plain == recorded(lambda: _reference(entries))
+    overflow = [line for line in plain if "overflow_total" in line]
+    assert overflow == [
+        'queue_exporter_series_overflow_total{metric="queue_jobs_enqueued_total"} 21.0'
+    ]  # 7 queues refused, in each of 3 batches
