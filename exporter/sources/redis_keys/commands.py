@@ -264,6 +264,39 @@ class GroupReads:
         return direct, read_keys, reads
 
 
+class Rows:
+    """One table's values as the bulk loops read them, a row per key (or part of one): two
+    lists appended to while the replies are read, added into the table once the cycle's reads
+    are done (Cycle.finish). The same dict writes cost less in a loop of their own than among
+    the reads: at 1M keys the cycle's own CPU was 1.56x the floor's so, 1.77x with the depths,
+    ages and limits written inside the loops that read the replies (medians of 4,
+    bench/key_sampling_split.py --before, docs/benchmarks.md)."""
+
+    __slots__ = ("labels", "sums", "table", "values")
+
+    def __init__(self, spec: MetricSpec, table: dict[Any, float]) -> None:
+        self.table = table
+        self.sums = spec.combine == "sum"  # else the largest value of a label set is kept
+        self.labels: list[Any] = []
+        self.values: list[float] = []
+
+    def add_each(self, labels: list[Any], value: float) -> None:
+        """Rows of one value."""
+        self.labels += labels
+        self.values += [value] * len(labels)
+
+    def add_into_table(self) -> None:
+        """Each row into the table, combined with a value of its label set already there."""
+        table, rows = self.table, zip(self.labels, self.values, strict=True)
+        if self.sums:
+            for labels, value in rows:
+                table[labels] = table.get(labels, 0.0) + value
+        else:
+            for labels, value in rows:
+                if table.setdefault(labels, value) < value:
+                    table[labels] = value
+
+
 # Keys of one group read in bulk: its reads, and each key with what it gives.
 Run = tuple[GroupReads, list[FoundKey]]
 # The reads of one key of a layout read key by key (Cycle.read_of_key), its option bound
@@ -305,6 +338,8 @@ class Cycle:
         # each group read key by key: its read (read_of_key, once a cycle: it doubled the CPU
         # of building a key's commands) and its max_depth, by the group's id
         self._key_reads: dict[int, tuple[KeyRead, int | None]] = {}
+        # the bulk loops' values, by the id of the table each goes to (Rows)
+        self._rows: dict[int, Rows] = {}
 
     def answered(self) -> None:
         """A cluster node answered a round."""
@@ -817,9 +852,10 @@ class Cycle:
         """The replies of a round's keys read in bulk, in the order GroupReads.commands sent
         them: a loop per part's counts, then per part's first items.
 
-        Samples go straight into the tables, combined as their specs say (depths add up, ages
-        and limits keep the largest: checked where this module is loaded), without a call per
-        sample: these loops run once per key. A reply that gave no value is handed to handle
+        Samples go into rows (Rows), a row per key and no call per sample: these loops run
+        once per key. Cycle.finish adds them into their tables, combined as their specs say
+        (depths add up, ages and limits keep the largest: checked where this module is
+        loaded). A reply that gave no value is handed to handle
         as the one command it is (_one_read_of), which names its failure or on a cluster
         follows its ASK or MOVED."""
         again: list[Command] = []
@@ -854,23 +890,24 @@ class Cycle:
     def _counts(
         self, reads: GroupReads, part: Part, run: list[FoundKey], replies: list[Any]
     ) -> list[Command]:
-        """A run's counts of one part into their table: depths per series (the group's own:
+        """A run's counts of one part into their rows: depths per series (the group's own:
         _add_depths), due counts per (system, queue). A key built from values whose count tells
         it exists (_TELLS_PRESENCE) counts as found. With the first part come the queues'
         limits (max_depth)."""
         tally, spec, priority = reads.tally, part.spec, part.priority
         again: list[Command] = []
         by_series = spec is DEPTH
-        table: dict[Any, float] = {} if spec is None else self.samples.table(spec)
-        if by_series:
-            table = tally.series
+        if spec is None:  # read to tell presence only: its counts go nowhere
+            rows = Rows(DEPTH, {})
+        else:
+            rows = self._rows_of(spec, tally.series if by_series else self.samples.table(spec))
+        if reads.max_depth is not None and part is reads.parts[0]:
+            limits = self._rows_of(MAX_DEPTH, self.samples.table(MAX_DEPTH))
+            limits.add_each([queue for _, (_, _, queue) in run], reads.max_depth)
         tells = reads.built and part.command in _TELLS_PRESENCE
-        limit = reads.max_depth if part is reads.parts[0] else None
-        limits = self.samples.table(MAX_DEPTH)
+        row_of, value_of = rows.labels.append, rows.values.append
         for found, count in zip(run, replies, strict=True):
             key, (_, labels, queue) = found
-            if limit is not None and limits.setdefault(queue, limit) < limit:
-                limits[queue] = limit
             if type(count) is not int:
                 if isinstance(count, redis.ResponseError):
                     again += self.handle([self._one_read_of(reads, part, found, False)], [count])
@@ -879,13 +916,20 @@ class Cycle:
                 continue
             if priority is not None:
                 labels = labels._replace(priority=priority)
-            row = labels if by_series else queue  # a due count's
-            table[row] = table.get(row, 0.0) + count
+            row_of(labels if by_series else queue)  # a due count's
+            value_of(count)
             if tells and count:
                 tally.present(key)
             elif tells and part.command == "XLEN":  # a stream may exist empty
                 again.append(self._exists(tally, key))
         return again
+
+    def _rows_of(self, spec: MetricSpec, table: dict[Any, float]) -> Rows:
+        """The rows that go to `table` (of `spec`) once the reads are done."""
+        rows = self._rows.get(id(table))
+        if rows is None:
+            rows = self._rows[id(table)] = Rows(spec, table)
+        return rows
 
     def _exists(self, tally: GroupTally, key: bytes) -> Command:
         def on_exists(reply: Any) -> None:
@@ -947,10 +991,12 @@ class Cycle:
         read_again: Callable[[Any], Command],
     ) -> list[Command]:
         """Bounded reads' replies, each the time of an item (`time_of`; None: an empty queue)
-        as an age into its table; a read that gave no value goes to handle on its own
+        as an age into its rows; a read that gave no value goes to handle on its own
         (`read_again`), hostile data is counted on its key. Each read is (key, KeyMatch, ...)."""
         again: list[Command] = []
-        age_table, now, latest = self.samples.table(OLDEST_AGE), self.now, self.latest
+        now, latest = self.now, self.latest
+        rows = self._rows_of(OLDEST_AGE, self.samples.table(OLDEST_AGE))
+        row_of, value_of = rows.labels.append, rows.values.append
         for read, reply in zip(reads, replies, strict=True):
             if type(reply) is int or isinstance(reply, redis.ResponseError):
                 again += self.handle([read_again(read)], [reply])
@@ -964,12 +1010,9 @@ class Cycle:
                 continue
             if at is None:  # the queue is empty
                 continue
-            labels = read[1][1]
             age = now - at
-            if not age > 0.0:  # a time ahead of this clock is no wait (as max(0.0, age))
-                age = 0.0
-            if age_table.setdefault(labels, age) < age:  # the oldest of the series' keys
-                age_table[labels] = age
+            row_of(read[1][1])  # its labels
+            value_of(age if age > 0.0 else 0.0)  # a time ahead of this clock is no wait
         return again
 
     def lose_group(
@@ -980,8 +1023,11 @@ class Cycle:
             tally.failed(key, reason, detail)
 
     def finish(self) -> None:
-        """Once every read of the cycle is handled: the groups' depths into the samples, then
-        the series of the groups that lost a cluster node withdrawn."""
+        """Once every read of the cycle is handled: the bulk loops' rows into their tables, the
+        groups' depths into the samples, then the series of the groups that lost a cluster node
+        withdrawn."""
+        for rows in self._rows.values():
+            rows.add_into_table()
         self._add_depths()
         self._withdraw_lost_groups()
 
@@ -995,7 +1041,7 @@ class Cycle:
             if not tally.series:
                 continue
             table = self.samples.table(DEPTH)
-            if table.keys().isdisjoint(tally.series):  # no series of another group's
+            if not table or table.keys().isdisjoint(tally.series):  # no series of another's
                 table.update(cast("dict[tuple[str, ...], float]", tally.series))  # one copy, in C
                 continue
             for labels, depth in tally.series.items():
