@@ -5,11 +5,10 @@
 A redis-server of the benchmark's own holds one queue of the preset. Each run starts a fresh
 process and polls its /metrics every few milliseconds until it answers 200; the time from
 spawning the process to that answer is the start-up. The floor is the leanest Python process
-that answers HTTP: `python -m http.server`, started and polled the same way. Two more
-contenders run the same server after importing libraries first (FLOORS): those `serve` loads
-before its first answer (Tornado, pydantic with one model built, yaml, click), the floor of any
-start-up built on them; and the OpenTelemetry SDK with its Prometheus exporter alone, the floor
-of any start-up that loads the SDK before it answers. They alternate (after a warm-up run of each, which fills the page cache), so a
+that answers HTTP: `python -m http.server`, started and polled the same way. A third
+contender runs the same server after importing the libraries `serve` loads before its first
+answer (Tornado, pydantic with one model built, yaml, click): the floor of any start-up built
+on them. They alternate (after a warm-up run of each, which fills the page cache), so a
 busy host slows them alike; medians and their ratios are printed. Each must answer 200, and
 the exporter's first body must carry its own metrics, or the run fails.
 
@@ -114,33 +113,21 @@ def bare_run() -> Timing:
     return first_answer(command, f"http://127.0.0.1:{port}/")
 
 
-# Floors: the bare server after importing a set of libraries. `serve's libraries` are those
-# `serve` loads before its first answer (Tornado, pydantic with a model built, yaml, click);
-# `the OTel SDK` is what the project's named stack needs whatever else it is built on (the
-# SDK, its Prometheus exporter with prometheus_client): the floor of any start-up that loads
-# the SDK before answering.
-FLOORS = {
-    "after serve's libraries": (
-        LIBRARIES["Tornado"],
-        LIBRARIES["pydantic (one model)"],
-        LIBRARIES["yaml, click"],
-    ),
-    "after the OTel SDK alone": (LIBRARIES["the OTel SDK and prometheus_client"],),
-}
-
-
-def floor_run(imports: tuple[str, ...]) -> Timing:
-    """`python -m http.server`, after running `imports` in the same interpreter."""
-    script = "\n".join(
-        (
-            *imports,
-            "import runpy, sys",
-            "sys.argv = ['http.server', *sys.argv[1:]]",
-            "runpy.run_module('http.server', run_name='__main__')",
-        )
+# The libraries `serve` loads before its first answer (Tornado, pydantic with a model built,
+# yaml, click), then the bare server: the floor of any start-up built on them.
+_LIBRARIES_THEN_BARE = "\n".join(
+    (
+        *(LIBRARIES[name] for name in ("Tornado", "pydantic (one model)", "yaml, click")),
+        "import runpy, sys",
+        "sys.argv = ['http.server', *sys.argv[1:]]",
+        "runpy.run_module('http.server', run_name='__main__')",
     )
+)
+
+
+def libraries_run() -> Timing:
     port = free_port()
-    command = [sys.executable, "-c", script, str(port), "--bind", "127.0.0.1"]
+    command = [sys.executable, "-c", _LIBRARIES_THEN_BARE, str(port), "--bind", "127.0.0.1"]
     return first_answer(command, f"http://127.0.0.1:{port}/")
 
 
@@ -160,23 +147,19 @@ def main() -> None:
         if args.before:
             exporter_run(redis_url, args.preset, args.before)
         bare_run()
-        for imports in FLOORS.values():
-            floor_run(imports)
-        exporter_runs, bare_runs, before_runs = [], [], []
-        floor_runs: dict[str, list[Timing]] = {name: [] for name in FLOORS}
+        libraries_run()
+        exporter_runs, bare_runs, before_runs, libraries_runs = [], [], [], []
         for _ in range(args.runs):
             exporter_runs.append(exporter_run(redis_url, args.preset))
             bare_runs.append(bare_run())
-            for name, imports in FLOORS.items():
-                floor_runs[name].append(floor_run(imports))
+            libraries_runs.append(libraries_run())
             if args.before:
                 before_runs.append(exporter_run(redis_url, args.preset, args.before))
 
     print(f"{args.runs} runs each, interleaved; medians of the wall time from spawn to the first")
     print("200, and of the CPU time the process used (user + system, to its exit just after):")
     print(f"{'':36} {'wall':>8} {'CPU':>8}")
-    rows = [("python -m http.server", bare_runs)]
-    rows += [(f"  {name}", runs) for name, runs in floor_runs.items()]
+    rows = [("python -m http.server", bare_runs), ("  after serve's libraries", libraries_runs)]
     rows.append((f"serve --preset {args.preset}", exporter_runs))
     if args.before:
         rows.append((f"serve --preset {args.preset} (before)", before_runs))
@@ -188,9 +171,8 @@ def main() -> None:
         if args.before:
             ratio = _median(before_runs, measure) / _median(bare_runs, measure)
             print(f"before / bare ({measure}): {ratio:.2f}x")
-        for name, runs in floor_runs.items():
-            ratio = _median(runs, measure) / _median(bare_runs, measure)
-            print(f"{name} / bare ({measure}): {ratio:.2f}x")
+        ratio = _median(libraries_runs, measure) / _median(bare_runs, measure)
+        print(f"libraries' floor / bare ({measure}): {ratio:.2f}x")
 
 
 def _median(runs: list[Timing], measure: str) -> float:
