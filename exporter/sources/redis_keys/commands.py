@@ -268,8 +268,8 @@ class Rows:
     """One table's values as the bulk loops read them, a row per key (or part of one): two
     lists appended to while the replies are read, added into the table once the cycle's reads
     are done (Cycle.finish). The same dict writes cost less in a loop of their own than among
-    the reads: at 1M keys the cycle's own CPU was 1.56x the floor's so, 1.77x with the depths,
-    ages and limits written inside the loops that read the replies (medians of 4,
+    the reads: at 1M keys the cycle's own CPU was 1.56x the floor's this way, 1.77x with the
+    depths, ages and limits written inside the loops that read the replies (medians of 4,
     bench/key_sampling_split.py --before, docs/benchmarks.md)."""
 
     __slots__ = ("labels", "sums", "table", "values")
@@ -855,9 +855,8 @@ class Cycle:
         Samples go into rows (Rows), a row per key and no call per sample: these loops run
         once per key. Cycle.finish adds them into their tables, combined as their specs say
         (depths add up, ages and limits keep the largest: checked where this module is
-        loaded). A reply that gave no value is handed to handle
-        as the one command it is (_one_read_of), which names its failure or on a cluster
-        follows its ASK or MOVED."""
+        loaded). A reply that gave no value is handed to handle as the one command it is
+        (_one_read_of), which names its failure or on a cluster follows its ASK or MOVED."""
         again: list[Command] = []
         for spec in (DEPTH, OLDEST_AGE, MAX_DEPTH):  # each family read in bulk is in
             self.samples.table(spec)  # the samples, empty if no key gave one of it
