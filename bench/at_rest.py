@@ -18,7 +18,7 @@ Prometheus exporter holds, whatever Redis client, HTTP server and configuration 
 Then the floor: a fresh interpreter that imports only the libraries a Redis sidecar
 cannot run without (redis-py, Tornado, pydantic), validates one pydantic model (which loads
 pydantic's schema builder, as the configuration does) and sleeps; its RSS is what no change
-inside the exporter can go below. Then the same with what the exporter adds, layer by layer
+that keeps these libraries can go below. Then the same with what the exporter adds, layer by layer
 (LAYERS): where the rest of its RSS comes from. Last, every library group the sidecar loads
 (LIBRARIES), then all but one, for each: what leaving that group would save, given the others
 (asyncio, ssl and the OTel SDK are shared by several).
