@@ -33,8 +33,12 @@ from tests.conftest import (
     POSTGRES_ADMIN_DSN,
     REDIS_HOST,
     REDIS_PORT,
+    Series,
     is_ready,
+    parse_exposition,
+    scrape,
     scrape_series,
+    total,
     value,
     wait_for,
 )
@@ -252,7 +256,7 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     config_file.write_text(yaml.safe_dump(config))
     serve = serve_process("--config", str(config_file))
     # Attune's tables are missing: its collectors fail fast, but they do talk to the server.
-    serve.series_when(
+    before = serve.series_when(
         lambda s: (
             value(s, "queue_depth", queue="billing") == 1
             and value(s, "queue_exporter_leader") == 1
@@ -269,11 +273,16 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     # Every client has blocked: the lease's renewal, the consumer's read, the key sampler's scan
     # and a collector's query waited on the frozen servers (a sleep may end before they do).
     # Each is noted once seen: one cut off at its deadline backs off before it waits again, so
-    # on a loaded host all of them at one moment may never be seen.
+    # on a loaded host all of them at one moment may never be seen. The consumer may also be
+    # caught between reads (its XREAD cut off before a poll saw it, its reconnect's HELLO held):
+    # a read of it cut off at its deadline after the freeze shows that it waited there too.
     seen: set[str] = set()
+    timeouts_before = _consumer_timeouts(before)
 
     def every_client_blocked() -> bool:
         seen.update(redis_proxy.awaiting())
+        if _consumer_timeouts(parse_exposition(scrape(serve.port))) > timeouts_before:
+            seen.add(CONSUMER_CUT_OFF)
         return _all_blocked(seen, postgres_proxy.held())
 
     try:
@@ -290,8 +299,18 @@ def test_sigterm_ends_serve_within_5s_while_backends_are_frozen(
     assert "could not release the lease" in stderr  # left to expire, within lease_ttl
 
 
+# Noted among the commands seen waiting: the consumer waited on the frozen Redis until cut off.
+CONSUMER_CUT_OFF = "(the consumer, cut off at its deadline)"
+
+
+def _consumer_timeouts(series: Series) -> float:
+    """How many of the events consumer's Redis calls were cut off at their deadline."""
+    errors = "queue_exporter_source_errors_total"
+    return total(series, errors, source="events:app:events", reason="timeout")
+
+
 def _all_blocked(redis_awaiting: set[str], postgres_held: int) -> bool:
-    consumer_reading = bool(redis_awaiting & {"XREAD", "XREADGROUP"})
+    consumer_reading = bool(redis_awaiting & {"XREAD", "XREADGROUP", CONSUMER_CUT_OFF})
     return {"EVALSHA", "SCAN"} <= redis_awaiting and consumer_reading and postgres_held > 0
 
 
