@@ -70,11 +70,12 @@ def exporter_reading(run_exporter: Callable[..., App], redis_url: str, stream: s
 
 
 def events_of(client: redis.Redis, stream: str) -> list[dict[str, str]]:
-    """Every entry of the stream, oldest first, as str fields."""
-    return [
-        {key.decode(): value.decode() for key, value in fields.items()}
-        for _, fields in client.xrange(stream)
-    ]
+    """Every entry of the stream, oldest first, as str fields; each one the consumer parses
+    whole (none refused, no field dropped), as events_by_job's."""
+    entries = [fields for _, fields in client.xrange(stream)]
+    for fields in entries:
+        assert wire.parse(fields).dropped_field is None, fields
+    return [{key.decode(): value.decode() for key, value in fields.items()} for fields in entries]
 
 
 def by_job(events: list[dict[str, str]]) -> dict[str, list[dict[str, str]]]:
