@@ -470,7 +470,7 @@ class MetricStore:
                         self._dropped(metric, 1)
 
     def _keep_in_buckets(self, metric: str, state: HistogramSeries, kept: list[Exemplar]) -> None:
-        bounds = self._bounds[metric]
+        bounds = state.bounds  # those its buckets were made for
         filled: set[int] = set()
         for exemplar in reversed(kept):
             bucket = bisect_left(bounds, exemplar.value)
@@ -481,7 +481,7 @@ class MetricStore:
                 continue
             slots = state.exemplars
             if slots is None:
-                slots = state.exemplars = [None] * (len(bounds) + 1)
+                slots = state.exemplars = [None] * len(state.buckets)
             slots[bucket] = exemplar
             filled.add(bucket)
         if filled:
